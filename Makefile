@@ -1,0 +1,39 @@
+# The README's two commands: `make demo` and `make test`.
+# Both create .venv (or refresh it when the packaging files change) with a
+# Python >= 3.12 found by scripts/find-python.sh.
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+INSTALLED := $(VENV)/.installed
+# The native kickmsg 0.1.0 wheel, our interop and benchmark peer. It lives in
+# its own directory and only ever runs in subprocesses (never vendored).
+NATIVE := .native/kickmsg-0.1.0
+NATIVE_INSTALLED := $(NATIVE)/.installed
+
+.PHONY: demo test bench clean
+
+demo: $(INSTALLED)
+	$(PY) examples/demo.py
+
+test: $(INSTALLED) $(NATIVE_INSTALLED)
+	$(PY) -m pytest
+
+bench: $(INSTALLED) $(NATIVE_INSTALLED)
+	$(PY) benchmarks/bench_core.py
+
+$(INSTALLED): setup.py pyproject.toml kickmsg/_atomics.c kickmsg/_build.py scripts/find-python.sh
+	@python=$$(scripts/find-python.sh) || exit 1; \
+	if ! $(PY) -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null; then \
+		echo "creating $(VENV) with $$python"; rm -rf $(VENV); $$python -m venv $(VENV) || exit 1; \
+	fi
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet --editable '.[test,bench]'
+	touch $@
+
+$(NATIVE_INSTALLED): $(INSTALLED)
+	rm -rf $(NATIVE)
+	$(PY) -m pip install --quiet --no-deps --target $(NATIVE) kickmsg==0.1.0
+	touch $@
+
+clean:
+	rm -rf $(VENV) build *.egg-info kickmsg/_atomics_cffi*.so .native .pytest_cache

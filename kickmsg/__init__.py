@@ -1,0 +1,32 @@
+"""Kickmsg in pure Python: lock-free shared-memory publish/subscribe.
+
+Byte-compatible with the native ``kickmsg`` 0.1.0 (layout version 4) and
+offering the same Python API: a process using this package and one using the
+native library can share a channel in either direction.
+"""
+from kickmsg import hash, schema
+from kickmsg.config import ChannelType, Config
+from kickmsg.publisher import AllocatedSlot, Publisher
+from kickmsg.node import BroadcastHandle, Node
+from kickmsg.region import HealthReport, SharedRegion, unlink_shm
+from kickmsg.schema import SchemaInfo
+from kickmsg.subscriber import SampleView, Subscriber
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AllocatedSlot",
+    "BroadcastHandle",
+    "ChannelType",
+    "Config",
+    "HealthReport",
+    "Node",
+    "Publisher",
+    "SampleView",
+    "SchemaInfo",
+    "SharedRegion",
+    "Subscriber",
+    "hash",
+    "schema",
+    "unlink_shm",
+]

@@ -1,0 +1,311 @@
+"""The Kickmsg v4 shared-memory layout, byte for byte as kickmsg 0.1.0 writes it.
+
+A region is ``[Header | creator name | rings | slot pool]``::
+
+    Header (832 B) + creator name      header_size = align64(832 + name_len)
+    max_subs rings, each               ring_stride = align64(128 + capacity*16)
+        SubRingHeader (128 B) then capacity Entry records (16 B each)
+    pool_size slots, each              slot_stride = align64(8 + max_payload)
+        SlotHeader (8 B) then the payload bytes
+
+Everything is little-endian with native alignment. The ctypes structures give
+the offsets; every atomic field is read and written through
+``kickmsg.atomics`` at ``base address + offset``, never through ctypes.
+"""
+import ctypes
+import struct
+from dataclasses import dataclass
+
+from kickmsg.hash import fnv1a_64
+
+MAGIC = 0x4B49434B4D534721  # "KICKMSG!", stored last at creation (release)
+VERSION = 4
+INVALID_SLOT = 0xFFFFFFFF
+LOCKED_SEQUENCE = 0xFFFFFFFFFFFFFFFF
+CACHE_LINE = 64
+DEFAULT_COMMIT_TIMEOUT_US = 10_000  # 0.1.0 uses 10 ms (the spec text says 100 ms)
+MAX_COMMIT_TIMEOUT_US = 86_400_000_000  # our bound (1 day): a hostile header must not make waits endless
+
+CHANNEL_PUBSUB = 1
+CHANNEL_BROADCAST = 2
+
+# Ring state: the low 2 bits of state_flight; in_flight is state_flight >> 2.
+RING_FREE = 0
+RING_LIVE = 1
+RING_DRAINING = 2
+RING_STATE_MASK = 0b11
+IN_FLIGHT_ONE = 4  # one admitted publisher
+
+SCHEMA_UNSET = 0
+SCHEMA_CLAIMING = 1
+SCHEMA_SET = 2
+
+U16_MAX = 0xFFFF
+U32_MAX = 0xFFFFFFFF
+U64_MAX = 0xFFFFFFFFFFFFFFFF
+
+
+class CorruptRegionError(RuntimeError):
+    """Shared memory holds a value that no correct writer could have stored."""
+
+
+class SchemaInfoLayout(ctypes.Structure):
+    """The 512-byte schema descriptor stored in the header."""
+
+    _fields_ = [
+        ("identity", ctypes.c_uint8 * 64),
+        ("layout", ctypes.c_uint8 * 64),
+        ("name", ctypes.c_char * 128),  # NUL-terminated, at most 127 bytes
+        ("version", ctypes.c_uint32),
+        ("identity_algo", ctypes.c_uint32),
+        ("layout_algo", ctypes.c_uint32),
+        ("flags", ctypes.c_uint32),
+        ("reserved", ctypes.c_uint8 * 240),  # zero on write
+    ]
+
+
+class Header(ctypes.Structure):
+    """Region header; the creator name's bytes follow it (no NUL)."""
+
+    _fields_ = [
+        ("magic", ctypes.c_uint64),  # atomic
+        ("version", ctypes.c_uint32),
+        ("channel_type", ctypes.c_uint32),
+        ("total_size", ctypes.c_uint64),
+        ("sub_rings_offset", ctypes.c_uint64),
+        ("pool_offset", ctypes.c_uint64),
+        ("max_subs", ctypes.c_uint64),
+        ("sub_ring_capacity", ctypes.c_uint64),
+        ("sub_ring_mask", ctypes.c_uint64),
+        ("pool_size", ctypes.c_uint64),
+        ("slot_data_size", ctypes.c_uint64),
+        ("slot_stride", ctypes.c_uint64),
+        ("sub_ring_stride", ctypes.c_uint64),
+        ("commit_timeout_us", ctypes.c_uint64),
+        ("config_hash", ctypes.c_uint64),
+        ("creator_pid", ctypes.c_uint64),
+        ("created_at_ns", ctypes.c_uint64),  # CLOCK_MONOTONIC, as 0.1.0 writes it
+        ("creator_name_len", ctypes.c_uint16),
+        ("_pad_to_schema_state", ctypes.c_uint8 * 62),
+        ("schema_state", ctypes.c_uint32),  # atomic, own cache line
+        ("_pad_to_schema_data", ctypes.c_uint8 * 60),
+        ("schema_data", SchemaInfoLayout),
+        ("free_top", ctypes.c_uint64),  # atomic: generation << 32 | slot index
+        ("_pad_to_end", ctypes.c_uint8 * 56),
+    ]
+
+
+class SubRingHeader(ctypes.Structure):
+    """One subscriber ring's control words; its entries follow at +128."""
+
+    _fields_ = [
+        ("state_flight", ctypes.c_uint32),  # atomic: in_flight << 2 | state
+        ("_pad_to_write_pos", ctypes.c_uint8 * 60),
+        ("write_pos", ctypes.c_uint64),  # atomic; futex word = its low 32 bits
+        ("has_waiter", ctypes.c_uint32),  # atomic
+        ("_pad_to_end", ctypes.c_uint8 * 52),
+    ]
+
+
+class Entry(ctypes.Structure):
+    """One ring entry: which slot holds the message at a position."""
+
+    _fields_ = [
+        ("sequence", ctypes.c_uint64),  # atomic: position + 1 once committed
+        ("slot_idx", ctypes.c_uint32),  # atomic
+        ("payload_len", ctypes.c_uint32),  # atomic
+    ]
+
+
+class SlotHeader(ctypes.Structure):
+    """The metadata in front of each slot's payload."""
+
+    _fields_ = [
+        ("refcount", ctypes.c_uint32),  # atomic
+        ("next_free", ctypes.c_uint32),  # atomic: free-stack link
+    ]
+
+
+HEADER_SIZE = ctypes.sizeof(Header)
+RING_HEADER_SIZE = ctypes.sizeof(SubRingHeader)
+ENTRY_SIZE = ctypes.sizeof(Entry)
+SLOT_HEADER_SIZE = ctypes.sizeof(SlotHeader)
+assert (HEADER_SIZE, RING_HEADER_SIZE, ENTRY_SIZE, SLOT_HEADER_SIZE) == (832, 128, 16, 8)
+assert ctypes.sizeof(SchemaInfoLayout) == 512
+assert (Header.schema_state.offset, Header.schema_data.offset, Header.free_top.offset) == (192, 256, 768)
+assert (SubRingHeader.write_pos.offset, SubRingHeader.has_waiter.offset) == (64, 72)
+
+# Offsets of the atomic words, for address arithmetic.
+MAGIC_OFFSET = Header.magic.offset
+SCHEMA_STATE_OFFSET = Header.schema_state.offset
+FREE_TOP_OFFSET = Header.free_top.offset
+STATE_FLIGHT_OFFSET = SubRingHeader.state_flight.offset
+WRITE_POS_OFFSET = SubRingHeader.write_pos.offset
+HAS_WAITER_OFFSET = SubRingHeader.has_waiter.offset
+SEQUENCE_OFFSET = Entry.sequence.offset
+SLOT_IDX_OFFSET = Entry.slot_idx.offset
+PAYLOAD_LEN_OFFSET = Entry.payload_len.offset
+REFCOUNT_OFFSET = SlotHeader.refcount.offset
+NEXT_FREE_OFFSET = SlotHeader.next_free.offset
+
+
+def align64(size: int) -> int:
+    return (size + CACHE_LINE - 1) // CACHE_LINE * CACHE_LINE
+
+
+def config_hash(
+    channel_type: int,
+    max_subscribers: int,
+    sub_ring_capacity: int,
+    pool_size: int,
+    max_payload_size: int,
+    commit_timeout_us: int,
+) -> int:
+    """FNV-1a 64 of the packed geometry; two regions with equal hashes are
+    interchangeable for create_or_open. The schema is not hashed."""
+    packed = struct.pack(
+        "<IQQQQq",
+        channel_type,
+        max_subscribers,
+        sub_ring_capacity,
+        pool_size,
+        max_payload_size,
+        commit_timeout_us,
+    )
+    return fnv1a_64(packed)
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """Where everything is in one region, in bytes from its start."""
+
+    channel_type: int
+    max_subs: int
+    capacity: int  # entries per ring, a power of two
+    pool_size: int
+    slot_data_size: int  # max payload bytes per slot
+    commit_timeout_us: int
+    creator_name_len: int
+    sub_rings_offset: int
+    ring_stride: int
+    pool_offset: int
+    slot_stride: int
+    total_size: int
+    config_hash: int
+
+    @property
+    def mask(self) -> int:
+        return self.capacity - 1
+
+    @classmethod
+    def for_config(
+        cls,
+        channel_type: int,
+        max_subscribers: int,
+        sub_ring_capacity: int,
+        pool_size: int,
+        max_payload_size: int,
+        commit_timeout_us: int,
+        creator_name_len: int,
+    ) -> "Geometry":
+        """The geometry 0.1.0 computes for a new region with this config."""
+        sub_rings_offset = align64(HEADER_SIZE + creator_name_len)
+        ring_stride = align64(RING_HEADER_SIZE + sub_ring_capacity * ENTRY_SIZE)
+        slot_stride = align64(SLOT_HEADER_SIZE + max_payload_size)
+        pool_offset = sub_rings_offset + max_subscribers * ring_stride
+        return cls(
+            channel_type=channel_type,
+            max_subs=max_subscribers,
+            capacity=sub_ring_capacity,
+            pool_size=pool_size,
+            slot_data_size=max_payload_size,
+            commit_timeout_us=commit_timeout_us,
+            creator_name_len=creator_name_len,
+            sub_rings_offset=sub_rings_offset,
+            ring_stride=ring_stride,
+            pool_offset=pool_offset,
+            slot_stride=slot_stride,
+            total_size=pool_offset + pool_size * slot_stride,
+            config_hash=config_hash(
+                channel_type,
+                max_subscribers,
+                sub_ring_capacity,
+                pool_size,
+                max_payload_size,
+                commit_timeout_us,
+            ),
+        )
+
+    @classmethod
+    def from_header(cls, header: Header) -> "Geometry":
+        """The geometry a region's header claims (not yet checked)."""
+        return cls(
+            channel_type=header.channel_type,
+            max_subs=header.max_subs,
+            capacity=header.sub_ring_capacity,
+            pool_size=header.pool_size,
+            slot_data_size=header.slot_data_size,
+            commit_timeout_us=header.commit_timeout_us,
+            creator_name_len=header.creator_name_len,
+            sub_rings_offset=header.sub_rings_offset,
+            ring_stride=header.sub_ring_stride,
+            pool_offset=header.pool_offset,
+            slot_stride=header.slot_stride,
+            total_size=header.total_size,
+            config_hash=header.config_hash,
+        )
+
+    def problems(self, mapped_size: int, sub_ring_mask: int) -> list[str]:
+        """Every way this geometry fails to describe a usable region inside a
+        mapping of ``mapped_size`` bytes (empty when it is sound).
+
+        Checks what the flows rely on: counts in range for their wire types,
+        the ring mask, 8-byte alignment of every atomic word, non-overlapping
+        areas and everything inside the mapping. Larger strides or offsets
+        than 0.1.0 would choose are accepted.
+        """
+        found = []
+        if self.channel_type not in (CHANNEL_PUBSUB, CHANNEL_BROADCAST):
+            found.append(f"channel_type {self.channel_type} is neither 1 (PubSub) nor 2 (Broadcast)")
+        if self.capacity <= 0 or self.capacity & (self.capacity - 1):
+            found.append(f"sub_ring_capacity {self.capacity} is not a power of two")
+        elif sub_ring_mask != self.capacity - 1:
+            found.append(f"sub_ring_mask {sub_ring_mask} is not sub_ring_capacity - 1 ({self.capacity - 1})")
+        if not 0 < self.max_subs <= U32_MAX:
+            found.append(f"max_subs {self.max_subs} is not in 1..{U32_MAX}")
+        if not 0 < self.pool_size < INVALID_SLOT:
+            found.append(f"pool_size {self.pool_size} is not in 1..{INVALID_SLOT - 1}")
+        if not 0 < self.slot_data_size <= U32_MAX:
+            found.append(f"slot_data_size {self.slot_data_size} is not in 1..{U32_MAX}")
+        if self.commit_timeout_us > MAX_COMMIT_TIMEOUT_US:
+            found.append(f"commit_timeout_us {self.commit_timeout_us} is above the {MAX_COMMIT_TIMEOUT_US} us (1 day) limit")
+        for name, value in (
+            ("sub_rings_offset", self.sub_rings_offset),
+            ("sub_ring_stride", self.ring_stride),
+            ("pool_offset", self.pool_offset),
+            ("slot_stride", self.slot_stride),
+        ):
+            if value % 8:
+                found.append(f"{name} {value} is not a multiple of 8 (atomic words would be misaligned)")
+        header_end = HEADER_SIZE + self.creator_name_len
+        if self.sub_rings_offset < header_end:
+            found.append(f"sub_rings_offset {self.sub_rings_offset} overlaps the header, which ends at {header_end}")
+        if self.ring_stride < RING_HEADER_SIZE + self.capacity * ENTRY_SIZE:
+            found.append(
+                f"sub_ring_stride {self.ring_stride} is smaller than a ring of "
+                f"{self.capacity} entries ({RING_HEADER_SIZE + self.capacity * ENTRY_SIZE})"
+            )
+        rings_end = self.sub_rings_offset + self.max_subs * self.ring_stride
+        if self.pool_offset < rings_end:
+            found.append(f"pool_offset {self.pool_offset} overlaps the rings, which end at {rings_end}")
+        if self.slot_stride < SLOT_HEADER_SIZE + self.slot_data_size:
+            found.append(
+                f"slot_stride {self.slot_stride} is smaller than a slot of "
+                f"{self.slot_data_size} payload bytes ({SLOT_HEADER_SIZE + self.slot_data_size})"
+            )
+        pool_end = self.pool_offset + self.pool_size * self.slot_stride
+        if self.total_size < pool_end:
+            found.append(f"total_size {self.total_size} is smaller than the end of the pool ({pool_end})")
+        if self.total_size > mapped_size:
+            found.append(f"total_size {self.total_size} exceeds the {mapped_size} bytes of the shared memory object")
+        return found

@@ -1,0 +1,389 @@
+"""SharedRegion: create, open and describe one channel's shared memory."""
+import os
+import time
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from kickmsg import layout, shm, treiber
+from kickmsg.atomics import HARDWARE
+from kickmsg.config import ChannelType, Config
+from kickmsg.layout import CorruptRegionError, Geometry, Header
+from kickmsg.schema import SchemaInfo
+
+INIT_POLL_ATTEMPTS = 200  # create_or_open waits up to 200 x 10 ms for the creator
+INIT_POLL_INTERVAL_S = 0.010
+SCHEMA_CLAIM_YIELDS = 1024  # how long a losing schema claimant waits for Set
+CREATE_ATTEMPTS = 100  # unlink-then-create retries when racing other creators
+
+
+class RingAddresses(NamedTuple):
+    """Addresses of one subscriber ring's atomic words."""
+
+    index: int
+    state_flight: int
+    write_pos: int  # its low 32 bits are the futex word
+    has_waiter: int
+    entries: int  # entry 0
+
+
+@dataclass(frozen=True)
+class HealthReport:
+    """What ``SharedRegion.diagnose()`` found. A single nonzero reading may be
+    transient; counts that persist across two readings more than
+    commit_timeout apart mean crash damage."""
+
+    locked_entries: int  # entries stuck LOCKED or more than one wrap behind
+    retired_rings: int  # Free rings with in_flight > 0 (teardown timed out)
+    draining_rings: int  # Draining rings with in_flight > 0 (usually transient)
+    live_rings: int  # rings with a subscriber
+    schema_stuck: bool  # schema_state left at Claiming
+
+    def __repr__(self):
+        return (
+            f"HealthReport(locked={self.locked_entries}, retired={self.retired_rings}, "
+            f"draining={self.draining_rings}, live={self.live_rings}, schema_stuck={self.schema_stuck})"
+        )
+
+
+class SharedRegion:
+    """One channel: a mapped Kickmsg region and its geometry.
+
+    Build one with ``create``, ``open`` or ``create_or_open``. Publishers,
+    subscribers, views and slots keep the mapping alive on their own, so a
+    region object may be dropped while they are in use.
+    """
+
+    def __init__(self, mapping: shm.Mapping, geometry: Geometry, atomics=HARDWARE):
+        """Wrap a mapping whose geometry is already known to fit (internal)."""
+        self.mapping = mapping
+        self.geometry = geometry
+        self.atomics = atomics
+        self.header = Header.from_buffer(mapping.buffer)
+        base = mapping.address
+        self.free_top_address = base + layout.FREE_TOP_OFFSET
+        self.schema_state_address = base + layout.SCHEMA_STATE_OFFSET
+        self.pool_address = base + geometry.pool_offset
+        self.rings = tuple(
+            RingAddresses(
+                index=index,
+                state_flight=ring + layout.STATE_FLIGHT_OFFSET,
+                write_pos=ring + layout.WRITE_POS_OFFSET,
+                has_waiter=ring + layout.HAS_WAITER_OFFSET,
+                entries=ring + layout.RING_HEADER_SIZE,
+            )
+            for index in range(geometry.max_subs)
+            for ring in [base + geometry.sub_rings_offset + index * geometry.ring_stride]
+        )
+
+    # -- constructors -----------------------------------------------------
+
+    @staticmethod
+    def create(name: str, type: ChannelType, cfg: Config, creator: str = "") -> "SharedRegion":
+        """Create a fresh region, replacing any object of that name.
+
+        An existing object is unlinked first and a new one created, so
+        processes still attached to the old one keep a valid (now orphaned)
+        mapping instead of seeing it truncated under them.
+        """
+        geometry, creator_bytes = _new_geometry(name, type, cfg, creator)
+        for _ in range(CREATE_ATTEMPTS):
+            shm.unlink(name)
+            try:
+                mapping = shm.create_exclusive(name, geometry.total_size)
+            except FileExistsError:
+                continue  # another creator got in between: replace it too
+            return _initialise(mapping, geometry, creator_bytes, cfg.schema)
+        raise RuntimeError(f"could not create {name}: other processes keep re-creating it")
+
+    @staticmethod
+    def open(name: str) -> "SharedRegion":
+        """Attach to an initialised region."""
+        try:
+            mapping = shm.open_existing(name)
+        except shm.EmptyObjectError:
+            raise RuntimeError(f"Invalid shared memory (bad magic): {name} is empty (0 bytes)") from None
+        return _attach(mapping)
+
+    @staticmethod
+    def create_or_open(name: str, type: ChannelType, cfg: Config, creator: str = "") -> "SharedRegion":
+        """Create the region if no object has this name, else open it once its
+        creator has finished, and require the same config hash."""
+        geometry, creator_bytes = _new_geometry(name, type, cfg, creator)
+        for _ in range(INIT_POLL_ATTEMPTS):
+            try:
+                mapping = shm.create_exclusive(name, geometry.total_size)
+                return _initialise(mapping, geometry, creator_bytes, cfg.schema)
+            except FileExistsError:
+                pass
+            try:
+                mapping = shm.open_existing(name)
+            except (shm.RegionNotFoundError, shm.EmptyObjectError):
+                mapping = None  # unlinked meanwhile, or its creator is before ftruncate
+            if mapping is not None and _is_initialised(mapping):
+                region = _attach(mapping)
+                if region.geometry.config_hash != geometry.config_hash:
+                    raise RuntimeError(
+                        f"Config mismatch on existing region: {name} (its config hash is "
+                        f"0x{region.geometry.config_hash:016x}, this config's is 0x{geometry.config_hash:016x})"
+                    )
+                return region
+            time.sleep(INIT_POLL_INTERVAL_S)
+        raise RuntimeError(f"Timed out waiting for region init: {name}")
+
+    # -- description ------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        return self.mapping.name
+
+    @property
+    def channel_type(self) -> ChannelType:
+        return ChannelType(self.geometry.channel_type)
+
+    def unlink(self) -> None:
+        """Remove the region's name; attached processes keep their mapping."""
+        shm.unlink(self.name)
+
+    def __repr__(self):
+        g = self.geometry
+        return (
+            f"SharedRegion(name={self.name!r}, type={self.channel_type.name}, max_subscribers={g.max_subs}, "
+            f"sub_ring_capacity={g.capacity}, pool_size={g.pool_size}, max_payload_size={g.slot_data_size})"
+        )
+
+    # -- schema descriptor ------------------------------------------------
+
+    def schema(self) -> SchemaInfo | None:
+        """The published descriptor, or None while it is Unset or Claiming."""
+        if self.atomics.load_acquire_u32(self.schema_state_address) != layout.SCHEMA_SET:
+            return None
+        return SchemaInfo.read_from(self.header.schema_data)
+
+    def try_claim_schema(self, info: SchemaInfo) -> bool:
+        """Publish ``info`` if no descriptor is set yet.
+
+        Unset -> Claiming (CAS acq_rel), copy, Set (release). Returns False
+        when another claimant got there first; a loser that sees Claiming
+        waits a bounded while for it to finish, so read ``schema()`` after.
+        """
+        if not isinstance(info, SchemaInfo):
+            raise TypeError(f"try_claim_schema needs a SchemaInfo, got {info!r}")
+        ops = self.atomics
+        found = ops.cas_acq_rel_u32(self.schema_state_address, layout.SCHEMA_UNSET, layout.SCHEMA_CLAIMING)
+        if found == layout.SCHEMA_UNSET:
+            info.write_to(self.header.schema_data)
+            ops.store_release_u32(self.schema_state_address, layout.SCHEMA_SET)
+            return True
+        for _ in range(SCHEMA_CLAIM_YIELDS):
+            if ops.load_acquire_u32(self.schema_state_address) != layout.SCHEMA_CLAIMING:
+                break
+            os.sched_yield()
+        return False
+
+    def reset_schema_claim(self) -> bool:
+        """Claiming -> Unset, to recover from a claimant that died mid-claim.
+
+        Not safe under live traffic: call it only once the claimant is known
+        to be gone, or a slow claimant could still finish into a new claim.
+        """
+        found = self.atomics.cas_acq_rel_u32(self.schema_state_address, layout.SCHEMA_CLAIMING, layout.SCHEMA_UNSET)
+        return found == layout.SCHEMA_CLAIMING
+
+    # -- health and repair --------------------------------------------------
+
+    def _live_window(self, ring: RingAddresses):
+        """(position, entry address, sequence) for every position of the ring's
+        live window [max(0, write_pos - capacity), write_pos)."""
+        ops = self.atomics
+        write_pos = ops.load_acquire_u64(ring.write_pos)
+        for position in range(max(0, write_pos - self.geometry.capacity), write_pos):
+            entry = self.entry_address(ring, position)
+            yield position, entry, ops.load_acquire_u64(entry + layout.SEQUENCE_OFFSET)
+
+    def _is_stuck(self, position: int, sequence: int) -> bool:
+        """LOCKED by a writer that never committed, or more than one wrap behind."""
+        return sequence == layout.LOCKED_SEQUENCE or sequence + self.geometry.capacity < position + 1
+
+    def diagnose(self) -> HealthReport:
+        """Read-only health scan; safe under live traffic."""
+        locked = retired = draining = live = 0
+        for ring in self.rings:
+            state_flight = self.atomics.load_acquire_u32(ring.state_flight)
+            state, in_flight = state_flight & layout.RING_STATE_MASK, state_flight >> 2
+            live += state == layout.RING_LIVE
+            retired += state == layout.RING_FREE and in_flight > 0
+            draining += state == layout.RING_DRAINING and in_flight > 0
+            locked += sum(self._is_stuck(position, sequence) for position, _, sequence in self._live_window(ring))
+        schema_stuck = self.atomics.load_acquire_u32(self.schema_state_address) == layout.SCHEMA_CLAIMING
+        return HealthReport(locked, retired, draining, live, schema_stuck)
+
+    def repair_locked_entries(self) -> int:
+        """Commit every stuck entry as empty (INVALID_SLOT, length 0, sequence
+        position + 1) so publishers wrapping onto it succeed again. Safe under
+        live traffic: at worst it races a slow writer's identical commit.
+        Returns the number of entries repaired."""
+        ops = self.atomics
+        repaired = 0
+        for ring in self.rings:
+            for position, entry, sequence in self._live_window(ring):
+                if self._is_stuck(position, sequence):
+                    ops.store_relaxed_u32(entry + layout.SLOT_IDX_OFFSET, layout.INVALID_SLOT)
+                    ops.store_relaxed_u32(entry + layout.PAYLOAD_LEN_OFFSET, 0)
+                    ops.store_release_u64(entry + layout.SEQUENCE_OFFSET, position + 1)
+                    repaired += 1
+        return repaired
+
+    def reset_retired_rings(self) -> int:
+        """Free | in_flight > 0 -> Free | 0, so new subscribers can claim those
+        rings again. Only safe once the crashed publisher is known to be gone:
+        a slow but alive one would later decrement in_flight into the state
+        bits. Returns the number of rings reset."""
+        reset = 0
+        for ring in self.rings:
+            state_flight = self.atomics.load_acquire_u32(ring.state_flight)
+            if state_flight & layout.RING_STATE_MASK == layout.RING_FREE and state_flight >> 2:
+                found = self.atomics.cas_acq_rel_u32(ring.state_flight, state_flight, layout.RING_FREE)
+                reset += found == state_flight
+        return reset
+
+    def reclaim_orphaned_slots(self) -> int:
+        """Give back every slot with a refcount that no ring entry references.
+
+        NOT safe under live traffic: every publisher must be paused (one
+        between its refcount pre-set and its ring pushes holds such a slot
+        legitimately) and no SampleView may be alive (a view's pin is a
+        reference no ring shows). Returns the number of slots reclaimed.
+        """
+        ops = self.atomics
+        referenced = set()
+        for ring in self.rings:
+            for position, entry, sequence in self._live_window(ring):
+                if sequence >= position + 1 and sequence != layout.LOCKED_SEQUENCE:
+                    referenced.add(ops.load_relaxed_u32(entry + layout.SLOT_IDX_OFFSET))
+        reclaimed = 0
+        for slot in range(self.geometry.pool_size):
+            refcount_address = self.slot_address(slot) + layout.REFCOUNT_OFFSET
+            if slot not in referenced and ops.load_acquire_u32(refcount_address) > 0:
+                ops.store_release_u32(refcount_address, 0)
+                treiber.push(self, slot)
+                reclaimed += 1
+        return reclaimed
+
+    # -- addresses for the flows -------------------------------------------
+
+    def entry_address(self, ring: RingAddresses, position: int) -> int:
+        return ring.entries + (position & self.geometry.mask) * layout.ENTRY_SIZE
+
+    def slot_address(self, slot: int) -> int:
+        return self.pool_address + slot * self.geometry.slot_stride
+
+    def payload_offset(self, slot: int) -> int:
+        """Where ``slot``'s payload starts in ``mapping.buffer``."""
+        return self.geometry.pool_offset + slot * self.geometry.slot_stride + layout.SLOT_HEADER_SIZE
+
+    def check_slot_index(self, slot: int, source: str) -> None:
+        """Raise ``CorruptRegionError`` unless ``slot`` (read from ``source``)
+        names a slot of the pool."""
+        if slot >= self.geometry.pool_size:
+            raise CorruptRegionError(
+                f"{self.name}: {source} holds slot index {slot}, but the pool has {self.geometry.pool_size} slots"
+            )
+
+
+def unlink_shm(name: str) -> None:
+    """Remove a shared-memory object by name; no error if it is absent."""
+    shm.unlink(name)
+
+
+def _new_geometry(name: str, type: ChannelType, cfg: Config, creator: str) -> tuple[Geometry, bytes]:
+    """Check the arguments of create/create_or_open; the region's geometry."""
+    shm.check_name(name)
+    if not isinstance(cfg, Config):
+        raise TypeError(f"cfg must be a kickmsg.Config, got {cfg!r}")
+    try:
+        channel_type = ChannelType(type)
+    except ValueError:
+        raise ValueError(f"channel type must be ChannelType.PubSub or ChannelType.Broadcast, got {type!r}") from None
+    problem = cfg.validation_error()
+    if problem:
+        raise RuntimeError(f"{problem} (creating {name})")
+    creator_bytes = creator.encode("utf-8")[: layout.U16_MAX]
+    geometry = Geometry.for_config(
+        channel_type,
+        cfg.max_subscribers,
+        cfg.sub_ring_capacity,
+        cfg.pool_size,
+        cfg.max_payload_size,
+        cfg.commit_timeout_us,
+        len(creator_bytes),
+    )
+    return geometry, creator_bytes
+
+
+def _initialise(mapping: shm.Mapping, geometry: Geometry, creator: bytes, schema: SchemaInfo | None) -> SharedRegion:
+    """Lay out a new, zero-filled object; publish it by storing magic last."""
+    region = SharedRegion(mapping, geometry)
+    ops = region.atomics
+    header = region.header
+    # 1. Header fields (the object is zero-filled by ftruncate).
+    header.version = layout.VERSION
+    header.channel_type = geometry.channel_type
+    header.total_size = geometry.total_size
+    header.sub_rings_offset = geometry.sub_rings_offset
+    header.pool_offset = geometry.pool_offset
+    header.max_subs = geometry.max_subs
+    header.sub_ring_capacity = geometry.capacity
+    header.sub_ring_mask = geometry.mask
+    header.pool_size = geometry.pool_size
+    header.slot_data_size = geometry.slot_data_size
+    header.slot_stride = geometry.slot_stride
+    header.sub_ring_stride = geometry.ring_stride
+    header.commit_timeout_us = geometry.commit_timeout_us
+    header.config_hash = geometry.config_hash
+    header.creator_pid = os.getpid()
+    header.created_at_ns = time.monotonic_ns()
+    header.creator_name_len = len(creator)
+    mapping.buffer[layout.HEADER_SIZE : layout.HEADER_SIZE + len(creator)] = creator
+    # 2. Schema: nobody can see the region yet, so a relaxed Set suffices.
+    if schema is not None:
+        schema.write_to(header.schema_data)
+        ops.store_relaxed_u32(region.schema_state_address, layout.SCHEMA_SET)
+    # 3. Free stack: as if slots 0, 1, ..., pool_size-1 were pushed in order
+    #    (each push bumps the generation; slot pool_size-1 ends on top).
+    for slot in range(geometry.pool_size):
+        below = slot - 1 if slot > 0 else layout.INVALID_SLOT
+        ops.store_relaxed_u32(region.slot_address(slot) + layout.NEXT_FREE_OFFSET, below)
+    ops.store_relaxed_u64(
+        region.free_top_address, (geometry.pool_size & layout.U32_MAX) << 32 | (geometry.pool_size - 1)
+    )
+    # 4. Rings are Free with write_pos 0: already zero.
+    # 5. Magic last, with release: create_or_open polls it with acquire.
+    ops.store_release_u64(mapping.address + layout.MAGIC_OFFSET, layout.MAGIC)
+    return region
+
+
+def _is_initialised(mapping: shm.Mapping) -> bool:
+    """Magic and version are in place (read with acquire)."""
+    if mapping.size < layout.HEADER_SIZE:
+        return False
+    magic = HARDWARE.load_acquire_u64(mapping.address + layout.MAGIC_OFFSET)
+    return magic == layout.MAGIC and Header.from_buffer(mapping.buffer).version == layout.VERSION
+
+
+def _attach(mapping: shm.Mapping) -> SharedRegion:
+    """Check an initialised-looking mapping and wrap it."""
+    name = mapping.name
+    if mapping.size < 8 or HARDWARE.load_acquire_u64(mapping.address + layout.MAGIC_OFFSET) != layout.MAGIC:
+        raise RuntimeError(f"Invalid shared memory (bad magic): {name}")
+    if mapping.size < layout.HEADER_SIZE:
+        raise RuntimeError(
+            f"Region {name} is truncated: {mapping.size} bytes, smaller than the {layout.HEADER_SIZE}-byte header"
+        )
+    header = Header.from_buffer(mapping.buffer)
+    if header.version != layout.VERSION:
+        raise RuntimeError(f"Version mismatch: {name} has layout version {header.version}, this library reads {layout.VERSION}")
+    geometry = Geometry.from_header(header)
+    problems = geometry.problems(mapping.size, header.sub_ring_mask)
+    if problems:
+        raise RuntimeError(f"Region {name} does not fit its mapping: " + "; ".join(problems))
+    return SharedRegion(mapping, geometry)

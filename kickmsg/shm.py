@@ -1,0 +1,101 @@
+"""POSIX shared-memory objects (``/dev/shm``) and their mappings.
+
+A ``Mapping`` maps a whole object read-write and stays mapped while anything
+refers to it: every object that points into a region (publisher, subscriber,
+view, slot, memoryview) keeps its ``Mapping`` alive.
+"""
+import ctypes
+import mmap
+import os
+
+import posix_ipc
+
+NAME_RULE = "a shared-memory name is '/' followed by 1 to 254 bytes (UTF-8), none of them '/' or NUL"
+CREATE_MODE = 0o666  # as 0.1.0; the process umask applies
+
+
+class RegionNotFoundError(FileNotFoundError, RuntimeError):
+    """No shared-memory object has this name."""
+
+
+class RegionPermissionError(PermissionError, RuntimeError):
+    """The shared-memory object exists but this process may not map it."""
+
+
+class EmptyObjectError(RuntimeError):
+    """The object exists but has no bytes yet (a creator between shm_open
+    and ftruncate, or not a Kickmsg region)."""
+
+
+def check_name(name: str) -> None:
+    """Raise ``ValueError`` unless ``name`` is a portable POSIX shm name."""
+    if not isinstance(name, str):
+        raise TypeError(f"shared-memory name must be a str, got {name!r}")
+    size = len(name.encode("utf-8", "surrogatepass"))
+    if not (2 <= size <= 255 and name[0] == "/" and "/" not in name[1:] and "\0" not in name):
+        raise ValueError(f"invalid shared-memory name {name!r}: {NAME_RULE}")
+
+
+class Mapping:
+    """A shared-memory object mapped read-write into this process.
+
+    ``buffer`` is a writable memoryview over all of it; ``address`` is the
+    integer address of its first byte, for ``kickmsg.atomics``.
+    """
+
+    def __init__(self, name: str, memory: mmap.mmap):
+        self.name = name
+        self.size = len(memory)
+        self._mmap = memory
+        self.buffer = memoryview(memory)
+        self._first_byte = ctypes.c_char.from_buffer(memory)
+        self.address = ctypes.addressof(self._first_byte)
+
+    def __repr__(self):
+        return f"Mapping(name={self.name!r}, size={self.size}, address=0x{self.address:x})"
+
+
+def _map(name: str, shared_memory: posix_ipc.SharedMemory) -> Mapping:
+    try:
+        size = os.fstat(shared_memory.fd).st_size
+        if size == 0:
+            raise EmptyObjectError(f"shared memory {name} is empty (0 bytes)")
+        return Mapping(name, mmap.mmap(shared_memory.fd, size))
+    finally:
+        shared_memory.close_fd()
+
+
+def create_exclusive(name: str, size: int) -> Mapping:
+    """Create a new object of ``size`` zero bytes and map it; raise
+    ``FileExistsError`` if the name is taken."""
+    check_name(name)
+    try:
+        shared_memory = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, CREATE_MODE, size)
+    except posix_ipc.ExistentialError:
+        raise FileExistsError(f"shared memory {name} already exists") from None
+    except posix_ipc.PermissionsError as error:
+        raise RegionPermissionError(f"cannot create shared memory {name}: {error}") from None
+    return _map(name, shared_memory)
+
+
+def open_existing(name: str) -> Mapping:
+    """Map an existing object at its current size."""
+    check_name(name)
+    try:
+        shared_memory = posix_ipc.SharedMemory(name, 0)
+    except posix_ipc.ExistentialError:
+        raise RegionNotFoundError(f"no shared memory named {name}") from None
+    except posix_ipc.PermissionsError as error:
+        raise RegionPermissionError(f"cannot open shared memory {name}: {error}") from None
+    return _map(name, shared_memory)
+
+
+def unlink(name: str) -> None:
+    """Remove the name (mappings stay valid); no error if it is absent."""
+    check_name(name)
+    try:
+        posix_ipc.unlink_shared_memory(name)
+    except posix_ipc.ExistentialError:
+        pass
+    except posix_ipc.PermissionsError as error:
+        raise RegionPermissionError(f"cannot unlink shared memory {name}: {error}") from None

@@ -1,0 +1,396 @@
+"""Subscriber and SampleView: joining a ring, the receive flow, and the drain.
+
+Each subscriber owns one ring of the region. Its read position is private to
+the process; publishers write, the subscriber only reads entries and pins or
+releases slot references.
+"""
+import datetime
+import os
+import time
+import weakref
+
+from kickmsg import treiber
+from kickmsg.config import to_microseconds
+from kickmsg.layout import (
+    LOCKED_SEQUENCE,
+    INVALID_SLOT,
+    PAYLOAD_LEN_OFFSET,
+    REFCOUNT_OFFSET,
+    RING_DRAINING,
+    RING_FREE,
+    RING_LIVE,
+    RING_STATE_MASK,
+    SEQUENCE_OFFSET,
+    SLOT_IDX_OFFSET,
+    U32_MAX,
+)
+from kickmsg.region import RingAddresses, SharedRegion
+
+MAX_RECEIVE_ATTEMPTS = 64  # entries a single try_receive may skip as lost
+UNCOMMITTED_POLL_NS = 1_000_000  # sleep slice while a claimed entry is not committed yet
+
+
+class Subscriber:
+    """Receives every message published to a region from now on, through a
+    ring of its own. A slow subscriber only loses its own messages (counted
+    in ``lost``); it never slows publishers or other subscribers.
+
+    A subscriber is used by one thread at a time. It leaves its ring when
+    closed (``close()``, ``with``) or garbage collected.
+    """
+
+    def __init__(self, region: SharedRegion):
+        if not isinstance(region, SharedRegion):
+            raise TypeError(f"Subscriber needs a SharedRegion, got {region!r}")
+        self._region = region
+        self._ring, self._start_pos = _join_ring(region)
+        self._read_pos = self._start_pos
+        self._lost = 0
+        self._skipped = 0
+        self._drain_timeouts = 0
+        self._closed = False
+        self._teardown = weakref.finalize(self, _leave_ring, region, self._ring, self._start_pos, os.getpid())
+
+    @property
+    def region(self) -> SharedRegion:
+        """The region this subscriber reads from."""
+        return self._region
+
+    @property
+    def lost(self) -> int:
+        """Messages this subscriber missed: overwritten in its ring before it
+        read them, or found unreadable."""
+        return self._lost
+
+    @property
+    def skipped(self) -> int:
+        """Committed messages passed over by ``try_receive_latest`` /
+        ``receive_latest`` to reach the newest one (not counted in ``lost``)."""
+        return self._skipped
+
+    @property
+    def drain_timeouts(self) -> int:
+        """Times leaving the ring gave up waiting for an in-flight publisher."""
+        return self._drain_timeouts
+
+    # -- receiving ----------------------------------------------------------
+
+    def try_receive(self) -> bytes | None:
+        """The next message as a copy, or None if none is ready."""
+        pinned = self._pin_next()
+        if pinned is None:
+            return None
+        slot, length, _ = pinned
+        region = self._region
+        start = region.payload_offset(slot)
+        data = bytes(region.mapping.buffer[start : start + length])
+        treiber.release_slot(region, slot)  # unpin
+        return data
+
+    def try_receive_view(self) -> "SampleView | None":
+        """The next message in place (zero-copy, its slot pinned until the
+        view is released), or None if none is ready."""
+        pinned = self._pin_next()
+        if pinned is None:
+            return None
+        slot, length, ring_pos = pinned
+        return SampleView(self._region, slot, length, ring_pos)
+
+    def receive(self, timeout: datetime.timedelta | float | None) -> bytes | None:
+        """Like ``try_receive``, but sleeps (without the GIL) up to ``timeout``
+        (a timedelta or seconds; None waits without limit). None on timeout."""
+        deadline = _deadline_ns(timeout)
+        while True:
+            data = self.try_receive()
+            if data is not None or not self._sleep_until_written(deadline):
+                return data
+
+    def receive_view(self, timeout: datetime.timedelta | float | None) -> "SampleView | None":
+        """Like ``try_receive_view``, blocking up to ``timeout``."""
+        deadline = _deadline_ns(timeout)
+        while True:
+            view = self.try_receive_view()
+            if view is not None or not self._sleep_until_written(deadline):
+                return view
+
+    def try_receive_latest(self) -> bytes | None:
+        """The newest committed message (a copy), passing over older unread
+        ones (counted in ``skipped``), or None if nothing new is ready."""
+        self._skip_to_newest()
+        return self.try_receive()
+
+    def receive_latest(self, timeout: datetime.timedelta | float | None) -> bytes | None:
+        """Like ``try_receive_latest``, blocking up to ``timeout``."""
+        deadline = _deadline_ns(timeout)
+        while True:
+            data = self.try_receive_latest()
+            if data is not None or not self._sleep_until_written(deadline):
+                return data
+
+    def __iter__(self):
+        """Iterate over the messages available now (copies), then stop."""
+        return self
+
+    def __next__(self) -> bytes:
+        data = self.try_receive()
+        if data is None:
+            raise StopIteration
+        return data
+
+    def _pin_next(self) -> tuple[int, int, int] | None:
+        """Receive flow, steps 1-3: find the next committed entry of our ring
+        and pin its slot. Returns (slot, payload length, ring position)."""
+        if self._closed:
+            raise ValueError(f"this subscriber of {self._region.name} is closed")
+        region = self._region
+        ops = region.atomics
+        ring = self._ring
+        capacity = region.geometry.capacity
+        for _ in range(MAX_RECEIVE_ATTEMPTS):
+            # 1. Anything new? If the ring lapped us, skip to its oldest entry.
+            write_pos = ops.load_acquire_u64(ring.write_pos)
+            if write_pos - self._read_pos > capacity:
+                self._lost += write_pos - capacity - self._read_pos
+                self._read_pos = write_pos - capacity
+            if self._read_pos >= write_pos:
+                return None
+            # 2. Read the entry's sequence (acquire); it must be read_pos + 1.
+            entry = region.entry_address(ring, self._read_pos)
+            expected = self._read_pos + 1
+            sequence = ops.load_acquire_u64(entry + SEQUENCE_OFFSET)
+            if sequence == LOCKED_SEQUENCE or sequence < expected:
+                return None  # claimed but not committed yet: come back later
+            if sequence > expected:
+                self._lost += 1  # overwritten before we got to it
+                self._read_pos += 1
+                continue
+            # 3. Read slot index and length; an impossible entry counts as lost.
+            slot = ops.load_relaxed_u32(entry + SLOT_IDX_OFFSET)
+            length = ops.load_relaxed_u32(entry + PAYLOAD_LEN_OFFSET)
+            if slot >= region.geometry.pool_size or length > region.geometry.slot_data_size:
+                self._lost += 1
+                self._read_pos += 1
+                continue
+            # Pin: refcount rc -> rc + 1, only while rc > 0 (0: freed meanwhile;
+            # a saturated count can only be corruption).
+            refcount_address = region.slot_address(slot) + REFCOUNT_OFFSET
+            refcount = ops.load_relaxed_u32(refcount_address)
+            pinned = False
+            while 0 < refcount < U32_MAX:
+                found = ops.cas_acq_rel_u32(refcount_address, refcount, refcount + 1)
+                if found == refcount:
+                    pinned = True
+                    break
+                refcount = found
+            if not pinned:
+                self._lost += 1
+                self._read_pos += 1
+                continue
+            # Seqlock re-check: if the entry changed after we pinned, the slot
+            # may hold another message by now.
+            if ops.load_acquire_u64(entry + SEQUENCE_OFFSET) != sequence:
+                treiber.release_slot(region, slot)
+                self._lost += 1
+                self._read_pos += 1
+                continue
+            ring_pos = self._read_pos
+            self._read_pos += 1
+            return slot, length, ring_pos
+        return None
+
+    def _skip_to_newest(self) -> None:
+        """Read-latest: move read_pos to the newest committed entry of the
+        ring. Only our private read position moves; the ring's slot
+        references are still released by eviction and drain."""
+        if self._closed:
+            raise ValueError(f"this subscriber of {self._region.name} is closed")
+        region = self._region
+        ops = region.atomics
+        capacity = region.geometry.capacity
+        write_pos = ops.load_acquire_u64(self._ring.write_pos)
+        if write_pos - self._read_pos > capacity:  # already overwritten: lost, as in receive
+            self._lost += write_pos - capacity - self._read_pos
+            self._read_pos = write_pos - capacity
+        # Newest first: the first entry holding its own committed sequence.
+        for position in range(write_pos - 1, self._read_pos, -1):
+            sequence = ops.load_acquire_u64(region.entry_address(self._ring, position) + SEQUENCE_OFFSET)
+            if sequence == position + 1:
+                self._skipped += position - self._read_pos
+                self._read_pos = position
+                return
+
+    def _sleep_until_written(self, deadline_ns: int | None) -> bool:
+        """Sleep on the ring's futex until write_pos moves, or the deadline.
+        Returns False (without sleeping) once the deadline has passed."""
+        remaining_ns = -1 if deadline_ns is None else deadline_ns - time.monotonic_ns()
+        if deadline_ns is not None and remaining_ns <= 0:
+            return False
+        ops = self._region.atomics
+        ring = self._ring
+        ops.store_relaxed_u32(ring.has_waiter, 1)
+        write_pos = ops.load_acquire_u64(ring.write_pos)
+        if write_pos != self._read_pos:
+            # A publisher claimed a position but has not committed it; its
+            # wake-up may come before we sleep, so only nap briefly.
+            remaining_ns = UNCOMMITTED_POLL_NS if remaining_ns < 0 else min(remaining_ns, UNCOMMITTED_POLL_NS)
+        # The kernel returns at once if write_pos no longer equals what we saw.
+        ops.futex_wait(ring.write_pos, write_pos & U32_MAX, remaining_ns)
+        ops.store_relaxed_u32(ring.has_waiter, 0)
+        return True
+
+    # -- leaving --------------------------------------------------------------
+
+    def close(self) -> None:
+        """Leave the ring: release its references and free it for a new
+        subscriber. Views already received stay valid."""
+        if self._teardown.alive:
+            self._closed = True
+            if not self._teardown():
+                self._drain_timeouts += 1
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.close()
+
+    def __repr__(self):
+        state = "closed" if self._closed else f"ring={self._ring.index}, read_pos={self._read_pos}"
+        return (
+            f"Subscriber(region={self._region.name!r}, {state}, lost={self._lost}, "
+            f"drain_timeouts={self._drain_timeouts})"
+        )
+
+
+def _deadline_ns(timeout: datetime.timedelta | float | None) -> int | None:
+    if timeout is None:
+        return None
+    return time.monotonic_ns() + to_microseconds(timeout, "timeout") * 1000
+
+
+def _join_ring(region: SharedRegion) -> tuple[RingAddresses, int]:
+    """Subscriber join: claim the first Free ring (state_flight exactly 0).
+    Returns the ring and the start position."""
+    ops = region.atomics
+    for ring in region.rings:
+        # Capture write_pos BEFORE going Live: once Live, publishers claim
+        # positions at once, and the drain window [start_pos, write_pos) must
+        # cover every one of them.
+        start_pos = ops.load_acquire_u64(ring.write_pos)
+        if ops.cas_acq_rel_u32(ring.state_flight, RING_FREE, RING_LIVE) == RING_FREE:
+            return ring, start_pos
+    raise RuntimeError(
+        f"No free subscriber slots in {region.name}: all {region.geometry.max_subs} rings are taken or retired"
+    )
+
+
+def _leave_ring(region: SharedRegion, ring: RingAddresses, start_pos: int, owner_pid: int) -> bool:
+    """Subscriber teardown: stop admissions, wait for in-flight publishers,
+    drain this ring's references, free the ring. Returns False if in-flight
+    publishers did not finish within commit_timeout (the drain is skipped)."""
+    if os.getpid() != owner_pid:
+        return True  # a forked child's copy: the ring belongs to the parent
+    ops = region.atomics
+    # 1. State -> Draining, keeping in_flight: publishers are no longer admitted.
+    set_ring_state(ops, ring, RING_DRAINING)
+    # 2. Wait, yielding, up to commit_timeout for in_flight to reach 0.
+    deadline = time.monotonic_ns() + region.geometry.commit_timeout_us * 1000
+    while ops.load_acquire_u32(ring.state_flight) >> 2:
+        if time.monotonic_ns() >= deadline:
+            # A publisher likely died while admitted. Draining now could race
+            # a slow but alive one, so skip it: state -> Free keeping
+            # in_flight, which leaves the ring retired until an operator
+            # calls reset_retired_rings().
+            set_ring_state(ops, ring, RING_FREE)
+            return False
+        os.sched_yield()
+    # 3. Quiesced, write_pos is final: release this ring's reference to every
+    #    committed entry of the live window [max(wp - capacity, start_pos), wp).
+    write_pos = ops.load_acquire_u64(ring.write_pos)
+    for position in range(max(write_pos - region.geometry.capacity, start_pos), write_pos):
+        entry = region.entry_address(ring, position)
+        if ops.load_acquire_u64(entry + SEQUENCE_OFFSET) != position + 1:
+            continue  # evicted, uncommitted or locked
+        slot = ops.load_relaxed_u32(entry + SLOT_IDX_OFFSET)
+        if slot < region.geometry.pool_size:
+            treiber.release_slot(region, slot)
+            ops.store_seq_cst_u32(entry + SLOT_IDX_OFFSET, INVALID_SLOT)
+    # 4. Free | in_flight 0: the ring is ready for a new subscriber.
+    ops.store_seq_cst_u32(ring.state_flight, RING_FREE)
+    return True
+
+
+def set_ring_state(ops, ring: RingAddresses, state: int) -> None:
+    """Replace the state bits of ``state_flight``, keeping in_flight (CAS seq_cst)."""
+    state_flight = ops.load_relaxed_u32(ring.state_flight)
+    while True:
+        found = ops.cas_seq_cst_u32(ring.state_flight, state_flight, (state_flight & ~RING_STATE_MASK) | state)
+        if found == state_flight:
+            return
+        state_flight = found
+
+
+class SampleView:
+    """A received message in place: a read-only buffer over its slot.
+
+    The slot stays pinned (it cannot be reused) until the view is released:
+    by ``release()``, leaving a ``with`` block, or garbage collection. A
+    memoryview or numpy array taken from the view keeps the pin alive too,
+    even past ``release()``; new buffers are refused after it.
+    """
+
+    def __init__(self, region: SharedRegion, slot: int, length: int, ring_pos: int):
+        self._region = region
+        self._slot = slot
+        self._length = length
+        self._ring_pos = ring_pos
+        self._released = False
+        self._pinned = True
+        self._exports = 0  # buffers handed out and not yet released
+        self._owner_pid = os.getpid()
+
+    def __len__(self) -> int:
+        return 0 if self._released else self._length
+
+    @property
+    def ring_pos(self) -> int:
+        """The ring position this message was read at."""
+        return self._ring_pos
+
+    @property
+    def valid(self) -> bool:
+        return not self._released
+
+    def release(self) -> None:
+        """End the view (idempotent); the pin goes once no buffer of it is alive."""
+        self._released = True
+        self._unpin_if_done()
+
+    def __buffer__(self, flags: int) -> memoryview:
+        if self._released:
+            raise BufferError("SampleView is no longer valid (pin already released)")
+        self._exports += 1
+        start = self._region.payload_offset(self._slot)
+        return self._region.mapping.buffer[start : start + self._length].toreadonly()
+
+    def __release_buffer__(self, view: memoryview) -> None:
+        self._exports -= 1
+        self._unpin_if_done()
+
+    def _unpin_if_done(self) -> None:
+        if self._released and self._pinned and self._exports == 0:
+            self._pinned = False
+            treiber.release_slot(self._region, self._slot)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.release()
+
+    def __del__(self):
+        if os.getpid() == self._owner_pid:  # not a forked child's copy
+            self.release()
+
+    def __repr__(self):
+        return f"SampleView(len={len(self)}, ring_pos={self._ring_pos}, valid={self.valid})"

@@ -1,0 +1,261 @@
+"""Typed channels: numpy records with a type check when anyone joins.
+
+A ``RecordType`` names a numpy dtype (``RecordType("Imu", [("ax", "<f4"),
+...])``). From it come two fingerprints, stored in the region's schema
+descriptor by whoever joins first (the creator bakes it in at advertise time)
+and compared by everyone who joins later:
+
+- identity: FNV-1a 64 of ``Imu{ax:<f4,ay:<f4,...}`` (type name, field names
+  and kinds), in the first 8 bytes of the 64-byte field, as
+  ``kickmsg.hash.identity_from_fnv1a`` makes it;
+- layout: FNV-1a 64 of ``24{0+4,4+4,...}`` (itemsize, each field's offset
+  and size), the same way.
+
+The descriptor's name holds a readable description with both,
+``Imu:24{ax:<f4@0,ay:<f4@4,...}`` (cut to 127 bytes), so a mismatch can be
+reported field by field. Nothing in the wire layout changes: an untyped
+native peer sees an ordinary schema descriptor and plain bytes.
+
+A message carries one or more records back to back. Receiving gives a
+read-only structured array over the slot itself (zero-copy; the slot stays
+pinned while the array is alive).
+"""
+import copy
+import datetime
+
+import numpy as np
+
+from kickmsg.config import Config
+from kickmsg.hash import identity_from_fnv1a
+from kickmsg.node import Node
+from kickmsg.publisher import Publisher
+from kickmsg.schema import MAX_NAME_BYTES, SchemaInfo
+from kickmsg.subscriber import SampleView, Subscriber
+
+TYPED_FINGERPRINT_ALGO = 0x4B4D5459  # "KMTY": the identity_algo/layout_algo tag of kickmsg.typed v1
+
+
+class TypeMismatchError(RuntimeError):
+    """A channel carries another record type than the one we join with."""
+
+
+def _kind(dtype: np.dtype) -> str:
+    """A field's kind: ``<f4``, ``|S16``, ``<f4[3]``, ``{x:<f8,y:<f8}``."""
+    if dtype.subdtype is not None:
+        base, shape = dtype.subdtype
+        return f"{_kind(base)}[{','.join(map(str, shape))}]"
+    if dtype.names:
+        return "{" + ",".join(f"{name}:{_kind(dtype.fields[name][0])}" for name in dtype.names) + "}"
+    return dtype.str
+
+
+def _layout(dtype: np.dtype) -> str:
+    """Itemsize and each field's offset and size: ``24{0+4,4+4,...}``."""
+    if not dtype.names:
+        return str(dtype.itemsize)
+    fields = (f"{dtype.fields[name][1]}+{_layout(dtype.fields[name][0])}" for name in dtype.names)
+    return f"{dtype.itemsize}{{{','.join(fields)}}}"
+
+
+def _split_fields(text: str) -> list[str]:
+    """Split ``a,b{c,d},e[2,3]`` at the commas outside brackets."""
+    parts, depth, start = [], 0, 0
+    for index, char in enumerate(text):
+        depth += char in "{["
+        depth -= char in "}]"
+        if char == "," and depth == 0:
+            parts.append(text[start:index])
+            start = index + 1
+    parts.append(text[start:])
+    return [part for part in parts if part]
+
+
+class RecordType:
+    """A named numpy dtype that typed publishers and subscribers agree on."""
+
+    def __init__(self, name: str, dtype, version: int = 0):
+        self.name = name
+        self.dtype = np.dtype(dtype)
+        self.version = version
+        if self.dtype.hasobject or self.dtype.itemsize == 0:
+            raise ValueError(f"RecordType {name!r} needs a fixed-size dtype without Python objects, got {self.dtype}")
+        self.fields = [
+            (field, _kind(self.dtype.fields[field][0]), self.dtype.fields[field][1]) for field in self.dtype.names or ()
+        ]
+        identity_text = f"{name}{_kind(self.dtype)}" if self.dtype.names else f"{name}:{_kind(self.dtype)}"
+        self.description = f"{name}:{self.dtype.itemsize}{{" + ",".join(
+            f"{field}:{kind}@{offset}" for field, kind, offset in self.fields
+        ) + "}"
+        self.schema = SchemaInfo(
+            identity=identity_from_fnv1a(identity_text),
+            layout=identity_from_fnv1a(_layout(self.dtype)),
+            name=self.description,
+            version=version,
+            identity_algo=TYPED_FINGERPRINT_ALGO,
+            layout_algo=TYPED_FINGERPRINT_ALGO,
+        )
+
+    def differences(self, schema: SchemaInfo) -> list[str]:
+        """How a channel's descriptor differs from this type; empty if it matches."""
+        ours = self.schema
+        if (schema.identity, schema.layout, schema.version) == (ours.identity, ours.layout, ours.version):
+            return []
+        if schema.identity_algo != TYPED_FINGERPRINT_ALGO:
+            return [f"the channel's schema {schema.name!r} was not made by kickmsg.typed (identity_algo {schema.identity_algo})"]
+        found = []
+        if schema.version != ours.version:
+            found.append(f"version: {ours.version} here, {schema.version} in the channel")
+        their_name, _, rest = schema.name.partition(":")
+        their_itemsize, _, their_fields_text = rest.partition("{")
+        if their_name != self.name:
+            found.append(f"type name: {self.name!r} here, {their_name!r} in the channel")
+        if their_itemsize != str(self.dtype.itemsize):
+            found.append(f"itemsize: {self.dtype.itemsize} here, {their_itemsize} in the channel")
+        theirs = {}
+        for part in _split_fields(their_fields_text.removesuffix("}")):
+            field, _, kind_at = part.partition(":")
+            kind, _, offset = kind_at.rpartition("@")
+            theirs[field] = (kind, offset)
+        for field, kind, offset in self.fields:
+            if field not in theirs:
+                found.append(f"field {field!r} ({kind}) is not in the channel's type")
+            elif theirs[field][0] != kind:
+                found.append(f"field {field!r}: {kind} here, {theirs[field][0]} in the channel")
+            elif theirs[field][1] != str(offset):
+                found.append(f"field {field!r}: offset {offset} here, {theirs[field][1]} in the channel")
+        for field, (kind, _) in theirs.items():
+            if field not in (self.dtype.names or ()):
+                found.append(f"field {field!r} ({kind}) is only in the channel's type")
+        if len(schema.name.encode()) >= MAX_NAME_BYTES:
+            found.append("(the channel's description is cut at 127 bytes; fields after the cut are compared by fingerprint only)")
+        if not found:
+            found.append("the fingerprints differ although the descriptions agree")
+        return found
+
+    def __repr__(self):
+        return f"RecordType({self.description!r}, version={self.version})"
+
+
+def join_check(region, record_type: RecordType) -> None:
+    """Type validation on join: claim the descriptor if none is set yet,
+    else compare; raise ``TypeMismatchError`` listing every difference."""
+    if record_type.dtype.itemsize > region.geometry.slot_data_size:
+        raise TypeMismatchError(
+            f"{region.name}: a {record_type.name} record is {record_type.dtype.itemsize} bytes, "
+            f"more than max_payload_size {region.geometry.slot_data_size}"
+        )
+    current = region.schema()
+    if current is None and region.try_claim_schema(record_type.schema):
+        return
+    current = region.schema()
+    if current is None:
+        raise TypeMismatchError(f"{region.name}: the schema descriptor is being claimed by a process that never finished")
+    problems = record_type.differences(current)
+    if problems:
+        raise TypeMismatchError(
+            f"{region.name} carries {current.name!r}, not {record_type.description!r}:\n  " + "\n  ".join(problems)
+        )
+
+
+class TypedPublisher:
+    """Publishes records of one ``RecordType``; checks the channel's type on construction."""
+
+    def __init__(self, publisher: Publisher, record_type: RecordType):
+        join_check(publisher.region, record_type)
+        self.publisher = publisher
+        self.record_type = record_type
+
+    def send(self, records) -> int:
+        """Publish one record (a tuple or numpy record) or an array of them
+        as one message; returns the number of records."""
+        array = np.ascontiguousarray(records, dtype=self.record_type.dtype)
+        self.publisher.send(array)
+        return array.size
+
+    def allocate(self, count: int = 1) -> "TypedSlot | None":
+        """Reserve a message of ``count`` records to fill in place."""
+        slot = self.publisher.allocate(count * self.record_type.dtype.itemsize)
+        return None if slot is None else TypedSlot(slot, self.record_type.dtype)
+
+    @property
+    def dropped(self) -> int:
+        return self.publisher.dropped
+
+    def __repr__(self):
+        return f"TypedPublisher({self.record_type.description!r}, region={self.publisher.region.name!r})"
+
+
+class TypedSlot:
+    """An allocated message seen as a writable record array: fill
+    ``records``, then ``publish()``."""
+
+    def __init__(self, slot, dtype: np.dtype):
+        self.slot = slot
+        self.records = np.frombuffer(memoryview(slot), dtype=dtype)
+
+    def publish(self) -> int:
+        """Drop our array (the buffer must be released first) and publish."""
+        self.records = None
+        return self.slot.publish()
+
+    def __repr__(self):
+        return f"TypedSlot({self.slot!r})"
+
+
+class TypedSubscriber:
+    """Receives records of one ``RecordType`` as zero-copy arrays over the slots."""
+
+    def __init__(self, subscriber: Subscriber, record_type: RecordType):
+        join_check(subscriber.region, record_type)
+        self.subscriber = subscriber
+        self.record_type = record_type
+
+    def try_receive(self) -> np.ndarray | None:
+        """The next message's records (read-only, over the slot), or None."""
+        return self._records(self.subscriber.try_receive_view())
+
+    def receive(self, timeout: datetime.timedelta | float | None) -> np.ndarray | None:
+        return self._records(self.subscriber.receive_view(timeout))
+
+    def _records(self, view: SampleView | None) -> np.ndarray | None:
+        if view is None:
+            return None
+        itemsize = self.record_type.dtype.itemsize
+        if len(view) % itemsize:
+            view.release()
+            raise TypeMismatchError(
+                f"{self.subscriber.region.name}: a {len(view)}-byte message is not a whole number of "
+                f"{itemsize}-byte {self.record_type.name} records"
+            )
+        records = np.frombuffer(view, dtype=self.record_type.dtype)
+        view.release()  # the array's buffer keeps the slot pinned from here on
+        return records
+
+    @property
+    def lost(self) -> int:
+        return self.subscriber.lost
+
+    def close(self) -> None:
+        self.subscriber.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.close()
+
+    def __repr__(self):
+        return f"TypedSubscriber({self.record_type.description!r}, region={self.subscriber.region.name!r})"
+
+
+def advertise(node: Node, topic: str, record_type: RecordType, cfg: Config | None = None) -> TypedPublisher:
+    """Create a typed topic: its descriptor is baked in at creation. Without
+    ``cfg``, max_payload_size is one record."""
+    cfg = copy.copy(cfg) if cfg is not None else Config(max_payload_size=record_type.dtype.itemsize)
+    cfg.schema = record_type.schema
+    return TypedPublisher(node.advertise(topic, cfg), record_type)
+
+
+def subscribe(node: Node, topic: str, record_type: RecordType) -> TypedSubscriber:
+    """Subscribe to a typed topic, checking its record type."""
+    return TypedSubscriber(node.subscribe(topic), record_type)

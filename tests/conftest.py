@@ -1,0 +1,36 @@
+"""Shared fixtures: unique shared-memory names that are removed even when a
+test fails, and the location of the native kickmsg 0.1.0 peer."""
+import itertools
+import os
+import pathlib
+import secrets
+
+import pytest
+
+from kickmsg import shm
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+SESSION_PREFIX = f"kmtest_{os.getpid()}_{secrets.token_hex(3)}"
+_counter = itertools.count()
+
+
+def new_shm_name(label: str = "r") -> str:
+    """A fresh name under this test session's prefix."""
+    return f"/{SESSION_PREFIX}_{label}_{next(_counter)}"
+
+
+@pytest.fixture
+def shm_name(request):
+    """A unique shm name, unlinked after the test whatever its outcome."""
+    name = new_shm_name(request.node.name[:40].replace("/", "_").replace("[", "_").replace("]", ""))
+    yield name
+    shm.unlink(name)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def remove_leftover_regions():
+    """After the session, remove every object this session's names created
+    (also those made by subprocesses under the same prefix)."""
+    yield
+    for path in pathlib.Path("/dev/shm").glob(f"{SESSION_PREFIX}_*"):
+        path.unlink(missing_ok=True)
