@@ -55,7 +55,7 @@ class SchemaInfoLayout(ctypes.Structure):
     _fields_ = [
         ("identity", ctypes.c_uint8 * 64),
         ("layout", ctypes.c_uint8 * 64),
-        ("name", ctypes.c_char * 128),  # NUL-terminated, at most 127 bytes
+        ("name", ctypes.c_uint8 * 128),  # UTF-8, NUL-terminated and zero-padded
         ("version", ctypes.c_uint32),
         ("identity_algo", ctypes.c_uint32),
         ("layout_algo", ctypes.c_uint32),

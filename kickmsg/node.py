@@ -11,8 +11,9 @@ Mailbox    ``/{prefix}_{owner}_mbx_{tag}``    create_mailbox (owner reads),
 
 Names are not sanitised (as in 0.1.0): a topic containing ``/`` is refused
 as an invalid shared-memory name. A node keeps every region it mapped and
-reuses it for later calls on the same name, except ``advertise`` and
-``create_mailbox``, which always create (replacing any region of that name).
+reuses it for later calls on the same name (unless the name now refers to
+another object), except ``advertise`` and ``create_mailbox``, which always
+create (replacing any region of that name).
 """
 import copy
 
@@ -70,15 +71,21 @@ class Node:
         self._regions[shm_name] = region
         return region
 
+    def _mapped(self, shm_name: str) -> SharedRegion | None:
+        """The region this node mapped for the name, unless the name now
+        refers to another object (a re-create with another size)."""
+        region = self._regions.get(shm_name)
+        return region if region is not None and not region.mapping.is_replaced() else None
+
     def _open(self, shm_name: str) -> SharedRegion:
-        if shm_name not in self._regions:
-            self._regions[shm_name] = SharedRegion.open(shm_name)
-        return self._regions[shm_name]
+        region = self._mapped(shm_name) or SharedRegion.open(shm_name)
+        self._regions[shm_name] = region
+        return region
 
     def _create_or_open(self, shm_name: str, channel_type: ChannelType, cfg: Config) -> SharedRegion:
-        if shm_name not in self._regions:
-            self._regions[shm_name] = SharedRegion.create_or_open(shm_name, channel_type, cfg, self._name)
-        return self._regions[shm_name]
+        region = self._mapped(shm_name) or SharedRegion.create_or_open(shm_name, channel_type, cfg, self._name)
+        self._regions[shm_name] = region
+        return region
 
     # -- PubSub ---------------------------------------------------------------
 

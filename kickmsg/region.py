@@ -1,4 +1,5 @@
 """SharedRegion: create, open and describe one channel's shared memory."""
+import ctypes
 import os
 import time
 from dataclasses import dataclass
@@ -81,18 +82,27 @@ class SharedRegion:
     def create(name: str, type: ChannelType, cfg: Config, creator: str = "") -> "SharedRegion":
         """Create a fresh region, replacing any object of that name.
 
-        An existing object is unlinked first and a new one created, so
-        processes still attached to the old one keep a valid (now orphaned)
-        mapping instead of seeing it truncated under them.
+        An existing object of the same size is re-initialised in place, as
+        0.1.0 does, so every process attached to it sees the new region
+        (re-create only while the channel is idle: operations in flight
+        elsewhere would land on the new region). An object of another size
+        is unlinked and a new one made, so that nobody attached to the old
+        one faults on pages that would no longer exist.
         """
         geometry, creator_bytes = _new_geometry(name, type, cfg, creator)
         for _ in range(CREATE_ATTEMPTS):
-            shm.unlink(name)
             try:
                 mapping = shm.create_exclusive(name, geometry.total_size)
+                return _initialise(mapping, geometry, creator_bytes, cfg.schema, in_place=False)
             except FileExistsError:
-                continue  # another creator got in between: replace it too
-            return _initialise(mapping, geometry, creator_bytes, cfg.schema)
+                pass
+            try:
+                mapping = shm.open_existing(name)
+            except (shm.RegionNotFoundError, shm.EmptyObjectError):
+                mapping = None
+            if mapping is not None and mapping.size == geometry.total_size:
+                return _initialise(mapping, geometry, creator_bytes, cfg.schema, in_place=True)
+            shm.unlink(name)
         raise RuntimeError(f"could not create {name}: other processes keep re-creating it")
 
     @staticmethod
@@ -112,7 +122,7 @@ class SharedRegion:
         for _ in range(INIT_POLL_ATTEMPTS):
             try:
                 mapping = shm.create_exclusive(name, geometry.total_size)
-                return _initialise(mapping, geometry, creator_bytes, cfg.schema)
+                return _initialise(mapping, geometry, creator_bytes, cfg.schema, in_place=False)
             except FileExistsError:
                 pass
             try:
@@ -139,6 +149,11 @@ class SharedRegion:
     @property
     def channel_type(self) -> ChannelType:
         return ChannelType(self.geometry.channel_type)
+
+    def incarnation(self) -> tuple[int, int]:
+        """(creator_pid, created_at_ns): changes when the region is
+        re-created in place."""
+        return self.header.creator_pid, self.header.created_at_ns
 
     def unlink(self) -> None:
         """Remove the region's name; attached processes keep their mapping."""
@@ -320,12 +335,21 @@ def _new_geometry(name: str, type: ChannelType, cfg: Config, creator: str) -> tu
     return geometry, creator_bytes
 
 
-def _initialise(mapping: shm.Mapping, geometry: Geometry, creator: bytes, schema: SchemaInfo | None) -> SharedRegion:
-    """Lay out a new, zero-filled object; publish it by storing magic last."""
+def _initialise(
+    mapping: shm.Mapping, geometry: Geometry, creator: bytes, schema: SchemaInfo | None, in_place: bool
+) -> SharedRegion:
+    """Lay out a region in the mapping; publish it by storing magic last.
+
+    A new object is zero-filled by ftruncate. One re-initialised in place is
+    first marked uninitialised (magic 0) and zeroed.
+    """
     region = SharedRegion(mapping, geometry)
     ops = region.atomics
     header = region.header
-    # 1. Header fields (the object is zero-filled by ftruncate).
+    if in_place:
+        ops.store_release_u64(mapping.address + layout.MAGIC_OFFSET, 0)
+        ctypes.memset(mapping.address, 0, mapping.size)
+    # 1. Header fields.
     header.version = layout.VERSION
     header.channel_type = geometry.channel_type
     header.total_size = geometry.total_size

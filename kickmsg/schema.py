@@ -68,7 +68,8 @@ class SchemaInfo:
         elif field == "name":
             if not isinstance(value, str):
                 raise TypeError(f"SchemaInfo.name must be a str, got {value!r}")
-            value = _cut_utf8(value, MAX_NAME_BYTES).decode("utf-8")
+            # Stored NUL-terminated: a NUL ends the name, as in 0.1.0.
+            value = _cut_utf8(value.split("\0", 1)[0], MAX_NAME_BYTES).decode("utf-8")
         elif field in self._U32_FIELDS:
             if not isinstance(value, int) or isinstance(value, bool):
                 raise TypeError(f"SchemaInfo.{field} must be an int, got {value!r}")
@@ -82,7 +83,7 @@ class SchemaInfo:
         """Fill the 512-byte wire form, zeroing the reserved bytes."""
         target.identity[:] = self.identity
         target.layout[:] = self.layout
-        target.name = self.name.encode("utf-8")
+        target.name[:] = self.name.encode("utf-8").ljust(len(target.name), b"\0")
         target.version = self.version
         target.identity_algo = self.identity_algo
         target.layout_algo = self.layout_algo
@@ -96,7 +97,7 @@ class SchemaInfo:
         return cls(
             identity=bytes(source.identity),
             layout=bytes(source.layout),
-            name=source.name[:MAX_NAME_BYTES].decode("utf-8", errors="replace"),
+            name=bytes(source.name[:MAX_NAME_BYTES]).split(b"\0", 1)[0].decode("utf-8", errors="replace"),
             version=source.version,
             identity_algo=source.identity_algo,
             layout_algo=source.layout_algo,

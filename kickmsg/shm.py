@@ -12,6 +12,7 @@ import posix_ipc
 
 NAME_RULE = "a shared-memory name is '/' followed by 1 to 254 bytes (UTF-8), none of them '/' or NUL"
 CREATE_MODE = 0o666  # as 0.1.0; the process umask applies
+SHM_DIRECTORY = "/dev/shm"  # where Linux keeps POSIX shared-memory objects
 
 
 class RegionNotFoundError(FileNotFoundError, RuntimeError):
@@ -43,13 +44,23 @@ class Mapping:
     integer address of its first byte, for ``kickmsg.atomics``.
     """
 
-    def __init__(self, name: str, memory: mmap.mmap):
+    def __init__(self, name: str, memory: mmap.mmap, identity: tuple[int, int]):
         self.name = name
+        self.identity = identity  # (st_dev, st_ino) of the object mapped
         self.size = len(memory)
         self._mmap = memory
         self.buffer = memoryview(memory)
         self._first_byte = ctypes.c_char.from_buffer(memory)
         self.address = ctypes.addressof(self._first_byte)
+
+    def is_replaced(self) -> bool:
+        """Whether the name now refers to another object than the one mapped
+        here (re-created with another size). An unlinked name is not."""
+        try:
+            status = os.stat(SHM_DIRECTORY + self.name)
+        except FileNotFoundError:
+            return False
+        return (status.st_dev, status.st_ino) != self.identity
 
     def __repr__(self):
         return f"Mapping(name={self.name!r}, size={self.size}, address=0x{self.address:x})"
@@ -57,10 +68,10 @@ class Mapping:
 
 def _map(name: str, shared_memory: posix_ipc.SharedMemory) -> Mapping:
     try:
-        size = os.fstat(shared_memory.fd).st_size
-        if size == 0:
+        status = os.fstat(shared_memory.fd)
+        if status.st_size == 0:
             raise EmptyObjectError(f"shared memory {name} is empty (0 bytes)")
-        return Mapping(name, mmap.mmap(shared_memory.fd, size))
+        return Mapping(name, mmap.mmap(shared_memory.fd, status.st_size), (status.st_dev, status.st_ino))
     finally:
         shared_memory.close_fd()
 

@@ -49,7 +49,9 @@ class Subscriber:
         self._skipped = 0
         self._drain_timeouts = 0
         self._closed = False
-        self._teardown = weakref.finalize(self, _leave_ring, region, self._ring, self._start_pos, os.getpid())
+        self._teardown = weakref.finalize(
+            self, _leave_ring, region, self._ring, self._start_pos, os.getpid(), region.incarnation()
+        )
 
     @property
     def region(self) -> SharedRegion:
@@ -284,12 +286,16 @@ def _join_ring(region: SharedRegion) -> tuple[RingAddresses, int]:
     )
 
 
-def _leave_ring(region: SharedRegion, ring: RingAddresses, start_pos: int, owner_pid: int) -> bool:
+def _leave_ring(
+    region: SharedRegion, ring: RingAddresses, start_pos: int, owner_pid: int, incarnation: tuple[int, int]
+) -> bool:
     """Subscriber teardown: stop admissions, wait for in-flight publishers,
     drain this ring's references, free the ring. Returns False if in-flight
     publishers did not finish within commit_timeout (the drain is skipped)."""
     if os.getpid() != owner_pid:
         return True  # a forked child's copy: the ring belongs to the parent
+    if region.incarnation() != incarnation:
+        return True  # the region was re-created since we joined: the ring is not ours
     ops = region.atomics
     # 1. State -> Draining, keeping in_flight: publishers are no longer admitted.
     set_ring_state(ops, ring, RING_DRAINING)

@@ -70,8 +70,36 @@ def _split_fields(text: str) -> list[str]:
     return [part for part in parts if part]
 
 
+def _parse_description(description: str) -> tuple[str, str, str, dict | None, bool]:
+    """Read back ``Name:itemsize{field:kind@offset,...}`` or ``Name:itemsize<kind>``.
+
+    Returns (type name, itemsize, plain kind, fields as name -> (kind,
+    offset), complete). A description cut at 127 bytes is incomplete: its
+    last, partial field is dropped.
+    """
+    head, brace, body = description.partition("{")
+    type_name, _, itemsize_and_kind = head.rpartition(":")
+    itemsize = itemsize_and_kind[: len(itemsize_and_kind) - len(itemsize_and_kind.lstrip("0123456789"))]
+    if not brace:
+        return type_name, itemsize, itemsize_and_kind[len(itemsize):], None, True
+    complete = body.endswith("}")
+    parts = _split_fields(body.removesuffix("}"))
+    if not complete:
+        parts = parts[:-1]
+    fields = {}
+    for part in parts:
+        field, _, kind_at_offset = part.partition(":")
+        kind, _, offset = kind_at_offset.rpartition("@")
+        fields[field] = (kind, offset)
+    return type_name, itemsize, "", fields, complete
+
+
 class RecordType:
-    """A named numpy dtype that typed publishers and subscribers agree on."""
+    """A named numpy dtype that typed publishers and subscribers agree on.
+
+    Type and field names may not contain the description's separators
+    (``{}@,`` in the type name; ``:{}@,[]`` in field names).
+    """
 
     def __init__(self, name: str, dtype, version: int = 0):
         self.name = name
@@ -79,13 +107,21 @@ class RecordType:
         self.version = version
         if self.dtype.hasobject or self.dtype.itemsize == 0:
             raise ValueError(f"RecordType {name!r} needs a fixed-size dtype without Python objects, got {self.dtype}")
+        if not name or any(char in name for char in "{}@,"):
+            raise ValueError(f"RecordType name {name!r} must be non-empty and free of any of {{}}@,")
+        for field in self.dtype.names or ():
+            if any(char in field for char in ":{}@,[]"):
+                raise ValueError(f"RecordType {name!r}: field name {field!r} contains one of :{{}}@,[]")
         self.fields = [
             (field, _kind(self.dtype.fields[field][0]), self.dtype.fields[field][1]) for field in self.dtype.names or ()
         ]
-        identity_text = f"{name}{_kind(self.dtype)}" if self.dtype.names else f"{name}:{_kind(self.dtype)}"
-        self.description = f"{name}:{self.dtype.itemsize}{{" + ",".join(
-            f"{field}:{kind}@{offset}" for field, kind, offset in self.fields
-        ) + "}"
+        if self.dtype.names:
+            identity_text = f"{name}{_kind(self.dtype)}"
+            body = "{" + ",".join(f"{field}:{kind}@{offset}" for field, kind, offset in self.fields) + "}"
+        else:
+            identity_text = f"{name}:{_kind(self.dtype)}"
+            body = _kind(self.dtype)
+        self.description = f"{name}:{self.dtype.itemsize}{body}"
         self.schema = SchemaInfo(
             identity=identity_from_fnv1a(identity_text),
             layout=identity_from_fnv1a(_layout(self.dtype)),
@@ -102,31 +138,31 @@ class RecordType:
             return []
         if schema.identity_algo != TYPED_FINGERPRINT_ALGO:
             return [f"the channel's schema {schema.name!r} was not made by kickmsg.typed (identity_algo {schema.identity_algo})"]
+        their_name, their_itemsize, their_kind, theirs, complete = _parse_description(schema.name)
         found = []
         if schema.version != ours.version:
             found.append(f"version: {ours.version} here, {schema.version} in the channel")
-        their_name, _, rest = schema.name.partition(":")
-        their_itemsize, _, their_fields_text = rest.partition("{")
         if their_name != self.name:
             found.append(f"type name: {self.name!r} here, {their_name!r} in the channel")
         if their_itemsize != str(self.dtype.itemsize):
             found.append(f"itemsize: {self.dtype.itemsize} here, {their_itemsize} in the channel")
-        theirs = {}
-        for part in _split_fields(their_fields_text.removesuffix("}")):
-            field, _, kind_at = part.partition(":")
-            kind, _, offset = kind_at.rpartition("@")
-            theirs[field] = (kind, offset)
-        for field, kind, offset in self.fields:
-            if field not in theirs:
-                found.append(f"field {field!r} ({kind}) is not in the channel's type")
-            elif theirs[field][0] != kind:
-                found.append(f"field {field!r}: {kind} here, {theirs[field][0]} in the channel")
-            elif theirs[field][1] != str(offset):
-                found.append(f"field {field!r}: offset {offset} here, {theirs[field][1]} in the channel")
-        for field, (kind, _) in theirs.items():
-            if field not in (self.dtype.names or ()):
-                found.append(f"field {field!r} ({kind}) is only in the channel's type")
-        if len(schema.name.encode()) >= MAX_NAME_BYTES:
+        if theirs is None or not self.dtype.names:
+            our_kind = "" if self.dtype.names else _kind(self.dtype)
+            if our_kind != their_kind:
+                found.append(f"kind: {our_kind or 'fields'} here, {their_kind or 'fields'} in the channel")
+        else:
+            for field, kind, offset in self.fields:
+                if field not in theirs:
+                    if complete:
+                        found.append(f"field {field!r} ({kind}) is not in the channel's type")
+                elif theirs[field][0] != kind:
+                    found.append(f"field {field!r}: {kind} here, {theirs[field][0]} in the channel")
+                elif theirs[field][1] != str(offset):
+                    found.append(f"field {field!r}: offset {offset} here, {theirs[field][1]} in the channel")
+            for field, (kind, _) in theirs.items():
+                if field not in self.dtype.names:
+                    found.append(f"field {field!r} ({kind}) is only in the channel's type")
+        if not complete:
             found.append("(the channel's description is cut at 127 bytes; fields after the cut are compared by fingerprint only)")
         if not found:
             found.append("the fingerprints differ although the descriptions agree")
@@ -168,9 +204,13 @@ class TypedPublisher:
     def send(self, records) -> int:
         """Publish one record (a tuple or numpy record) or an array of them
         as one message; returns the number of records."""
-        array = np.ascontiguousarray(records, dtype=self.record_type.dtype)
+        dtype = self.record_type.dtype
+        # A subarray dtype (e.g. 3 x <f4) converts element by element.
+        array = np.ascontiguousarray(records, dtype=dtype.base if dtype.subdtype else dtype)
+        if array.nbytes % dtype.itemsize:
+            raise ValueError(f"{array.nbytes} bytes of data are not a whole number of {dtype.itemsize}-byte {self.record_type.name} records")
         self.publisher.send(array)
-        return array.size
+        return array.nbytes // dtype.itemsize
 
     def allocate(self, count: int = 1) -> "TypedSlot | None":
         """Reserve a message of ``count`` records to fill in place."""
@@ -206,7 +246,13 @@ class TypedSubscriber:
     """Receives records of one ``RecordType`` as zero-copy arrays over the slots."""
 
     def __init__(self, subscriber: Subscriber, record_type: RecordType):
-        join_check(subscriber.region, record_type)
+        """Wrap a subscriber; if the channel's type differs, the subscriber is
+        closed (its ring freed) and ``TypeMismatchError`` raised."""
+        try:
+            join_check(subscriber.region, record_type)
+        except TypeMismatchError:
+            subscriber.close()
+            raise
         self.subscriber = subscriber
         self.record_type = record_type
 
@@ -220,11 +266,11 @@ class TypedSubscriber:
     def _records(self, view: SampleView | None) -> np.ndarray | None:
         if view is None:
             return None
-        itemsize = self.record_type.dtype.itemsize
-        if len(view) % itemsize:
+        itemsize, length = self.record_type.dtype.itemsize, len(view)
+        if length % itemsize:
             view.release()
             raise TypeMismatchError(
-                f"{self.subscriber.region.name}: a {len(view)}-byte message is not a whole number of "
+                f"{self.subscriber.region.name}: a {length}-byte message is not a whole number of "
                 f"{itemsize}-byte {self.record_type.name} records"
             )
         records = np.frombuffer(view, dtype=self.record_type.dtype)

@@ -179,7 +179,8 @@ def test_open_shares_messages(shm_name):
     subscriber.close()
 
 
-def test_create_replaces_existing(shm_name):
+def test_create_replaces_existing_of_another_size(shm_name):
+    """Another size: a new object; the old mapping stays valid but orphaned."""
     old = SharedRegion.create(shm_name, ChannelType.PubSub, Config(**SMALL))
     old_publisher = Publisher(old)
     SharedRegion.create(shm_name, ChannelType.Broadcast, Config(**dict(SMALL, pool_size=32)))
@@ -192,6 +193,30 @@ def test_create_replaces_existing(shm_name):
     assert old_publisher.send(b"old") == 3
     assert subscriber.try_receive() is None
     subscriber.close()
+    assert old.mapping.is_replaced() and not reopened.mapping.is_replaced()
+
+
+def test_create_of_the_same_size_reinitialises_in_place(shm_name):
+    """The same size: the same object is re-initialised, as 0.1.0 does, so a
+    process still attached sees the new region: its rings, free stack and
+    creator, and can subscribe and publish on it."""
+    old = SharedRegion.create(shm_name, ChannelType.PubSub, Config(**SMALL), "first")
+    stale_subscriber = Subscriber(old)
+    Publisher(old).send(b"before")
+    SharedRegion.create(shm_name, ChannelType.PubSub, Config(**SMALL), "second")
+    assert not old.mapping.is_replaced()
+    h = rawregion.header(rawregion.read_bytes(shm_name))
+    assert h["creator_name"] == "second"
+    assert rawregion.ring(rawregion.read_bytes(shm_name), 0).state == 0  # every ring Free again
+    rawregion.assert_pool_whole(shm_name)
+    fresh = Subscriber(old)  # through the mapping made before the re-create
+    Publisher(SharedRegion.open(shm_name)).send(b"after")
+    assert fresh.try_receive() == b"after"
+    stale_subscriber.close()  # joined before the re-create: leaves the new ring 0 alone
+    assert rawregion.ring(rawregion.read_bytes(shm_name), 0).state == 1  # still fresh's, Live
+    Publisher(old).send(b"still mine")
+    assert fresh.try_receive() == b"still mine"
+    fresh.close()
 
 
 def test_open_missing(shm_name):
