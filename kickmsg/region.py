@@ -91,15 +91,9 @@ class SharedRegion:
         """
         geometry, creator_bytes = _new_geometry(name, type, cfg, creator)
         for _ in range(CREATE_ATTEMPTS):
-            try:
-                mapping = shm.create_exclusive(name, geometry.total_size)
+            mapping, created = shm.create_or_map(name, geometry.total_size)
+            if created:
                 return _initialise(mapping, geometry, creator_bytes, cfg.schema, in_place=False)
-            except FileExistsError:
-                pass
-            try:
-                mapping = shm.open_existing(name)
-            except (shm.RegionNotFoundError, shm.EmptyObjectError):
-                mapping = None
             if mapping is not None and mapping.size == geometry.total_size:
                 return _initialise(mapping, geometry, creator_bytes, cfg.schema, in_place=True)
             shm.unlink(name)
@@ -120,15 +114,11 @@ class SharedRegion:
         creator has finished, and require the same config hash."""
         geometry, creator_bytes = _new_geometry(name, type, cfg, creator)
         for _ in range(INIT_POLL_ATTEMPTS):
-            try:
-                mapping = shm.create_exclusive(name, geometry.total_size)
+            mapping, created = shm.create_or_map(name, geometry.total_size)
+            if created:
                 return _initialise(mapping, geometry, creator_bytes, cfg.schema, in_place=False)
-            except FileExistsError:
-                pass
-            try:
-                mapping = shm.open_existing(name)
-            except (shm.RegionNotFoundError, shm.EmptyObjectError):
-                mapping = None  # unlinked meanwhile, or its creator is before ftruncate
+            # Not ours: wait until its creator has stored magic (None: it was
+            # unlinked meanwhile, or its creator is before ftruncate).
             if mapping is not None and _is_initialised(mapping):
                 region = _attach(mapping)
                 if region.geometry.config_hash != geometry.config_hash:

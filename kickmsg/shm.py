@@ -89,6 +89,20 @@ def create_exclusive(name: str, size: int) -> Mapping:
     return _map(name, shared_memory)
 
 
+def create_or_map(name: str, size: int) -> tuple[Mapping | None, bool]:
+    """Create a new zero-filled object of ``size`` bytes and map it (returns
+    ``(mapping, True)``), or map the object already named (``(mapping,
+    False)``; ``(None, False)`` if it vanished meanwhile or is still empty)."""
+    try:
+        return create_exclusive(name, size), True
+    except FileExistsError:
+        pass
+    try:
+        return open_existing(name), False
+    except (RegionNotFoundError, EmptyObjectError):
+        return None, False
+
+
 def open_existing(name: str) -> Mapping:
     """Map an existing object at its current size."""
     check_name(name)
