@@ -8,8 +8,6 @@ differences. Run it:  python examples/typed_imu.py
 import os
 import time
 
-import numpy as np
-
 import kickmsg
 from kickmsg import typed
 

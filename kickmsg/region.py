@@ -5,7 +5,7 @@ import time
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from kickmsg import layout, shm, treiber
+from kickmsg import layout, owners, shm, treiber
 from kickmsg.atomics import HARDWARE
 from kickmsg.config import ChannelType, Config
 from kickmsg.layout import CorruptRegionError, Geometry, Header
@@ -43,6 +43,21 @@ class HealthReport:
         return (
             f"HealthReport(locked={self.locked_entries}, retired={self.retired_rings}, "
             f"draining={self.draining_rings}, live={self.live_rings}, schema_stuck={self.schema_stuck})"
+        )
+
+
+@dataclass(frozen=True)
+class DeadSubscriberReport:
+    """What ``reclaim_dead_subscribers()`` did, ring by ring."""
+
+    reclaimed: list[tuple[int, int]]  # (ring, pid of the dead owner): drained and freed
+    unrecorded: list[int]  # Live rings with no owner record (e.g. native subscribers): left alone
+    timed_out: list[int]  # dead owner, but publishers stayed in flight: left retired
+
+    def __repr__(self):
+        return (
+            f"DeadSubscriberReport(reclaimed={self.reclaimed}, unrecorded={self.unrecorded}, "
+            f"timed_out={self.timed_out})"
         )
 
 
@@ -90,6 +105,7 @@ class SharedRegion:
         one faults on pages that would no longer exist.
         """
         geometry, creator_bytes = _new_geometry(name, type, cfg, creator)
+        owners.unlink(name)  # ring owners of the region being replaced
         for _ in range(CREATE_ATTEMPTS):
             mapping, created = shm.create_or_map(name, geometry.total_size)
             if created:
@@ -147,7 +163,7 @@ class SharedRegion:
 
     def unlink(self) -> None:
         """Remove the region's name; attached processes keep their mapping."""
-        shm.unlink(self.name)
+        unlink_shm(self.name)
 
     def __repr__(self):
         g = self.geometry
@@ -238,18 +254,111 @@ class SharedRegion:
                     repaired += 1
         return repaired
 
-    def reset_retired_rings(self) -> int:
+    def reset_retired_rings(self, drain: bool = False) -> int:
         """Free | in_flight > 0 -> Free | 0, so new subscribers can claim those
         rings again. Only safe once the crashed publisher is known to be gone:
         a slow but alive one would later decrement in_flight into the state
-        bits. Returns the number of rings reset."""
+        bits. Returns the number of rings reset.
+
+        ``drain=True`` (beyond 0.1.0) also does the drain that the timed-out
+        teardown skipped: it releases the references the ring's entries still
+        hold, which otherwise stay taken until publishers wrap over them.
+        """
         reset = 0
         for ring in self.rings:
             state_flight = self.atomics.load_acquire_u32(ring.state_flight)
-            if state_flight & layout.RING_STATE_MASK == layout.RING_FREE and state_flight >> 2:
-                found = self.atomics.cas_acq_rel_u32(ring.state_flight, state_flight, layout.RING_FREE)
-                reset += found == state_flight
+            if state_flight & layout.RING_STATE_MASK != layout.RING_FREE or not state_flight >> 2:
+                continue
+            target = layout.RING_DRAINING if drain else layout.RING_FREE  # Draining: nobody joins meanwhile
+            if self.atomics.cas_acq_rel_u32(ring.state_flight, state_flight, target) != state_flight:
+                continue
+            if drain:
+                self.drain_ring(ring, 0)
+                self.atomics.store_seq_cst_u32(ring.state_flight, layout.RING_FREE)
+            reset += 1
         return reset
+
+    def leave_ring(self, ring: RingAddresses, start_pos: int) -> bool:
+        """Subscriber teardown: stop admissions, wait for in-flight publishers,
+        drain the ring's references, free the ring. Returns False if the
+        publishers in flight did not finish within commit_timeout: the drain
+        is then skipped and the ring left retired."""
+        ops = self.atomics
+        # 1. State -> Draining, keeping in_flight: publishers are no longer admitted.
+        self.set_ring_state(ring, layout.RING_DRAINING)
+        # 2. Wait, yielding, up to commit_timeout for in_flight to reach 0.
+        deadline = time.monotonic_ns() + self.geometry.commit_timeout_us * 1000
+        while ops.load_acquire_u32(ring.state_flight) >> 2:
+            if time.monotonic_ns() >= deadline:
+                # A publisher likely died while admitted. Draining now could
+                # race a slow but alive one, so skip it: state -> Free keeping
+                # in_flight, which leaves the ring retired until an operator
+                # calls reset_retired_rings().
+                self.set_ring_state(ring, layout.RING_FREE)
+                return False
+            os.sched_yield()
+        # 3. Quiesced, write_pos is final: drain [max(wp - capacity, start_pos), wp).
+        self.drain_ring(ring, start_pos)
+        # 4. Free | in_flight 0: the ring is ready for a new subscriber.
+        ops.store_seq_cst_u32(ring.state_flight, layout.RING_FREE)
+        return True
+
+    def set_ring_state(self, ring: RingAddresses, state: int) -> None:
+        """Replace the state bits of ``state_flight``, keeping in_flight (CAS seq_cst)."""
+        ops = self.atomics
+        state_flight = ops.load_relaxed_u32(ring.state_flight)
+        while True:
+            desired = (state_flight & ~layout.RING_STATE_MASK) | state
+            found = ops.cas_seq_cst_u32(ring.state_flight, state_flight, desired)
+            if found == state_flight:
+                return
+            state_flight = found
+
+    def reclaim_dead_subscribers(self) -> DeadSubscriberReport:
+        """Leave, on their behalf, the Live rings whose subscriber died
+        (beyond 0.1.0; see ``kickmsg.owners``): drain and free each, exactly
+        as its owner's teardown would have, so it is safe with publishers in
+        flight. Rings without an owner record (native subscribers) are left
+        alone and reported. Pins of the dead owner's views stay: reclaim them
+        with ``reclaim_orphaned_slots()`` at quiescence.
+        """
+        reclaimed, unrecorded, timed_out = [], [], []
+        sidecar = owners.Sidecar.open(self.name, self.geometry.max_subs, create=False)
+        for ring in self.rings:
+            state = self.atomics.load_acquire_u32(ring.state_flight) & layout.RING_STATE_MASK
+            if state != layout.RING_LIVE:
+                continue
+            owner = sidecar.take_if_owner_dead(ring.index, self.header.created_at_ns) if sidecar else "unrecorded"
+            if owner == "unrecorded":
+                unrecorded.append(ring.index)
+            elif owner != "alive":
+                if self.leave_ring(ring, owner.start_pos):
+                    reclaimed.append((ring.index, owner.pid))
+                else:
+                    timed_out.append(ring.index)
+                sidecar.release(ring.index)
+        if sidecar:
+            sidecar.close()
+        return DeadSubscriberReport(reclaimed, unrecorded, timed_out)
+
+    def drain_ring(self, ring: RingAddresses, start_pos: int) -> None:
+        """Drain: release the ring's reference to every committed entry of
+        [max(write_pos - capacity, start_pos), write_pos) and mark each
+        INVALID_SLOT, so a later eviction does not release it again.
+
+        Only while no publisher is admitted to the ring (its state is not Live
+        and in_flight is 0): write_pos is then final.
+        """
+        ops = self.atomics
+        write_pos = ops.load_acquire_u64(ring.write_pos)
+        for position in range(max(write_pos - self.geometry.capacity, start_pos), write_pos):
+            entry = self.entry_address(ring, position)
+            if ops.load_acquire_u64(entry + layout.SEQUENCE_OFFSET) != position + 1:
+                continue  # evicted, uncommitted or locked
+            slot = ops.load_relaxed_u32(entry + layout.SLOT_IDX_OFFSET)
+            if slot < self.geometry.pool_size:
+                treiber.release_slot(self, slot)
+                ops.store_seq_cst_u32(entry + layout.SLOT_IDX_OFFSET, layout.INVALID_SLOT)
 
     def reclaim_orphaned_slots(self) -> int:
         """Give back every slot with a refcount that no ring entry references.
@@ -296,8 +405,10 @@ class SharedRegion:
 
 
 def unlink_shm(name: str) -> None:
-    """Remove a shared-memory object by name; no error if it is absent."""
+    """Remove a shared-memory object by name (and its ring-owner sidecar);
+    no error if it is absent."""
     shm.unlink(name)
+    owners.unlink(name)
 
 
 def _new_geometry(name: str, type: ChannelType, cfg: Config, creator: str) -> tuple[Geometry, bytes]:

@@ -9,17 +9,14 @@ import os
 import time
 import weakref
 
-from kickmsg import treiber
+from kickmsg import owners, treiber
 from kickmsg.config import to_microseconds
 from kickmsg.layout import (
     LOCKED_SEQUENCE,
-    INVALID_SLOT,
     PAYLOAD_LEN_OFFSET,
     REFCOUNT_OFFSET,
-    RING_DRAINING,
     RING_FREE,
     RING_LIVE,
-    RING_STATE_MASK,
     SEQUENCE_OFFSET,
     SLOT_IDX_OFFSET,
     U32_MAX,
@@ -44,13 +41,14 @@ class Subscriber:
             raise TypeError(f"Subscriber needs a SharedRegion, got {region!r}")
         self._region = region
         self._ring, self._start_pos = _join_ring(region)
+        sidecar = _record_ownership(region, self._ring, self._start_pos)
         self._read_pos = self._start_pos
         self._lost = 0
         self._skipped = 0
         self._drain_timeouts = 0
         self._closed = False
         self._teardown = weakref.finalize(
-            self, _leave_ring, region, self._ring, self._start_pos, os.getpid(), region.incarnation()
+            self, _leave_ring, region, self._ring, self._start_pos, os.getpid(), region.incarnation(), sidecar
         )
 
     @property
@@ -286,54 +284,37 @@ def _join_ring(region: SharedRegion) -> tuple[RingAddresses, int]:
     )
 
 
+def _record_ownership(region: SharedRegion, ring: RingAddresses, start_pos: int) -> owners.Sidecar | None:
+    """Record this process as the ring's owner in the region's sidecar, so
+    the ring can be reclaimed if we die (None if it cannot be recorded)."""
+    sidecar = owners.Sidecar.open(region.name, region.geometry.max_subs, create=True)
+    pid = os.getpid()
+    record = owners.OwnerRecord(pid, owners.process_start_time(pid), start_pos, region.header.created_at_ns)
+    if sidecar and not sidecar.claim(ring.index, record):
+        sidecar.close()
+        return None
+    return sidecar
+
+
 def _leave_ring(
-    region: SharedRegion, ring: RingAddresses, start_pos: int, owner_pid: int, incarnation: tuple[int, int]
+    region: SharedRegion,
+    ring: RingAddresses,
+    start_pos: int,
+    owner_pid: int,
+    incarnation: tuple[int, int],
+    sidecar: owners.Sidecar | None,
 ) -> bool:
-    """Subscriber teardown: stop admissions, wait for in-flight publishers,
-    drain this ring's references, free the ring. Returns False if in-flight
-    publishers did not finish within commit_timeout (the drain is skipped)."""
+    """The subscriber's finalizer: the teardown flow (``region.leave_ring``),
+    then the ownership record. Returns False if the drain timed out."""
     if os.getpid() != owner_pid:
         return True  # a forked child's copy: the ring belongs to the parent
-    if region.incarnation() != incarnation:
-        return True  # the region was re-created since we joined: the ring is not ours
-    ops = region.atomics
-    # 1. State -> Draining, keeping in_flight: publishers are no longer admitted.
-    set_ring_state(ops, ring, RING_DRAINING)
-    # 2. Wait, yielding, up to commit_timeout for in_flight to reach 0.
-    deadline = time.monotonic_ns() + region.geometry.commit_timeout_us * 1000
-    while ops.load_acquire_u32(ring.state_flight) >> 2:
-        if time.monotonic_ns() >= deadline:
-            # A publisher likely died while admitted. Draining now could race
-            # a slow but alive one, so skip it: state -> Free keeping
-            # in_flight, which leaves the ring retired until an operator
-            # calls reset_retired_rings().
-            set_ring_state(ops, ring, RING_FREE)
-            return False
-        os.sched_yield()
-    # 3. Quiesced, write_pos is final: release this ring's reference to every
-    #    committed entry of the live window [max(wp - capacity, start_pos), wp).
-    write_pos = ops.load_acquire_u64(ring.write_pos)
-    for position in range(max(write_pos - region.geometry.capacity, start_pos), write_pos):
-        entry = region.entry_address(ring, position)
-        if ops.load_acquire_u64(entry + SEQUENCE_OFFSET) != position + 1:
-            continue  # evicted, uncommitted or locked
-        slot = ops.load_relaxed_u32(entry + SLOT_IDX_OFFSET)
-        if slot < region.geometry.pool_size:
-            treiber.release_slot(region, slot)
-            ops.store_seq_cst_u32(entry + SLOT_IDX_OFFSET, INVALID_SLOT)
-    # 4. Free | in_flight 0: the ring is ready for a new subscriber.
-    ops.store_seq_cst_u32(ring.state_flight, RING_FREE)
-    return True
-
-
-def set_ring_state(ops, ring: RingAddresses, state: int) -> None:
-    """Replace the state bits of ``state_flight``, keeping in_flight (CAS seq_cst)."""
-    state_flight = ops.load_relaxed_u32(ring.state_flight)
-    while True:
-        found = ops.cas_seq_cst_u32(ring.state_flight, state_flight, (state_flight & ~RING_STATE_MASK) | state)
-        if found == state_flight:
-            return
-        state_flight = found
+    left = True
+    if region.incarnation() == incarnation:  # else re-created since we joined: not our ring
+        left = region.leave_ring(ring, start_pos)
+    if sidecar:  # only once the ring is no longer Live
+        sidecar.release(ring.index)
+        sidecar.close()
+    return left
 
 
 class SampleView:

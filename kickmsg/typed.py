@@ -29,7 +29,7 @@ from kickmsg.config import Config
 from kickmsg.hash import identity_from_fnv1a
 from kickmsg.node import Node
 from kickmsg.publisher import Publisher
-from kickmsg.schema import MAX_NAME_BYTES, SchemaInfo
+from kickmsg.schema import SchemaInfo
 from kickmsg.subscriber import SampleView, Subscriber
 
 TYPED_FINGERPRINT_ALGO = 0x4B4D5459  # "KMTY": the identity_algo/layout_algo tag of kickmsg.typed v1
