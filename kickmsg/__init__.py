@@ -2,9 +2,11 @@
 
 Byte-compatible with the native ``kickmsg`` 0.1.0 (layout version 4) and
 offering the same Python API: a process using this package and one using the
-native library can share a channel in either direction.
+native library can share a channel in either direction. Beyond that API, the
+top level adds ``audit(region)``; typed channels are in ``kickmsg.typed``.
 """
 from kickmsg import hash, schema
+from kickmsg.audit import audit
 from kickmsg.config import ChannelType, Config
 from kickmsg.publisher import AllocatedSlot, Publisher
 from kickmsg.node import BroadcastHandle, Node
@@ -26,6 +28,7 @@ __all__ = [
     "SchemaInfo",
     "SharedRegion",
     "Subscriber",
+    "audit",
     "hash",
     "schema",
     "unlink_shm",

@@ -1,39 +1,50 @@
-"""Who owns which ring: records beside a region, to reclaim dead subscribers.
+"""Who owns which ring: records beside a region (beyond 0.1.0, layout unchanged).
 
-Beyond 0.1.0, with the region's layout unchanged. A subscriber killed with
-SIGKILL leaves its ring Live forever; after max_subscribers such deaths
-nobody can subscribe. The region has no room to say who owns a ring, so each
-subscriber of this package records itself in a sidecar object next to the
-region, ``/dev/shm/<name>.owners``: one 32-byte record per ring (pid, process
-start time, start position, the region's created_at_ns), and it holds an
-open-file-description lock (``F_OFD_SETLK``) on its record for as long as it
-lives. The kernel drops the lock when the holder dies, so a record whose lock
-can be taken belongs to a dead owner. A Live ring without a record belongs to
-a subscriber that does not record itself (such as the native library) and is
+A subscriber killed with SIGKILL leaves its ring Live forever; after
+max_subscribers such deaths nobody can subscribe. The region has no room to
+say who owns a ring, so each subscriber of this package records itself in a
+sidecar object next to the region, ``/dev/shm/<name>.owners``: one
+``OwnerRecord`` per ring, and an open-file-description lock
+(``F_OFD_SETLK``) on that record for as long as the subscriber lives. The
+kernel drops the lock when its holder dies, so a record whose lock can be
+taken belongs to a dead owner. A Live ring without a record belongs to a
+subscriber that does not record itself (such as the native library) and is
 left alone.
+
+The record also carries the subscriber's read position and loss count,
+which only the subscriber knows, so that tools (``kickmsg stats``,
+``kickmsg watch``) can show pending messages and losses per ring.
 """
+import ctypes
 import errno
 import fcntl
+import mmap
 import os
 import struct
 import time
-from dataclasses import astuple, dataclass
 
 from kickmsg import shm
 
 SUFFIX = ".owners"
-RECORD = struct.Struct("<QQQQ")  # pid, process start time, start_pos, region created_at_ns
 FLOCK = struct.Struct("hhqqi4x")  # struct flock: type, whence, start, length, pid (0 for OFD locks)
 CLAIM_ATTEMPTS = 100  # a reclaimer holds a record's lock only briefly: retry 1 ms apart
 CLAIM_RETRY_S = 0.001
 
 
-@dataclass(frozen=True)
-class OwnerRecord:
-    pid: int
-    process_start: int  # clock ticks after boot (/proc/<pid>/stat field 22)
-    start_pos: int
-    region_created_at_ns: int
+class OwnerRecord(ctypes.Structure):
+    """One ring's owner, as written by the subscriber that holds its lock."""
+
+    _fields_ = [
+        ("pid", ctypes.c_uint64),
+        ("process_start", ctypes.c_uint64),  # clock ticks after boot (/proc/<pid>/stat field 22)
+        ("start_pos", ctypes.c_uint64),  # write_pos when it joined: the start of its drain window
+        ("region_created_at_ns", ctypes.c_uint64),  # which incarnation of the region it joined
+        ("read_pos", ctypes.c_uint64),  # updated by the subscriber as it reads
+        ("lost", ctypes.c_uint64),  # likewise
+    ]
+
+
+RECORD_SIZE = ctypes.sizeof(OwnerRecord)
 
 
 def process_start_time(pid: int) -> int:
@@ -60,28 +71,37 @@ def unlink(region_name: str) -> None:
 
 
 class Sidecar:
-    """One open description of a region's sidecar (locks belong to it)."""
+    """One open description (locks belong to it) and mapping of a sidecar."""
 
-    def __init__(self, fd: int):
+    def __init__(self, fd: int, memory: mmap.mmap):
         self._fd = fd
+        self._memory = memory
 
     @classmethod
     def open(cls, region_name: str, rings: int, create: bool) -> "Sidecar | None":
         """Open (or create) the sidecar with room for ``rings`` records; None
-        if it does not exist (and ``create`` is False) or cannot be opened."""
+        if it does not exist (and ``create`` is False) or cannot be used."""
         flags = os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if create else 0)
         try:
             fd = os.open(sidecar_path(region_name), flags, shm.CREATE_MODE)
         except OSError:
             return None
-        if os.fstat(fd).st_size < rings * RECORD.size:
-            os.ftruncate(fd, rings * RECORD.size)  # only ever grows: records never move
-        return cls(fd)
+        try:
+            if os.fstat(fd).st_size < rings * RECORD_SIZE:
+                os.ftruncate(fd, rings * RECORD_SIZE)  # only ever grows: records never move
+            return cls(fd, mmap.mmap(fd, rings * RECORD_SIZE))
+        except OSError:
+            os.close(fd)
+            return None
+
+    def record(self, ring: int) -> OwnerRecord:
+        """Ring's record, live in the shared sidecar."""
+        return OwnerRecord.from_buffer(self._memory, ring * RECORD_SIZE)
 
     def _lock(self, ring: int, lock_type: int) -> bool:
         """Set or clear our lock on ring's record without waiting; False if
         another description holds it."""
-        request = FLOCK.pack(lock_type, os.SEEK_SET, ring * RECORD.size, RECORD.size, 0)
+        request = FLOCK.pack(lock_type, os.SEEK_SET, ring * RECORD_SIZE, RECORD_SIZE, 0)
         try:
             fcntl.fcntl(self._fd, fcntl.F_OFD_SETLK, request)
         except OSError as error:
@@ -90,43 +110,61 @@ class Sidecar:
             raise
         return True
 
-    def _read(self, ring: int) -> OwnerRecord | None:
-        data = os.pread(self._fd, RECORD.size, ring * RECORD.size)
-        if len(data) < RECORD.size or not any(data):
-            return None
-        return OwnerRecord(*RECORD.unpack(data))
-
-    def _write(self, ring: int, record: OwnerRecord | None) -> None:
-        data = RECORD.pack(*astuple(record)) if record else bytes(RECORD.size)
-        os.pwrite(self._fd, data, ring * RECORD.size)
-
-    def claim(self, ring: int, record: OwnerRecord) -> bool:
-        """Record ourselves as the ring's owner and keep its lock. False if
-        the lock stayed taken (the ring then just goes unrecorded)."""
+    def claim(self, ring: int, start_pos: int, region_created_at_ns: int) -> OwnerRecord | None:
+        """Record this process as ring's owner and keep the record's lock;
+        None if the lock stayed taken (the ring then goes unrecorded)."""
         for _ in range(CLAIM_ATTEMPTS):
             if self._lock(ring, fcntl.F_WRLCK):
-                self._write(ring, record)
-                return True
+                record = self.record(ring)
+                pid = os.getpid()
+                record.pid, record.process_start = pid, process_start_time(pid)
+                record.start_pos = record.read_pos = start_pos
+                record.region_created_at_ns, record.lost = region_created_at_ns, 0
+                return record
             time.sleep(CLAIM_RETRY_S)
-        return False
+        return None
 
-    def take_if_owner_dead(self, ring: int, created_at_ns: int) -> OwnerRecord | str:
-        """Whether ring's recorded owner is alive: ``"alive"`` (its lock is
-        held), ``"unrecorded"`` (no record for this incarnation of the
-        region), or the dead owner's record, whose lock we now hold until
-        ``release``."""
+    def owner_if_dead(self, ring: int, region_created_at_ns: int) -> OwnerRecord | str:
+        """``"alive"`` if ring's owner holds its lock; ``"unrecorded"`` if
+        there is no record for this incarnation of the region; otherwise the
+        dead owner's record, whose lock we now hold until ``release``."""
         if not self._lock(ring, fcntl.F_WRLCK):
             return "alive"
-        record = self._read(ring)
-        if record is None or record.region_created_at_ns != created_at_ns:
+        record = self.record(ring)
+        if record.pid == 0 or record.region_created_at_ns != region_created_at_ns:
             self._lock(ring, fcntl.F_UNLCK)
             return "unrecorded"
         return record
 
     def release(self, ring: int) -> None:
         """Clear ring's record and drop our lock on it."""
-        self._write(ring, None)
+        ctypes.memset(ctypes.addressof(self.record(ring)), 0, RECORD_SIZE)
         self._lock(ring, fcntl.F_UNLCK)
 
     def close(self) -> None:
+        """Close, dropping every lock of this description. The mapping goes
+        when the last record taken from it does."""
+        self._memory = None
         os.close(self._fd)
+
+
+def read_owners(region_name: str, rings: int) -> list[tuple[OwnerRecord | None, bool]] | None:
+    """For tools, without writing anything: a snapshot of each ring's record
+    (None where there is none) and whether a live process holds its lock.
+    None if the region has no sidecar."""
+    try:
+        fd = os.open(sidecar_path(region_name), os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        data = os.pread(fd, rings * RECORD_SIZE, 0)
+        owners = []
+        for ring in range(rings):
+            chunk = data[ring * RECORD_SIZE : (ring + 1) * RECORD_SIZE]
+            record = OwnerRecord.from_buffer_copy(chunk) if len(chunk) == RECORD_SIZE and any(chunk) else None
+            probe = FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, ring * RECORD_SIZE, RECORD_SIZE, 0)
+            held = FLOCK.unpack(fcntl.fcntl(fd, fcntl.F_OFD_GETLK, probe))[0] != fcntl.F_UNLCK
+            owners.append((record, held))
+        return owners
+    finally:
+        os.close(fd)

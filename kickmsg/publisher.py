@@ -41,6 +41,7 @@ class Publisher:
     def __init__(self, region: SharedRegion):
         if not isinstance(region, SharedRegion):
             raise TypeError(f"Publisher needs a SharedRegion, got {region!r}")
+        region.require_writable("publish")
         self._region = region
         self._dropped = 0
         self._pending = None  # weak reference to the AllocatedSlot not yet published

@@ -74,7 +74,7 @@ class SharedRegion:
         self.mapping = mapping
         self.geometry = geometry
         self.atomics = atomics
-        self.header = Header.from_buffer(mapping.buffer)
+        self.header = Header.from_address(mapping.address)  # the mapping outlives it: we hold both
         base = mapping.address
         self.free_top_address = base + layout.FREE_TOP_OFFSET
         self.schema_state_address = base + layout.SCHEMA_STATE_OFFSET
@@ -125,6 +125,17 @@ class SharedRegion:
         return _attach(mapping)
 
     @staticmethod
+    def inspect(name: str) -> "SharedRegion":
+        """Attach read-only, for tools (beyond 0.1.0): geometry, schema(),
+        diagnose(), audit() work; publishing, subscribing and repairing are
+        refused. Works without write permission on the object."""
+        try:
+            mapping = shm.open_existing(name, writable=False)
+        except shm.EmptyObjectError:
+            raise RuntimeError(f"Invalid shared memory (bad magic): {name} is empty (0 bytes)") from None
+        return _attach(mapping)
+
+    @staticmethod
     def create_or_open(name: str, type: ChannelType, cfg: Config, creator: str = "") -> "SharedRegion":
         """Create the region if no object has this name, else open it once its
         creator has finished, and require the same config hash."""
@@ -161,6 +172,16 @@ class SharedRegion:
         re-created in place."""
         return self.header.creator_pid, self.header.created_at_ns
 
+    @property
+    def read_only(self) -> bool:
+        """Attached with ``inspect``: nothing may be written."""
+        return not self.mapping.writable
+
+    def require_writable(self, action: str) -> None:
+        """Refuse ``action`` on a read-only region (it would fault)."""
+        if not self.mapping.writable:
+            raise ValueError(f"cannot {action}: {self.name} was attached read-only (SharedRegion.inspect)")
+
     def unlink(self) -> None:
         """Remove the region's name; attached processes keep their mapping."""
         unlink_shm(self.name)
@@ -187,6 +208,7 @@ class SharedRegion:
         when another claimant got there first; a loser that sees Claiming
         waits a bounded while for it to finish, so read ``schema()`` after.
         """
+        self.require_writable("claim the schema")
         if not isinstance(info, SchemaInfo):
             raise TypeError(f"try_claim_schema needs a SchemaInfo, got {info!r}")
         ops = self.atomics
@@ -207,6 +229,7 @@ class SharedRegion:
         Not safe under live traffic: call it only once the claimant is known
         to be gone, or a slow claimant could still finish into a new claim.
         """
+        self.require_writable("reset the schema claim")
         found = self.atomics.cas_acq_rel_u32(self.schema_state_address, layout.SCHEMA_CLAIMING, layout.SCHEMA_UNSET)
         return found == layout.SCHEMA_CLAIMING
 
@@ -243,6 +266,7 @@ class SharedRegion:
         position + 1) so publishers wrapping onto it succeed again. Safe under
         live traffic: at worst it races a slow writer's identical commit.
         Returns the number of entries repaired."""
+        self.require_writable("repair entries")
         ops = self.atomics
         repaired = 0
         for ring in self.rings:
@@ -264,6 +288,7 @@ class SharedRegion:
         teardown skipped: it releases the references the ring's entries still
         hold, which otherwise stay taken until publishers wrap over them.
         """
+        self.require_writable("reset rings")
         reset = 0
         for ring in self.rings:
             state_flight = self.atomics.load_acquire_u32(ring.state_flight)
@@ -322,13 +347,14 @@ class SharedRegion:
         alone and reported. Pins of the dead owner's views stay: reclaim them
         with ``reclaim_orphaned_slots()`` at quiescence.
         """
+        self.require_writable("reclaim rings")
         reclaimed, unrecorded, timed_out = [], [], []
         sidecar = owners.Sidecar.open(self.name, self.geometry.max_subs, create=False)
         for ring in self.rings:
             state = self.atomics.load_acquire_u32(ring.state_flight) & layout.RING_STATE_MASK
             if state != layout.RING_LIVE:
                 continue
-            owner = sidecar.take_if_owner_dead(ring.index, self.header.created_at_ns) if sidecar else "unrecorded"
+            owner = sidecar.owner_if_dead(ring.index, self.header.created_at_ns) if sidecar else "unrecorded"
             if owner == "unrecorded":
                 unrecorded.append(ring.index)
             elif owner != "alive":
@@ -368,6 +394,7 @@ class SharedRegion:
         legitimately) and no SampleView may be alive (a view's pin is a
         reference no ring shows). Returns the number of slots reclaimed.
         """
+        self.require_writable("reclaim slots")
         ops = self.atomics
         referenced = set()
         for ring in self.rings:
@@ -492,7 +519,7 @@ def _is_initialised(mapping: shm.Mapping) -> bool:
     if mapping.size < layout.HEADER_SIZE:
         return False
     magic = HARDWARE.load_acquire_u64(mapping.address + layout.MAGIC_OFFSET)
-    return magic == layout.MAGIC and Header.from_buffer(mapping.buffer).version == layout.VERSION
+    return magic == layout.MAGIC and Header.from_address(mapping.address).version == layout.VERSION
 
 
 def _attach(mapping: shm.Mapping) -> SharedRegion:
@@ -504,7 +531,7 @@ def _attach(mapping: shm.Mapping) -> SharedRegion:
         raise RuntimeError(
             f"Region {name} is truncated: {mapping.size} bytes, smaller than the {layout.HEADER_SIZE}-byte header"
         )
-    header = Header.from_buffer(mapping.buffer)
+    header = Header.from_address(mapping.address)
     if header.version != layout.VERSION:
         raise RuntimeError(f"Version mismatch: {name} has layout version {header.version}, this library reads {layout.VERSION}")
     geometry = Geometry.from_header(header)

@@ -4,10 +4,10 @@ A ``Mapping`` maps a whole object read-write and stays mapped while anything
 refers to it: every object that points into a region (publisher, subscriber,
 view, slot, memoryview) keeps its ``Mapping`` alive.
 """
-import ctypes
 import mmap
 import os
 
+import numpy
 import posix_ipc
 
 NAME_RULE = "a shared-memory name is '/' followed by 1 to 254 bytes (UTF-8), none of them '/' or NUL"
@@ -38,20 +38,21 @@ def check_name(name: str) -> None:
 
 
 class Mapping:
-    """A shared-memory object mapped read-write into this process.
+    """A shared-memory object mapped into this process, read-write or (for
+    inspection) read-only.
 
-    ``buffer`` is a writable memoryview over all of it; ``address`` is the
-    integer address of its first byte, for ``kickmsg.atomics``.
+    ``buffer`` is a memoryview over all of it; ``address`` is the integer
+    address of its first byte, for ``kickmsg.atomics``.
     """
 
-    def __init__(self, name: str, memory: mmap.mmap, identity: tuple[int, int]):
+    def __init__(self, name: str, memory: mmap.mmap, identity: tuple[int, int], writable: bool):
         self.name = name
         self.identity = identity  # (st_dev, st_ino) of the object mapped
+        self.writable = writable
         self.size = len(memory)
-        self._mmap = memory
         self.buffer = memoryview(memory)
-        self._first_byte = ctypes.c_char.from_buffer(memory)
-        self.address = ctypes.addressof(self._first_byte)
+        self._bytes = numpy.frombuffer(memory, dtype=numpy.uint8)  # pins the mapping, knows its address
+        self.address = self._bytes.ctypes.data
 
     def is_replaced(self) -> bool:
         """Whether the name now refers to another object than the one mapped
@@ -66,12 +67,14 @@ class Mapping:
         return f"Mapping(name={self.name!r}, size={self.size}, address=0x{self.address:x})"
 
 
-def _map(name: str, shared_memory: posix_ipc.SharedMemory) -> Mapping:
+def _map(name: str, shared_memory: posix_ipc.SharedMemory, writable: bool) -> Mapping:
     try:
         status = os.fstat(shared_memory.fd)
         if status.st_size == 0:
             raise EmptyObjectError(f"shared memory {name} is empty (0 bytes)")
-        return Mapping(name, mmap.mmap(shared_memory.fd, status.st_size), (status.st_dev, status.st_ino))
+        protection = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
+        memory = mmap.mmap(shared_memory.fd, status.st_size, prot=protection)
+        return Mapping(name, memory, (status.st_dev, status.st_ino), writable)
     finally:
         shared_memory.close_fd()
 
@@ -86,7 +89,7 @@ def create_exclusive(name: str, size: int) -> Mapping:
         raise FileExistsError(f"shared memory {name} already exists") from None
     except posix_ipc.PermissionsError as error:
         raise RegionPermissionError(f"cannot create shared memory {name}: {error}") from None
-    return _map(name, shared_memory)
+    return _map(name, shared_memory, writable=True)
 
 
 def create_or_map(name: str, size: int) -> tuple[Mapping | None, bool]:
@@ -103,16 +106,16 @@ def create_or_map(name: str, size: int) -> tuple[Mapping | None, bool]:
         return None, False
 
 
-def open_existing(name: str) -> Mapping:
+def open_existing(name: str, writable: bool = True) -> Mapping:
     """Map an existing object at its current size."""
     check_name(name)
     try:
-        shared_memory = posix_ipc.SharedMemory(name, 0)
+        shared_memory = posix_ipc.SharedMemory(name, 0, read_only=not writable)
     except posix_ipc.ExistentialError:
         raise RegionNotFoundError(f"no shared memory named {name}") from None
     except posix_ipc.PermissionsError as error:
         raise RegionPermissionError(f"cannot open shared memory {name}: {error}") from None
-    return _map(name, shared_memory)
+    return _map(name, shared_memory, writable)
 
 
 def unlink(name: str) -> None:

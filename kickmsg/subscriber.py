@@ -39,9 +39,10 @@ class Subscriber:
     def __init__(self, region: SharedRegion):
         if not isinstance(region, SharedRegion):
             raise TypeError(f"Subscriber needs a SharedRegion, got {region!r}")
+        region.require_writable("subscribe")
         self._region = region
         self._ring, self._start_pos = _join_ring(region)
-        sidecar = _record_ownership(region, self._ring, self._start_pos)
+        sidecar, self._record = _record_ownership(region, self._ring, self._start_pos)
         self._read_pos = self._start_pos
         self._lost = 0
         self._skipped = 0
@@ -78,6 +79,7 @@ class Subscriber:
     def try_receive(self) -> bytes | None:
         """The next message as a copy, or None if none is ready."""
         pinned = self._pin_next()
+        self._record.read_pos, self._record.lost = self._read_pos, self._lost  # for kickmsg stats/watch
         if pinned is None:
             return None
         slot, length, _ = pinned
@@ -91,6 +93,7 @@ class Subscriber:
         """The next message in place (zero-copy, its slot pinned until the
         view is released), or None if none is ready."""
         pinned = self._pin_next()
+        self._record.read_pos, self._record.lost = self._read_pos, self._lost  # for kickmsg stats/watch
         if pinned is None:
             return None
         slot, length, ring_pos = pinned
@@ -284,16 +287,19 @@ def _join_ring(region: SharedRegion) -> tuple[RingAddresses, int]:
     )
 
 
-def _record_ownership(region: SharedRegion, ring: RingAddresses, start_pos: int) -> owners.Sidecar | None:
+def _record_ownership(
+    region: SharedRegion, ring: RingAddresses, start_pos: int
+) -> tuple[owners.Sidecar | None, owners.OwnerRecord]:
     """Record this process as the ring's owner in the region's sidecar, so
-    the ring can be reclaimed if we die (None if it cannot be recorded)."""
+    the ring can be reclaimed if we die. Returns the sidecar (None if the
+    ownership could not be recorded) and the record to keep up to date."""
     sidecar = owners.Sidecar.open(region.name, region.geometry.max_subs, create=True)
-    pid = os.getpid()
-    record = owners.OwnerRecord(pid, owners.process_start_time(pid), start_pos, region.header.created_at_ns)
-    if sidecar and not sidecar.claim(ring.index, record):
-        sidecar.close()
-        return None
-    return sidecar
+    record = sidecar.claim(ring.index, start_pos, region.header.created_at_ns) if sidecar else None
+    if record is None:
+        if sidecar:
+            sidecar.close()
+        return None, owners.OwnerRecord()  # kept up to date all the same, seen by nobody
+    return sidecar, record
 
 
 def _leave_ring(

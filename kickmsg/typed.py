@@ -70,6 +70,17 @@ def _split_fields(text: str) -> list[str]:
     return [part for part in parts if part]
 
 
+def _dtype_of_kind(kind: str) -> np.dtype:
+    """The dtype a ``_kind`` text stands for (nested structs packed)."""
+    if kind.endswith("]"):
+        base, _, shape = kind[:-1].rpartition("[")
+        return np.dtype((_dtype_of_kind(base), tuple(int(n) for n in shape.split(","))))
+    if kind.startswith("{"):
+        parts = (part.partition(":") for part in _split_fields(kind[1:-1]))
+        return np.dtype([(name, _dtype_of_kind(inner)) for name, _, inner in parts])
+    return np.dtype(kind)
+
+
 def _parse_description(description: str) -> tuple[str, str, str, dict | None, bool]:
     """Read back ``Name:itemsize{field:kind@offset,...}`` or ``Name:itemsize<kind>``.
 
@@ -130,6 +141,34 @@ class RecordType:
             identity_algo=TYPED_FINGERPRINT_ALGO,
             layout_algo=TYPED_FINGERPRINT_ALGO,
         )
+
+    @classmethod
+    def from_schema(cls, schema: SchemaInfo) -> "RecordType | None":
+        """Rebuild the record type a typed channel's descriptor describes
+        (for tools such as ``kickmsg echo``); None if the descriptor was not
+        made by kickmsg.typed, was cut at 127 bytes, or does not rebuild to
+        the same fingerprints."""
+        if schema.identity_algo != TYPED_FINGERPRINT_ALGO:
+            return None
+        type_name, itemsize, plain_kind, fields, complete = _parse_description(schema.name)
+        if not complete or not itemsize:
+            return None
+        try:
+            if fields is None:
+                dtype = _dtype_of_kind(plain_kind)
+            else:
+                dtype = np.dtype(
+                    {
+                        "names": list(fields),
+                        "formats": [_dtype_of_kind(kind) for kind, _ in fields.values()],
+                        "offsets": [int(offset) for _, offset in fields.values()],
+                        "itemsize": int(itemsize),
+                    }
+                )
+            rebuilt = cls(type_name, dtype, schema.version)
+        except (TypeError, ValueError):
+            return None
+        return rebuilt if rebuilt.differences(schema) == [] else None
 
     def differences(self, schema: SchemaInfo) -> list[str]:
         """How a channel's descriptor differs from this type; empty if it matches."""

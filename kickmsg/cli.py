@@ -1,0 +1,765 @@
+"""The ``kickmsg`` command: list, inspect, watch, echo, measure, repair and clean channels.
+
+Works on regions made by this package and by the native library. Channels
+are named by shm name (``/kickmsg_imu``) or with the Node naming rules
+(``--topic imu [--prefix kickmsg]``, ``--broadcast CH``, ``--mailbox OWNER
+TAG``). Every subcommand takes ``--json``. Inspection commands attach
+read-only (``SharedRegion.inspect``), so they cannot modify a region; only
+``pub``, ``repair`` and ``clean`` write, and ``echo``/``hz``/``bw`` join a ring
+as a subscriber while they run.
+
+Exit status: 0 success; 1 a check found something (``diagnose``, ``audit``,
+``schema-diff``); 2 an error, reported on one line.
+"""
+import argparse
+import datetime
+import json
+import os
+import statistics
+import sys
+import time
+
+import numpy
+
+import kickmsg
+from kickmsg import layout, owners, shm, typed
+from kickmsg.audit import audit
+from kickmsg.region import SharedRegion
+from kickmsg.schema import Diff, diff
+
+EXIT_OK, EXIT_FOUND, EXIT_ERROR = 0, 1, 2
+LIST_COLUMNS = ("name", "type", "version", "creator", "pid", "alive", "subs", "capacity", "pool", "payload", "schema")
+CHANNEL_TYPES = {layout.CHANNEL_PUBSUB: "PubSub", layout.CHANNEL_BROADCAST: "Broadcast"}
+
+
+class CommandError(Exception):
+    """Bad input: reported as one line, exit status 2."""
+
+
+# -- naming and opening ------------------------------------------------------
+
+
+def channel_name(args) -> str:
+    """The shm name the arguments designate (Node naming rules for --topic etc.)."""
+    chosen = [args.name is not None, args.topic is not None, args.broadcast is not None, args.mailbox is not None]
+    if sum(chosen) != 1:
+        raise CommandError("name exactly one channel: NAME, --topic T, --broadcast CH or --mailbox OWNER TAG")
+    if args.topic is not None:
+        return f"/{args.prefix}_{args.topic}"
+    if args.broadcast is not None:
+        return f"/{args.prefix}_broadcast_{args.broadcast}"
+    if args.mailbox is not None:
+        owner, tag = args.mailbox
+        return f"/{args.prefix}_{owner}_mbx_{tag}"
+    return args.name if args.name.startswith("/") else "/" + args.name
+
+
+def inspect(name: str) -> SharedRegion:
+    """Attach read-only, turning every failure into a one-line error."""
+    return _attach(SharedRegion.inspect, name)
+
+
+def open_writable(name: str) -> SharedRegion:
+    return _attach(SharedRegion.open, name)
+
+
+def _attach(how, name: str) -> SharedRegion:
+    try:
+        return how(name)
+    except shm.RegionNotFoundError:
+        raise CommandError(f"no such region: {name}") from None
+    except shm.RegionPermissionError:
+        raise CommandError(f"permission denied: {name}") from None
+    except RuntimeError as error:
+        text = str(error)
+        if "bad magic" in text:
+            raise CommandError(f"not a Kickmsg region: {name}") from None
+        if "Version mismatch" in text:
+            raise CommandError(f"unsupported version: {text}") from None
+        raise CommandError(text.splitlines()[0]) from None
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return pid > 0
+
+
+def emit(args, data, text: str) -> None:
+    """Print ``data`` as JSON with --json, else ``text``."""
+    print(json.dumps(data, indent=None if getattr(args, "json_lines", False) else 2) if args.json else text, flush=True)
+
+
+def table(rows: list[dict], columns) -> str:
+    """Plain aligned columns."""
+    cells = [[str(column).upper() for column in columns]] + [[str(row.get(c, "")) for c in columns] for row in rows]
+    widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
+    return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip() for line in cells)
+
+
+# -- descriptions ----------------------------------------------------------------
+
+
+def schema_dict(info) -> dict | None:
+    if info is None:
+        return None
+    return {
+        "name": info.name,
+        "version": info.version,
+        "identity": info.identity.hex(),
+        "layout": info.layout.hex(),
+        "identity_algo": info.identity_algo,
+        "layout_algo": info.layout_algo,
+        "flags": info.flags,
+    }
+
+
+def header_fields(region: SharedRegion) -> dict:
+    """Every header field, decoded."""
+    h = region.header
+    ops = region.atomics
+    free_top = ops.load_acquire_u64(region.free_top_address)
+    schema_state = ops.load_acquire_u32(region.schema_state_address)
+    creator = bytes(region.mapping.buffer[layout.HEADER_SIZE : layout.HEADER_SIZE + h.creator_name_len])
+    return {
+        "name": region.name,
+        "magic": f"0x{ops.load_acquire_u64(region.mapping.address):016x}",
+        "version": h.version,
+        "channel_type": CHANNEL_TYPES.get(h.channel_type, h.channel_type),
+        "total_size": h.total_size,
+        "sub_rings_offset": h.sub_rings_offset,
+        "pool_offset": h.pool_offset,
+        "max_subs": h.max_subs,
+        "sub_ring_capacity": h.sub_ring_capacity,
+        "sub_ring_mask": h.sub_ring_mask,
+        "pool_size": h.pool_size,
+        "slot_data_size": h.slot_data_size,
+        "slot_stride": h.slot_stride,
+        "sub_ring_stride": h.sub_ring_stride,
+        "commit_timeout_us": h.commit_timeout_us,
+        "config_hash": f"0x{h.config_hash:016x}",
+        "creator_pid": h.creator_pid,
+        "creator_alive": pid_alive(h.creator_pid),
+        "created_at_ns": h.created_at_ns,
+        "age_s": round((time.monotonic_ns() - h.created_at_ns) / 1e9, 3),  # CLOCK_MONOTONIC, as written
+        "creator_name": creator.decode("utf-8", errors="replace"),
+        "creator_name_len": h.creator_name_len,
+        "schema_state": {0: "Unset", 1: "Claiming", 2: "Set"}.get(schema_state, schema_state),
+        "schema": schema_dict(region.schema()),
+        "free_top": {"generation": free_top >> 32, "slot": free_top & layout.U32_MAX},
+    }
+
+
+def ring_rows(region: SharedRegion) -> list[dict]:
+    """Per ring: state, in-flight publishers, write position, entries still
+    holding a slot, and for our subscribers (from the owner records) their
+    pid, read position, pending messages and losses."""
+    report = audit(region)
+    records = owners.read_owners(region.name, region.geometry.max_subs) or [(None, False)] * region.geometry.max_subs
+    created = region.header.created_at_ns
+    rows = []
+    for ring, (record, held) in zip(report.rings, records):
+        row = {
+            "ring": ring.index,
+            "state": ring.state,
+            "in_flight": ring.in_flight,
+            "write_pos": ring.write_pos,
+            "held": ring.references,
+            "locked": len(ring.locked_entries),
+            "owner_pid": None,
+            "owner_alive": None,
+            "read_pos": None,
+            "pending": None,
+            "lost": None,
+        }
+        if ring.state == "Live" and record is not None and record.region_created_at_ns == created:
+            row.update(
+                owner_pid=record.pid,
+                owner_alive=held,
+                read_pos=record.read_pos,
+                pending=max(0, ring.write_pos - record.read_pos),
+                lost=record.lost,
+            )
+        rows.append(row)
+    return rows
+
+
+def shm_entries(prefix: str | None):
+    """(shm name, path) of the regular files in /dev/shm, optionally by prefix."""
+    for entry in sorted(os.scandir(shm.SHM_DIRECTORY), key=lambda e: e.name):
+        name = "/" + entry.name
+        if entry.is_file(follow_symlinks=False) and not entry.name.endswith(owners.SUFFIX):
+            if prefix is None or name.startswith("/" + prefix):
+                yield name, entry.path
+
+
+def read_magic_and_version(path: str) -> tuple[int, int] | None:
+    try:
+        with open(path, "rb") as file:
+            head = file.read(12)
+    except OSError:
+        return None
+    if len(head) < 12:
+        return None
+    return int.from_bytes(head[:8], "little"), int.from_bytes(head[8:12], "little")
+
+
+# -- subcommands ---------------------------------------------------------------------
+
+
+def cmd_list(args) -> int:
+    columns = args.columns.split(",") if args.columns else list(LIST_COLUMNS)
+    unknown = [c for c in columns if c not in LIST_COLUMNS]
+    if unknown:
+        raise CommandError(f"unknown column(s) {', '.join(unknown)}; choose from {','.join(LIST_COLUMNS)}")
+    rows = []
+    for name, path in shm_entries(args.prefix):
+        found = read_magic_and_version(path)
+        if found is None or found[0] != layout.MAGIC:
+            continue
+        row = {"name": name, "version": found[1]}
+        if found[1] != layout.VERSION:
+            row["type"] = f"unsupported (v{found[1]})"
+            rows.append(row)
+            continue
+        try:
+            region = SharedRegion.inspect(name)
+        except (RuntimeError, ValueError) as error:
+            row["type"] = f"unreadable: {str(error).splitlines()[0]}"
+            rows.append(row)
+            continue
+        g, h = region.geometry, region.header
+        report = audit(region)
+        schema = region.schema()
+        row.update(
+            type=region.channel_type.name,
+            creator=header_fields(region)["creator_name"],
+            pid=h.creator_pid,
+            alive=pid_alive(h.creator_pid),
+            subs=f"{sum(r.state == 'Live' for r in report.rings)}/{g.max_subs}",
+            capacity=g.capacity,
+            pool=f"{report.free_slots}/{g.pool_size}",
+            payload=g.slot_data_size,
+            schema=schema.name if schema else "",
+        )
+        rows.append(row)
+    emit(args, [{c: row.get(c) for c in columns} for row in rows], table(rows, columns) if rows else "no Kickmsg regions")
+    return EXIT_OK
+
+
+def cmd_info(args) -> int:
+    fields = header_fields(inspect(channel_name(args)))
+    lines = []
+    for key, value in fields.items():
+        if isinstance(value, dict):
+            value = ", ".join(f"{k}={v}" for k, v in value.items())
+        lines.append(f"{key:<18} {value}")
+    emit(args, fields, "\n".join(lines))
+    return EXIT_OK
+
+
+def cmd_stats(args) -> int:
+    region = inspect(channel_name(args))
+    rows = ring_rows(region)
+    free = audit(region).free_slots
+    data = {"name": region.name, "pool_size": region.geometry.pool_size, "pool_free": free, "rings": rows}
+    shown = [{k: ("-" if v is None else v) for k, v in row.items()} for row in rows]
+    text = f"{region.name}: pool {free}/{region.geometry.pool_size} slots free\n" + table(
+        shown, ["ring", "state", "in_flight", "write_pos", "held", "locked", "owner_pid", "read_pos", "pending", "lost"]
+    )
+    emit(args, data, text)
+    return EXIT_OK
+
+
+def cmd_watch(args) -> int:
+    region = inspect(channel_name(args))
+    args.json_lines = True
+    previous = None
+    refreshes = 0
+    try:
+        while args.count is None or refreshes < args.count:
+            now = time.monotonic()
+            rows = ring_rows(region)
+            report = audit(region)
+            if previous is not None:
+                elapsed = now - previous[0]
+                for row, before in zip(rows, previous[1]):
+                    row["msgs_per_s"] = round((row["write_pos"] - before["write_pos"]) / elapsed, 1)
+                    row["new_lost"] = None if row["lost"] is None or before["lost"] is None else row["lost"] - before["lost"]
+            pool_used = region.geometry.pool_size - report.free_slots
+            data = {"name": region.name, "time": time.time(), "pool_used": pool_used, "verdict": report.verdict, "rings": rows}
+            if args.json:
+                emit(args, data, "")
+            else:
+                shown = [{k: ("-" if v is None else v) for k, v in row.items()} for row in rows if row["state"] != "Free" or row["in_flight"]]
+                screen = (
+                    f"{region.name}  {datetime.datetime.now():%H:%M:%S}  pool {pool_used}/{region.geometry.pool_size} in use\n"
+                    f"{report.verdict}\n"
+                    + (table(shown, ["ring", "state", "in_flight", "write_pos", "msgs_per_s", "pending", "lost", "new_lost"]) if shown else "no active rings")
+                )
+                print(("\x1b[H\x1b[2J" if sys.stdout.isatty() else "") + screen + "\n", flush=True)
+            previous = (now, rows)
+            refreshes += 1
+            if args.count is None or refreshes < args.count:
+                time.sleep(args.interval)
+    except KeyboardInterrupt:
+        pass
+    return EXIT_OK
+
+
+def decode_records(data: bytes, record_type: typed.RecordType | None) -> list | None:
+    """A typed message's records as plain values (a dict per record for
+    structured types); None if the channel is untyped or the length is not
+    a whole number of records."""
+    if record_type is None or len(data) % record_type.dtype.itemsize:
+        return None
+    names = record_type.dtype.names
+    records = numpy.frombuffer(data, dtype=record_type.dtype)
+    return [{name: record[name].tolist() for name in names} if names else record.tolist() for record in records]
+
+
+def format_message(data: bytes, ring_pos: int, records: list | None, fmt: str) -> str:
+    """One line of ``echo`` output."""
+    if fmt == "json":
+        entry = {"ring_pos": ring_pos, "size": len(data)}
+        if records is not None:
+            entry["fields"] = records
+        else:
+            entry["text"] = data.decode("utf-8", errors="backslashreplace")
+            entry["hex"] = data.hex()
+        return json.dumps(entry)
+    if fmt == "hex":
+        return f"[{ring_pos}] {data.hex()}"
+    if records is not None:
+        shown = (" ".join(f"{k}={v}" for k, v in r.items()) if isinstance(r, dict) else str(r) for r in records)
+        return f"[{ring_pos}] " + "; ".join(shown)
+    return f"[{ring_pos}] {data.decode('utf-8', errors='backslashreplace')}"
+
+
+def subscribed(args):
+    """A subscriber on the named channel (joins a ring while the command runs)."""
+    region = open_writable(channel_name(args))
+    try:
+        return region, kickmsg.Subscriber(region)
+    except RuntimeError as error:
+        raise CommandError(str(error).splitlines()[0]) from None
+
+
+def cmd_echo(args) -> int:
+    region, subscriber = subscribed(args)
+    schema = region.schema()
+    record_type = typed.RecordType.from_schema(schema) if schema else None
+    printed = 0
+    with subscriber:
+        try:
+            while args.count is None or printed < args.count:
+                view = subscriber.receive_view(args.timeout)
+                if view is None:
+                    break
+                with view:
+                    data, ring_pos = bytes(view), view.ring_pos
+                if args.format == "raw":
+                    sys.stdout.buffer.write(data)
+                    sys.stdout.buffer.flush()
+                else:
+                    records = decode_records(data, record_type)
+                    print(format_message(data, ring_pos, records, "json" if args.json else args.format), flush=True)
+                printed += 1
+        except KeyboardInterrupt:
+            pass
+    if subscriber.lost and not args.json and args.format != "raw":
+        print(f"(lost {subscriber.lost} messages)", file=sys.stderr)
+    return EXIT_OK
+
+
+def measure(args, report) -> int:
+    """Receive for hz/bw, calling ``report(times, sizes, final)`` every
+    ``--every`` seconds and at the end."""
+    region, subscriber = subscribed(args)
+    times, sizes = [], []
+    deadline = None if args.duration is None else time.monotonic() + args.duration
+    last_report = time.monotonic()
+    with subscriber:
+        try:
+            while args.count is None or len(times) < args.count:
+                if deadline is not None and time.monotonic() >= deadline:
+                    break
+                wait = args.every if deadline is None else max(0.0, min(args.every, deadline - time.monotonic()))
+                data = subscriber.receive(wait)
+                if data is not None:
+                    times.append(time.monotonic())
+                    sizes.append(len(data))
+                    del times[: -args.window - 1], sizes[: -args.window]
+                if time.monotonic() - last_report >= args.every:
+                    report(times, sizes, False)
+                    last_report = time.monotonic()
+        except KeyboardInterrupt:
+            pass
+    report(times, sizes, True)
+    return EXIT_OK
+
+
+def cmd_hz(args) -> int:
+    def report(times, sizes, final):
+        intervals = [b - a for a, b in zip(times, times[1:])]
+        if not intervals:
+            stats = {"messages": len(times), "rate_hz": None}
+            text = "no new messages" if not final else f"received {len(times)} message(s): no rate yet"
+        else:
+            mean = statistics.fmean(intervals)
+            stats = {
+                "messages": len(times),
+                "rate_hz": round(1 / mean, 3) if mean > 0 else None,
+                "min_s": round(min(intervals), 6),
+                "max_s": round(max(intervals), 6),
+                "std_s": round(statistics.pstdev(intervals), 6),
+                "window": len(intervals),
+            }
+            text = (
+                f"average rate: {stats['rate_hz']:.3f}\n\tmin: {stats['min_s']:.6f}s max: {stats['max_s']:.6f}s "
+                f"std dev: {stats['std_s']:.6f}s window: {stats['window']}"
+            )
+        if final or not args.json:
+            emit(args, dict(stats, final=final), text)
+
+    return measure(args, report)
+
+
+def cmd_bw(args) -> int:
+    def report(times, sizes, final):
+        if len(times) < 2:
+            stats = {"messages": len(times), "bytes_per_s": None}
+            text = "no new messages" if not final else f"received {len(times)} message(s): no bandwidth yet"
+        else:
+            span = times[-1] - times[0]
+            counted = sizes[1:]  # bytes that arrived within the span
+            stats = {
+                "messages": len(sizes),
+                "bytes_per_s": round(sum(counted) / span, 1) if span > 0 else None,
+                "mean_size": round(statistics.fmean(sizes), 1),
+                "min_size": min(sizes),
+                "max_size": max(sizes),
+                "window": len(sizes),
+            }
+            text = (
+                f"average: {stats['bytes_per_s'] or 0:.1f} B/s\n\tmean: {stats['mean_size']:.1f} B "
+                f"min: {stats['min_size']} B max: {stats['max_size']} B window: {stats['window']}"
+            )
+        if final or not args.json:
+            emit(args, dict(stats, final=final), text)
+
+    return measure(args, report)
+
+
+def payload_of(args) -> bytes:
+    if args.data.startswith("@"):
+        try:
+            with open(args.data[1:], "rb") as file:
+                return file.read()
+        except OSError as error:
+            raise CommandError(f"cannot read {args.data[1:]}: {error.strerror}") from None
+    if args.hex:
+        try:
+            return bytes.fromhex(args.data)
+        except ValueError:
+            raise CommandError(f"not hexadecimal: {args.data!r}") from None
+    return args.data.encode("utf-8")
+
+
+def cmd_pub(args) -> int:
+    region = open_writable(channel_name(args))
+    payload = payload_of(args)
+    if len(payload) > region.geometry.slot_data_size:
+        raise CommandError(f"{len(payload)} bytes exceed max_payload_size {region.geometry.slot_data_size} of {region.name}")
+    publisher = kickmsg.Publisher(region)
+    delivered = []
+    began = time.monotonic()
+    try:
+        for index in range(args.count):
+            if args.rate:
+                time.sleep(max(0.0, began + index / args.rate - time.monotonic()))
+            give_up = time.monotonic() + 1.0
+            while True:
+                try:
+                    publisher.send(payload)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= give_up:
+                        raise CommandError(f"slot pool of {region.name} stayed empty for 1 s") from None
+                    time.sleep(0.001)
+            delivered.append(index)
+    except KeyboardInterrupt:
+        pass
+    data = {"name": region.name, "published": len(delivered), "size": len(payload), "dropped": publisher.dropped}
+    emit(args, data, f"published {len(delivered)} message(s) of {len(payload)} bytes to {region.name}")
+    return EXIT_OK
+
+
+def cmd_schema(args) -> int:
+    region = inspect(channel_name(args))
+    info = region.schema()
+    data = {"name": region.name, "schema": schema_dict(info)}
+    if info is None:
+        text = f"{region.name}: no schema descriptor"
+    else:
+        record_type = typed.RecordType.from_schema(info)
+        text = "\n".join(f"{key:<14} {value}" for key, value in schema_dict(info).items())
+        if record_type is not None:
+            data["record_dtype"] = str(record_type.dtype)
+            text += f"\n{'record dtype':<14} {record_type.dtype}"
+    emit(args, data, text)
+    return EXIT_OK
+
+
+def cmd_schema_diff(args) -> int:
+    names = [a if a.startswith("/") else "/" + a for a in (args.a, args.b)]
+    schemas = [inspect(name).schema() for name in names]
+    if None in schemas:
+        missing = [name for name, info in zip(names, schemas) if info is None]
+        data = {"equal": schemas[0] is schemas[1], "differences": [], "without_schema": missing}
+        emit(args, data, f"no schema descriptor on {', '.join(missing)}")
+        return EXIT_OK if data["equal"] else EXIT_FOUND
+    found = diff(*schemas)
+    names_of = [flag.name for flag in Diff if flag and flag in found]
+    emit(args, {"equal": not names_of, "differences": names_of}, "equal" if not names_of else "differ: " + ", ".join(names_of))
+    return EXIT_OK if not names_of else EXIT_FOUND
+
+
+def cmd_diagnose(args) -> int:
+    report = inspect(channel_name(args)).diagnose()
+    data = {
+        "locked_entries": report.locked_entries,
+        "retired_rings": report.retired_rings,
+        "draining_rings": report.draining_rings,
+        "live_rings": report.live_rings,
+        "schema_stuck": report.schema_stuck,
+    }
+    damaged = report.locked_entries or report.retired_rings or report.draining_rings or report.schema_stuck
+    emit(args, dict(data, healthy=not damaged), "\n".join(f"{k:<16} {v}" for k, v in data.items()))
+    return EXIT_FOUND if damaged else EXIT_OK
+
+
+def cmd_audit(args) -> int:
+    report = audit(inspect(channel_name(args)))
+    data = {
+        "verdict": report.verdict,
+        "clean": report.clean,
+        "pool_size": report.pool_size,
+        "free_slots": report.free_slots,
+        "free_stack_problems": report.free_stack_problems,
+        "being_written": report.being_written,
+        "leaked_slots": report.leaked_slots,
+        "under_referenced_slots": report.under_referenced_slots,
+        "double_free_candidates": report.double_free_candidates,
+        "schema_state": report.schema_state,
+        "rings": [vars(ring) for ring in report.rings],
+    }
+    problems = ("free_stack_problems", "leaked_slots", "under_referenced_slots", "double_free_candidates")
+    details = [f"  {key}: {data[key]}" for key in problems if data[key]]
+    details += [f"  being_written: {report.being_written}"] if report.being_written else []
+    for ring in report.rings:
+        for what in ("locked_entries", "stale_entries", "bad_entries"):
+            if getattr(ring, what):
+                details.append(f"  ring {ring.index} {what}: {getattr(ring, what)}")
+    emit(args, data, "\n".join([report.verdict] + details))
+    return EXIT_OK if report.clean else EXIT_FOUND
+
+
+def confirm(args, question: str) -> None:
+    if args.yes:
+        return
+    if not sys.stdin.isatty():
+        raise CommandError(f"{question} — refusing without --yes (stdin is not a terminal)")
+    if input(f"{question} Continue? [y/N] ").strip().lower() not in ("y", "yes"):
+        raise CommandError("cancelled")
+
+
+def cmd_repair(args) -> int:
+    chosen = [args.locked, args.retired, args.orphans, args.dead_subscribers]
+    if not any(chosen):
+        args.locked = args.dead_subscribers = True  # the repairs that are safe under traffic
+    region = open_writable(channel_name(args))
+    if args.retired:
+        confirm(args, "--retired resets rings left by a crashed publisher: only safe once it is known to be gone.")
+    if args.orphans:
+        confirm(args, "--orphans reclaims unreferenced slots: only safe with every publisher paused and no view alive.")
+    done = {}
+    if args.dead_subscribers:
+        report = region.reclaim_dead_subscribers()
+        done["dead_subscribers"] = {"reclaimed": report.reclaimed, "unrecorded": report.unrecorded, "timed_out": report.timed_out}
+    if args.locked:
+        done["locked_entries_repaired"] = region.repair_locked_entries()
+    if args.retired:
+        done["retired_rings_reset"] = region.reset_retired_rings(drain=True)
+    if args.orphans:
+        done["orphaned_slots_reclaimed"] = region.reclaim_orphaned_slots()
+    emit(args, dict(done, name=region.name), "\n".join(f"{k}: {v}" for k, v in done.items()))
+    return EXIT_OK
+
+
+def mapped_by_any_process(paths: set[str]) -> tuple[set[str], int]:
+    """Which of ``paths`` some process maps, and how many processes could
+    not be checked (their /proc/PID/maps is not readable)."""
+    mapped, unchecked = set(), 0
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/maps", encoding="utf-8", errors="replace") as maps:
+                for line in maps:
+                    path = line.rstrip("\n").split(maxsplit=5)[-1].removesuffix(" (deleted)")
+                    if path in paths:
+                        mapped.add(path)
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        except PermissionError:
+            unchecked += 1
+    return mapped, unchecked
+
+
+def cmd_clean(args) -> int:
+    """Remove regions whose creator is dead and that no process maps any
+    more, and sidecars whose region is gone."""
+    candidates = {}
+    for name, path in shm_entries(args.prefix):
+        found = read_magic_and_version(path)
+        if found is None or found[0] != layout.MAGIC or found[1] != layout.VERSION:
+            continue
+        with open(path, "rb") as file:
+            header = layout.Header.from_buffer_copy(file.read(layout.HEADER_SIZE).ljust(layout.HEADER_SIZE, b"\0"))
+        if not pid_alive(header.creator_pid):
+            candidates[path] = name
+    in_use, unchecked = mapped_by_any_process(set(candidates))
+    removed = [candidates[path] for path in sorted(candidates) if path not in in_use]
+    orphan_sidecars = [
+        "/" + entry.name
+        for entry in os.scandir(shm.SHM_DIRECTORY)
+        if entry.name.endswith(owners.SUFFIX)
+        and (args.prefix is None or entry.name.startswith(args.prefix))
+        and not os.path.exists(entry.path.removesuffix(owners.SUFFIX))
+    ]
+    if not args.dry_run:
+        for name in removed:
+            kickmsg.unlink_shm(name)
+        for name in orphan_sidecars:
+            os.unlink(shm.SHM_DIRECTORY + name)
+    verb = "would remove" if args.dry_run else "removed"
+    lines = [f"{verb} {name}" for name in removed + orphan_sidecars] or ["nothing to clean"]
+    if unchecked:
+        lines.append(f"({unchecked} processes could not be checked for mappings)")
+    data = {"dry_run": args.dry_run, "removed": removed, "sidecars": orphan_sidecars, "unchecked_processes": unchecked}
+    emit(args, data, "\n".join(lines))
+    return EXIT_OK
+
+
+# -- the parser ------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kickmsg",
+        description="Inspect, watch, measure and repair Kickmsg shared-memory channels "
+        "(regions of this package and of the native kickmsg 0.1.0).",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Run 'kickmsg COMMAND --help' for a command's options and examples.",
+    )
+    parser.add_argument(
+        "--version", action="version",
+        version=f"kickmsg {kickmsg.__version__} (pure Python; Kickmsg layout v{layout.VERSION}, as native kickmsg 0.1.0)",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name, function, summary, examples, channel=True):
+        sub = commands.add_parser(
+            name, help=summary, description=summary, epilog="examples:\n" + examples,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        sub.set_defaults(run=function)
+        sub.add_argument("--json", action="store_true", help="machine-readable output")
+        if channel:
+            sub.add_argument("name", nargs="?", help="shm name, e.g. /kickmsg_imu")
+            sub.add_argument("--topic", help="PubSub topic (Node naming: /{prefix}_{topic})")
+            sub.add_argument("--broadcast", metavar="CH", help="broadcast channel (/{prefix}_broadcast_{CH})")
+            sub.add_argument("--mailbox", nargs=2, metavar=("OWNER", "TAG"), help="mailbox (/{prefix}_{OWNER}_mbx_{TAG})")
+            sub.add_argument("--prefix", default="kickmsg", help="Node prefix (default: kickmsg)")
+        return sub
+
+    sub = command("list", cmd_list, "list every Kickmsg region in /dev/shm",
+                  "  kickmsg list\n  kickmsg list --prefix kickmsg -o name,subs,pool\n  kickmsg list --json", channel=False)
+    sub.add_argument("--prefix", help="only names starting with /PREFIX")
+    sub.add_argument("-o", dest="columns", metavar="COLUMNS", help=f"comma-separated columns of {','.join(LIST_COLUMNS)}")
+
+    command("info", cmd_info, "every header field, decoded", "  kickmsg info /kickmsg_imu\n  kickmsg info --topic imu --json")
+    command("stats", cmd_stats, "rings (state, in-flight, write position, pending, losses) and pool use",
+            "  kickmsg stats --topic imu")
+
+    sub = command("watch", cmd_watch, "a live view: messages/s per ring, pool use, new losses (Ctrl-C stops)",
+                  "  kickmsg watch --topic imu\n  kickmsg watch /kickmsg_imu --interval 0.5 --count 10 --json")
+    sub.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes (default 1)")
+    sub.add_argument("--count", type=int, help="stop after this many refreshes")
+
+    sub = command("echo", cmd_echo, "subscribe and print messages (typed channels print their fields)",
+                  "  kickmsg echo --topic imu --count 5\n  kickmsg echo /kickmsg_imu --format hex\n"
+                  "  kickmsg echo --topic imu --format raw > dump.bin")
+    sub.add_argument("--count", type=int, help="stop after this many messages")
+    sub.add_argument("--format", choices=("text", "hex", "json", "raw"), default="text")
+    sub.add_argument("--timeout", type=float, help="stop when nothing arrives for this many seconds")
+
+    for name, function, summary in (
+        ("hz", cmd_hz, "publish rate seen by a subscriber: mean, min/max/std of intervals"),
+        ("bw", cmd_bw, "bandwidth seen by a subscriber: bytes/s and message sizes"),
+    ):
+        sub = command(name, function, summary, f"  kickmsg {name} --topic imu\n  kickmsg {name} /kickmsg_imu --count 100 --json")
+        sub.add_argument("--window", type=int, default=1000, help="messages kept for the statistics (default 1000)")
+        sub.add_argument("--every", type=float, default=1.0, help="seconds between reports (default 1)")
+        sub.add_argument("--count", type=int, help="stop after this many messages")
+        sub.add_argument("--duration", type=float, help="stop after this many seconds")
+
+    sub = command("pub", cmd_pub, "publish from the shell: text, hex (--hex) or a file (@path)",
+                  "  kickmsg pub --topic cmd 'hello'\n  kickmsg pub /kickmsg_cmd --hex 01ff --rate 10 --count 50\n"
+                  "  kickmsg pub --topic blob @frame.bin")
+    sub.add_argument("data", help="text, hex digits with --hex, or @path")
+    sub.add_argument("--hex", action="store_true", help="DATA is hexadecimal")
+    sub.add_argument("--rate", type=float, default=0.0, help="messages per second (default: as fast as possible)")
+    sub.add_argument("--count", type=int, default=1, help="how many times to publish (default 1)")
+
+    command("schema", cmd_schema, "the channel's schema descriptor", "  kickmsg schema --topic imu")
+    sub = command("schema-diff", cmd_schema_diff, "compare two channels' schema descriptors (exit 1 if they differ)",
+                  "  kickmsg schema-diff /kickmsg_imu /kickmsg_imu_replay", channel=False)
+    sub.add_argument("a")
+    sub.add_argument("b")
+
+    command("diagnose", cmd_diagnose, "health counts (read-only; exit 1 if damage is found)", "  kickmsg diagnose --topic imu")
+    command("audit", cmd_audit, "check every invariant (read-only; exit 1 unless clean)", "  kickmsg audit /kickmsg_imu --json")
+
+    sub = command("repair", cmd_repair, "repair a channel (without options: the repairs safe under traffic)",
+                  "  kickmsg repair --topic imu\n  kickmsg repair --topic imu --retired --orphans --yes")
+    sub.add_argument("--locked", action="store_true", help="commit entries left locked by crashed publishers (safe)")
+    sub.add_argument("--dead-subscribers", action="store_true", help="free rings of subscribers that died (safe)")
+    sub.add_argument("--retired", action="store_true", help="reset and drain rings left by crashed publishers (unsafe)")
+    sub.add_argument("--orphans", action="store_true", help="reclaim unreferenced slots (needs quiescence)")
+    sub.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+
+    sub = command("clean", cmd_clean, "remove regions whose creator is dead and that no process maps",
+                  "  kickmsg clean --dry-run\n  kickmsg clean --prefix kickmsg", channel=False)
+    sub.add_argument("--dry-run", action="store_true", help="only list what would be removed")
+    sub.add_argument("--prefix", help="only names starting with /PREFIX")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except CommandError as error:
+        print(f"kickmsg {args.command}: error: {error}", file=sys.stderr)
+        return EXIT_ERROR
+    except (RuntimeError, ValueError, OSError) as error:
+        print(f"kickmsg {args.command}: error: {str(error).splitlines()[0] if str(error) else type(error).__name__}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        return 130
