@@ -13,7 +13,8 @@ The audit walks the free stack and every ring's live window and reports what
 breaks that: free-stack cycles or links out of the pool, slots whose refcount
 exceeds what can release it (leaked) or falls short of the ring references
 (a later release would free it twice), slots on the free stack that are still
-referenced (double-free candidates), stuck entries, and rings by state. On a
+referenced (double-free candidates), stuck entries, and rings by state (a ring stays Draining only while its
+subscriber leaves; one left Draining lost its subscriber mid-teardown). On a
 region with traffic the counts can include transient states; at quiescence
 with no views alive a healthy region audits clean. It works on any v4 region,
 including those made by the native library, and never writes.
@@ -66,7 +67,7 @@ class AuditReport:
             or self.double_free_candidates
             or self.schema_state == "Claiming"
             or any(r.locked_entries or r.stale_entries or r.bad_entries or r.retired for r in self.rings)
-            or any(r.state == "Draining" and r.in_flight for r in self.rings)
+            or any(r.state == "Draining" for r in self.rings)
             or any(r.state.startswith("invalid") for r in self.rings)
         )
 
@@ -88,7 +89,7 @@ class AuditReport:
             "stale entries": sum(len(r.stale_entries) for r in self.rings),
             "entries naming no slot": sum(len(r.bad_entries) for r in self.rings),
             "retired rings": sum(r.retired for r in self.rings),
-            "draining rings with publishers in flight": sum(r.state == "Draining" and r.in_flight > 0 for r in self.rings),
+            "rings left Draining": sum(r.state == "Draining" for r in self.rings),
             "rings in an invalid state": sum(r.state.startswith("invalid") for r in self.rings),
             "schema claims stuck at Claiming": int(self.schema_state == "Claiming"),
         }
@@ -134,7 +135,7 @@ def audit(region: SharedRegion) -> AuditReport:
             sequence = ops.load_acquire_u64(entry + layout.SEQUENCE_OFFSET)
             if sequence == layout.LOCKED_SEQUENCE:
                 ring_audit.locked_entries.append(position)
-            elif sequence + capacity < position + 1:
+            elif layout.entry_is_stuck(sequence, position, capacity):
                 ring_audit.stale_entries.append(position)
             elif sequence == position + 1:
                 held = ops.load_acquire_u32(entry + layout.SLOT_IDX_OFFSET)

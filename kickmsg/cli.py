@@ -156,8 +156,9 @@ def header_fields(region: SharedRegion) -> dict:
 
 def ring_rows(region: SharedRegion) -> list[dict]:
     """Per ring: state, in-flight publishers, write position, entries still
-    holding a slot, and for our subscribers (from the owner records) their
-    pid, read position, pending messages and losses."""
+    holding a slot, and for our subscribers (from the owner records, updated
+    at most every 0.1 s) their pid, read position, pending messages (at most
+    a ring's worth: older ones will count as lost) and losses."""
     report = audit(region)
     records = owners.read_owners(region.name, region.geometry.max_subs) or [(None, False)] * region.geometry.max_subs
     created = region.header.created_at_ns
@@ -181,7 +182,7 @@ def ring_rows(region: SharedRegion) -> list[dict]:
                 owner_pid=record.pid,
                 owner_alive=held,
                 read_pos=record.read_pos,
-                pending=max(0, ring.write_pos - record.read_pos),
+                pending=min(max(0, ring.write_pos - record.read_pos), region.geometry.capacity),
                 lost=record.lost,
             )
         rows.append(row)
@@ -190,6 +191,7 @@ def ring_rows(region: SharedRegion) -> list[dict]:
 
 def shm_entries(prefix: str | None):
     """(shm name, path) of the regular files in /dev/shm, optionally by prefix."""
+    prefix = prefix.lstrip("/") if prefix else None
     for entry in sorted(os.scandir(shm.SHM_DIRECTORY), key=lambda e: e.name):
         name = "/" + entry.name
         if entry.is_file(follow_symlinks=False) and not entry.name.endswith(owners.SUFFIX):
@@ -322,6 +324,13 @@ def decode_records(data: bytes, record_type: typed.RecordType | None) -> list | 
     return [{name: record[name].tolist() for name in names} if names else record.tolist() for record in records]
 
 
+def _json_value(value):
+    """JSON for what numpy's tolist() gives that json does not know (bytes fields)."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="backslashreplace")
+    return str(value)
+
+
 def format_message(data: bytes, ring_pos: int, records: list | None, fmt: str) -> str:
     """One line of ``echo`` output."""
     if fmt == "json":
@@ -331,7 +340,7 @@ def format_message(data: bytes, ring_pos: int, records: list | None, fmt: str) -
         else:
             entry["text"] = data.decode("utf-8", errors="backslashreplace")
             entry["hex"] = data.hex()
-        return json.dumps(entry)
+        return json.dumps(entry, default=_json_value)
     if fmt == "hex":
         return f"[{ring_pos}] {data.hex()}"
     if records is not None:
@@ -377,42 +386,45 @@ def cmd_echo(args) -> int:
 
 
 def measure(args, report) -> int:
-    """Receive for hz/bw, calling ``report(times, sizes, final)`` every
-    ``--every`` seconds and at the end."""
+    """Receive for hz/bw, calling ``report(times, sizes, received, final)``
+    every ``--every`` seconds and at the end (times and sizes of the last
+    ``--window`` messages; ``received`` counts them all)."""
     region, subscriber = subscribed(args)
-    times, sizes = [], []
+    times, sizes = [], []  # the last --window messages
+    received = 0
     deadline = None if args.duration is None else time.monotonic() + args.duration
     last_report = time.monotonic()
     with subscriber:
         try:
-            while args.count is None or len(times) < args.count:
+            while args.count is None or received < args.count:
                 if deadline is not None and time.monotonic() >= deadline:
                     break
                 wait = args.every if deadline is None else max(0.0, min(args.every, deadline - time.monotonic()))
                 data = subscriber.receive(wait)
                 if data is not None:
+                    received += 1
                     times.append(time.monotonic())
                     sizes.append(len(data))
                     del times[: -args.window - 1], sizes[: -args.window]
                 if time.monotonic() - last_report >= args.every:
-                    report(times, sizes, False)
+                    report(times, sizes, received, False)
                     last_report = time.monotonic()
         except KeyboardInterrupt:
             pass
-    report(times, sizes, True)
+    report(times, sizes, received, True)
     return EXIT_OK
 
 
 def cmd_hz(args) -> int:
-    def report(times, sizes, final):
+    def report(times, sizes, received, final):
         intervals = [b - a for a, b in zip(times, times[1:])]
         if not intervals:
-            stats = {"messages": len(times), "rate_hz": None}
-            text = "no new messages" if not final else f"received {len(times)} message(s): no rate yet"
+            stats = {"messages": received, "rate_hz": None}
+            text = "no new messages" if not final else f"received {received} message(s): no rate yet"
         else:
             mean = statistics.fmean(intervals)
             stats = {
-                "messages": len(times),
+                "messages": received,
                 "rate_hz": round(1 / mean, 3) if mean > 0 else None,
                 "min_s": round(min(intervals), 6),
                 "max_s": round(max(intervals), 6),
@@ -430,15 +442,15 @@ def cmd_hz(args) -> int:
 
 
 def cmd_bw(args) -> int:
-    def report(times, sizes, final):
+    def report(times, sizes, received, final):
         if len(times) < 2:
-            stats = {"messages": len(times), "bytes_per_s": None}
-            text = "no new messages" if not final else f"received {len(times)} message(s): no bandwidth yet"
+            stats = {"messages": received, "bytes_per_s": None}
+            text = "no new messages" if not final else f"received {received} message(s): no bandwidth yet"
         else:
             span = times[-1] - times[0]
             counted = sizes[1:]  # bytes that arrived within the span
             stats = {
-                "messages": len(sizes),
+                "messages": received,
                 "bytes_per_s": round(sum(counted) / span, 1) if span > 0 else None,
                 "mean_size": round(statistics.fmean(sizes), 1),
                 "min_size": min(sizes),
@@ -489,7 +501,10 @@ def cmd_pub(args) -> int:
                     break
                 except BlockingIOError:
                     if time.monotonic() >= give_up:
-                        raise CommandError(f"slot pool of {region.name} stayed empty for 1 s") from None
+                        raise CommandError(
+                            f"slot pool of {region.name} stayed empty for 1 s "
+                            f"(after {len(delivered)} of {args.count} message(s) published)"
+                        ) from None
                     time.sleep(0.001)
             delivered.append(index)
     except KeyboardInterrupt:
@@ -639,7 +654,7 @@ def cmd_clean(args) -> int:
         "/" + entry.name
         for entry in os.scandir(shm.SHM_DIRECTORY)
         if entry.name.endswith(owners.SUFFIX)
-        and (args.prefix is None or entry.name.startswith(args.prefix))
+        and (args.prefix is None or entry.name.startswith(args.prefix.lstrip("/")))
         and not os.path.exists(entry.path.removesuffix(owners.SUFFIX))
     ]
     if not args.dry_run:

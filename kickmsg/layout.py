@@ -149,6 +149,12 @@ REFCOUNT_OFFSET = SlotHeader.refcount.offset
 NEXT_FREE_OFFSET = SlotHeader.next_free.offset
 
 
+def entry_is_stuck(sequence: int, position: int, capacity: int) -> bool:
+    """Whether the entry at ``position`` holds a writer's abandoned work:
+    LOCKED, or more than one wrap behind (u64 arithmetic, as 0.1.0 does)."""
+    return sequence == LOCKED_SEQUENCE or (sequence + capacity) & U64_MAX < (position + 1) & U64_MAX
+
+
 def align64(size: int) -> int:
     return (size + CACHE_LINE - 1) // CACHE_LINE * CACHE_LINE
 

@@ -3,7 +3,7 @@
 A subscriber killed with SIGKILL leaves its ring Live forever; after
 max_subscribers such deaths nobody can subscribe. The region has no room to
 say who owns a ring, so each subscriber of this package records itself in a
-sidecar object next to the region, ``/dev/shm/<name>.owners``: one
+sidecar file next to the region, ``/dev/shm/<name>.owners``: one
 ``OwnerRecord`` per ring, and an open-file-description lock
 (``F_OFD_SETLK``) on that record for as long as the subscriber lives. The
 kernel drops the lock when its holder dies, so a record whose lock can be
@@ -13,12 +13,13 @@ left alone.
 
 The record also carries the subscriber's read position and loss count,
 which only the subscriber knows, so that tools (``kickmsg stats``,
-``kickmsg watch``) can show pending messages and losses per ring.
+``kickmsg watch``) can show pending messages and losses per ring. The file
+is only ever read and written with pread/pwrite, never mapped, so whatever
+another process does to it cannot fault a subscriber.
 """
 import ctypes
 import errno
 import fcntl
-import mmap
 import os
 import struct
 import time
@@ -39,12 +40,13 @@ class OwnerRecord(ctypes.Structure):
         ("process_start", ctypes.c_uint64),  # clock ticks after boot (/proc/<pid>/stat field 22)
         ("start_pos", ctypes.c_uint64),  # write_pos when it joined: the start of its drain window
         ("region_created_at_ns", ctypes.c_uint64),  # which incarnation of the region it joined
-        ("read_pos", ctypes.c_uint64),  # updated by the subscriber as it reads
+        ("read_pos", ctypes.c_uint64),  # reported by the subscriber as it reads
         ("lost", ctypes.c_uint64),  # likewise
     ]
 
 
 RECORD_SIZE = ctypes.sizeof(OwnerRecord)
+PROGRESS_OFFSET = OwnerRecord.read_pos.offset  # read_pos and lost, written together
 
 
 def process_start_time(pid: int) -> int:
@@ -70,59 +72,57 @@ def unlink(region_name: str) -> None:
             raise
 
 
-class Sidecar:
-    """One open description (locks belong to it) and mapping of a sidecar."""
+def _lock_request(lock_type: int, ring: int) -> bytes:
+    return FLOCK.pack(lock_type, os.SEEK_SET, ring * RECORD_SIZE, RECORD_SIZE, 0)
 
-    def __init__(self, fd: int, memory: mmap.mmap):
+
+def _read_record(fd: int, ring: int) -> OwnerRecord | None:
+    data = os.pread(fd, RECORD_SIZE, ring * RECORD_SIZE)
+    return OwnerRecord.from_buffer_copy(data) if len(data) == RECORD_SIZE and any(data) else None
+
+
+class Sidecar:
+    """One open description of a region's sidecar: its locks belong to it."""
+
+    def __init__(self, fd: int):
         self._fd = fd
-        self._memory = memory
 
     @classmethod
-    def open(cls, region_name: str, rings: int, create: bool) -> "Sidecar | None":
-        """Open (or create) the sidecar with room for ``rings`` records; None
-        if it does not exist (and ``create`` is False) or cannot be used."""
+    def open(cls, region_name: str, create: bool) -> "Sidecar | None":
+        """Open (or create) the sidecar; None if it does not exist (and
+        ``create`` is False) or cannot be opened."""
         flags = os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if create else 0)
         try:
-            fd = os.open(sidecar_path(region_name), flags, shm.CREATE_MODE)
+            return cls(os.open(sidecar_path(region_name), flags, shm.CREATE_MODE))
         except OSError:
             return None
-        try:
-            if os.fstat(fd).st_size < rings * RECORD_SIZE:
-                os.ftruncate(fd, rings * RECORD_SIZE)  # only ever grows: records never move
-            return cls(fd, mmap.mmap(fd, rings * RECORD_SIZE))
-        except OSError:
-            os.close(fd)
-            return None
-
-    def record(self, ring: int) -> OwnerRecord:
-        """Ring's record, live in the shared sidecar."""
-        return OwnerRecord.from_buffer(self._memory, ring * RECORD_SIZE)
 
     def _lock(self, ring: int, lock_type: int) -> bool:
         """Set or clear our lock on ring's record without waiting; False if
         another description holds it."""
-        request = FLOCK.pack(lock_type, os.SEEK_SET, ring * RECORD_SIZE, RECORD_SIZE, 0)
         try:
-            fcntl.fcntl(self._fd, fcntl.F_OFD_SETLK, request)
+            fcntl.fcntl(self._fd, fcntl.F_OFD_SETLK, _lock_request(lock_type, ring))
         except OSError as error:
             if error.errno in (errno.EAGAIN, errno.EACCES):
                 return False
             raise
         return True
 
-    def claim(self, ring: int, start_pos: int, region_created_at_ns: int) -> OwnerRecord | None:
+    def claim(self, ring: int, start_pos: int, region_created_at_ns: int) -> bool:
         """Record this process as ring's owner and keep the record's lock;
-        None if the lock stayed taken (the ring then goes unrecorded)."""
+        False if the lock stayed taken (the ring then goes unrecorded)."""
         for _ in range(CLAIM_ATTEMPTS):
             if self._lock(ring, fcntl.F_WRLCK):
-                record = self.record(ring)
                 pid = os.getpid()
-                record.pid, record.process_start = pid, process_start_time(pid)
-                record.start_pos = record.read_pos = start_pos
-                record.region_created_at_ns, record.lost = region_created_at_ns, 0
-                return record
+                record = OwnerRecord(pid, process_start_time(pid), start_pos, region_created_at_ns, start_pos, 0)
+                os.pwrite(self._fd, bytes(record), ring * RECORD_SIZE)
+                return True
             time.sleep(CLAIM_RETRY_S)
-        return None
+        return False
+
+    def report_progress(self, ring: int, read_pos: int, lost: int) -> None:
+        """Update our record's read position and loss count."""
+        os.pwrite(self._fd, struct.pack("<QQ", read_pos, lost), ring * RECORD_SIZE + PROGRESS_OFFSET)
 
     def owner_if_dead(self, ring: int, region_created_at_ns: int) -> OwnerRecord | str:
         """``"alive"`` if ring's owner holds its lock; ``"unrecorded"`` if
@@ -130,41 +130,35 @@ class Sidecar:
         dead owner's record, whose lock we now hold until ``release``."""
         if not self._lock(ring, fcntl.F_WRLCK):
             return "alive"
-        record = self.record(ring)
-        if record.pid == 0 or record.region_created_at_ns != region_created_at_ns:
+        record = _read_record(self._fd, ring)
+        if record is None or record.region_created_at_ns != region_created_at_ns:
             self._lock(ring, fcntl.F_UNLCK)
             return "unrecorded"
         return record
 
     def release(self, ring: int) -> None:
         """Clear ring's record and drop our lock on it."""
-        ctypes.memset(ctypes.addressof(self.record(ring)), 0, RECORD_SIZE)
+        os.pwrite(self._fd, bytes(RECORD_SIZE), ring * RECORD_SIZE)
         self._lock(ring, fcntl.F_UNLCK)
 
     def close(self) -> None:
-        """Close, dropping every lock of this description. The mapping goes
-        when the last record taken from it does."""
-        self._memory = None
+        """Close, dropping every lock of this description."""
         os.close(self._fd)
 
 
 def read_owners(region_name: str, rings: int) -> list[tuple[OwnerRecord | None, bool]] | None:
-    """For tools, without writing anything: a snapshot of each ring's record
-    (None where there is none) and whether a live process holds its lock.
-    None if the region has no sidecar."""
+    """For tools, without writing anything: each ring's record (None where
+    there is none) and whether a live process holds its lock. None if the
+    region has no sidecar."""
     try:
         fd = os.open(sidecar_path(region_name), os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return None
     try:
-        data = os.pread(fd, rings * RECORD_SIZE, 0)
-        owners = []
+        found = []
         for ring in range(rings):
-            chunk = data[ring * RECORD_SIZE : (ring + 1) * RECORD_SIZE]
-            record = OwnerRecord.from_buffer_copy(chunk) if len(chunk) == RECORD_SIZE and any(chunk) else None
-            probe = FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, ring * RECORD_SIZE, RECORD_SIZE, 0)
-            held = FLOCK.unpack(fcntl.fcntl(fd, fcntl.F_OFD_GETLK, probe))[0] != fcntl.F_UNLCK
-            owners.append((record, held))
-        return owners
+            probe = fcntl.fcntl(fd, fcntl.F_OFD_GETLK, _lock_request(fcntl.F_WRLCK, ring))
+            found.append((_read_record(fd, ring), FLOCK.unpack(probe)[0] != fcntl.F_UNLCK))
+        return found
     finally:
         os.close(fd)

@@ -24,6 +24,7 @@ from kickmsg.layout import (
     SLOT_IDX_OFFSET,
     U32_MAX,
     U64_MAX,
+    entry_is_stuck,
 )
 from kickmsg.region import SharedRegion
 
@@ -172,7 +173,7 @@ class Publisher:
                 # publisher at this position does not time out too. The
                 # captured slot is not released: it may belong to a newer
                 # message by now (a bounded leak, recoverable by GC).
-                if found == LOCKED_SEQUENCE or found + capacity < position + 1:
+                if entry_is_stuck(found, position, capacity):
                     ops.store_relaxed_u32(entry + SLOT_IDX_OFFSET, INVALID_SLOT)
                     ops.store_relaxed_u32(entry + PAYLOAD_LEN_OFFSET, 0)
                     ops.store_release_u64(entry + SEQUENCE_OFFSET, sequence)

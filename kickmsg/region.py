@@ -51,7 +51,7 @@ class DeadSubscriberReport:
     """What ``reclaim_dead_subscribers()`` did, ring by ring."""
 
     reclaimed: list[tuple[int, int]]  # (ring, pid of the dead owner): drained and freed
-    unrecorded: list[int]  # Live rings with no owner record (e.g. native subscribers): left alone
+    unrecorded: list[int]  # Live or Draining rings with no owner record (e.g. native subscribers): left alone
     timed_out: list[int]  # dead owner, but publishers stayed in flight: left retired
 
     def __repr__(self):
@@ -244,10 +244,6 @@ class SharedRegion:
             entry = self.entry_address(ring, position)
             yield position, entry, ops.load_acquire_u64(entry + layout.SEQUENCE_OFFSET)
 
-    def _is_stuck(self, position: int, sequence: int) -> bool:
-        """LOCKED by a writer that never committed, or more than one wrap behind."""
-        return sequence == layout.LOCKED_SEQUENCE or sequence + self.geometry.capacity < position + 1
-
     def diagnose(self) -> HealthReport:
         """Read-only health scan; safe under live traffic."""
         locked = retired = draining = live = 0
@@ -257,7 +253,8 @@ class SharedRegion:
             live += state == layout.RING_LIVE
             retired += state == layout.RING_FREE and in_flight > 0
             draining += state == layout.RING_DRAINING and in_flight > 0
-            locked += sum(self._is_stuck(position, sequence) for position, _, sequence in self._live_window(ring))
+            capacity = self.geometry.capacity
+            locked += sum(layout.entry_is_stuck(seq, pos, capacity) for pos, _, seq in self._live_window(ring))
         schema_stuck = self.atomics.load_acquire_u32(self.schema_state_address) == layout.SCHEMA_CLAIMING
         return HealthReport(locked, retired, draining, live, schema_stuck)
 
@@ -271,7 +268,7 @@ class SharedRegion:
         repaired = 0
         for ring in self.rings:
             for position, entry, sequence in self._live_window(ring):
-                if self._is_stuck(position, sequence):
+                if layout.entry_is_stuck(sequence, position, self.geometry.capacity):
                     ops.store_relaxed_u32(entry + layout.SLOT_IDX_OFFSET, layout.INVALID_SLOT)
                     ops.store_relaxed_u32(entry + layout.PAYLOAD_LEN_OFFSET, 0)
                     ops.store_release_u64(entry + layout.SEQUENCE_OFFSET, position + 1)
@@ -303,11 +300,16 @@ class SharedRegion:
             reset += 1
         return reset
 
-    def leave_ring(self, ring: RingAddresses, start_pos: int) -> bool:
+    def leave_ring(self, ring: RingAddresses, start_pos: int, sidecar: owners.Sidecar | None = None) -> bool:
         """Subscriber teardown: stop admissions, wait for in-flight publishers,
         drain the ring's references, free the ring. Returns False if the
         publishers in flight did not finish within commit_timeout: the drain
-        is then skipped and the ring left retired."""
+        is then skipped and the ring left retired.
+
+        ``sidecar`` (beyond 0.1.0) holds the ring's owner record; it is
+        cleared before the ring is freed, so that it never outlives the
+        ownership it records.
+        """
         ops = self.atomics
         # 1. State -> Draining, keeping in_flight: publishers are no longer admitted.
         self.set_ring_state(ring, layout.RING_DRAINING)
@@ -319,11 +321,15 @@ class SharedRegion:
                 # race a slow but alive one, so skip it: state -> Free keeping
                 # in_flight, which leaves the ring retired until an operator
                 # calls reset_retired_rings().
+                if sidecar:
+                    sidecar.release(ring.index)
                 self.set_ring_state(ring, layout.RING_FREE)
                 return False
             os.sched_yield()
         # 3. Quiesced, write_pos is final: drain [max(wp - capacity, start_pos), wp).
         self.drain_ring(ring, start_pos)
+        if sidecar:
+            sidecar.release(ring.index)
         # 4. Free | in_flight 0: the ring is ready for a new subscriber.
         ops.store_seq_cst_u32(ring.state_flight, layout.RING_FREE)
         return True
@@ -340,29 +346,30 @@ class SharedRegion:
             state_flight = found
 
     def reclaim_dead_subscribers(self) -> DeadSubscriberReport:
-        """Leave, on their behalf, the Live rings whose subscriber died
-        (beyond 0.1.0; see ``kickmsg.owners``): drain and free each, exactly
-        as its owner's teardown would have, so it is safe with publishers in
-        flight. Rings without an owner record (native subscribers) are left
-        alone and reported. Pins of the dead owner's views stay: reclaim them
-        with ``reclaim_orphaned_slots()`` at quiescence.
+        """Leave, on their behalf, the rings whose subscriber died (beyond
+        0.1.0; see ``kickmsg.owners``): Live rings, and Draining ones whose
+        owner died during its own teardown. Each is drained and freed exactly
+        as its owner's teardown would have done it, so this is safe with
+        publishers in flight. Rings without an owner record (native
+        subscribers) are left alone and reported. Pins of the dead owner's
+        views stay: reclaim them with ``reclaim_orphaned_slots()`` at
+        quiescence.
         """
         self.require_writable("reclaim rings")
         reclaimed, unrecorded, timed_out = [], [], []
-        sidecar = owners.Sidecar.open(self.name, self.geometry.max_subs, create=False)
+        sidecar = owners.Sidecar.open(self.name, create=False)
         for ring in self.rings:
             state = self.atomics.load_acquire_u32(ring.state_flight) & layout.RING_STATE_MASK
-            if state != layout.RING_LIVE:
+            if state not in (layout.RING_LIVE, layout.RING_DRAINING):  # Draining: its owner died leaving
                 continue
             owner = sidecar.owner_if_dead(ring.index, self.header.created_at_ns) if sidecar else "unrecorded"
             if owner == "unrecorded":
                 unrecorded.append(ring.index)
             elif owner != "alive":
-                if self.leave_ring(ring, owner.start_pos):
+                if self.leave_ring(ring, owner.start_pos, sidecar):
                     reclaimed.append((ring.index, owner.pid))
                 else:
                     timed_out.append(ring.index)
-                sidecar.release(ring.index)
         if sidecar:
             sidecar.close()
         return DeadSubscriberReport(reclaimed, unrecorded, timed_out)

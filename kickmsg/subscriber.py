@@ -25,6 +25,7 @@ from kickmsg.region import RingAddresses, SharedRegion
 
 MAX_RECEIVE_ATTEMPTS = 64  # entries a single try_receive may skip as lost
 UNCOMMITTED_POLL_NS = 1_000_000  # sleep slice while a claimed entry is not committed yet
+REPORT_INTERVAL_NS = 100_000_000  # read_pos and lost reach the owner record at most every 0.1 s
 
 
 class Subscriber:
@@ -42,14 +43,16 @@ class Subscriber:
         region.require_writable("subscribe")
         self._region = region
         self._ring, self._start_pos = _join_ring(region)
-        sidecar, self._record = _record_ownership(region, self._ring, self._start_pos)
+        self._sidecar = _record_ownership(region, self._ring, self._start_pos)
+        self._next_report_ns = 0  # when to report read_pos and lost to the sidecar next
+        self._reported = (self._start_pos, 0)  # (read_pos, lost) last reported
         self._read_pos = self._start_pos
         self._lost = 0
         self._skipped = 0
         self._drain_timeouts = 0
         self._closed = False
         self._teardown = weakref.finalize(
-            self, _leave_ring, region, self._ring, self._start_pos, os.getpid(), region.incarnation(), sidecar
+            self, _leave_ring, region, self._ring, self._start_pos, os.getpid(), region.incarnation(), self._sidecar
         )
 
     @property
@@ -79,7 +82,8 @@ class Subscriber:
     def try_receive(self) -> bytes | None:
         """The next message as a copy, or None if none is ready."""
         pinned = self._pin_next()
-        self._record.read_pos, self._record.lost = self._read_pos, self._lost  # for kickmsg stats/watch
+        if self._sidecar and time.monotonic_ns() >= self._next_report_ns:
+            self._report_progress()
         if pinned is None:
             return None
         slot, length, _ = pinned
@@ -93,7 +97,8 @@ class Subscriber:
         """The next message in place (zero-copy, its slot pinned until the
         view is released), or None if none is ready."""
         pinned = self._pin_next()
-        self._record.read_pos, self._record.lost = self._read_pos, self._lost  # for kickmsg stats/watch
+        if self._sidecar and time.monotonic_ns() >= self._next_report_ns:
+            self._report_progress()
         if pinned is None:
             return None
         slot, length, ring_pos = pinned
@@ -222,12 +227,22 @@ class Subscriber:
                 self._read_pos = position
                 return
 
+    def _report_progress(self) -> None:
+        """Write read_pos and lost into our owner record (for ``kickmsg
+        stats``/``watch``): at most every REPORT_INTERVAL_NS while receiving,
+        and before going to sleep waiting for messages."""
+        self._sidecar.report_progress(self._ring.index, self._read_pos, self._lost)
+        self._reported = (self._read_pos, self._lost)
+        self._next_report_ns = time.monotonic_ns() + REPORT_INTERVAL_NS
+
     def _sleep_until_written(self, deadline_ns: int | None) -> bool:
         """Sleep on the ring's futex until write_pos moves, or the deadline.
         Returns False (without sleeping) once the deadline has passed."""
         remaining_ns = -1 if deadline_ns is None else deadline_ns - time.monotonic_ns()
         if deadline_ns is not None and remaining_ns <= 0:
             return False
+        if self._sidecar and (self._read_pos, self._lost) != self._reported:
+            self._report_progress()  # going idle: leave the record current
         ops = self._region.atomics
         ring = self._ring
         ops.store_relaxed_u32(ring.has_waiter, 1)
@@ -287,19 +302,14 @@ def _join_ring(region: SharedRegion) -> tuple[RingAddresses, int]:
     )
 
 
-def _record_ownership(
-    region: SharedRegion, ring: RingAddresses, start_pos: int
-) -> tuple[owners.Sidecar | None, owners.OwnerRecord]:
+def _record_ownership(region: SharedRegion, ring: RingAddresses, start_pos: int) -> owners.Sidecar | None:
     """Record this process as the ring's owner in the region's sidecar, so
-    the ring can be reclaimed if we die. Returns the sidecar (None if the
-    ownership could not be recorded) and the record to keep up to date."""
-    sidecar = owners.Sidecar.open(region.name, region.geometry.max_subs, create=True)
-    record = sidecar.claim(ring.index, start_pos, region.header.created_at_ns) if sidecar else None
-    if record is None:
-        if sidecar:
-            sidecar.close()
-        return None, owners.OwnerRecord()  # kept up to date all the same, seen by nobody
-    return sidecar, record
+    the ring can be reclaimed if we die (None if it cannot be recorded)."""
+    sidecar = owners.Sidecar.open(region.name, create=True)
+    if sidecar and not sidecar.claim(ring.index, start_pos, region.header.created_at_ns):
+        sidecar.close()
+        return None
+    return sidecar
 
 
 def _leave_ring(
@@ -310,15 +320,14 @@ def _leave_ring(
     incarnation: tuple[int, int],
     sidecar: owners.Sidecar | None,
 ) -> bool:
-    """The subscriber's finalizer: the teardown flow (``region.leave_ring``),
-    then the ownership record. Returns False if the drain timed out."""
+    """The subscriber's finalizer: the teardown flow. Returns False if the
+    drain timed out."""
     if os.getpid() != owner_pid:
         return True  # a forked child's copy: the ring belongs to the parent
     left = True
     if region.incarnation() == incarnation:  # else re-created since we joined: not our ring
-        left = region.leave_ring(ring, start_pos)
-    if sidecar:  # only once the ring is no longer Live
-        sidecar.release(ring.index)
+        left = region.leave_ring(ring, start_pos, sidecar)
+    if sidecar:
         sidecar.close()
     return left
 

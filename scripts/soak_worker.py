@@ -44,12 +44,16 @@ MAX_RECORDS = 8192
 PAUSE_EPOCH, PAUSED, STOP = 0, 1, 2
 
 # Worker records. The supervisor writes ROLE, IMPL, CHANNEL and LEAVE; the
-# worker writes the rest.
-ROLE, IMPL, CHANNEL, STATE, LEAVE, ACK_EPOCH = 0, 1, 2, 3, 4, 5
+# worker writes the rest. BUSY is 1 while a publisher is in a burst, or while
+# a subscriber holds a zero-copy view: the supervisor aims its kills there.
+ROLE, IMPL, CHANNEL, STATE, LEAVE, ACK_EPOCH, BUSY = range(7)
 # publisher counts
-PUBLISHED, ZERO_COPY, POOL_DRY, DROPPED = 6, 7, 8, 9
+PUBLISHED, ZERO_COPY, POOL_DRY, DROPPED = range(7, 11)
 # subscriber counts
-FROM_OURS, FROM_NATIVE, LOST, GAPS, CORRUPT, DUPLICATES, OUT_OF_ORDER, VIEWS, DRAIN_TIMEOUTS = range(6, 15)
+FROM_OURS, FROM_NATIVE, LOST, GAPS, CORRUPT, DUPLICATES, OUT_OF_ORDER, VIEWS, DRAIN_TIMEOUTS = range(7, 16)
+
+HOLD_VIEW_ONE_IN = 50  # a subscriber holds one view in this many a little longer
+HOLD_VIEW_S = 0.002
 
 ROLE_CODES = {"publisher": 1, "subscriber": 2, "create": 3}
 IMPL_CODES = {"ours": 1, "native": 2}
@@ -162,6 +166,7 @@ def publisher(kickmsg, params: dict, control: Control) -> None:
     sequence = 0
     me[STATE] = STATE_READY
     while not control.should_end():
+        me[BUSY] = 1
         for _ in range(rng.randint(1, params["max_burst"])):
             control.checkpoint()
             message = make_message(publisher_id, impl_code, sequence, max_payload)
@@ -185,6 +190,7 @@ def publisher(kickmsg, params: dict, control: Control) -> None:
             sequence += 1
             me[PUBLISHED] = sequence
             me[DROPPED] = pub.dropped
+        me[BUSY] = 0
         time.sleep(rng.uniform(0.0005, params["max_pause"]))
     me[STATE] = STATE_DONE
 
@@ -239,10 +245,14 @@ def receive_one(sub, rng: random.Random, check: StreamCheck, me) -> bool:
         if view is None:
             return False
         try:
+            me[BUSY] = 1
             with memoryview(view) as data:
                 check.add(data)
+            if rng.randrange(HOLD_VIEW_ONE_IN) == 0:
+                time.sleep(HOLD_VIEW_S)  # a slow consumer: the slot stays pinned meanwhile
         finally:
             view.release()
+            me[BUSY] = 0
         me[VIEWS] += 1
         return True
     if data is None:
