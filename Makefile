@@ -10,7 +10,7 @@ INSTALLED := $(VENV)/.installed
 NATIVE := .native/kickmsg-0.1.0
 NATIVE_INSTALLED := $(NATIVE)/.installed
 
-.PHONY: demo test bench clean
+.PHONY: demo test bench soak clean
 
 demo: $(INSTALLED)
 	$(PY) examples/demo.py
@@ -29,6 +29,11 @@ $(INSTALLED): setup.py pyproject.toml kickmsg/_atomics.c kickmsg/_build.py scrip
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet --editable '.[test,bench]'
 	touch $@
+
+# Mixed traffic of both implementations with kills, then recovery and audit.
+# Not part of `make test`: make soak SOAK_ARGS="--minutes 5 --json soak.json"
+soak: $(INSTALLED) $(NATIVE_INSTALLED)
+	$(PY) scripts/soak.py $(SOAK_ARGS)
 
 $(NATIVE_INSTALLED): $(INSTALLED)
 	rm -rf $(NATIVE)

@@ -313,15 +313,12 @@ def cmd_watch(args) -> int:
     return EXIT_OK
 
 
-def decode_records(data: bytes, record_type: typed.RecordType | None) -> list | None:
-    """A typed message's records as plain values (a dict per record for
-    structured types); None if the channel is untyped or the length is not
-    a whole number of records."""
+def decode_records(data: bytes, record_type: typed.RecordType | None) -> numpy.ndarray | None:
+    """A typed message's records; None if the channel is untyped or the
+    length is not a whole number of records."""
     if record_type is None or len(data) % record_type.dtype.itemsize:
         return None
-    names = record_type.dtype.names
-    records = numpy.frombuffer(data, dtype=record_type.dtype)
-    return [{name: record[name].tolist() for name in names} if names else record.tolist() for record in records]
+    return numpy.frombuffer(data, dtype=record_type.dtype)
 
 
 def _json_value(value):
@@ -331,12 +328,20 @@ def _json_value(value):
     return str(value)
 
 
-def format_message(data: bytes, ring_pos: int, records: list | None, fmt: str) -> str:
-    """One line of ``echo`` output."""
+def _field_text(value) -> str:
+    """A field as numpy prints it: the shortest text that reads back the same."""
+    if isinstance(value, numpy.ndarray):
+        return numpy.array2string(value, separator=", ", floatmode="unique")
+    return str(value)
+
+
+def format_message(data: bytes, ring_pos: int, records: numpy.ndarray | None, fmt: str) -> str:
+    """One line of ``echo`` output; typed records print their fields."""
+    names = records.dtype.names if records is not None else None
     if fmt == "json":
         entry = {"ring_pos": ring_pos, "size": len(data)}
         if records is not None:
-            entry["fields"] = records
+            entry["fields"] = [{n: r[n].tolist() for n in names} if names else r.tolist() for r in records]
         else:
             entry["text"] = data.decode("utf-8", errors="backslashreplace")
             entry["hex"] = data.hex()
@@ -344,7 +349,7 @@ def format_message(data: bytes, ring_pos: int, records: list | None, fmt: str) -
     if fmt == "hex":
         return f"[{ring_pos}] {data.hex()}"
     if records is not None:
-        shown = (" ".join(f"{k}={v}" for k, v in r.items()) if isinstance(r, dict) else str(r) for r in records)
+        shown = (" ".join(f"{n}={_field_text(r[n])}" for n in names) if names else _field_text(r) for r in records)
         return f"[{ring_pos}] " + "; ".join(shown)
     return f"[{ring_pos}] {data.decode('utf-8', errors='backslashreplace')}"
 
