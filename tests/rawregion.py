@@ -9,6 +9,29 @@ from dataclasses import dataclass
 
 INVALID_SLOT = 0xFFFFFFFF
 HEADER_FORMAT = "<QIIQQQQQQQQQQQQQQH"  # magic .. creator_name_len
+# Header words as (offset, struct format), from WIRE.md, for poking.
+HEADER_OFFSETS = {
+    "magic": (0, "<Q"),
+    "version": (8, "<I"),
+    "channel_type": (12, "<I"),
+    "total_size": (16, "<Q"),
+    "sub_rings_offset": (24, "<Q"),
+    "pool_offset": (32, "<Q"),
+    "max_subs": (40, "<Q"),
+    "sub_ring_capacity": (48, "<Q"),
+    "sub_ring_mask": (56, "<Q"),
+    "pool_size": (64, "<Q"),
+    "slot_data_size": (72, "<Q"),
+    "slot_stride": (80, "<Q"),
+    "sub_ring_stride": (88, "<Q"),
+    "commit_timeout_us": (96, "<Q"),
+    "config_hash": (104, "<Q"),
+    "creator_pid": (112, "<Q"),
+    "created_at_ns": (120, "<Q"),
+    "creator_name_len": (128, "<H"),
+    "schema_state": (192, "<I"),
+    "free_top": (768, "<Q"),
+}
 HEADER_FIELDS = (
     "magic version channel_type total_size sub_rings_offset pool_offset max_subs "
     "sub_ring_capacity sub_ring_mask pool_size slot_data_size slot_stride "

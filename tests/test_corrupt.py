@@ -27,25 +27,6 @@ LOCKED = 0xFFFFFFFFFFFFFFFF
 # commit_timeout 1 ms bounds every wait on a stuck entry or in-flight publisher.
 SMALL = dict(max_subscribers=3, sub_ring_capacity=8, pool_size=16, max_payload_size=56, commit_timeout=0.001)
 
-# Header fields as (offset, struct format), from WIRE.md.
-FIELDS = {
-    "magic": (0, "<Q"),
-    "version": (8, "<I"),
-    "channel_type": (12, "<I"),
-    "total_size": (16, "<Q"),
-    "sub_rings_offset": (24, "<Q"),
-    "pool_offset": (32, "<Q"),
-    "max_subs": (40, "<Q"),
-    "sub_ring_capacity": (48, "<Q"),
-    "sub_ring_mask": (56, "<Q"),
-    "pool_size": (64, "<Q"),
-    "slot_data_size": (72, "<Q"),
-    "slot_stride": (80, "<Q"),
-    "sub_ring_stride": (88, "<Q"),
-    "commit_timeout_us": (96, "<Q"),
-    "creator_name_len": (128, "<H"),
-    "free_top": (768, "<Q"),
-}
 
 
 def shm_path(name):
@@ -59,7 +40,7 @@ def poke(name, offset, fmt, value):
 
 
 def poke_field(name, field, value):
-    offset, fmt = FIELDS[field]
+    offset, fmt = rawregion.HEADER_OFFSETS[field]
     poke(name, offset, fmt, value)
 
 

@@ -157,29 +157,6 @@ def test_a_truncated_sidecar_does_not_crash_a_subscriber(shm_name):
 
 ALLOWED = (RuntimeError, BlockingIOError)  # CorruptRegionError is a RuntimeError
 
-# Header fields as (offset, struct format), from WIRE.md.
-FIELDS = {
-    "magic": (0, "<Q"),
-    "version": (8, "<I"),
-    "channel_type": (12, "<I"),
-    "total_size": (16, "<Q"),
-    "sub_rings_offset": (24, "<Q"),
-    "pool_offset": (32, "<Q"),
-    "max_subs": (40, "<Q"),
-    "sub_ring_capacity": (48, "<Q"),
-    "sub_ring_mask": (56, "<Q"),
-    "pool_size": (64, "<Q"),
-    "slot_data_size": (72, "<Q"),
-    "slot_stride": (80, "<Q"),
-    "sub_ring_stride": (88, "<Q"),
-    "commit_timeout_us": (96, "<Q"),
-    "config_hash": (104, "<Q"),
-    "creator_pid": (112, "<Q"),
-    "created_at_ns": (120, "<Q"),
-    "creator_name_len": (128, "<H"),
-    "schema_state": (192, "<I"),
-    "free_top": (768, "<Q"),
-}
 
 
 class Memory:
@@ -478,7 +455,7 @@ def header_edits():
     fine), a small commit timeout, or any value in any field (usually
     refused). commit_timeout_us stays small or beyond the 1-day limit: a
     header may legitimately ask for long waits."""
-    any_field = st.sampled_from(sorted(set(FIELDS) - {"commit_timeout_us"}))
+    any_field = st.sampled_from(sorted(set(rawregion.HEADER_OFFSETS) - {"commit_timeout_us"}))
     geometry_field = st.sampled_from(
         ["total_size", "sub_rings_offset", "pool_offset", "slot_stride", "sub_ring_stride", "pool_size", "max_subs",
          "slot_data_size", "creator_name_len"]
@@ -502,13 +479,13 @@ def apply_header_edit(memory, kind, value):
         memory.put(56, "<Q", 2**value - 1)
     elif kind == "relative":
         field, delta = value
-        offset, fmt = FIELDS[field]
+        offset, fmt = rawregion.HEADER_OFFSETS[field]
         memory.put(offset, fmt, struct.unpack_from(fmt, memory.memory, offset)[0] + delta)
     elif kind == "schema_data":
         memory.memory[256:768] = value
         memory.put(192, "<I", 2)  # Set
     else:
-        offset, fmt = FIELDS[kind]
+        offset, fmt = rawregion.HEADER_OFFSETS[kind]
         memory.put(offset, fmt, value)
 
 
