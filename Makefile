@@ -10,12 +10,12 @@ INSTALLED := $(VENV)/.installed
 NATIVE := .native/kickmsg-0.1.0
 NATIVE_INSTALLED := $(NATIVE)/.installed
 
-.PHONY: demo test bench soak clean
+.PHONY: demo test bench soak clean check-java
 
 demo: $(INSTALLED)
 	$(PY) examples/demo.py
 
-test: $(INSTALLED) $(NATIVE_INSTALLED)
+test: $(INSTALLED) $(NATIVE_INSTALLED) check-java
 	$(PY) -m pytest
 
 bench: $(INSTALLED) $(NATIVE_INSTALLED)
@@ -27,7 +27,7 @@ $(INSTALLED): setup.py pyproject.toml kickmsg/_atomics.c kickmsg/_build.py scrip
 		echo "creating $(VENV) with $$python"; rm -rf $(VENV); $$python -m venv $(VENV) || exit 1; \
 	fi
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet --editable '.[test,bench]'
+	$(PY) -m pip install --quiet --editable '.[test,spark,bench]'
 	touch $@
 
 # Mixed traffic of both implementations with kills, then recovery and audit.
@@ -39,6 +39,14 @@ $(NATIVE_INSTALLED): $(INSTALLED)
 	rm -rf $(NATIVE)
 	$(PY) -m pip install --quiet --no-deps --target $(NATIVE) kickmsg==0.1.0
 	touch $@
+
+# PySpark 4 runs on Java 17 or newer.
+check-java:
+	@version=$$(java -version 2>&1 | sed -n 's/.* version "\([0-9]*\).*/\1/p' | head -n 1); \
+	if [ -z "$$version" ] || [ "$$version" -lt 17 ]; then \
+		echo "The Spark parts need Java 17 or newer (found: $${version:-no java on PATH})." >&2; \
+		echo "Install one, e.g.: apt install openjdk-17-jre-headless" >&2; exit 1; \
+	fi
 
 clean:
 	rm -rf $(VENV) build *.egg-info kickmsg/_atomics_cffi*.so .native .pytest_cache

@@ -1,0 +1,37 @@
+"""PySpark integration: channels as Spark data sources, driver telemetry.
+
+Needs the ``spark`` extra (pyspark 4, pyarrow, pandas < 3) and Java 17+.
+"""
+import os
+import sys
+
+from kickmsg.spark.source import KickmsgDataSource
+from kickmsg.spark.telemetry import DriverTelemetry
+
+__all__ = ["DriverTelemetry", "KickmsgDataSource", "register", "session"]
+
+
+def register(spark) -> None:
+    """Make ``format("kickmsg")`` available on ``spark``."""
+    spark.dataSource.register(KickmsgDataSource)
+
+
+def session(master: str = "local[*]", app_name: str = "kickmsg"):
+    """A SparkSession whose Python workers run this interpreter (so they can
+    import kickmsg), with the data source registered. On a cluster, build
+    your own session and call ``register``."""
+    from pyspark.sql import SparkSession
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # read when the JVM starts Python workers
+    spark = (
+        SparkSession.builder.master(master)
+        .appName(app_name)
+        .config("spark.pyspark.python", sys.executable)
+        .config("spark.pyspark.driver.python", sys.executable)
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "4")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    register(spark)
+    return spark

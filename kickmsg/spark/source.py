@@ -1,0 +1,356 @@
+"""The ``kickmsg`` Spark data source (Python Data Source API of Spark 4).
+
+Options: ``topic`` (with ``prefix``, default ``kickmsg``: Node naming) or
+``name`` (the shm name).
+
+- ``spark.readStream.format("kickmsg")``: a subscriber on the driver's host,
+  joined when the query starts. A background thread receives continuously
+  into a bounded buffer (``maxBufferedMessages``, default 100 000); each
+  micro-batch takes what arrived since the previous one, at most
+  ``maxMessagesPerBatch`` (default 10 000) messages.
+- ``spark.read.format("kickmsg")``: subscribes and collects what arrives
+  within ``waitMs`` (default 1000) or until ``maxMessages`` (default 10 000).
+- ``df.write.format("kickmsg")``: one message per row (a binary ``payload``
+  column, else every column as JSON). Each task joins the channel as it
+  exists, or creates it as ``advertise_or_join`` does with the config
+  options ``maxSubscribers``, ``subRingCapacity``, ``poolSize``,
+  ``maxPayloadSize`` (defaults as ``Config()``); an empty pool is retried
+  with backoff for up to ``poolWaitMs`` (default 5000), then the task fails.
+
+Rows read: ``topic, ring_pos, received_at, payload, lost`` where ``lost``
+counts the messages the subscriber lost just before this one. With
+``decode=true`` on a typed channel (``kickmsg.typed``) the record fields
+become columns in place of ``payload``, one row per record.
+
+Delivery is at most once: the channel is lossy by design (losses are in
+``lost``), a query sees only what is published after it starts, and a
+restarted query starts from now (Kickmsg keeps no history to replay).
+"""
+import atexit
+import collections
+import datetime
+import json
+import os
+import threading
+import time
+
+import numpy
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceWriter,
+    InputPartition,
+    SimpleDataSourceStreamReader,
+    WriterCommitMessage,
+)
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    BooleanType,
+    ByteType,
+    DataType,
+    DoubleType,
+    FloatType,
+    IntegerType,
+    LongType,
+    ShortType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from kickmsg.config import ChannelType, Config
+from kickmsg.publisher import Publisher
+from kickmsg.region import SharedRegion
+from kickmsg.subscriber import Subscriber
+from kickmsg.typed import RecordType
+
+BASE_FIELDS = [
+    StructField("topic", StringType(), False),
+    StructField("ring_pos", LongType(), False),
+    StructField("received_at", TimestampType(), False),
+    StructField("lost", LongType(), False),
+]
+PAYLOAD_FIELD = StructField("payload", BinaryType(), False)
+NUMPY_TO_SPARK = {
+    "b": BooleanType(),
+    "i1": ByteType(),
+    "i2": ShortType(),
+    "i4": IntegerType(),
+    "i8": LongType(),
+    "u1": ShortType(),
+    "u2": IntegerType(),
+    "u4": LongType(),
+    "u8": LongType(),  # values above 2**63 - 1 cannot be represented
+    "f2": FloatType(),
+    "f4": FloatType(),
+    "f8": DoubleType(),
+}
+
+
+def channel_name(options: dict) -> str:
+    """The shm name the options designate."""
+    if "name" in options:
+        return options["name"]
+    if "topic" in options:
+        return f"/{options.get('prefix', 'kickmsg')}_{options['topic']}"
+    raise ValueError("the kickmsg data source needs option 'topic' (with 'prefix') or 'name'")
+
+
+def spark_type(dtype: numpy.dtype) -> DataType:
+    """The Spark type holding values of a numpy field type."""
+    if dtype.subdtype is not None:
+        base, shape = dtype.subdtype
+        element = spark_type(base)
+        for _ in shape:
+            element = ArrayType(element, False)
+        return element
+    if dtype.names:
+        return StructType([StructField(name, spark_type(dtype.fields[name][0])) for name in dtype.names])
+    if dtype.kind == "S" or dtype.kind == "V":
+        return BinaryType()
+    if dtype.kind == "U":
+        return StringType()
+    key = "b" if dtype.kind == "b" else f"{dtype.kind}{dtype.itemsize}"
+    if key not in NUMPY_TO_SPARK:
+        raise ValueError(f"no Spark type for numpy field type {dtype}")
+    return NUMPY_TO_SPARK[key]
+
+
+def record_type_of(name: str) -> RecordType:
+    """The record type of a typed channel (for decode=true)."""
+    schema = SharedRegion.inspect(name).schema()
+    record_type = RecordType.from_schema(schema) if schema is not None else None
+    if record_type is None:
+        raise ValueError(f"option decode=true needs a typed channel (kickmsg.typed); {name} is not one")
+    return record_type
+
+
+class KickmsgDataSource(DataSource):
+    """``format("kickmsg")``: read, stream and write Kickmsg channels."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "kickmsg"
+
+    def _decode(self) -> RecordType | None:
+        if self.options.get("decode", "false").lower() != "true":
+            return None
+        return record_type_of(channel_name(self.options))
+
+    def schema(self) -> StructType:
+        record_type = self._decode()
+        if record_type is None:
+            return StructType(BASE_FIELDS + [PAYLOAD_FIELD])
+        dtype = record_type.dtype
+        if not dtype.names:
+            return StructType(BASE_FIELDS + [StructField("value", spark_type(dtype))])
+        return StructType(BASE_FIELDS + [StructField(n, spark_type(dtype.fields[n][0])) for n in dtype.names])
+
+    def reader(self, schema: StructType) -> "BatchReader":
+        return BatchReader(self.options, self._decode())
+
+    def simpleStreamReader(self, schema: StructType) -> "StreamReader":
+        return StreamReader(self.options, self._decode())
+
+    def writer(self, schema: StructType, overwrite: bool) -> "Writer":
+        return Writer(self.options, schema)
+
+
+class RowMaker:
+    """Turns received messages into rows of the source's schema."""
+
+    def __init__(self, options: dict, record_type: RecordType | None):
+        self.topic = options.get("topic", channel_name(options))
+        self.record_type = record_type
+
+    def rows(self, payload: bytes, ring_pos: int, received_at: datetime.datetime, lost: int) -> list[tuple]:
+        head = (self.topic, ring_pos, received_at, lost)
+        if self.record_type is None:
+            return [head + (payload,)]
+        dtype = self.record_type.dtype
+        if len(payload) % dtype.itemsize:
+            return []  # not whole records: a foreign message, skipped
+        records = numpy.frombuffer(payload, dtype=dtype)
+        if not dtype.names:
+            return [head + (record.tolist(),) for record in records]
+        return [head + tuple(record[name].tolist() for name in dtype.names) for record in records]
+
+
+def subscribe(options: dict) -> Subscriber:
+    name = channel_name(options)
+    try:
+        return Subscriber(SharedRegion.open(name))
+    except FileNotFoundError:
+        raise RuntimeError(f"kickmsg data source: no such channel {name}") from None
+
+
+class BatchReader(DataSourceReader):
+    """``spark.read``: what arrives within waitMs, at most maxMessages."""
+
+    def __init__(self, options: dict, record_type: RecordType | None):
+        self.options = dict(options)
+        self.record_type = record_type
+
+    def partitions(self):
+        return [InputPartition(0)]
+
+    def read(self, partition):
+        maker = RowMaker(self.options, self.record_type)
+        deadline = time.monotonic() + int(self.options.get("waitMs", 1000)) / 1000
+        remaining = int(self.options.get("maxMessages", 10_000))
+        with subscribe(self.options) as subscriber:
+            lost = 0
+            while remaining > 0 and (wait := deadline - time.monotonic()) > 0:
+                view = subscriber.receive_view(wait)
+                if view is None:
+                    break
+                with view:
+                    payload, ring_pos = bytes(view), view.ring_pos
+                yield from maker.rows(payload, ring_pos, datetime.datetime.now(), subscriber.lost - lost)
+                lost = subscriber.lost
+                remaining -= 1
+
+
+class Receiver:
+    """A subscriber and a background thread that receives continuously into
+    a bounded buffer, for the stream reader."""
+
+    def __init__(self, options: dict):
+        self.buffer = collections.deque()
+        self.buffer_limit = int(options.get("maxBufferedMessages", 100_000))
+        self.overflow = 0  # messages dropped because the buffer was full
+        self.lock = threading.Lock()
+        self.subscriber = subscribe(options)
+        self.running = True
+        self.thread = threading.Thread(target=self._receive, name="kickmsg-receiver", daemon=True)
+        self.thread.start()
+        atexit.register(self.stop)  # Spark ends this process without telling the reader: leave the ring first
+
+    def _receive(self) -> None:
+        lost = 0
+        while self.running:
+            view = self.subscriber.receive_view(0.1)
+            if view is None:
+                continue
+            with view:
+                payload, ring_pos = bytes(view), view.ring_pos
+            missed, lost = self.subscriber.lost - lost, self.subscriber.lost
+            with self.lock:
+                if len(self.buffer) >= self.buffer_limit:
+                    self.overflow += 1 + missed
+                    continue
+                self.buffer.append((payload, ring_pos, datetime.datetime.now(), missed + self.overflow))
+                self.overflow = 0
+
+    def take(self, limit: int) -> list:
+        """Up to ``limit`` buffered messages, oldest first."""
+        with self.lock:
+            return [self.buffer.popleft() for _ in range(min(len(self.buffer), limit))]
+
+    def stop(self) -> None:
+        """Stop receiving and leave the ring (idempotent)."""
+        if self.running:
+            self.running = False
+            self.thread.join(timeout=5)
+            self.subscriber.close()
+
+
+class StreamReader(SimpleDataSourceStreamReader):
+    """``spark.readStream``: a subscriber held for the query's life, in the
+    driver-side Python process Spark keeps for this source. It joins the
+    ring when the query asks for its first offset (Spark pickles the reader
+    before that, so the live part is created then, and never pickled)."""
+
+    def __init__(self, options: dict, record_type: RecordType | None):
+        self.options = dict(options)
+        self.maker = RowMaker(options, record_type)
+        self.max_per_batch = int(options.get("maxMessagesPerBatch", 10_000))
+        self.receiver = None
+
+    def __getstate__(self):
+        return dict(self.__dict__, receiver=None)
+
+    def initialOffset(self) -> dict:
+        self.receiver = self.receiver or Receiver(self.options)
+        return {"received": 0}
+
+    def read(self, start: dict):
+        """What arrived since the previous micro-batch (at most maxMessagesPerBatch)."""
+        self.receiver = self.receiver or Receiver(self.options)
+        taken = self.receiver.take(self.max_per_batch)
+        rows = [row for message in taken for row in self.maker.rows(*message)]
+        return iter(rows), {"received": start["received"] + len(taken)}
+
+    def readBetweenOffsets(self, start: dict, end: dict):
+        """A batch replayed after a failure: Kickmsg keeps no history, so
+        nothing (delivery is at most once)."""
+        return iter([])
+
+    def commit(self, end: dict) -> None:
+        pass
+
+
+class Commit(WriterCommitMessage):
+    def __init__(self, published: int):
+        self.published = published
+
+
+class Writer(DataSourceWriter):
+    """``df.write``: one message per row, every task a publisher."""
+
+    def __init__(self, options: dict, schema: StructType):
+        self.options = dict(options)
+        self.name = channel_name(options)
+        self.payload_column = any(f.name == "payload" and isinstance(f.dataType, BinaryType) for f in schema.fields)
+        self.pool_wait_s = int(options.get("poolWaitMs", 5000)) / 1000
+
+    def _config(self) -> Config:
+        defaults = Config()
+        return Config(
+            max_subscribers=int(self.options.get("maxSubscribers", defaults.max_subscribers)),
+            sub_ring_capacity=int(self.options.get("subRingCapacity", defaults.sub_ring_capacity)),
+            pool_size=int(self.options.get("poolSize", defaults.pool_size)),
+            max_payload_size=int(self.options.get("maxPayloadSize", defaults.max_payload_size)),
+        )
+
+    def write(self, iterator) -> Commit:
+        try:  # an existing channel is joined as it is
+            region = SharedRegion.open(self.name)
+        except FileNotFoundError:  # else created as advertise_or_join does, racing the other tasks safely
+            region = SharedRegion.create_or_open(self.name, ChannelType.PubSub, self._config(), f"spark-writer-{os.getpid()}")
+        publisher = Publisher(region)
+        limit = publisher.region.geometry.slot_data_size
+        published = 0
+        for row in iterator:
+            payload = bytes(row["payload"]) if self.payload_column else json.dumps(row.asDict(recursive=True), default=str).encode()
+            if len(payload) > limit:
+                raise ValueError(
+                    f"kickmsg writer: row {published} is {len(payload)} bytes, more than max_payload_size {limit} of {self.name}"
+                )
+            self._send(publisher, payload, published)
+            published += 1
+        return Commit(published)
+
+    def _send(self, publisher, payload: bytes, published: int) -> None:
+        """Send, retrying an empty pool with backoff up to poolWaitMs."""
+        deadline = time.monotonic() + self.pool_wait_s
+        pause = 0.001
+        while True:
+            try:
+                publisher.send(payload)
+                return
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise RuntimeError(
+                        f"kickmsg writer: the slot pool of {self.name} stayed exhausted for "
+                        f"{self.pool_wait_s:g} s after {published} message(s) of this task "
+                        "(subscribers hold every slot: read faster or enlarge poolSize)"
+                    ) from None
+                time.sleep(pause)
+                pause = min(pause * 2, 0.1)
+
+    def commit(self, messages) -> None:
+        total = sum(message.published for message in messages if message is not None)
+        print(f"kickmsg: published {total} message(s) to {self.name} from {len(messages)} task(s)", flush=True)

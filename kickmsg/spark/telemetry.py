@@ -1,0 +1,155 @@
+"""Driver telemetry: a Spark driver publishes its own progress into a topic.
+
+Any process on the host (``kickmsg echo``, a dashboard, a native-library
+program) can then follow a running job without a network or the Spark UI.
+Each message is one compact JSON object with a ``kind`` and a wall-clock
+time ``t``::
+
+    {"kind":"job_start","job":3,"stages":[5,6],"t":...}
+    {"kind":"stage","stage":5,"job":3,"tasks":8,"active":2,"completed":4,"failed":0,"t":...}
+    {"kind":"job_end","job":3,"status":"SUCCEEDED","t":...}
+    {"kind":"query_progress","query":"...","name":"imu","batch":12,"input_rows":100,
+     "input_rps":98.5,"processed_rps":1520.0,"duration_ms":65,"t":...}
+
+Jobs and stages come from the status tracker, polled every ``interval``
+seconds (0.25 by default), which bounds their rate; streaming progress comes
+from a ``StreamingQueryListener`` and is also sent at most once per interval
+per query. Telemetry is best effort: when the pool is full (nobody reads),
+messages are counted in ``dropped`` and the job goes on.
+"""
+import json
+import threading
+import time
+
+from pyspark.sql.streaming import StreamingQueryListener
+
+from kickmsg.config import Config
+from kickmsg.node import Node
+
+TELEMETRY_CONFIG = Config(max_subscribers=8, sub_ring_capacity=256, pool_size=1024, max_payload_size=1024)
+FINISHED = ("SUCCEEDED", "FAILED")
+
+
+class _QueryListener(StreamingQueryListener):
+    """Forwards streaming query events to the telemetry."""
+
+    def __init__(self, telemetry: "DriverTelemetry"):
+        self.telemetry = telemetry
+
+    def onQueryStarted(self, event):
+        self.telemetry.publish({"kind": "query_start", "query": str(event.id), "name": event.name})
+
+    def onQueryProgress(self, event):
+        progress = event.progress
+        self.telemetry.publish(
+            {
+                "kind": "query_progress",
+                "query": str(progress.id),
+                "name": progress.name,
+                "batch": progress.batchId,
+                "input_rows": progress.numInputRows,
+                "input_rps": progress.inputRowsPerSecond,
+                "processed_rps": progress.processedRowsPerSecond,
+                "duration_ms": progress.batchDuration,
+            },
+            throttle_key=("query", str(progress.id)),
+        )
+
+    def onQueryIdle(self, event):
+        pass
+
+    def onQueryTerminated(self, event):
+        self.telemetry.publish({"kind": "query_end", "query": str(event.id), "exception": event.exception})
+
+
+class DriverTelemetry:
+    """``with DriverTelemetry(spark):`` publishes job, stage and streaming
+    progress into ``/{prefix}_{topic}`` (Node naming) while the block runs."""
+
+    def __init__(self, spark, topic: str = "spark.telemetry", prefix: str = "kickmsg", interval: float = 0.25,
+                 cfg: Config | None = None):
+        self.spark = spark
+        self.topic = topic
+        self.prefix = prefix
+        self.interval = interval
+        self.cfg = cfg or TELEMETRY_CONFIG
+        self.published = 0
+        self.dropped = 0
+        self._lock = threading.Lock()  # the listener and the poller both publish
+        self._last_sent = {}  # throttle key -> monotonic time of the last message
+        self._jobs_seen = 0  # job ids below this have been announced
+        self._running_jobs = {}  # job id -> stage ids
+        self._stages = {}  # stage id -> last published counters
+        self._stopping = threading.Event()
+
+    def __enter__(self) -> "DriverTelemetry":
+        node = Node("spark-driver", prefix=self.prefix)
+        self._publisher = node.advertise_or_join(self.topic, self.cfg)
+        self._tracker = self.spark.sparkContext.statusTracker()
+        while self._tracker.getJobInfo(self._jobs_seen) is not None:  # jobs from before: not ours to report,
+            self._jobs_seen += 1  # except those still running, which the first poll picks up below
+        for job in self._tracker.getActiveJobsIds():
+            info = self._tracker.getJobInfo(job)
+            self._running_jobs[job] = list(info.stageIds) if info is not None else []
+        self._listener = _QueryListener(self)
+        self.spark.streams.addListener(self._listener)
+        self.publish({"kind": "telemetry_start", "app": self.spark.sparkContext.appName})
+        self._poller = threading.Thread(target=self._poll, name="kickmsg-telemetry", daemon=True)
+        self._poller.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._stopping.set()
+        self._poller.join()
+        self._poll_once()  # what finished since the last poll
+        self.spark.streams.removeListener(self._listener)
+        self.publish({"kind": "telemetry_end", "published": self.published + 1, "dropped": self.dropped})
+
+    def publish(self, event: dict, throttle_key=None) -> None:
+        """Send one event (skipped if ``throttle_key`` sent one less than an
+        interval ago)."""
+        now = time.monotonic()
+        with self._lock:
+            if throttle_key is not None:
+                if now - self._last_sent.get(throttle_key, -1e9) < self.interval:
+                    return
+                self._last_sent[throttle_key] = now
+            event["t"] = time.time()
+            try:
+                self._publisher.send(json.dumps(event, separators=(",", ":"), default=str).encode())
+                self.published += 1
+            except BlockingIOError:
+                self.dropped += 1
+
+    def _poll(self) -> None:
+        while not self._stopping.wait(self.interval):
+            self._poll_once()
+
+    def _poll_once(self) -> None:
+        """Announce new jobs, finished jobs and changed stage counters."""
+        tracker = self._tracker
+        while (info := tracker.getJobInfo(self._jobs_seen)) is not None:  # job ids count up from 0
+            self.publish({"kind": "job_start", "job": info.jobId, "stages": list(info.stageIds)})
+            self._running_jobs[info.jobId] = list(info.stageIds)
+            self._jobs_seen += 1
+        for job, stages in list(self._running_jobs.items()):
+            for stage in stages:
+                self._publish_stage(job, stage)
+            info = tracker.getJobInfo(job)
+            if info is None or info.status in FINISHED:
+                status = info.status if info is not None else "UNKNOWN"
+                self.publish({"kind": "job_end", "job": job, "status": status})
+                del self._running_jobs[job]
+
+    def _publish_stage(self, job: int, stage: int) -> None:
+        info = self._tracker.getStageInfo(stage)
+        if info is None:
+            return
+        counters = (info.numTasks, info.numActiveTasks, info.numCompletedTasks, info.numFailedTasks)
+        if self._stages.get(stage) != counters:
+            self._stages[stage] = counters
+            tasks, active, completed, failed = counters
+            self.publish(
+                {"kind": "stage", "stage": stage, "job": job, "tasks": tasks, "active": active,
+                 "completed": completed, "failed": failed}
+            )
