@@ -12,7 +12,7 @@ NATIVE_INSTALLED := $(NATIVE)/.installed
 
 .PHONY: demo test bench soak clean check-java
 
-demo: $(INSTALLED)
+demo: $(INSTALLED) check-java
 	$(PY) examples/demo.py
 
 test: $(INSTALLED) $(NATIVE_INSTALLED) check-java

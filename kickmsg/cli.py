@@ -15,8 +15,10 @@ import argparse
 import datetime
 import json
 import os
+import signal
 import statistics
 import sys
+import threading
 import time
 
 import numpy
@@ -621,6 +623,44 @@ def cmd_repair(args) -> int:
     return EXIT_OK
 
 
+def stop_on_signals() -> threading.Event:
+    """An event set by SIGINT or SIGTERM (so a recording is closed cleanly)."""
+    stop = threading.Event()
+    for number in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(number, lambda *_: stop.set())
+    return stop
+
+
+def cmd_record(args) -> int:
+    from kickmsg.record import Recorder
+
+    names = [name if name.startswith("/") else "/" + name for name in args.names]
+    try:
+        recorder = Recorder(names, args.out, rotate_mb=args.rotate_mb, payload=not args.no_payload)
+    except shm.RegionNotFoundError as error:
+        raise CommandError(str(error)) from None
+    stop = stop_on_signals()
+    if not args.json:
+        print(f"recording {', '.join(names)} into {args.out} (Ctrl-C stops)", flush=True)
+    summary = recorder.run(duration=args.duration, stop=stop)
+    channels = {name: vars(counts) for name, counts in summary.channels.items()}
+    data = {"recording": summary.recording, "files": summary.files, "channels": channels}
+    lines = [f"{name}: {c['messages']} messages, {c['bytes']} bytes, lost {c['lost']}" for name, c in channels.items()]
+    emit(args, data, "\n".join(lines + [f"files: {', '.join(summary.files) or 'none'}"]))
+    return EXIT_OK
+
+
+def cmd_play(args) -> int:
+    from kickmsg.record import play
+
+    stop = stop_on_signals()
+    summary = play(args.path, rate=args.rate, loop=args.loop, stop=stop)
+    data = {"messages": summary.messages, "dropped": summary.dropped, "channels": sorted(summary.channels)}
+    emit(args, data, f"played {summary.messages} messages into {', '.join(sorted(summary.channels))}"
+         + (f" ({summary.dropped} dropped: the pool stayed full)" if summary.dropped else ""))
+    return EXIT_OK
+
+
 def mapped_by_any_process(paths: set[str]) -> tuple[set[str], int]:
     """Which of ``paths`` some process maps, and how many processes could
     not be checked (their /proc/PID/maps is not readable)."""
@@ -763,6 +803,21 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--retired", action="store_true", help="reset and drain rings left by crashed publishers (unsafe)")
     sub.add_argument("--orphans", action="store_true", help="reclaim unreferenced slots (needs quiescence)")
     sub.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+
+    sub = command("record", cmd_record, "record channels to Parquet files (SIGINT/SIGTERM close them cleanly)",
+                  "  kickmsg record /kickmsg_imu /kickmsg_camera --out rec/ --duration 60\n"
+                  "  kickmsg record /kickmsg_camera --out rec/ --no-payload --rotate-mb 256", channel=False)
+    sub.add_argument("names", nargs="+", metavar="NAME", help="shm names of the channels")
+    sub.add_argument("--out", required=True, metavar="DIR", help="directory for the Parquet files")
+    sub.add_argument("--duration", type=float, help="stop after this many seconds")
+    sub.add_argument("--rotate-mb", type=float, default=64, help="start a new file past this size (default 64)")
+    sub.add_argument("--no-payload", action="store_true", help="keep sizes and stamps, not the payloads")
+
+    sub = command("play", cmd_play, "republish a recording with its original timing",
+                  "  kickmsg play rec/\n  kickmsg play rec/ --rate 2 --loop", channel=False)
+    sub.add_argument("path", metavar="DIR", help="a recording directory (or one .parquet file)")
+    sub.add_argument("--rate", type=float, default=1.0, help="speed factor (default 1: real time)")
+    sub.add_argument("--loop", action="store_true", help="start over at the end, until interrupted")
 
     sub = command("clean", cmd_clean, "remove regions whose creator is dead and that no process maps",
                   "  kickmsg clean --dry-run\n  kickmsg clean --prefix kickmsg", channel=False)
