@@ -154,13 +154,7 @@ def main() -> None:
     report = os.path.join(args.out, "report.html")
     results = analysis.run([recording], master="local[2]", json_path=os.path.join(args.out, "analysis.json"),
                            html_path=report)
-    print(f"{'channel':<22} {'messages':>8} {'rate Hz':>8} {'p50 gap ms':>10} {'p99 gap ms':>10} "
-          f"{'lost':>5} {'MB/s':>7} {'p50 lat us':>10} {'p99 lat us':>10}")
-    for name, figures in results.items():
-        latency = figures["latency_us"] or {}
-        print(f"{name:<22} {figures['messages']:>8} {figures['rate_hz']:>8.1f} {figures['interarrival_ms']['p50']:>10.2f} "
-              f"{figures['interarrival_ms']['p99']:>10.2f} {figures['lost']:>5} {figures['bytes_per_s'] / 1e6:>7.2f} "
-              f"{latency.get('p50', float('nan')):>10.0f} {latency.get('p99', float('nan')):>10.0f}")
+    print(analysis.format_table(results))
     print(f"\nreport: {os.path.abspath(report)}")
 
 

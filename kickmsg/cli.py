@@ -661,6 +661,16 @@ def cmd_play(args) -> int:
     return EXIT_OK
 
 
+def cmd_analyze(args) -> int:
+    from kickmsg.spark import analysis
+
+    result = analysis.run(args.paths, master=args.master, json_path=args.json_path, html_path=args.html_path)
+    print(analysis.format_table(result))
+    if args.html_path:
+        print(f"report: {os.path.abspath(args.html_path)}")
+    return EXIT_OK
+
+
 def mapped_by_any_process(paths: set[str]) -> tuple[set[str], int]:
     """Which of ``paths`` some process maps, and how many processes could
     not be checked (their /proc/PID/maps is not readable)."""
@@ -733,13 +743,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def command(name, function, summary, examples, channel=True):
+    def command(name, function, summary, examples, channel=True, json_flag=True):
         sub = commands.add_parser(
             name, help=summary, description=summary, epilog="examples:\n" + examples,
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
         sub.set_defaults(run=function)
-        sub.add_argument("--json", action="store_true", help="machine-readable output")
+        if json_flag:
+            sub.add_argument("--json", action="store_true", help="machine-readable output")
         if channel:
             sub.add_argument("name", nargs="?", help="shm name, e.g. /kickmsg_imu")
             sub.add_argument("--topic", help="PubSub topic (Node naming: /{prefix}_{topic})")
@@ -818,6 +829,18 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("path", metavar="DIR", help="a recording directory (or one .parquet file)")
     sub.add_argument("--rate", type=float, default=1.0, help="speed factor (default 1: real time)")
     sub.add_argument("--loop", action="store_true", help="start over at the end, until interrupted")
+
+    sub = command("analyze", cmd_analyze, "analyse recordings with Spark: rates, gaps, losses, sizes, latency",
+                  "  kickmsg analyze rec/ --html report.html\n"
+                  "  kickmsg analyze 'runs/*/' --master 'local[2]' --json out.json\n"
+                  "on a cluster, the same module unchanged:\n"
+                  "  spark-submit $(python -c 'import kickmsg.spark.analysis as a; print(a.__file__)') \\\n"
+                  "      'hdfs:///recordings/*/*.parquet' --json out.json --html report.html",
+                  channel=False, json_flag=False)
+    sub.add_argument("paths", nargs="+", metavar="DIR_OR_GLOB", help="recording directories, files or globs")
+    sub.add_argument("--master", default="local[*]", help="Spark master (default local[*])")
+    sub.add_argument("--json", dest="json_path", metavar="FILE", help="write the figures as JSON")
+    sub.add_argument("--html", dest="html_path", metavar="FILE", help="write an HTML report with plots")
 
     sub = command("clean", cmd_clean, "remove regions whose creator is dead and that no process maps",
                   "  kickmsg clean --dry-run\n  kickmsg clean --prefix kickmsg", channel=False)

@@ -20,6 +20,7 @@ stamp_ns        int64    the payload's first 8 bytes (little-endian), the
 payload         binary   the message (absent with ``payload=False``)
 ==============  =======  ==============================================
 
+A file being written is named ``*.parquet.partial`` until it is complete.
 Each file's key-value metadata ``kickmsg.recording`` (JSON) names the
 recording and each channel's geometry and schema descriptor, so that a
 player can re-create the channels. The recorder subscribes like any other
@@ -154,7 +155,7 @@ class Recorder:
             return
         if self.writer is None:
             path = os.path.join(self.out_dir, f"{self.recording}-{len(self.summary.files):04d}.parquet")
-            self.writer = pyarrow.parquet.ParquetWriter(path, self.schema)
+            self.writer = pyarrow.parquet.ParquetWriter(path + ".partial", self.schema)
             self.summary.files.append(path)
             self.file_bytes = 0
         columns = list(zip(*rows))
@@ -164,8 +165,14 @@ class Recorder:
         self.writer.write_table(table)
         self.file_bytes += table.nbytes  # uncompressed: rotation errs on the small side
         if self.file_bytes >= self.rotate_bytes:
-            self.writer.close()
-            self.writer = None
+            self._close_file()
+
+    def _close_file(self) -> None:
+        """Finish the current file and give it its name (a file being written
+        is ``*.parquet.partial``, so readers never see a half-written one)."""
+        self.writer.close()
+        self.writer = None
+        os.rename(self.summary.files[-1] + ".partial", self.summary.files[-1])
 
     def run(self, duration: float | None = None, stop: threading.Event | None = None) -> RecordingSummary:
         """Record until ``duration`` seconds pass or ``stop`` is set; every
@@ -195,7 +202,7 @@ class Recorder:
                 subscriber.close()
             self._flush()
             if self.writer is not None:
-                self.writer.close()
+                self._close_file()
         return self.summary
 
 

@@ -10,6 +10,8 @@ from kickmsg.spark.telemetry import DriverTelemetry
 
 __all__ = ["DriverTelemetry", "KickmsgDataSource", "register", "session"]
 
+LOG_CONFIG = os.path.join(os.path.dirname(__file__), "log4j2.properties")  # errors only
+
 
 def register(spark) -> None:
     """Make ``format("kickmsg")`` available on ``spark``."""
@@ -23,9 +25,11 @@ def session(master: str = "local[*]", app_name: str = "kickmsg"):
     from pyspark.sql import SparkSession
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # read when the JVM starts Python workers
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # one host: no need to look for a public interface
     spark = (
         SparkSession.builder.master(master)
         .appName(app_name)
+        .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={LOG_CONFIG}")
         .config("spark.pyspark.python", sys.executable)
         .config("spark.pyspark.driver.python", sys.executable)
         .config("spark.ui.showConsoleProgress", "false")

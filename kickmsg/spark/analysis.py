@@ -57,8 +57,8 @@ def read_recordings(spark, paths):
 
 
 def analyze(spark, paths):
-    """Figures per channel of the recordings under ``paths``, as plain
-    JSON-serialisable values: ``{"paths", "recordings", "channels": {name: {...}}}``."""
+    """Figures of the recordings under ``paths``, ``{channel: {figure: value}}``
+    in channel order, as plain JSON-serialisable values."""
     if isinstance(paths, str):
         paths = [paths]
     by_time = Window.partitionBy("recording", "channel").orderBy("recv_mono_ns")
@@ -81,10 +81,9 @@ def analyze(spark, paths):
             channel["per_second"] = per_second.get(name, [])
             channels[name] = channel
         _add_histograms(spark, rows, figures, channels)
-        recordings = sorted(r[0] for r in rows.select("recording").distinct().collect())
     finally:
         rows.unpersist()
-    return {"paths": list(paths), "recordings": recordings, "channels": channels}
+    return channels
 
 
 def _spans(rows):
@@ -158,7 +157,7 @@ def _finish(agg, span):
         "recordings": agg["recordings"],
         "duration_s": duration_s,
         "rate_hz": span["intervals"] / duration_s if duration_ns else None,
-        "interarrival_ms": _stats(agg["interarrival_q"], ["p50", "p95", "p99"], agg["interarrival_max"], 1e6),
+        "interarrival_ms": _stats(agg["interarrival_q"], agg["interarrival_max"], 1e6),
         "gaps": span["gaps"],
         "lost": lost,
         "loss_ratio": lost / (messages + lost),
@@ -171,17 +170,16 @@ def _finish(agg, span):
         },
         "bytes_per_s": agg["bytes"] / duration_s if duration_ns else None,
         "stamped": stamped,
-        "latency_us": _stats(agg["latency_q"], ["p50", "p95", "p99"], agg["latency_max"], 1e3) if stamped else None,
+        "latency_us": _stats(agg["latency_q"], agg["latency_max"], 1e3) if stamped else None,
     }
 
 
-def _stats(quantiles, names, maximum, unit_ns):
-    """{p50, p95, p99, max} in the unit of ``unit_ns`` nanoseconds, or None without values."""
+def _stats(quantiles, maximum, unit_ns):
+    """{p50, p95, p99, max} in units of ``unit_ns`` nanoseconds, or None without values."""
     if maximum is None:
         return None
-    stats = {name: value / unit_ns for name, value in zip(names, quantiles)}
-    stats["max"] = maximum / unit_ns
-    return stats
+    p50, p95, p99 = quantiles
+    return {"p50": p50 / unit_ns, "p95": p95 / unit_ns, "p99": p99 / unit_ns, "max": maximum / unit_ns}
 
 
 def _add_histograms(spark, rows, figures, channels):
@@ -245,10 +243,9 @@ def write_html(result, path):
         "td,th{border:1px solid #ccc;padding:2px 8px;text-align:right}th{text-align:left}"
         "img{max-width:32%;margin:4px}</style></head><body>",
         "<h1>Kickmsg recordings</h1>",
-        f"<p>{html.escape(', '.join(result.get('paths', [])))}<br>"
-        f"recordings: {html.escape(', '.join(result.get('recordings', [])))}</p>",
+        f"<p>channels: {html.escape(', '.join(result))}</p>",
     ]
-    for name, channel in result["channels"].items():
+    for name, channel in result.items():
         parts.append(f"<h2>{html.escape(name)}</h2>")
         parts.append(_figure_table(channel))
         images = [_rate_plot(pyplot, name, channel["per_second"])]
@@ -288,7 +285,7 @@ def _png(pyplot, figure):
 
 def _rate_plot(pyplot, name, per_second):
     figure, axes = pyplot.subplots(figsize=(5, 3))
-    axes.step([s["second"] for s in per_second], [s["messages"] for s in per_second], where="post")
+    axes.stairs([s["messages"] for s in per_second], range(len(per_second) + 1))   # second k spans [k, k+1)
     axes.set(title=f"{name}: rate", xlabel="second of recording", ylabel="messages per second")
     axes.set_ylim(bottom=0)
     return _png(pyplot, figure)
@@ -300,7 +297,8 @@ def _histogram_plot(pyplot, title, unit, histogram):
     lefts = [i * width for i in range(len(histogram["counts"]))]
     axes.bar(lefts, histogram["counts"], width=width, align="edge")
     if histogram["above"]:
-        title += f" ({histogram['above']} above {len(lefts) * width:.4g} {unit})"
+        title += f" ({histogram['above']} above {len(lefts) * width:.5g} {unit})"
+    axes.set_yscale("log")   # tails are often a few messages beside thousands
     axes.set(title=title, xlabel=unit, ylabel="messages")
     return _png(pyplot, figure)
 
@@ -318,7 +316,7 @@ def format_table(result):
     header = ["channel", "messages", "rate Hz", "p50 ms", "p99 ms", "lost", "loss",
               "bytes/s", "lat p50 us", "lat p99 us"]
     lines = []
-    for name, c in result["channels"].items():
+    for name, c in result.items():
         ia, lat = c["interarrival_ms"] or {}, c["latency_us"] or {}
         lines.append([
             name, str(c["messages"]), _fmt(c["rate_hz"]), _fmt(ia.get("p50")), _fmt(ia.get("p99")),
@@ -342,12 +340,16 @@ def _under_spark_submit():
 
 def _local_session(master):
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    log_config = os.path.join(os.path.dirname(os.path.abspath(__file__)), "log4j2.properties")
     spark = (
         SparkSession.builder.master(master)
         .appName("kickmsg-analysis")
+        .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={log_config}")
         .config("spark.pyspark.python", sys.executable)
         .config("spark.pyspark.driver.python", sys.executable)
         .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", str(2 * (os.cpu_count() or 1)))   # not 200 on one host
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")

@@ -1,0 +1,617 @@
+"""kickmsg.spark: the ``kickmsg`` data source and the driver telemetry.
+
+One local SparkSession (``local[2]``) serves the whole module. Every test has
+its own prefix under the session's SESSION_PREFIX, and the channels under it
+are unlinked at the end of the test. The other side of a channel (a paced
+publisher, a subscriber reading what Spark wrote, a telemetry viewer) is a
+real process started with ``nativepeer``: this package or the native
+kickmsg 0.1.0. Waiting is always bounded; nothing asserts on durations.
+"""
+import datetime
+import itertools
+import json
+import pathlib
+import re
+import struct
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from pyspark.sql import Row
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    FloatType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+import kickmsg.spark
+import rawregion
+from conftest import SESSION_PREFIX
+from kickmsg import ChannelType, Config, Node, SharedRegion, Subscriber, owners, typed
+from kickmsg.spark.source import Writer
+from kickmsg.spark.telemetry import TELEMETRY_CONFIG, DriverTelemetry
+from nativepeer import check_payload, make_payload, start_native, start_ours
+
+START = {"ours": start_ours, "native": start_native}
+WAIT_S = 60.0  # upper bound of every wait (a loaded 2-core machine is slow, never this slow)
+RING_FREE, RING_LIVE = 0, 1
+
+# Every ring holds every message of a test: nothing is lost.
+ROOMY = {"max_subscribers": 4, "sub_ring_capacity": 256, "pool_size": 512, "max_payload_size": 256}
+
+Sample = typed.RecordType("Sample", [("stamp", "<u8"), ("accel", "<f4", (3,)), ("tag", "S4")])
+
+# -- snippets run in a subprocess by either implementation (see nativepeer) --------
+
+PACED_PUBLISHER = """
+import time
+pub = kickmsg.Publisher(open_region({"name": P["name"]}))
+began = time.monotonic()
+for seq in range(P["count"]):
+    time.sleep(max(0.0, began + seq / P["rate_hz"] - time.monotonic()))
+    publish(pub, [seq], "send")
+done({"published": P["count"]})
+"""
+
+PUBLISHER_ON_GO = """
+pub = kickmsg.Publisher(open_region({"name": P["name"]}))
+payloads = [make_payload(seq, P.get("max_body", 200)) for seq in range(P["count"])]
+ready()
+wait_go()
+for payload in payloads:  # as fast as the implementation goes
+    while True:
+        try:
+            pub.send(payload)
+            break
+        except BlockingIOError:
+            pass
+done({"published": len(payloads)})
+"""
+
+SUBSCRIBER = """
+import time
+sub = kickmsg.Subscriber(open_region({"name": P["name"]}))
+ready()
+payloads = []
+deadline = time.monotonic() + P["seconds"]
+while len(payloads) < P["count"] and time.monotonic() < deadline:
+    data = sub.receive(0.1)
+    if data is not None:
+        payloads.append(bytes(data).hex())
+extra = sub.receive(0.3)  # a duplicate would arrive now
+if extra is not None:
+    payloads.append(bytes(extra).hex())
+done({"payloads": payloads, "lost": sub.lost})
+"""
+
+TELEMETRY_VIEWER = """
+import json, time
+node = kickmsg.Node("telemetry-viewer", prefix=P["prefix"])
+sub = node.subscribe_or_create("spark.telemetry", make_config(P["config"]))
+ready()
+events = []
+deadline = time.monotonic() + P["seconds"]
+while time.monotonic() < deadline and not (events and events[-1]["kind"] == "telemetry_end"):
+    data = sub.receive(0.1)
+    if data is not None:
+        events.append(json.loads(bytes(data)))
+done(events)
+"""
+
+# -- fixtures and helpers ------------------------------------------------------------
+
+_prefixes = itertools.count()
+_queries = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def spark():
+    session = kickmsg.spark.session("local[2]", "kickmsg-tests")
+    yield session
+    for query in session.streams.active:
+        query.stop()
+    session.stop()
+
+
+@pytest.fixture
+def prefix(spark):
+    """A Node prefix of this test; its channels are unlinked at the end, and
+    any streaming query still running is stopped."""
+    value = f"{SESSION_PREFIX}_spark{next(_prefixes)}"
+    yield value
+    for query in spark.streams.active:
+        query.stop()
+    for path in pathlib.Path("/dev/shm").glob(f"{value}_*"):
+        path.unlink(missing_ok=True)
+
+
+def make_topic(prefix: str, topic: str, **cfg) -> str:
+    """Create a PubSub topic with Node naming; its shm name."""
+    Node("test", prefix=prefix).advertise(topic, Config(**cfg))
+    return f"/{prefix}_{topic}"
+
+
+def ring_states(name: str) -> list[int]:
+    data = rawregion.read_bytes(name)
+    return [rawregion.ring(data, index).state for index in range(rawregion.header(data)["max_subs"])]
+
+
+def wait_for(predicate, what: str, timeout: float = WAIT_S) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(0.02)
+
+
+def wait_for_subscriber(name: str, query=None, future=None) -> None:
+    """Until a ring of ``name`` is Live (the Spark side has joined), failing
+    early if the query or the batch read has already failed."""
+
+    def joined():
+        if query is not None and query.exception() is not None:
+            pytest.fail(f"the query failed: {query.exception()}")
+        if future is not None and future.done():
+            future.result()  # raises the read's error
+            pytest.fail("the read finished before it subscribed")
+        return RING_LIVE in ring_states(name)
+
+    wait_for(joined, f"a subscriber on {name}")
+
+
+class Collector:
+    """A streaming query's rows via foreachBatch, in arrival order, per micro-batch."""
+
+    def __init__(self):
+        self.batches = []  # (batch id, rows)
+        self.lock = threading.Lock()
+
+    def __call__(self, frame, batch_id):
+        rows = frame.collect()
+        with self.lock:
+            self.batches.append((batch_id, rows))
+
+    @property
+    def rows(self) -> list:
+        with self.lock:
+            return [row for _, rows in self.batches for row in rows]
+
+
+def start_stream(spark, options: dict) -> tuple:
+    """Start a query reading ``format("kickmsg")`` with ``options``; (query, collector)."""
+    collector = Collector()
+    query = (
+        spark.readStream.format("kickmsg").options(**options).load()
+        .writeStream.foreachBatch(collector).queryName(f"kickmsg_test_{next(_queries)}")
+        .trigger(processingTime="100 milliseconds").start()
+    )
+    return query, collector
+
+
+def wait_for_rows(query, collector: Collector, predicate, what: str) -> list:
+    def arrived():
+        if query.exception() is not None:
+            pytest.fail(f"the query failed: {query.exception()}")
+        return predicate(collector.rows)
+
+    wait_for(arrived, what)
+    return collector.rows
+
+
+def read_in_background(frame_reader):
+    """Collect a batch read in a thread (it blocks for waitMs); a future."""
+    executor = ThreadPoolExecutor(max_workers=1)
+    future = executor.submit(lambda: frame_reader.load().collect())
+    executor.shutdown(wait=False)
+    return future
+
+
+def seqs_of(rows) -> list[int]:
+    return [check_payload(bytes(row.payload)) for row in rows]
+
+
+# -- 1. streaming read ---------------------------------------------------------------
+
+
+def test_stream_schema(spark, prefix):
+    """Rows are topic, ring_pos, received_at, lost, payload; ``name`` designates the channel."""
+    name = make_topic(prefix, "schema", **ROOMY)
+    frame = spark.readStream.format("kickmsg").option("name", name).load()
+    assert frame.isStreaming
+    assert frame.schema == StructType([
+        StructField("topic", StringType(), False),
+        StructField("ring_pos", LongType(), False),
+        StructField("received_at", TimestampType(), False),
+        StructField("lost", LongType(), False),
+        StructField("payload", BinaryType(), False),
+    ])
+
+
+@pytest.mark.parametrize("impl, by_name", [("ours", False), ("native", True)],
+                         ids=["ours-publisher-topic-option", "native-publisher-name-option"])
+def test_stream_receives_every_message_of_a_paced_publisher(spark, prefix, impl, by_name):
+    """300 messages at 200 Hz from another process arrive once each, in order, none lost."""
+    name = make_topic(prefix, "paced", **ROOMY)
+    options = {"name": name} if by_name else {"topic": "paced", "prefix": prefix}
+    query, collector = start_stream(spark, options)
+    wait_for_subscriber(name, query)
+    with START[impl](PACED_PUBLISHER, name=name, count=300, rate_hz=200.0) as publisher:
+        assert publisher.result() == {"published": 300}
+    rows = wait_for_rows(query, collector, lambda rows: len(rows) >= 300, "300 rows")
+    query.stop()
+    rows = collector.rows
+    assert seqs_of(rows) == list(range(300))
+    assert [row.ring_pos for row in rows] == list(range(300))
+    assert sum(row.lost for row in rows) == 0
+    assert {row.topic for row in rows} == {name if by_name else "paced"}
+    assert all(isinstance(row.received_at, datetime.datetime) for row in rows)
+
+
+def test_stream_decodes_typed_records(spark, prefix):
+    """decode=true: one row per record, the record fields as columns."""
+    node = Node("imu", prefix=prefix)
+    publisher = typed.advertise(node, "imu", Sample, Config(max_payload_size=3 * Sample.dtype.itemsize))
+    frame = spark.readStream.format("kickmsg").option("topic", "imu").option("prefix", prefix) \
+        .option("decode", "true").load()
+    assert [(field.name, field.dataType) for field in frame.schema.fields[4:]] == [
+        ("stamp", LongType()), ("accel", ArrayType(FloatType(), False)), ("tag", BinaryType())]
+    query, collector = start_stream(spark, {"topic": "imu", "prefix": prefix, "decode": "true"})
+    wait_for_subscriber(f"/{prefix}_imu", query)
+    assert publisher.send(np.array([(1, (0.5, 1.5, 2.5), b"a"), (2, (3.0, 4.0, 5.0), b"bb"),
+                                    (3, (-1.0, 0.0, 1.0), b"cccc")], dtype=Sample.dtype)) == 3
+    assert publisher.send((4, (9.5, 9.75, 9.875), b"d")) == 1
+    rows = wait_for_rows(query, collector, lambda rows: len(rows) >= 4, "4 records")
+    query.stop()
+    assert [(row.ring_pos, row.stamp, list(row.accel), bytes(row.tag)) for row in collector.rows] == [
+        (0, 1, [0.5, 1.5, 2.5], b"a"),
+        (0, 2, [3.0, 4.0, 5.0], b"bb"),
+        (0, 3, [-1.0, 0.0, 1.0], b"cccc"),
+        (1, 4, [9.5, 9.75, 9.875], b"d"),
+    ]
+    assert "payload" not in rows[0].asDict()
+
+
+def test_decode_on_an_untyped_channel_is_refused(spark, prefix):
+    name = make_topic(prefix, "plain", **ROOMY)
+    with pytest.raises(Exception) as error:
+        spark.readStream.format("kickmsg").option("name", name).option("decode", "true").load()
+    assert "needs a typed channel" in str(error.value) and name in str(error.value)
+
+
+def test_max_messages_per_batch_bounds_every_micro_batch(spark, prefix):
+    """100 messages with maxMessagesPerBatch=30: every batch has at most 30 rows, all arrive."""
+    name = make_topic(prefix, "bounded", **ROOMY)
+    query, collector = start_stream(spark, {"name": name, "maxMessagesPerBatch": "30"})
+    wait_for_subscriber(name, query)
+    with START["ours"](PUBLISHER_ON_GO, name=name, count=100) as publisher:
+        publisher.wait_ready()
+        publisher.tell()
+        publisher.result()
+    rows = wait_for_rows(query, collector, lambda rows: len(rows) >= 100, "100 rows")
+    progress = [entry for entry in query.recentProgress if entry.numInputRows > 0]
+    query.stop()
+    assert seqs_of(rows) == list(range(100))
+    assert all(len(rows) <= 30 for _, rows in collector.batches)
+    assert all(entry.numInputRows <= 30 for entry in progress)
+    assert sum(entry.numInputRows for entry in progress) == 100
+
+
+def test_ring_overflow_is_counted_in_lost(spark, prefix):
+    """A native burst of 2000 into a 2-entry ring: each row's ``lost`` is the
+    gap in ring positions before it, and rows + losses == published."""
+    name = make_topic(prefix, "tiny", max_subscribers=2, sub_ring_capacity=2, pool_size=16, max_payload_size=64)
+    query, collector = start_stream(spark, {"name": name})
+    wait_for_subscriber(name, query)
+    with START["native"](PUBLISHER_ON_GO, name=name, count=2000, max_body=8) as publisher:
+        publisher.wait_ready()
+        publisher.tell()
+        publisher.result()
+    rows = wait_for_rows(query, collector, lambda rows: rows and rows[-1].ring_pos == 1999, "the last message")
+    query.stop()
+    positions = [row.ring_pos for row in rows]
+    assert [row.lost for row in rows] == [pos - before - 1 for before, pos in zip([-1] + positions, positions)]
+    assert seqs_of(rows) == positions
+    assert len(rows) + sum(row.lost for row in rows) == 2000
+    assert sum(row.lost for row in rows) > 0  # a Python receiver cannot keep up with a native burst
+
+
+@pytest.mark.xfail(strict=True, reason="BUG: query.stop() kills the source's Python process (SIGTERM), "
+                   "atexit never runs, and the subscriber's ring stays Live")
+def test_stopped_query_frees_its_ring(spark, prefix):
+    """Once the query's source process is gone, its ring is Free again."""
+    name = make_topic(prefix, "stop", **ROOMY)
+    query, _ = start_stream(spark, {"name": name})
+    wait_for_subscriber(name, query)
+    query.stop()
+    wait_for(lambda: not owners.read_owners(name, ROOMY["max_subscribers"])[0][1], "the ring owner's exit")
+    assert ring_states(name)[0] == RING_FREE
+
+
+# -- 4. batch read -----------------------------------------------------------------
+
+
+def test_batch_read_returns_what_is_published_during_wait(spark, prefix):
+    """waitMs: the messages another process publishes during the wait are the rows."""
+    name = make_topic(prefix, "batch", **ROOMY)
+    with START["ours"](PUBLISHER_ON_GO, name=name, count=5) as publisher:
+        publisher.wait_ready()
+        future = read_in_background(spark.read.format("kickmsg").option("name", name).option("waitMs", "3000"))
+        wait_for_subscriber(name, future=future)
+        publisher.tell()
+        publisher.result()
+    rows = future.result(timeout=WAIT_S)
+    assert seqs_of(rows) == list(range(5))
+    assert [(row.topic, row.ring_pos, row.lost) for row in rows] == [(name, pos, 0) for pos in range(5)]
+    wait_for(lambda: ring_states(name) == [RING_FREE] * 4, "the read to leave its ring")
+
+
+def test_batch_read_stops_at_max_messages(spark, prefix):
+    """maxMessages=10 of 25 published: the first 10 rows, without waiting for waitMs."""
+    name = make_topic(prefix, "batch", **ROOMY)
+    with START["ours"](PUBLISHER_ON_GO, name=name, count=25) as publisher:
+        publisher.wait_ready()
+        future = read_in_background(spark.read.format("kickmsg").option("topic", "batch").option("prefix", prefix)
+                                    .option("waitMs", "120000").option("maxMessages", "10"))
+        wait_for_subscriber(name, future=future)
+        publisher.tell()
+        publisher.result()
+    rows = future.result(timeout=WAIT_S)
+    assert seqs_of(rows) == list(range(10))
+    wait_for(lambda: ring_states(name) == [RING_FREE] * 4, "the read to leave its ring")
+
+
+# -- 5. batch write ----------------------------------------------------------------
+
+
+def write(frame, prefix: str, topic: str, **options) -> None:
+    frame.write.format("kickmsg").option("topic", topic).option("prefix", prefix).options(**options) \
+        .mode("append").save()
+
+
+@pytest.mark.parametrize("impl", ["ours", "native"])
+def test_write_payload_column_to_a_subscriber_process(spark, prefix, impl):
+    """A binary ``payload`` column: each row is one message with exactly those bytes."""
+    name = make_topic(prefix, "out", **ROOMY)
+    payloads = [make_payload(seq) for seq in range(40)]
+    frame = spark.createDataFrame([(payload,) for payload in payloads], "payload binary").repartition(2)
+    with START[impl](SUBSCRIBER, name=name, count=40, seconds=WAIT_S) as subscriber:
+        subscriber.wait_ready()
+        write(frame, prefix, "out")
+        result = subscriber.result()
+    assert sorted(bytes.fromhex(payload) for payload in result["payloads"]) == sorted(payloads)
+    assert result["lost"] == 0
+
+
+@pytest.mark.parametrize("impl", ["ours", "native"])
+def test_write_rows_as_json_to_a_subscriber_process(spark, prefix, impl):
+    """Without a payload column each row is a JSON object of its columns."""
+    name = make_topic(prefix, "orders", **ROOMY)
+    rows = [(i, f"item-{i}", 9.5 * i, [i, i + 1], None if i % 3 else "note") for i in range(30)]
+    frame = spark.createDataFrame(rows, "id int, item string, price double, pair array<int>, note string") \
+        .repartition(2)
+    with START[impl](SUBSCRIBER, name=name, count=30, seconds=WAIT_S) as subscriber:
+        subscriber.wait_ready()
+        write(frame, prefix, "orders")
+        result = subscriber.result()
+    received = sorted((json.loads(bytes.fromhex(payload)) for payload in result["payloads"]), key=lambda d: d["id"])
+    assert received == [{"id": i, "item": item, "price": price, "pair": pair, "note": note}
+                        for i, item, price, pair, note in rows]
+
+
+def test_write_creates_a_missing_topic_with_the_config_options(spark, prefix):
+    name = f"/{prefix}_fresh"
+    frame = spark.createDataFrame([(b"x" * 10,)], "payload binary").coalesce(1)
+    write(frame, prefix, "fresh", maxSubscribers="3", subRingCapacity="16", poolSize="40", maxPayloadSize="200")
+    header = rawregion.header(rawregion.read_bytes(name))
+    assert (header["max_subs"], header["sub_ring_capacity"], header["pool_size"], header["slot_data_size"]) == (
+        3, 16, 40, 200)
+    assert header["channel_type"] == ChannelType.PubSub
+    assert header["creator_name"].startswith("spark-writer-")
+    rawregion.assert_pool_whole(name)
+
+
+def test_write_joins_an_existing_topic_as_it_is(spark, prefix):
+    """Config options do not change a topic that exists: it is joined, not re-created."""
+    name = make_topic(prefix, "kept", max_subscribers=2, sub_ring_capacity=32, pool_size=64, max_payload_size=128)
+    before = rawregion.header(rawregion.read_bytes(name))
+    subscriber = Subscriber(SharedRegion.open(name))
+    frame = spark.createDataFrame([(bytes([i]) * 100,) for i in range(20)], "payload binary").repartition(2)
+    write(frame, prefix, "kept", maxSubscribers="8", subRingCapacity="256", poolSize="999", maxPayloadSize="4096")
+    assert rawregion.header(rawregion.read_bytes(name)) == before
+    received = []
+    while (data := subscriber.try_receive()) is not None:
+        received.append(bytes(data))
+    subscriber.close()
+    assert sorted(received) == [bytes([i]) * 100 for i in range(20)]
+
+
+@pytest.mark.xfail(strict=True, reason="BUG: a write task that finds the topic still being created by "
+                   "another task (object there, magic not yet stored) fails with 'bad magic' instead of "
+                   "waiting as create_or_open does")
+def test_writer_waits_for_a_topic_another_task_is_creating(prefix):
+    """The writer joins a topic whose creator finishes half a second later."""
+    name = f"/{prefix}_racing"
+    cfg = Config(max_subscribers=2, sub_ring_capacity=8, pool_size=16, max_payload_size=64)
+    SharedRegion.create(name, ChannelType.PubSub, cfg, "other-task")
+    with open(f"/dev/shm{name}", "r+b") as region_file:  # as a creator mid-way leaves it: no magic yet
+        region_file.write(struct.pack("<Q", 0))
+    creator = threading.Timer(0.5, SharedRegion.create, (name, ChannelType.PubSub, cfg, "other-task"))
+    creator.start()
+    try:
+        options = {"name": name, "maxSubscribers": "2", "subRingCapacity": "8", "poolSize": "16", "maxPayloadSize": "64"}
+        writer = Writer(options, StructType([StructField("payload", BinaryType())]))
+        assert writer.write(iter([Row(payload=b"hello")])).published == 1
+    finally:
+        creator.join()
+
+
+# -- 6. errors ----------------------------------------------------------------------
+
+
+def test_stream_of_a_missing_topic_fails_naming_it(spark, prefix):
+    query, _ = start_stream(spark, {"topic": "absent", "prefix": prefix})
+    with pytest.raises(Exception) as error:
+        query.awaitTermination(WAIT_S)
+    assert f"/{prefix}_absent" in str(error.value)
+    assert not query.isActive
+
+
+def test_batch_read_of_a_missing_topic_fails_naming_it(spark, prefix):
+    with pytest.raises(Exception) as error:
+        spark.read.format("kickmsg").option("topic", "absent").option("prefix", prefix).load().collect()
+    assert f"no such channel /{prefix}_absent" in str(error.value)
+
+
+def test_write_of_an_oversize_row_fails(spark, prefix):
+    make_topic(prefix, "small", max_subscribers=1, sub_ring_capacity=8, pool_size=8, max_payload_size=64)
+    frame = spark.createDataFrame([(b"x" * 64,), (b"y" * 65,)], "payload binary").coalesce(1)
+    with pytest.raises(Exception) as error:
+        write(frame, prefix, "small")
+    assert "65 bytes, more than max_payload_size 64" in str(error.value)
+
+
+def test_write_into_an_exhausted_pool_fails(spark, prefix):
+    """A subscriber that never reads pins all 4 slots: after poolWaitMs the job fails."""
+    name = make_topic(prefix, "stuck", max_subscribers=1, sub_ring_capacity=8, pool_size=4, max_payload_size=64)
+    subscriber = Subscriber(SharedRegion.open(name))
+    frame = spark.createDataFrame([(bytes([i]),) for i in range(10)], "payload binary").coalesce(1)
+    try:
+        with pytest.raises(Exception) as error:
+            write(frame, prefix, "stuck", poolWaitMs="200")
+    finally:
+        subscriber.close()
+    assert f"the slot pool of {name} stayed exhausted" in str(error.value)
+
+
+def test_missing_topic_and_name_options_are_reported(spark):
+    message = re.escape("needs option 'topic' (with 'prefix') or 'name'")
+    with pytest.raises(Exception, match=message):
+        spark.read.format("kickmsg").option("waitMs", "10").load().collect()
+    with pytest.raises(Exception, match=message):
+        spark.createDataFrame([(b"x",)], "payload binary").write.format("kickmsg").mode("append").save()
+
+
+# -- 7. driver telemetry -------------------------------------------------------------
+
+
+def telemetry_viewer(impl: str, prefix: str):
+    """A process subscribed to /{prefix}_spark.telemetry (created by it, as
+    DriverTelemetry would, if absent); ready when it returns."""
+    config = {key: getattr(TELEMETRY_CONFIG, key) for key in Config._COUNT_FIELDS}
+    viewer = START[impl](TELEMETRY_VIEWER, prefix=prefix, config=config, seconds=WAIT_S)
+    viewer.wait_ready()
+    return viewer
+
+
+@pytest.mark.parametrize("impl", ["ours", "native"])
+def test_telemetry_reports_a_job_to_another_process(spark, prefix, impl):
+    """telemetry_start, job_start, stage counters up to completed == tasks, job_end SUCCEEDED, telemetry_end."""
+    with telemetry_viewer(impl, prefix) as viewer:
+        with DriverTelemetry(spark, prefix=prefix) as telemetry:
+            assert spark.sparkContext.parallelize(range(1000), 4).map(lambda x: 2 * x).sum() == 999_000
+        events = viewer.result()
+    kinds = [event["kind"] for event in events]
+    assert kinds[0] == "telemetry_start" and kinds[-1] == "telemetry_end"
+    assert events[0]["app"] == "kickmsg-tests"
+    assert events[-1]["published"] == telemetry.published and events[-1]["dropped"] == 0 == telemetry.dropped
+    assert all(isinstance(event["t"], float) for event in events)
+    [start] = [event for event in events if event["kind"] == "job_start"]
+    [end] = [event for event in events if event["kind"] == "job_end"]
+    [stage_id] = start["stages"]
+    assert end == {"kind": "job_end", "job": start["job"], "status": "SUCCEEDED", "t": end["t"]}
+    stages = [event for event in events if event["kind"] == "stage"]
+    assert stages and all(event["stage"] == stage_id and event["job"] == start["job"] for event in stages)
+    for event in stages:
+        counters = [event[key] for key in ("tasks", "active", "completed", "failed")]
+        assert all(type(value) is int and value >= 0 for value in counters)
+    assert (stages[-1]["tasks"], stages[-1]["completed"], stages[-1]["failed"]) == (4, 4, 0)
+    assert kinds.index("job_start") < kinds.index("stage") and kinds.index("job_end") > kinds.index("stage")
+
+
+def test_telemetry_reports_streaming_progress(spark, prefix):
+    """A streaming query inside the block: query_progress events, batch ids increasing."""
+    with telemetry_viewer("native", prefix) as viewer:
+        with DriverTelemetry(spark, prefix=prefix, interval=0.25):
+            query = spark.readStream.format("rate-micro-batch").option("rowsPerBatch", 5).load() \
+                .writeStream.format("noop").queryName(f"kickmsg_test_{next(_queries)}") \
+                .trigger(processingTime="100 milliseconds").start()
+            wait_for(lambda: len(query.recentProgress) >= 6, "6 micro-batches")
+            query.stop()
+        events = viewer.result()
+    progress = [event for event in events if event["kind"] == "query_progress"]
+    assert len(progress) >= 2
+    assert {event["query"] for event in progress} == {str(query.id)}
+    batches = [event["batch"] for event in progress]
+    assert batches == sorted(set(batches))
+    assert all(type(event["input_rows"]) is int for event in progress)
+    assert "query_start" in [event["kind"] for event in events]
+
+
+def test_telemetry_counts_a_full_pool_as_dropped(spark, prefix):
+    """Nobody reads and the pool has 2 slots: messages are dropped, the job runs on."""
+    cfg = Config(max_subscribers=1, sub_ring_capacity=8, pool_size=2, max_payload_size=1024)
+    node = Node("slow-viewer", prefix=prefix)
+    node.advertise("spark.telemetry", cfg)
+    never_reads = node.subscribe("spark.telemetry")
+    with DriverTelemetry(spark, prefix=prefix, cfg=cfg) as telemetry:
+        assert spark.range(1000).selectExpr("sum(id) as total").first().total == 499_500
+    assert telemetry.published == 2
+    assert telemetry.dropped > 0
+    never_reads.close()
+
+
+class RacingTracker:
+    """A fake status tracker: job 0 (one stage of 2 tasks) starts after the
+    telemetry does, and its last task ends just after each stage read."""
+
+    def __init__(self):
+        self.started = False
+        self.finished = False
+
+    def getJobInfo(self, job):
+        if job != 0 or not self.started:
+            return None
+        return SimpleNamespace(jobId=0, stageIds=[7], status="SUCCEEDED" if self.finished else "RUNNING")
+
+    def getActiveJobsIds(self):
+        return []
+
+    def getStageInfo(self, stage):
+        done = self.finished
+        self.finished = True  # the last task ends right after this read
+        return SimpleNamespace(numTasks=2, numActiveTasks=0 if done else 1, numCompletedTasks=2 if done else 1,
+                               numFailedTasks=0)
+
+
+@pytest.mark.xfail(strict=True, reason="BUG: _poll_once reads the stage counters before the job status, "
+                   "so a job that ends between the two reads gets job_end without its final stage counters")
+def test_telemetry_final_stage_counters_precede_job_end(prefix):
+    """The last stage event before job_end has completed == tasks, whatever the timing."""
+    tracker = RacingTracker()
+    fake_spark = SimpleNamespace(
+        sparkContext=SimpleNamespace(statusTracker=lambda: tracker, appName="fake"),
+        streams=SimpleNamespace(addListener=lambda listener: None, removeListener=lambda listener: None),
+    )
+    node = Node("viewer", prefix=prefix)
+    node.advertise("spark.telemetry", TELEMETRY_CONFIG)
+    viewer = node.subscribe("spark.telemetry")
+    events = []
+    with DriverTelemetry(fake_spark, prefix=prefix, interval=0.01):
+        tracker.started = True
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and "job_end" not in [event["kind"] for event in events]:
+            if (data := viewer.receive(0.1)) is not None:
+                events.append(json.loads(data))
+    viewer.close()
+    kinds = [event["kind"] for event in events]
+    assert "job_end" in kinds
+    last_stage = [event for event in events[: kinds.index("job_end")] if event["kind"] == "stage"][-1]
+    assert last_stage["completed"] == last_stage["tasks"] == 2
