@@ -16,7 +16,7 @@ from kickmsg import stamp, typed
 from kickmsg.record import COLUMNS, SCHEMA_KEY, Recorder, play, recording_files
 
 KICKMSG = str(pathlib.Path(sys.executable).with_name("kickmsg"))
-CONFIG = kickmsg.Config(max_subscribers=4, sub_ring_capacity=256, pool_size=1024, max_payload_size=256)
+CONFIG = kickmsg.Config(max_subscribers=4, sub_ring_capacity=1024, pool_size=4096, max_payload_size=256)  # bursts fit
 
 
 @pytest.fixture
@@ -87,7 +87,7 @@ def test_recording_has_every_message_and_the_columns(channels, tmp_path):
     metadata = json.loads(table.schema.metadata[SCHEMA_KEY])
     assert metadata["channels"][channels[1]]["channel_type"] == 2
     assert metadata["channels"][channels[1]]["schema"]["name"].startswith("Imu:")
-    assert metadata["channels"][channels[0]]["sub_ring_capacity"] == 256
+    assert metadata["channels"][channels[0]]["sub_ring_capacity"] == 1024
 
 
 def test_record_play_record_gives_the_same_payloads_in_order(channels, tmp_path):

@@ -7,11 +7,14 @@ publisher, a subscriber reading what Spark wrote, a telemetry viewer) is a
 real process started with ``nativepeer``: this package or the native
 kickmsg 0.1.0. Waiting is always bounded; nothing asserts on durations.
 """
+import contextlib
 import datetime
 import itertools
 import json
+import os
 import pathlib
 import re
+import signal
 import struct
 import threading
 import time
@@ -21,6 +24,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 from pyspark.sql import Row
+from pyspark.sql.datasource import CaseInsensitiveDict
 from pyspark.sql.types import (
     ArrayType,
     BinaryType,
@@ -35,12 +39,11 @@ from pyspark.sql.types import (
 import kickmsg.spark
 import rawregion
 from conftest import SESSION_PREFIX
-from kickmsg import ChannelType, Config, Node, SharedRegion, Subscriber, owners, typed
-from kickmsg.spark.source import Writer
+from kickmsg import ChannelType, Config, Node, Publisher, SharedRegion, Subscriber, owners, typed
+from kickmsg.spark.source import StreamReader, Writer
 from kickmsg.spark.telemetry import TELEMETRY_CONFIG, DriverTelemetry
 from nativepeer import check_payload, make_payload, start_native, start_ours
 
-START = {"ours": start_ours, "native": start_native}
 WAIT_S = 60.0  # upper bound of every wait (a loaded 2-core machine is slow, never this slow)
 RING_FREE, RING_LIVE = 0, 1
 
@@ -108,6 +111,13 @@ done(events)
 
 # -- fixtures and helpers ------------------------------------------------------------
 
+
+def peer(impl: str, code: str, **params):
+    """A subprocess running ``code`` with ``impl`` ("ours" or "native"), killed after WAIT_S."""
+    start = {"ours": start_ours, "native": start_native}[impl]
+    return start(code, timeout=WAIT_S, **params)
+
+
 _prefixes = itertools.count()
 _queries = itertools.count()
 
@@ -150,6 +160,12 @@ def wait_for(predicate, what: str, timeout: float = WAIT_S) -> None:
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
         time.sleep(0.02)
+
+
+def ring_owner(name: str) -> int:
+    """The pid of the process subscribed on ring 0 of ``name`` (as soon as it has recorded itself)."""
+    wait_for(lambda: owners.read_owners(name, 1)[0][1], f"the owner record of {name}'s ring 0")
+    return owners.read_owners(name, 1)[0][0].pid
 
 
 def wait_for_subscriber(name: str, query=None, future=None) -> None:
@@ -243,11 +259,11 @@ def test_stream_receives_every_message_of_a_paced_publisher(spark, prefix, impl,
     options = {"name": name} if by_name else {"topic": "paced", "prefix": prefix}
     query, collector = start_stream(spark, options)
     wait_for_subscriber(name, query)
-    with START[impl](PACED_PUBLISHER, name=name, count=300, rate_hz=200.0) as publisher:
+    with peer(impl, PACED_PUBLISHER, name=name, count=300, rate_hz=200.0) as publisher:
         assert publisher.result() == {"published": 300}
-    rows = wait_for_rows(query, collector, lambda rows: len(rows) >= 300, "300 rows")
+    wait_for_rows(query, collector, lambda rows: len(rows) >= 300, "300 rows")
     query.stop()
-    rows = collector.rows
+    rows = collector.rows  # with any duplicate of the last batches
     assert seqs_of(rows) == list(range(300))
     assert [row.ring_pos for row in rows] == list(range(300))
     assert sum(row.lost for row in rows) == 0
@@ -291,11 +307,13 @@ def test_max_messages_per_batch_bounds_every_micro_batch(spark, prefix):
     name = make_topic(prefix, "bounded", **ROOMY)
     query, collector = start_stream(spark, {"name": name, "maxMessagesPerBatch": "30"})
     wait_for_subscriber(name, query)
-    with START["ours"](PUBLISHER_ON_GO, name=name, count=100) as publisher:
+    with peer("ours", PUBLISHER_ON_GO, name=name, count=100) as publisher:
         publisher.wait_ready()
         publisher.tell()
         publisher.result()
     rows = wait_for_rows(query, collector, lambda rows: len(rows) >= 100, "100 rows")
+    # A batch's progress is reported once the batch has committed, just after foreachBatch.
+    wait_for(lambda: sum(entry.numInputRows for entry in query.recentProgress) >= 100, "the last progress")
     progress = [entry for entry in query.recentProgress if entry.numInputRows > 0]
     query.stop()
     assert seqs_of(rows) == list(range(100))
@@ -304,68 +322,108 @@ def test_max_messages_per_batch_bounds_every_micro_batch(spark, prefix):
     assert sum(entry.numInputRows for entry in progress) == 100
 
 
+def stopped(task: pathlib.Path) -> bool:
+    """Whether a thread (/proc/<pid>/task/<tid>) is stopped by a signal."""
+    try:
+        return (task / "stat").read_text().rpartition(")")[2].split()[0] in ("T", "t")
+    except FileNotFoundError:  # the thread has ended
+        return True
+
+
+@contextlib.contextmanager
+def paused(pid: int):
+    """SIGSTOP a Spark Python process (checked to be one) for the block, then SIGCONT it."""
+    with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+        assert b"pyspark" in cmdline.read(), f"process {pid} is not one of Spark's Python processes"
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        wait_for(lambda: all(stopped(task) for task in pathlib.Path(f"/proc/{pid}/task").iterdir()),
+                 f"every thread of {pid} to stop")  # kill() returns before they have
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
 def test_ring_overflow_is_counted_in_lost(spark, prefix):
-    """A native burst of 2000 into a 2-entry ring: each row's ``lost`` is the
-    gap in ring positions before it, and rows + losses == published."""
-    name = make_topic(prefix, "tiny", max_subscribers=2, sub_ring_capacity=2, pool_size=16, max_payload_size=64)
+    """20 messages into a 2-entry ring while the query's receiver is paused:
+    at most 2 rows, each row's ``lost`` is the gap in ring positions before
+    it, and rows + losses == published."""
+    name = make_topic(prefix, "tiny", max_subscribers=1, sub_ring_capacity=2, pool_size=8, max_payload_size=64)
     query, collector = start_stream(spark, {"name": name})
     wait_for_subscriber(name, query)
-    with START["native"](PUBLISHER_ON_GO, name=name, count=2000, max_body=8) as publisher:
-        publisher.wait_ready()
-        publisher.tell()
-        publisher.result()
-    rows = wait_for_rows(query, collector, lambda rows: rows and rows[-1].ring_pos == 1999, "the last message")
+    publisher = Publisher(SharedRegion.open(name))
+    with paused(ring_owner(name)):  # the process holding the subscriber: its receiver thread
+        for seq in range(20):
+            publisher.send(make_payload(seq, max_body=8))
+    rows = wait_for_rows(query, collector, lambda rows: rows and rows[-1].ring_pos == 19, "the last message")
     query.stop()
     positions = [row.ring_pos for row in rows]
+    assert len(rows) <= 2
     assert [row.lost for row in rows] == [pos - before - 1 for before, pos in zip([-1] + positions, positions)]
     assert seqs_of(rows) == positions
-    assert len(rows) + sum(row.lost for row in rows) == 2000
-    assert sum(row.lost for row in rows) > 0  # a Python receiver cannot keep up with a native burst
+    assert len(rows) + sum(row.lost for row in rows) == 20
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: query.stop() kills the source's Python process (SIGTERM), "
-                   "atexit never runs, and the subscriber's ring stays Live")
+def test_stream_reads_the_buffer_limit_option(prefix):
+    """maxBufferedMessages, given as Spark gives options to a source (a CaseInsensitiveDict)."""
+    name = make_topic(prefix, "buffered", **ROOMY)
+    reader = StreamReader(CaseInsensitiveDict({"name": name, "maxBufferedMessages": "5"}), None)
+    reader.initialOffset()
+    try:
+        assert reader.receiver.buffer_limit == 5
+    finally:
+        reader.receiver.stop()
+
+
 def test_stopped_query_frees_its_ring(spark, prefix):
     """Once the query's source process is gone, its ring is Free again."""
     name = make_topic(prefix, "stop", **ROOMY)
     query, _ = start_stream(spark, {"name": name})
     wait_for_subscriber(name, query)
+    owner = ring_owner(name)
     query.stop()
-    wait_for(lambda: not owners.read_owners(name, ROOMY["max_subscribers"])[0][1], "the ring owner's exit")
+    wait_for(lambda: not os.path.exists(f"/proc/{owner}"), f"the exit of the source's process {owner}")
     assert ring_states(name)[0] == RING_FREE
 
 
 # -- 4. batch read -----------------------------------------------------------------
 
 
-def test_batch_read_returns_what_is_published_during_wait(spark, prefix):
-    """waitMs: the messages another process publishes during the wait are the rows."""
-    name = make_topic(prefix, "batch", **ROOMY)
-    with START["ours"](PUBLISHER_ON_GO, name=name, count=5) as publisher:
+def read_while_publishing(spark, name: str, count: int, go_after_s: float = 0.0, **options) -> list:
+    """A batch read of ``name`` with ``options``; once it has subscribed (and
+    ``go_after_s`` later), another process publishes ``count`` messages. Its rows."""
+    with peer("ours", PUBLISHER_ON_GO, name=name, count=count) as publisher:
         publisher.wait_ready()
-        future = read_in_background(spark.read.format("kickmsg").option("name", name).option("waitMs", "3000"))
+        future = read_in_background(spark.read.format("kickmsg").option("name", name).options(**options))
         wait_for_subscriber(name, future=future)
+        time.sleep(go_after_s)
         publisher.tell()
         publisher.result()
     rows = future.result(timeout=WAIT_S)
+    wait_for(lambda: RING_LIVE not in ring_states(name), "the read to leave its ring")
+    return rows
+
+
+def test_batch_read_returns_what_is_published_during_wait(spark, prefix):
+    """The messages another process publishes while the read waits are the rows."""
+    name = make_topic(prefix, "batch", **ROOMY)
+    rows = read_while_publishing(spark, name, 5, waitMs="3000")
     assert seqs_of(rows) == list(range(5))
     assert [(row.topic, row.ring_pos, row.lost) for row in rows] == [(name, pos, 0) for pos in range(5)]
-    wait_for(lambda: ring_states(name) == [RING_FREE] * 4, "the read to leave its ring")
+
+
+def test_batch_read_waits_for_wait_ms(spark, prefix):
+    """waitMs=6000: messages published 2 s after the read subscribed are still returned."""
+    name = make_topic(prefix, "batch", **ROOMY)
+    rows = read_while_publishing(spark, name, 5, go_after_s=2.0, waitMs="6000")
+    assert seqs_of(rows) == list(range(5))
 
 
 def test_batch_read_stops_at_max_messages(spark, prefix):
     """maxMessages=10 of 25 published: the first 10 rows, without waiting for waitMs."""
     name = make_topic(prefix, "batch", **ROOMY)
-    with START["ours"](PUBLISHER_ON_GO, name=name, count=25) as publisher:
-        publisher.wait_ready()
-        future = read_in_background(spark.read.format("kickmsg").option("topic", "batch").option("prefix", prefix)
-                                    .option("waitMs", "120000").option("maxMessages", "10"))
-        wait_for_subscriber(name, future=future)
-        publisher.tell()
-        publisher.result()
-    rows = future.result(timeout=WAIT_S)
+    rows = read_while_publishing(spark, name, 25, waitMs="120000", maxMessages="10")
     assert seqs_of(rows) == list(range(10))
-    wait_for(lambda: ring_states(name) == [RING_FREE] * 4, "the read to leave its ring")
 
 
 # -- 5. batch write ----------------------------------------------------------------
@@ -382,7 +440,7 @@ def test_write_payload_column_to_a_subscriber_process(spark, prefix, impl):
     name = make_topic(prefix, "out", **ROOMY)
     payloads = [make_payload(seq) for seq in range(40)]
     frame = spark.createDataFrame([(payload,) for payload in payloads], "payload binary").repartition(2)
-    with START[impl](SUBSCRIBER, name=name, count=40, seconds=WAIT_S) as subscriber:
+    with peer(impl, SUBSCRIBER, name=name, count=40, seconds=WAIT_S - 10) as subscriber:
         subscriber.wait_ready()
         write(frame, prefix, "out")
         result = subscriber.result()
@@ -397,7 +455,7 @@ def test_write_rows_as_json_to_a_subscriber_process(spark, prefix, impl):
     rows = [(i, f"item-{i}", 9.5 * i, [i, i + 1], None if i % 3 else "note") for i in range(30)]
     frame = spark.createDataFrame(rows, "id int, item string, price double, pair array<int>, note string") \
         .repartition(2)
-    with START[impl](SUBSCRIBER, name=name, count=30, seconds=WAIT_S) as subscriber:
+    with peer(impl, SUBSCRIBER, name=name, count=30, seconds=WAIT_S - 10) as subscriber:
         subscriber.wait_ready()
         write(frame, prefix, "orders")
         result = subscriber.result()
@@ -406,7 +464,22 @@ def test_write_rows_as_json_to_a_subscriber_process(spark, prefix, impl):
                         for i, item, price, pair, note in rows]
 
 
+def test_write_creates_a_missing_topic(spark, prefix):
+    """Without config options a new topic has Config()'s geometry; the writer is its creator."""
+    name = f"/{prefix}_fresh"
+    frame = spark.createDataFrame([(b"x" * 10,)], "payload binary").coalesce(1)  # one task: see the racing test
+    write(frame, prefix, "fresh")
+    header = rawregion.header(rawregion.read_bytes(name))
+    defaults = Config()
+    assert (header["max_subs"], header["sub_ring_capacity"], header["pool_size"], header["slot_data_size"]) == (
+        defaults.max_subscribers, defaults.sub_ring_capacity, defaults.pool_size, defaults.max_payload_size)
+    assert header["channel_type"] == ChannelType.PubSub
+    assert header["creator_name"].startswith("spark-writer-")
+    rawregion.assert_pool_whole(name)
+
+
 def test_write_creates_a_missing_topic_with_the_config_options(spark, prefix):
+    """maxSubscribers, subRingCapacity, poolSize, maxPayloadSize give the new topic's geometry."""
     name = f"/{prefix}_fresh"
     frame = spark.createDataFrame([(b"x" * 10,)], "payload binary").coalesce(1)
     write(frame, prefix, "fresh", maxSubscribers="3", subRingCapacity="16", poolSize="40", maxPayloadSize="200")
@@ -422,10 +495,13 @@ def test_write_joins_an_existing_topic_as_it_is(spark, prefix):
     """Config options do not change a topic that exists: it is joined, not re-created."""
     name = make_topic(prefix, "kept", max_subscribers=2, sub_ring_capacity=32, pool_size=64, max_payload_size=128)
     before = rawregion.header(rawregion.read_bytes(name))
+    del before["free_top"]  # moves with every allocation
     subscriber = Subscriber(SharedRegion.open(name))
     frame = spark.createDataFrame([(bytes([i]) * 100,) for i in range(20)], "payload binary").repartition(2)
     write(frame, prefix, "kept", maxSubscribers="8", subRingCapacity="256", poolSize="999", maxPayloadSize="4096")
-    assert rawregion.header(rawregion.read_bytes(name)) == before
+    after = rawregion.header(rawregion.read_bytes(name))
+    del after["free_top"]
+    assert after == before
     received = []
     while (data := subscriber.try_receive()) is not None:
         received.append(bytes(data))
@@ -433,9 +509,6 @@ def test_write_joins_an_existing_topic_as_it_is(spark, prefix):
     assert sorted(received) == [bytes([i]) * 100 for i in range(20)]
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a write task that finds the topic still being created by "
-                   "another task (object there, magic not yet stored) fails with 'bad magic' instead of "
-                   "waiting as create_or_open does")
 def test_writer_waits_for_a_topic_another_task_is_creating(prefix):
     """The writer joins a topic whose creator finishes half a second later."""
     name = f"/{prefix}_racing"
@@ -491,12 +564,16 @@ def test_write_into_an_exhausted_pool_fails(spark, prefix):
     assert f"the slot pool of {name} stayed exhausted" in str(error.value)
 
 
-def test_missing_topic_and_name_options_are_reported(spark):
+def test_missing_topic_and_name_options_are_reported(spark, prefix):
+    """Without topic or name: a read, a write and a stream fail saying which options are needed."""
     message = re.escape("needs option 'topic' (with 'prefix') or 'name'")
     with pytest.raises(Exception, match=message):
-        spark.read.format("kickmsg").option("waitMs", "10").load().collect()
+        spark.read.format("kickmsg").option("prefix", prefix).load().collect()
     with pytest.raises(Exception, match=message):
         spark.createDataFrame([(b"x",)], "payload binary").write.format("kickmsg").mode("append").save()
+    query, _ = start_stream(spark, {"prefix": prefix})
+    with pytest.raises(Exception, match=message):
+        query.awaitTermination(WAIT_S)
 
 
 # -- 7. driver telemetry -------------------------------------------------------------
@@ -506,34 +583,50 @@ def telemetry_viewer(impl: str, prefix: str):
     """A process subscribed to /{prefix}_spark.telemetry (created by it, as
     DriverTelemetry would, if absent); ready when it returns."""
     config = {key: getattr(TELEMETRY_CONFIG, key) for key in Config._COUNT_FIELDS}
-    viewer = START[impl](TELEMETRY_VIEWER, prefix=prefix, config=config, seconds=WAIT_S)
+    viewer = peer(impl, TELEMETRY_VIEWER, prefix=prefix, config=config, seconds=WAIT_S - 10)
     viewer.wait_ready()
     return viewer
 
 
+def run_small_job(spark) -> int:
+    """A job of one 4-task stage; returns once Spark's status store, which the
+    telemetry polls, has recorded its end."""
+    tracker = spark.sparkContext.statusTracker()
+    before = set(tracker.getJobIdsForGroup())
+    total = spark.sparkContext.parallelize(range(1000), 4).map(lambda x: 2 * x).sum()
+
+    def ended():
+        new = set(tracker.getJobIdsForGroup()) - before
+        return new and all(tracker.getJobInfo(job).status in ("SUCCEEDED", "FAILED") for job in new)
+
+    wait_for(ended, "the status store to record the end of the job")
+    return total
+
+
 @pytest.mark.parametrize("impl", ["ours", "native"])
 def test_telemetry_reports_a_job_to_another_process(spark, prefix, impl):
-    """telemetry_start, job_start, stage counters up to completed == tasks, job_end SUCCEEDED, telemetry_end."""
+    """telemetry_start, job_start, stage counters ending at completed == tasks,
+    job_end SUCCEEDED, telemetry_end, all on /{prefix}_spark.telemetry.
+    (interval=30: the one poll is the final one, after the job; a live poll
+    can race the job's end, see test_telemetry_final_stage_counters_precede_job_end.)"""
     with telemetry_viewer(impl, prefix) as viewer:
-        with DriverTelemetry(spark, prefix=prefix) as telemetry:
-            assert spark.sparkContext.parallelize(range(1000), 4).map(lambda x: 2 * x).sum() == 999_000
+        with DriverTelemetry(spark, prefix=prefix, interval=30) as telemetry:
+            assert run_small_job(spark) == 999_000
         events = viewer.result()
+    regions = {path.name for path in pathlib.Path("/dev/shm").glob(f"{prefix}_*") if path.suffix != ".owners"}
+    assert regions == {f"{prefix}_spark.telemetry"}  # the viewer's channel, no other
+    events = [event for event in events if not event["kind"].startswith("query_")]  # late ones of earlier tests
     kinds = [event["kind"] for event in events]
-    assert kinds[0] == "telemetry_start" and kinds[-1] == "telemetry_end"
+    assert kinds == ["telemetry_start", "job_start", "stage", "job_end", "telemetry_end"]
+    start, stage, end, summary = events[1:]
     assert events[0]["app"] == "kickmsg-tests"
-    assert events[-1]["published"] == telemetry.published and events[-1]["dropped"] == 0 == telemetry.dropped
     assert all(isinstance(event["t"], float) for event in events)
-    [start] = [event for event in events if event["kind"] == "job_start"]
-    [end] = [event for event in events if event["kind"] == "job_end"]
-    [stage_id] = start["stages"]
+    assert start["stages"] == [stage["stage"]] and stage["job"] == start["job"]
+    counters = [stage[key] for key in ("tasks", "active", "completed", "failed")]
+    assert all(type(value) is int for value in counters)
+    assert counters == [4, 0, 4, 0]
     assert end == {"kind": "job_end", "job": start["job"], "status": "SUCCEEDED", "t": end["t"]}
-    stages = [event for event in events if event["kind"] == "stage"]
-    assert stages and all(event["stage"] == stage_id and event["job"] == start["job"] for event in stages)
-    for event in stages:
-        counters = [event[key] for key in ("tasks", "active", "completed", "failed")]
-        assert all(type(value) is int and value >= 0 for value in counters)
-    assert (stages[-1]["tasks"], stages[-1]["completed"], stages[-1]["failed"]) == (4, 4, 0)
-    assert kinds.index("job_start") < kinds.index("stage") and kinds.index("job_end") > kinds.index("stage")
+    assert (summary["published"], summary["dropped"]) == (telemetry.published, telemetry.dropped) == (5, 0)
 
 
 def test_telemetry_reports_streaming_progress(spark, prefix):
@@ -543,7 +636,7 @@ def test_telemetry_reports_streaming_progress(spark, prefix):
             query = spark.readStream.format("rate-micro-batch").option("rowsPerBatch", 5).load() \
                 .writeStream.format("noop").queryName(f"kickmsg_test_{next(_queries)}") \
                 .trigger(processingTime="100 milliseconds").start()
-            wait_for(lambda: len(query.recentProgress) >= 6, "6 micro-batches")
+            wait_for(lambda: len(query.recentProgress) >= 10, "10 micro-batches")
             query.stop()
         events = viewer.result()
     progress = [event for event in events if event["kind"] == "query_progress"]
@@ -552,7 +645,9 @@ def test_telemetry_reports_streaming_progress(spark, prefix):
     batches = [event["batch"] for event in progress]
     assert batches == sorted(set(batches))
     assert all(type(event["input_rows"]) is int for event in progress)
-    assert "query_start" in [event["kind"] for event in events]
+    kinds = [event["kind"] for event in events]
+    assert "query_start" in kinds  # (query_end may come after the block has removed the listener)
+    assert "job_start" in kinds  # each micro-batch is a job, announced by the poller
 
 
 def test_telemetry_counts_a_full_pool_as_dropped(spark, prefix):
@@ -562,8 +657,8 @@ def test_telemetry_counts_a_full_pool_as_dropped(spark, prefix):
     node.advertise("spark.telemetry", cfg)
     never_reads = node.subscribe("spark.telemetry")
     with DriverTelemetry(spark, prefix=prefix, cfg=cfg) as telemetry:
-        assert spark.range(1000).selectExpr("sum(id) as total").first().total == 499_500
-    assert telemetry.published == 2
+        assert run_small_job(spark) == 999_000
+    assert telemetry.published == 2  # both slots stay in the ring nobody reads
     assert telemetry.dropped > 0
     never_reads.close()
 
@@ -591,8 +686,6 @@ class RacingTracker:
                                numFailedTasks=0)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: _poll_once reads the stage counters before the job status, "
-                   "so a job that ends between the two reads gets job_end without its final stage counters")
 def test_telemetry_final_stage_counters_precede_job_end(prefix):
     """The last stage event before job_end has completed == tasks, whatever the timing."""
     tracker = RacingTracker()

@@ -11,7 +11,7 @@ Options: ``topic`` (with ``prefix``, default ``kickmsg``: Node naming) or
 - ``spark.read.format("kickmsg")``: subscribes and collects what arrives
   within ``waitMs`` (default 1000) or until ``maxMessages`` (default 10 000).
 - ``df.write.format("kickmsg")``: one message per row (a binary ``payload``
-  column, else every column as JSON). Each task joins the channel as it
+  column, else every column as JSON: binary as base64, times in ISO 8601). Each task joins the channel as it
   exists, or creates it as ``advertise_or_join`` does with the config
   options ``maxSubscribers``, ``subRingCapacity``, ``poolSize``,
   ``maxPayloadSize`` (defaults as ``Config()``); an empty pool is retried
@@ -27,10 +27,13 @@ Delivery is at most once: the channel is lossy by design (losses are in
 restarted query starts from now (Kickmsg keeps no history to replay).
 """
 import atexit
+import base64
 import collections
 import datetime
 import json
 import os
+import signal
+import sys
 import threading
 import time
 
@@ -190,7 +193,7 @@ class BatchReader(DataSourceReader):
     """``spark.read``: what arrives within waitMs, at most maxMessages."""
 
     def __init__(self, options: dict, record_type: RecordType | None):
-        self.options = dict(options)
+        self.options = options  # Spark's CaseInsensitiveDict: maxMessages == maxmessages
         self.record_type = record_type
 
     def partitions(self):
@@ -226,7 +229,10 @@ class Receiver:
         self.running = True
         self.thread = threading.Thread(target=self._receive, name="kickmsg-receiver", daemon=True)
         self.thread.start()
-        atexit.register(self.stop)  # Spark ends this process without telling the reader: leave the ring first
+        # Spark ends this process with SIGTERM, without telling the reader: exit
+        # normally instead, so that atexit leaves the ring before the end.
+        atexit.register(self.stop)
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
 
     def _receive(self) -> None:
         lost = 0
@@ -264,7 +270,7 @@ class StreamReader(SimpleDataSourceStreamReader):
     before that, so the live part is created then, and never pickled)."""
 
     def __init__(self, options: dict, record_type: RecordType | None):
-        self.options = dict(options)
+        self.options = options  # Spark's CaseInsensitiveDict: maxMessages == maxmessages
         self.maker = RowMaker(options, record_type)
         self.max_per_batch = int(options.get("maxMessagesPerBatch", 10_000))
         self.receiver = None
@@ -292,6 +298,16 @@ class StreamReader(SimpleDataSourceStreamReader):
         pass
 
 
+def _json_value(value):
+    """JSON for the column types json does not know: binary as base64,
+    dates and times in ISO 8601, decimals and the rest as text."""
+    if isinstance(value, (bytes, bytearray)):
+        return base64.b64encode(value).decode("ascii")
+    if isinstance(value, (datetime.date, datetime.datetime)):
+        return value.isoformat()
+    return str(value)
+
+
 class Commit(WriterCommitMessage):
     def __init__(self, published: int):
         self.published = published
@@ -301,7 +317,7 @@ class Writer(DataSourceWriter):
     """``df.write``: one message per row, every task a publisher."""
 
     def __init__(self, options: dict, schema: StructType):
-        self.options = dict(options)
+        self.options = options  # Spark's CaseInsensitiveDict: maxMessages == maxmessages
         self.name = channel_name(options)
         self.payload_column = any(f.name == "payload" and isinstance(f.dataType, BinaryType) for f in schema.fields)
         self.pool_wait_s = int(options.get("poolWaitMs", 5000)) / 1000
@@ -318,13 +334,13 @@ class Writer(DataSourceWriter):
     def write(self, iterator) -> Commit:
         try:  # an existing channel is joined as it is
             region = SharedRegion.open(self.name)
-        except FileNotFoundError:  # else created as advertise_or_join does, racing the other tasks safely
+        except RuntimeError:  # missing, or another task is creating it: as advertise_or_join does
             region = SharedRegion.create_or_open(self.name, ChannelType.PubSub, self._config(), f"spark-writer-{os.getpid()}")
         publisher = Publisher(region)
         limit = publisher.region.geometry.slot_data_size
         published = 0
         for row in iterator:
-            payload = bytes(row["payload"]) if self.payload_column else json.dumps(row.asDict(recursive=True), default=str).encode()
+            payload = bytes(row["payload"]) if self.payload_column else json.dumps(row.asDict(recursive=True), default=_json_value).encode()
             if len(payload) > limit:
                 raise ValueError(
                     f"kickmsg writer: row {published} is {len(payload)} bytes, more than max_payload_size {limit} of {self.name}"

@@ -7,6 +7,7 @@ time ``t``::
 
     {"kind":"job_start","job":3,"stages":[5,6],"t":...}
     {"kind":"stage","stage":5,"job":3,"tasks":8,"active":2,"completed":4,"failed":0,"t":...}
+    (a stage Spark skipped, reusing earlier output, ends with "skipped":true)
     {"kind":"job_end","job":3,"status":"SUCCEEDED","t":...}
     {"kind":"query_progress","query":"...","name":"imu","batch":12,"input_rows":100,
      "input_rps":98.5,"processed_rps":1520.0,"duration_ms":65,"t":...}
@@ -133,23 +134,28 @@ class DriverTelemetry:
             self._running_jobs[info.jobId] = list(info.stageIds)
             self._jobs_seen += 1
         for job, stages in list(self._running_jobs.items()):
+            info = tracker.getJobInfo(job)  # the status first: stage counters read after it are final
+            finished = info is None or info.status in FINISHED
             for stage in stages:
-                self._publish_stage(job, stage)
-            info = tracker.getJobInfo(job)
-            if info is None or info.status in FINISHED:
+                self._publish_stage(job, stage, job_finished=finished)
+            if finished:
                 status = info.status if info is not None else "UNKNOWN"
                 self.publish({"kind": "job_end", "job": job, "status": status})
                 del self._running_jobs[job]
 
-    def _publish_stage(self, job: int, stage: int) -> None:
+    def _publish_stage(self, job: int, stage: int, job_finished: bool) -> None:
+        """Counters of one stage, when they changed. A stage of a finished job
+        that never ran its tasks was skipped (Spark reused its output)."""
         info = self._tracker.getStageInfo(stage)
         if info is None:
             return
         counters = (info.numTasks, info.numActiveTasks, info.numCompletedTasks, info.numFailedTasks)
-        if self._stages.get(stage) != counters:
-            self._stages[stage] = counters
-            tasks, active, completed, failed = counters
-            self.publish(
-                {"kind": "stage", "stage": stage, "job": job, "tasks": tasks, "active": active,
-                 "completed": completed, "failed": failed}
-            )
+        tasks, active, completed, failed = counters
+        skipped = job_finished and active == 0 and completed + failed < tasks
+        if self._stages.get(stage) != (counters, skipped):
+            self._stages[stage] = (counters, skipped)
+            event = {"kind": "stage", "stage": stage, "job": job, "tasks": tasks, "active": active,
+                     "completed": completed, "failed": failed}
+            if skipped:
+                event["skipped"] = True
+            self.publish(event)
