@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from kickmsg import layout
 from kickmsg.region import SharedRegion
 
-RING_STATE_NAMES = {layout.RING_FREE: "Free", layout.RING_LIVE: "Live", layout.RING_DRAINING: "Draining"}
 SCHEMA_STATE_NAMES = {layout.SCHEMA_UNSET: "Unset", layout.SCHEMA_CLAIMING: "Claiming", layout.SCHEMA_SET: "Set"}
 
 
@@ -125,7 +124,7 @@ def audit(region: SharedRegion) -> AuditReport:
         write_pos = ops.load_acquire_u64(ring.write_pos)
         ring_audit = RingAudit(
             index=ring.index,
-            state=RING_STATE_NAMES.get(state, f"invalid ({state})"),
+            state=layout.RING_STATE_NAMES.get(state, f"invalid ({state})"),
             in_flight=state_flight >> 2,
             write_pos=write_pos,
             references=0,

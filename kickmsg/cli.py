@@ -9,7 +9,7 @@ read-only (``SharedRegion.inspect``), so they cannot modify a region; only
 as a subscriber while they run.
 
 Exit status: 0 success; 1 a check found something (``diagnose``, ``audit``,
-``schema-diff``); 2 an error, reported on one line.
+``schema-diff``, ``crosscheck``, ``verify``); 2 an error, reported on one line.
 """
 import argparse
 import datetime
@@ -726,6 +726,49 @@ def cmd_clean(args) -> int:
     return EXIT_OK
 
 
+def cmd_crosscheck(args) -> int:
+    from kickmsg import crosscheck
+
+    try:
+        if args.replay:
+            operations = crosscheck.load_operations(args.replay)
+            result = crosscheck.replay(args.other_python, operations, args.other_path)
+        else:
+            result = crosscheck.crosscheck(args.other_python, args.other_path, ops=args.ops, seed=args.seed)
+    except crosscheck.SetupError as error:
+        raise CommandError(str(error)) from None
+    emit(args, result.to_dict(), result.report())
+    return EXIT_OK if result.agreed else EXIT_FOUND
+
+
+def cmd_verify(args) -> int:
+    import dataclasses
+
+    from kickmsg import verify
+
+    for option in ("preemptions", "max_schedules", "runs"):
+        if getattr(args, option) < 0:
+            raise CommandError(f"--{option.replace('_', '-')} must be 0 or more, not {getattr(args, option)}")
+    scenario = verify.MUTANT_SCENARIOS.get(args.mutant, verify.Scenario())
+    changes = {field: getattr(args, field) for field in ("publishers", "messages", "subscribers", "capacity", "pool")}
+    scenario = dataclasses.replace(scenario, **{k: v for k, v in changes.items() if v is not None})
+    try:
+        if args.seed is not None:
+            report = verify.explore_random(scenario, args.mutant, runs=args.runs, seed=args.seed)
+        else:
+            report = verify.explore(scenario, args.mutant, args.preemptions, max_schedules=args.max_schedules)
+    except ValueError as error:  # the region cannot be laid out (actors' errors are violations)
+        raise CommandError(f"bad scenario: {error}") from None
+    data = {
+        "mutant": report.mutant, "scenario": dataclasses.asdict(scenario), "schedules": report.schedules,
+        "exhaustive": report.complete, "seconds": round(report.seconds, 3), "violation": report.violation,
+        "trace": report.trace,
+    }
+    text = report.summary() if report.trace is None else f"{report.trace}\n{report.summary()}"
+    emit(args, data, text)
+    return EXIT_FOUND if report.violation else EXIT_OK
+
+
 # -- the parser ------------------------------------------------------------------------
 
 
@@ -846,6 +889,42 @@ def build_parser() -> argparse.ArgumentParser:
                   "  kickmsg clean --dry-run\n  kickmsg clean --prefix kickmsg", channel=False)
     sub.add_argument("--dry-run", action="store_true", help="only list what would be removed")
     sub.add_argument("--prefix", help="only names starting with /PREFIX")
+
+    sub = command("crosscheck", cmd_crosscheck,
+                  "run random operations on this package and another implementation, compare results and region "
+                  "bytes (exit 1 at the first divergence, printing a sequence that reproduces it)",
+                  "  kickmsg crosscheck --other-python python3 --other-path .native/kickmsg-0.1.0\n"
+                  "  kickmsg crosscheck --other-python /opt/py/bin/python --ops 5000 --seed 7 --json\n"
+                  "  kickmsg crosscheck --other-python python3 --other-path .native/kickmsg-0.1.0 --replay repro.jsonl",
+                  channel=False)
+    sub.add_argument("--other-python", required=True, metavar="PY", help="interpreter of the other implementation")
+    sub.add_argument("--other-path", metavar="DIR", help="put DIR (or DIR:DIR...) first on its sys.path, run it with "
+                     "-I -S (default: -I and its own kickmsg)")
+    sub.add_argument("--ops", type=int, default=1000, help="number of random operations (default 1000)")
+    sub.add_argument("--seed", type=int, default=0, help="seed of the random sequence (default 0)")
+    sub.add_argument("--replay", metavar="FILE", help="run the operations in FILE (one JSON list per line) instead")
+
+    sub = command("verify", cmd_verify,
+                  "run the package's publish, receive, join and leave code under a controlled scheduler, checking "
+                  "the protocol's invariants after every atomic step (exit 1 at a violation, printing the trace)",
+                  "  kickmsg verify                                  # every schedule with <= 2 preemptions\n"
+                  "  kickmsg verify --mutant release-before-lock     # break a rule of the spec: a trace is printed\n"
+                  "  kickmsg verify --seed 7 --runs 5000             # seeded random schedules instead\n"
+                  "  kickmsg verify --publishers 3 --capacity 4 --preemptions 1",
+                  channel=False)
+    from kickmsg.verify.mutants import MUTANTS
+
+    sub.add_argument("--mutant", choices=sorted(MUTANTS), help="break one rule of the spec (default: none)")
+    sub.add_argument("--preemptions", type=int, default=2, metavar="K",
+                     help="explore every schedule with at most K preemptions (default 2)")
+    sub.add_argument("--max-schedules", type=int, default=1_000_000, metavar="N",
+                     help="stop an exhaustive exploration after N schedules (default 1000000)")
+    sub.add_argument("--seed", type=int, help="run seeded random schedules instead of the exhaustive exploration")
+    sub.add_argument("--runs", type=int, default=1000, help="random schedules to run with --seed (default 1000)")
+    for field, meaning in (("publishers", "publishers"), ("messages", "messages per publisher"),
+                          ("subscribers", "subscribers (each with its own ring)"), ("capacity", "ring capacity"),
+                          ("pool", "pool slots")):
+        sub.add_argument(f"--{field}", type=int, metavar="N", help=f"{meaning} (default: the mutant's scenario)")
     return parser
 
 

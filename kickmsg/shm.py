@@ -45,14 +45,21 @@ class Mapping:
     address of its first byte, for ``kickmsg.atomics``.
     """
 
-    def __init__(self, name: str, memory: mmap.mmap, identity: tuple[int, int], writable: bool):
+    def __init__(self, name: str, memory: mmap.mmap, identity: tuple[int, int], writable: bool, shared: bool = True):
         self.name = name
         self.identity = identity  # (st_dev, st_ino) of the object mapped
         self.writable = writable
+        self.shared = shared  # False: ordinary private memory, nothing in /dev/shm
         self.size = len(memory)
         self.buffer = memoryview(memory)
         self._bytes = numpy.frombuffer(memory, dtype=numpy.uint8)  # pins the mapping, knows its address
         self.address = self._bytes.ctypes.data
+
+    @classmethod
+    def private(cls, name: str, size: int) -> "Mapping":
+        """Zeroed private memory of ``size`` bytes standing in for a shared
+        object (``kickmsg.verify`` runs the real flows over one)."""
+        return cls(name, mmap.mmap(-1, size), identity=(0, 0), writable=True, shared=False)
 
     def is_replaced(self) -> bool:
         """Whether the name now refers to another object than the one mapped

@@ -305,6 +305,8 @@ def _join_ring(region: SharedRegion) -> tuple[RingAddresses, int]:
 def _record_ownership(region: SharedRegion, ring: RingAddresses, start_pos: int) -> owners.Sidecar | None:
     """Record this process as the ring's owner in the region's sidecar, so
     the ring can be reclaimed if we die (None if it cannot be recorded)."""
+    if not region.mapping.shared:
+        return None  # a region in private memory has nobody else to tell
     sidecar = owners.Sidecar.open(region.name, create=True)
     if sidecar and not sidecar.claim(ring.index, start_pos, region.header.created_at_ns):
         sidecar.close()
