@@ -1,163 +1,456 @@
-"""Worker processes for bench_core.py: one implementation per process.
+"""Benchmark worker for bench_core.py: one peer per process tree.
 
 Run by bench_core.py, never by hand, as
 
-    python    core_worker.py ours   -           MODE JSON-ARGS   (our package)
-    python -S core_worker.py native NATIVE_DIR  MODE JSON-ARGS   (native 0.1.0)
+    python    core_worker.py PEER      -          -         MODE JSON-ARGS
+    python -S core_worker.py native    NATIVE_DIR SITE_DIR  MODE JSON-ARGS
 
-For ``native`` the interpreter runs without site-packages (-S) and
-``sys.path[0]`` is replaced by the directory holding ``kickmsg.abi3.so``, so
-our package cannot be imported in that process; the import is checked.
+PEER is ours, native, mp_pipe, mp_queue or zmq (see peers.py). For
+``native`` the interpreter runs without site-packages (-S); NATIVE_DIR (the
+one holding ``kickmsg.abi3.so``) goes first on sys.path and SITE_DIR (for
+numpy) last, so our package cannot be imported in that process: the import
+is checked. ``ours`` imports this package; the other peers import no kickmsg
+at all.
 
-Modes (each prints one JSON object as its last stdout line):
-  roundtrip   send + try_receive in one process, per payload size
-  subscribe   create the region, join it, print "ready", then time every
-              message received with a blocking receive(timeout)
-  publish     open the region and publish stamped messages at a fixed period
+Cross-process benchmarks fork their subscriber processes from here
+(multiprocessing, "fork" start method: what the pipes and queues need), so
+every process of a measurement runs the same peer. Each mode prints one JSON
+object, the raw measurements, as the last stdout line; bench_core.py
+computes the statistics.
 
-Only the standard library and ``kickmsg`` are imported here.
+Modes and exactly what they time:
+
+  inproc    one process, one subscriber: ``publisher.send(payload)`` then the
+            receive of the same message, for each size. Timed in batches of
+            ``batch`` pairs with perf_counter_ns; each repeat lasts about
+            ``repeat_s`` (sized by a warm-up of ``warmup_s``).
+  latency   a publisher (this process) and one subscriber process. Every
+            ``period_s`` the publisher takes ``time.monotonic_ns()``, builds the
+            message (sequence number and stamp, padded to ``size`` bytes: a new
+            bytes object, as the native ``send`` takes only bytes) and sends
+            it. The subscriber, blocked in its receive
+            (``spin`` false) or looping on its non-blocking receive (``spin``
+            true), computes ``monotonic_ns() - stamp`` as soon as it has the
+            message. It also notes whether it was already waiting when the
+            message was stamped.
+  fanout    a publisher (this process) and ``subscribers`` processes. Each
+            round the publisher sends ``size``-byte messages as fast as it can
+            for ``duration_s``, then a short stop message; each subscriber
+            counts what it receives (blocking receive) and notes the clock
+            every 64 messages and at the stop message. Rate of a subscriber =
+            messages counted at its last clock note / (that note - the
+            publisher's start). Round 0 is a warm-up of ``warmup_s``.
+  frames    the same with one subscriber and ``size``-byte frames: the
+            publisher produces each frame by copying a prepared numpy image
+            into the buffer it sends (for kickmsg: the allocated slot, then
+            publish in place) with a 16-byte header (sequence, stamp); the
+            subscriber gets it as a numpy uint8 array (kickmsg: a view over
+            the slot, no copy), reads the header and the last byte, releases
+            it, and notes the clock of every frame.
+  scaling   ours/native only, one process: ``publisher.send(payload)`` alone
+            on a region with ``rings`` subscribers that never read (so every
+            ring has wrapped: the steady state, each publish also evicts the
+            ring's oldest entry), for each size.
 """
 import json
+import multiprocessing
 import struct
 import sys
 import time
+import traceback
 
-impl, native_dir, mode, raw_args = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
-if impl == "native":
+PEER, NATIVE_DIR, SITE_DIR, MODE, RAW_ARGS = sys.argv[1:6]
+if PEER == "native":
     assert sys.flags.no_site, "run the native worker with python -S"
-    sys.path[0] = native_dir  # the script's own directory is not needed
+    sys.path.insert(0, NATIVE_DIR)
+    sys.path.append(SITE_DIR)  # numpy; our package is installed by a .pth hook that -S skips
     import kickmsg
 
     assert kickmsg.__file__.endswith(".so"), f"expected the native binding, got {kickmsg.__file__}"
-elif impl == "ours":
+elif PEER == "ours":
     import kickmsg
 
     assert kickmsg.__file__.endswith("__init__.py"), f"expected the pure-Python package, got {kickmsg.__file__}"
 else:
-    raise SystemExit(f"unknown implementation {impl!r}")
+    kickmsg = None
 
-ARGS = json.loads(raw_args)
+import numpy  # noqa: E402  (after the sys.path set-up above)
 
-# Latency messages: sequence number and publish stamp, padded to the payload size.
-STAMP = struct.Struct("<QQ")
+import peers  # noqa: E402
+
+ARGS = json.loads(RAW_ARGS)
+CONTEXT = multiprocessing.get_context("fork")
+STAMP = struct.Struct("<QQ")  # sequence number, monotonic_ns at send
 STOP_SEQUENCE = 2**64 - 1
+STOP_MESSAGE = b"\0"  # fan-out and frames: any message of another length ends a round
+NS = 1_000_000_000
+
+
+def make_peer(args: dict):
+    if PEER in ("ours", "native"):
+        return peers.KickmsgPeer(PEER, kickmsg, args["shm_name"], args.get("config", {}), args["idle_s"])
+    if PEER == "mp_pipe":
+        return peers.PipePeer()
+    if PEER == "mp_queue":
+        return peers.QueuePeer(args["depth"])
+    if PEER == "zmq":
+        return peers.ZmqPeer(args["socket_path"], args["depth"], args["idle_s"])
+    raise SystemExit(f"unknown peer {PEER!r}")
 
 
 def emit(result: dict) -> None:
-    result["impl"] = impl
-    result["module"] = kickmsg.__file__
+    if PEER not in ("ours", "native"):
+        assert "kickmsg" not in sys.modules, "a non-kickmsg peer imported kickmsg"
+    result["peer"] = PEER
+    result["module"] = kickmsg.__file__ if kickmsg else None
     print(json.dumps(result), flush=True)
 
 
-# -- (a) in-process round trip ---------------------------------------------
+# -- subscriber processes -----------------------------------------------------
 
 
-def timed_round_trips(publisher, subscriber, payload: bytes, iterations: int) -> int:
-    """Nanoseconds for ``iterations`` send + try_receive pairs."""
-    send = publisher.send
-    receive = subscriber.try_receive
-    start = time.perf_counter_ns()
-    for _ in range(iterations):
-        send(payload)
-        receive()
-    return time.perf_counter_ns() - start
+class Children:
+    """Subscriber processes forked from here, each with a control pipe."""
+
+    def __init__(self, target, count: int, peer, args: dict):
+        self.links = []
+        for index in range(count):
+            mine, theirs = CONTEXT.Pipe()
+            process = CONTEXT.Process(target=_child_main, args=(target, peer, index, theirs, args), daemon=True)
+            process.start()
+            theirs.close()
+            self.links.append((process, mine))
+
+    def expect(self, timeout_s: float, what: str) -> list:
+        """One message from every child within ``timeout_s`` in total."""
+        deadline = time.monotonic() + timeout_s
+        messages = []
+        for index, (process, link) in enumerate(self.links):
+            if not link.poll(max(0.0, deadline - time.monotonic())):
+                raise RuntimeError(f"{PEER}: subscriber {index} sent no {what} within {timeout_s:.0f} s")
+            message = link.recv()
+            if isinstance(message, dict) and "error" in message:
+                raise RuntimeError(f"{PEER}: subscriber {index} failed:\n{message['error']}")
+            messages.append(message)
+        return messages
+
+    def stop(self) -> None:
+        for process, link in self.links:
+            process.join(timeout=5)
+            if process.is_alive():
+                process.kill()
+                process.join()
+            link.close()
 
 
-def roundtrip(name: str, sizes: list, repeats: int, warmup_s: float, repeat_s: float) -> None:
-    """For each size: warm up for ``warmup_s`` (which also calibrates how many
-    iterations fill about ``repeat_s``), then ``repeats`` timed runs."""
-    region = kickmsg.SharedRegion.create(name, kickmsg.ChannelType.PubSub, kickmsg.Config(), "bench_core")
+def _child_main(target, peer, index, link, args) -> None:
     try:
-        publisher = kickmsg.Publisher(region)
-        subscriber = kickmsg.Subscriber(region)
+        target(peer, index, link, **args)
+    except BaseException:
+        link.send({"error": traceback.format_exc()})
+
+
+# -- inproc --------------------------------------------------------------------
+
+
+def timed_batches(send, receive, payload, batches: int, batch: int) -> list:
+    """Nanoseconds of each of ``batches`` runs of ``batch`` send + receive pairs."""
+    clock = time.perf_counter_ns
+    pairs = range(batch)
+    spans = [0] * batches
+    for index in range(batches):
+        start = clock()
+        for _ in pairs:
+            send(payload)
+            receive()
+        spans[index] = clock() - start
+    return spans
+
+
+def inproc(sizes: list, repeats: int, warmup_s: float, repeat_s: float, batch: int, **peer_args) -> None:
+    peer = make_peer(peer_args)
+    peer.setup(1)
+    try:
+        publisher = peer.publisher()  # zmq: bind before the subscriber connects
+        subscriber = peer.subscriber(0)
+        publisher.wait_for_subscribers(1, 10)
+        send, receive = publisher.send, subscriber.inproc_receive
         results = {}
         for size in sizes:
             payload = (bytes(range(256)) * (size // 256 + 1))[:size]
-            publisher.send(payload)
-            received = subscriber.try_receive()
-            assert received == payload, f"{impl}: round trip of {size} B returned {len(received or b'')} B"
-            # Warm up; count how many iterations fit into warmup_s.
-            iterations, done, spent = 100, 0, 0
-            while spent < warmup_s * 1e9:
-                spent += timed_round_trips(publisher, subscriber, payload, iterations)
-                done += iterations
-                iterations *= 2
-            per_repeat = max(1000, int(repeat_s * 1e9 * done / spent))
-            runs = [timed_round_trips(publisher, subscriber, payload, per_repeat) / per_repeat for _ in range(repeats)]
-            assert subscriber.try_receive() is None and subscriber.lost == 0
-            results[str(size)] = {"iterations_per_repeat": per_repeat, "ns_per_op_runs": runs}
-        del publisher, subscriber
-        emit({"roundtrip": results})
+            send(payload)
+            assert receive() == payload, f"{PEER}: in-process {size} B came back different"
+            # Warm up, doubling the batch count, to learn how many fill repeat_s.
+            batches, done, spent = 4, 0, 0
+            while spent < warmup_s * NS:
+                spent += sum(timed_batches(send, receive, payload, batches, batch))
+                done += batches
+                batches *= 2
+            per_repeat = max(10, int(repeat_s * NS * done / spent))
+            runs = [timed_batches(send, receive, payload, per_repeat, batch) for _ in range(repeats)]
+            results[str(size)] = {"batch": batch, "batch_ns_runs": runs}
+        assert getattr(subscriber, "lost", 0) == 0
+        subscriber.close()
+        publisher.close()
+        emit({"inproc": results})
     finally:
-        region.unlink()
+        peer.teardown()
 
 
-# -- (b) cross-process one-way latency --------------------------------------
+# -- latency ---------------------------------------------------------------------
 
 
-def subscribe(name: str, size: int, warmup: int, samples: int, timeout_s: float) -> None:
-    """Create the region, join, then receive until the stop message. For each
-    message: latency = monotonic_ns() after receive - stamp in the payload.
-    Also records whether the subscriber entered receive() before the message
-    was stamped, i.e. it really had to wait for it."""
-    region = kickmsg.SharedRegion.create(name, kickmsg.ChannelType.PubSub, kickmsg.Config(), "bench_core")
+def latency_subscriber(peer, index: int, link, size: int, spin: bool) -> None:
+    subscriber = peer.subscriber(index)
+    link.send("ready")
+    receive = subscriber.try_receive if spin else subscriber.receive
+    clock = time.monotonic_ns
+    idle_ns = int((peer.idle_s or 1.0) * NS)
+    latencies, expected, gaps, timeouts, bad_size = [], 0, 0, 0, 0
+    warmup = None
+    while True:
+        entered = clock()
+        data = receive()
+        if spin:
+            misses = 0
+            while data is None:
+                misses += 1
+                if not misses & 0xFFFF and clock() - entered > idle_ns:
+                    break
+                data = receive()
+        now = clock()
+        if data is None:
+            timeouts += 1
+            if timeouts >= 5:
+                break  # the publisher is gone: report what we have
+            continue
+        sequence, stamp = STAMP.unpack_from(data)
+        if sequence == STOP_SEQUENCE:
+            warmup = stamp  # the stop message carries the warm-up count
+            break
+        bad_size += len(data) != size
+        gaps += sequence - expected
+        expected = sequence + 1
+        latencies.append((sequence, now - stamp, stamp > entered))
+    measured = [(ns, was_waiting) for sequence, ns, was_waiting in latencies if sequence >= (warmup or 0)]
+    link.send(
+        {
+            "latencies_ns": [ns for ns, _ in measured],
+            "waited": sum(was_waiting for _, was_waiting in measured),
+            "lost_by_sequence": gaps,
+            "lost": subscriber.lost,
+            "timeouts": timeouts,
+            "bad_size": bad_size,
+        }
+    )
+    subscriber.close()
+
+
+def latency(size: int, spin: bool, period_s: float, warmup: int, samples: int, **peer_args) -> None:
+    peer = make_peer(peer_args)
+    peer.setup(1)
+    children = None
     try:
-        subscriber = kickmsg.Subscriber(region)
-        print("ready", flush=True)
-        latencies_ns, waited, gaps, timeouts = [], 0, 0, 0
-        expected = 0
+        children = Children(latency_subscriber, 1, peer, {"size": size, "spin": spin})
+        children.expect(30, "ready")
+        publisher = peer.publisher()
+        publisher.wait_for_subscribers(1, 10)
+        send, clock, sleep, pack = publisher.send, time.monotonic_ns, time.sleep, STAMP.pack
+        padding = bytes(size - STAMP.size)
+        period_ns = int(period_s * NS)
+        next_send = clock() + period_ns
+        for sequence in range(warmup + samples):
+            remaining = next_send - clock()
+            if remaining > 0:
+                sleep(remaining / NS)
+            stamp = clock()
+            # A late wake-up delays the next message rather than sending two back to back.
+            next_send = stamp + period_ns
+            send(pack(sequence, stamp) + padding)
+        sleep(period_s)
+        send(pack(STOP_SEQUENCE, warmup) + padding)
+        (result,) = children.expect(30, "result")
+        publisher.close()
+        emit({"latency": result, "sent": warmup + samples})
+    finally:
+        if children:
+            children.stop()
+        peer.teardown()
+
+
+# -- fanout and frames --------------------------------------------------------------
+
+
+def stream_subscriber(peer, index: int, link, size: int, rounds: int, frames: bool) -> None:
+    """Receive ``rounds`` rounds, each up to the stop message (or, for a lossy
+    peer that dropped it, until the idle timeout once something came)."""
+    subscriber = peer.subscriber(index)
+    link.send("ready")
+    clock = time.monotonic_ns
+    receive = subscriber.receive
+    receive_frame = subscriber.receive_frame
+    for _ in range(rounds):
+        count = mark_count = mark_ns = idle = 0
+        stopped, times, expected, gaps, checksum = False, [], 0, 0, 0
         while True:
-            entered = time.monotonic_ns()
-            data = subscriber.receive(timeout_s)
-            now = time.monotonic_ns()
+            if frames:
+                array, release = receive_frame()
+                data = array
+            else:
+                data = receive()
             if data is None:
-                timeouts += 1
-                if timeouts >= 3:
-                    break  # the publisher is gone: report what we have
+                if count or idle >= 10:
+                    break
+                idle += 1
                 continue
-            sequence, stamp = STAMP.unpack_from(data)
-            if sequence == STOP_SEQUENCE:
+            if len(data) != size:
+                mark_count, mark_ns, stopped = count, clock(), True
+                if frames:
+                    del array, data
+                    if release:
+                        release()
                 break
-            assert len(data) == size
-            gaps += sequence - expected
-            expected = sequence + 1
-            if sequence >= warmup:
-                latencies_ns.append(now - stamp)
-                waited += stamp > entered
-        emit(
+            count += 1
+            if frames:
+                now = clock()
+                # Read the header and the last byte through the array.
+                sequence = int(array[:8].view(numpy.uint64)[0])
+                checksum ^= int(array[-1])
+                del array, data
+                if release:
+                    release()
+                times.append(now)
+                gaps += sequence - expected
+                expected = sequence + 1
+                mark_count, mark_ns = count, now
+            elif not count & 63:
+                mark_count, mark_ns = count, clock()
+        link.send(
             {
-                "latencies_ns": latencies_ns,
-                "expected": samples,
-                "waited": waited,
-                "lost_by_sequence": gaps,
+                "count": count,
+                "mark_count": mark_count,
+                "mark_ns": mark_ns,
+                "stopped": stopped,
                 "lost": subscriber.lost,
-                "timeouts": timeouts,
+                "frame_ns": times,
+                "lost_by_sequence": gaps,
             }
         )
+    subscriber.close()
+
+
+def stream(kind: str, subscribers: int, size: int, duration_s: float, warmup_s: float, repeats: int, **peer_args):
+    frames = kind == "frames"
+    peer = make_peer(peer_args)
+    peer.setup(subscribers)
+    children = None
+    rounds = []
+    try:
+        children = Children(
+            stream_subscriber, subscribers, peer, {"size": size, "rounds": 1 + repeats, "frames": frames}
+        )
+        children.expect(30, "ready")
+        publisher = peer.publisher()
+        publisher.wait_for_subscribers(subscribers, 10)
+        clock = time.monotonic_ns
+        payload = bytes(size)
+        source = numpy.random.default_rng(1).integers(0, 256, size, dtype=numpy.uint8)
+        for round_index in range(1 + repeats):
+            duration_ns = int((warmup_s if round_index == 0 else duration_s) * NS)
+            sent = 0
+            if frames:
+                send_frame = publisher.send_frame
+                start = clock()
+                end = start + duration_ns
+                while True:
+                    send_frame(source, STAMP.pack(sent, clock()))
+                    sent += 1
+                    if clock() >= end:
+                        break
+            else:
+                send = publisher.send
+                start = clock()
+                end = start + duration_ns
+                while True:
+                    for _ in range(64):
+                        send(payload)
+                    sent += 64
+                    if clock() >= end:
+                        break
+            stopped_ns = clock()
+            publisher.send(STOP_MESSAGE)
+            received = children.expect(60 + 4 * duration_ns / NS, "round result")
+            if round_index:
+                rounds.append(
+                    {"start_ns": start, "publisher_ns": stopped_ns - start, "sent": sent, "subscribers": received}
+                )
+        retries = getattr(publisher, "allocate_retries", 0)
+        publisher.close()
+        emit({kind: {"rounds": rounds, "allocate_retries": retries, "lossy": peer.lossy}})
     finally:
-        region.unlink()
+        if children:
+            children.stop()
+        peer.teardown()
 
 
-def publish(name: str, size: int, count: int, period_s: float) -> None:
-    """Publish ``count`` stamped messages, at least ``period_s`` apart (a late
-    wake-up of this process delays the next message rather than sending two
-    back to back), then a stop message. The stamp is taken right before
-    send()."""
-    publisher = kickmsg.Publisher(kickmsg.SharedRegion.open(name))
-    padding = bytes(size - STAMP.size)
-    period_ns = int(period_s * 1e9)
-    next_send = time.monotonic_ns() + period_ns
-    for sequence in range(count):
-        remaining = next_send - time.monotonic_ns()
-        if remaining > 0:
-            time.sleep(remaining / 1e9)
-        stamp = time.monotonic_ns()
-        next_send = stamp + period_ns
-        publisher.send(STAMP.pack(sequence, stamp) + padding)
-    time.sleep(period_s)
-    publisher.send(STAMP.pack(STOP_SEQUENCE, 0) + padding)
-    emit({"published": count})
+def fanout(**args) -> None:
+    stream("fanout", **args)
+
+
+def frames(**args) -> None:
+    stream("frames", subscribers=1, **args)
+
+
+# -- scaling -----------------------------------------------------------------------
+
+
+def timed_sends(send, payload, batches: int, batch: int) -> list:
+    clock = time.perf_counter_ns
+    sends = range(batch)
+    spans = [0] * batches
+    for index in range(batches):
+        start = clock()
+        for _ in sends:
+            send(payload)
+        spans[index] = clock() - start
+    return spans
+
+
+def scaling(
+    rings: list, sizes: list, repeats: int, warmup_s: float, repeat_s: float, batch: int, shm_name: str, config: dict,
+    idle_s: float, **_unused,
+) -> None:
+    assert kickmsg is not None, "scaling is measured for ours and native only"
+    results = {}
+    for ring_count in rings:
+        peer = peers.KickmsgPeer(
+            PEER, kickmsg, f"{shm_name}_{ring_count}", dict(config, max_subscribers=ring_count), idle_s
+        )
+        peer.setup(ring_count)
+        try:
+            subscribers = [peer.subscriber(index) for index in range(ring_count)]
+            publisher = peer.publisher()
+            send = publisher.send
+            for size in sizes:
+                payload = (bytes(range(256)) * (size // 256 + 1))[:size]
+                # Wrap every ring first (the steady state), then calibrate as in inproc.
+                timed_sends(send, payload, 2 * config["sub_ring_capacity"] // batch + 1, batch)
+                batches, done, spent = 2, 0, 0
+                while spent < warmup_s * NS:
+                    spent += sum(timed_sends(send, payload, batches, batch))
+                    done += batches
+                    batches *= 2
+                per_repeat = max(5, int(repeat_s * NS * done / spent))
+                runs = [timed_sends(send, payload, per_repeat, batch) for _ in range(repeats)]
+                results.setdefault(str(ring_count), {})[str(size)] = {"batch": batch, "batch_ns_runs": runs}
+            for subscriber in subscribers:
+                subscriber.close()
+            publisher.close()
+            del subscribers, publisher, send
+        finally:
+            peer.teardown()
+    emit({"scaling": results})
 
 
 if __name__ == "__main__":
-    {"roundtrip": roundtrip, "subscribe": subscribe, "publish": publish}[mode](**ARGS)
+    {"inproc": inproc, "latency": latency, "fanout": fanout, "frames": frames, "scaling": scaling}[MODE](**ARGS)

@@ -7,8 +7,9 @@ view, slot, memoryview) keeps its ``Mapping`` alive.
 import mmap
 import os
 
-import numpy
 import posix_ipc
+
+from kickmsg._atomics_cffi import ffi
 
 NAME_RULE = "a shared-memory name is '/' followed by 1 to 254 bytes (UTF-8), none of them '/' or NUL"
 CREATE_MODE = 0o666  # as 0.1.0; the process umask applies
@@ -52,8 +53,8 @@ class Mapping:
         self.shared = shared  # False: ordinary private memory, nothing in /dev/shm
         self.size = len(memory)
         self.buffer = memoryview(memory)
-        self._bytes = numpy.frombuffer(memory, dtype=numpy.uint8)  # pins the mapping, knows its address
-        self.address = self._bytes.ctypes.data
+        self._pointer = ffi.from_buffer(memory)  # pins the mapping (it cannot be closed under us)
+        self.address = int(ffi.cast("uintptr_t", self._pointer))
 
     @classmethod
     def private(cls, name: str, size: int) -> "Mapping":
