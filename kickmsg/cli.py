@@ -751,6 +751,7 @@ def cmd_verify(args) -> int:
             raise CommandError(f"--{option.replace('_', '-')} must be 0 or more, not {getattr(args, option)}")
     scenario = verify.MUTANT_SCENARIOS.get(args.mutant, verify.Scenario())
     changes = {field: getattr(args, field) for field in ("publishers", "messages", "subscribers", "capacity", "pool")}
+    changes["repairer"] = True if args.repair_pass else None
     scenario = dataclasses.replace(scenario, **{k: v for k, v in changes.items() if v is not None})
     try:
         if args.seed is not None:
@@ -910,7 +911,8 @@ def build_parser() -> argparse.ArgumentParser:
                   "  kickmsg verify                                  # every schedule with <= 2 preemptions\n"
                   "  kickmsg verify --mutant release-before-lock     # break a rule of the spec: a trace is printed\n"
                   "  kickmsg verify --seed 7 --runs 5000             # seeded random schedules instead\n"
-                  "  kickmsg verify --publishers 3 --capacity 4 --preemptions 1",
+                  "  kickmsg verify --publishers 3 --capacity 4 --preemptions 1\n"
+                  "  kickmsg verify --repair-pass --preemptions 1        # a repair pass racing live traffic",
                   channel=False)
     from kickmsg.verify.mutants import MUTANTS
 
@@ -925,6 +927,8 @@ def build_parser() -> argparse.ArgumentParser:
                           ("subscribers", "subscribers (each with its own ring)"), ("capacity", "ring capacity"),
                           ("pool", "pool slots")):
         sub.add_argument(f"--{field}", type=int, metavar="N", help=f"{meaning} (default: the mutant's scenario)")
+    sub.add_argument("--repair-pass", action="store_true",
+                     help="add an actor that runs repair_locked_entries() once, concurrently")
     return parser
 
 

@@ -261,7 +261,12 @@ class SharedRegion:
     def repair_locked_entries(self) -> int:
         """Commit every stuck entry as empty (INVALID_SLOT, length 0, sequence
         position + 1) so publishers wrapping onto it succeed again. Safe under
-        live traffic: at worst it races a slow writer's identical commit.
+        live traffic in that nothing blocks or is corrupted; but an entry a
+        live publisher holds LOCKED at that moment is committed empty under
+        it, and if our INVALID_SLOT lands after its slot index, its message
+        is lost for that ring and one reference to its slot leaks
+        (``reclaim_orphaned_slots`` recovers it at quiescence; the spec calls
+        this race benign, ``kickmsg verify --repair-pass`` shows it is not).
         Returns the number of entries repaired."""
         self.require_writable("repair entries")
         ops = self.atomics

@@ -1,24 +1,27 @@
 """The protocol's invariants, checked between any two steps and at the end.
 
 Read straight from the region's memory (with the hardware atomics, outside
-the schedule):
+the schedule), plus a ``Ledger`` of what memory cannot tell by itself,
+followed from the steps as they happen: which slots publishers are writing
+(popped, not yet published) or hold from an evicted entry, how many pins
+subscribers hold on each slot, and what was committed at each ring position.
 
 1. The free stack has no cycle or duplicate and links only to slots of the
-   pool; every slot on it has refcount 0.
-2. Every slot named by a committed entry of a Live ring (the entry holds
-   that ring's reference) is off the free stack, and its refcount is at
-   least the number of such entries naming it. (Pins and publishers in the
-   middle of publishing only add to it.)
+   pool; every slot on it has refcount 0 and no committed entry of a Live
+   ring names it.
+2. Every other slot is either being written by one publisher (or held by
+   one from an eviction, or named by a ring being drained), with a refcount
+   at least the Live entries naming it, or referenced by exactly as many
+   committed entries of Live rings and pins as its refcount says.
 3. Every message a subscriber received is the one committed at that ring
-   position (the explorer notes each commit as it happens), and none came
-   twice or out of one publisher's order.
+   position, and none came twice or out of one publisher's order.
 4. At the end, with every actor done, every ring is Free with nobody in
    flight, and the pool is whole: every slot on the free stack, refcount 0.
 
-Together: a slot is free, or being written by one publisher, or referenced
-by as many entries and pins as its refcount allows; no reference is lost
-(4) and none is released early (1, 2, 3).
+A reference released too early breaks 1, 2 or 3; one never released breaks
+2 or 4.
 """
+import collections
 import struct
 
 from kickmsg import layout
@@ -51,32 +54,81 @@ def _refcount(region, slot: int) -> int:
     return ops.load_acquire_u32(region.slot_address(slot) + layout.REFCOUNT_OFFSET)
 
 
-def memory_violation(region) -> str | None:
+class Ledger:
+    """Pins, slots held by publishers and commits, followed step by step."""
+
+    def __init__(self, region):
+        self.region = region
+        self.pins = collections.Counter()  # slot -> pins subscribers hold
+        self.held = {}  # publisher -> slots it is writing or captured from an evicted entry
+        self.committed = {}  # (ring, position) -> the message committed there
+
+    def _slot_word(self, address: int) -> tuple[int, int] | None:
+        """(slot, offset in its header) if ``address`` is in the pool."""
+        g = self.region.geometry
+        offset = address - self.region.slot_address(0)
+        if not 0 <= offset < g.pool_size * g.slot_stride:
+            return None
+        return divmod(offset, g.slot_stride)
+
+    def follow(self, step) -> None:
+        slot_word = self._slot_word(step.address)
+        refcount = slot_word is not None and slot_word[1] == layout.REFCOUNT_OFFSET
+        succeeded = step.operation.startswith("cas_") and step.result == step.operands[0]
+        if step.where == "pop" and succeeded:  # a publisher took a slot: a new message
+            self.held[step.actor] = {step.operands[0] & layout.U32_MAX}
+        elif step.where == "_wait_and_capture_slot" and step.operation.startswith("load_relaxed"):
+            if step.result < self.region.geometry.pool_size:  # the slot of the entry it evicts
+                self.held.setdefault(step.actor, set()).add(step.result)
+        elif refcount and step.where == "Subscriber._pin_next" and succeeded:
+            self.pins[slot_word[0]] += 1
+        elif refcount and step.actor.startswith("sub") and step.operation.startswith("fetch_sub"):
+            if "SharedRegion.drain_ring" not in step.stack:  # else the ring's reference, not a pin
+                self.pins[slot_word[0]] -= step.operands[0]
+        elif step.operation == "store_release_u64":
+            found = committed_message(self.region, step.address, step.operands[0])
+            if found is not None:
+                self.committed[found[0]] = found[1]
+
+    def finished(self, actor: str) -> None:
+        self.held.pop(actor, None)
+
+
+def _entries_naming(region, state: int) -> collections.Counter:
+    """Slot -> committed entries naming it, over the rings in ``state``."""
+    named = collections.Counter()
+    for ring in region.rings:
+        if ops.load_acquire_u32(ring.state_flight) & layout.RING_STATE_MASK != state:
+            continue
+        for index in range(region.geometry.capacity):
+            entry = ring.entries + index * layout.ENTRY_SIZE
+            sequence = ops.load_acquire_u64(entry + layout.SEQUENCE_OFFSET)
+            slot = ops.load_acquire_u32(entry + layout.SLOT_IDX_OFFSET)
+            if sequence not in (0, layout.LOCKED_SEQUENCE) and slot < region.geometry.pool_size:
+                named[slot] += 1
+    return named
+
+
+def memory_violation(region, ledger: Ledger) -> str | None:
     """Invariants 1 and 2, between any two steps."""
     free, problem = _free_stack(region)
     if problem:
         return problem
+    live = _entries_naming(region, layout.RING_LIVE)
     for slot in free:
         if _refcount(region, slot):
             return f"slot {slot} is on the free stack with refcount {_refcount(region, slot)}"
-    free = set(free)
-    held = {}
-    for ring in region.rings:
-        if ops.load_acquire_u32(ring.state_flight) & layout.RING_STATE_MASK != layout.RING_LIVE:
-            continue
-        write_pos = ops.load_acquire_u64(ring.write_pos)
-        for position in range(max(0, write_pos - region.geometry.capacity), write_pos):
-            entry = region.entry_address(ring, position)
-            if ops.load_acquire_u64(entry + layout.SEQUENCE_OFFSET) != position + 1:
-                continue
-            slot = ops.load_acquire_u32(entry + layout.SLOT_IDX_OFFSET)
-            if slot < region.geometry.pool_size:
-                held[slot] = held.get(slot, 0) + 1
-                if slot in free:
-                    return f"slot {slot} is on the free stack but ring {ring.index} position {position} still holds it"
-    for slot, entries in held.items():
-        if _refcount(region, slot) < entries:
-            return f"slot {slot} has refcount {_refcount(region, slot)} but {entries} committed entries hold it"
+        if live[slot]:
+            return f"slot {slot} is on the free stack but {live[slot]} committed entries of Live rings name it"
+    in_transit = set().union(*ledger.held.values(), _entries_naming(region, layout.RING_DRAINING))
+    for slot in sorted(set(range(region.geometry.pool_size)) - set(free)):
+        refcount = _refcount(region, slot)
+        if slot in in_transit:
+            if refcount < live[slot]:
+                return f"slot {slot} has refcount {refcount} but {live[slot]} committed entries of Live rings name it"
+        elif refcount != live[slot] + ledger.pins[slot]:
+            return (f"slot {slot} has refcount {refcount} but {live[slot]} committed entries of Live rings "
+                    f"and {ledger.pins[slot]} pins reference it")
     return None
 
 

@@ -129,7 +129,9 @@ def build(mutant: Mutant):
     module = inspect.getmodule(original)
     namespace = dict(vars(module))
     exec(compile(source, f"<mutant {mutant.name} of {module.__name__}>", "exec"), namespace)
-    return namespace[original.__name__]
+    mutated = namespace[original.__name__]
+    mutated.__code__ = mutated.__code__.replace(co_qualname=original.__qualname__)  # named as the original in traces
+    return mutated
 
 
 @contextlib.contextmanager

@@ -40,11 +40,16 @@ class Step:
     """One atomic operation, as the trace shows it."""
 
     actor: str
-    where: str  # the function of the package that made the call
+    stack: tuple[str, ...]  # the functions of the package at work, innermost first
     operation: str
     address: int
     operands: tuple
     result: int | None
+
+    @property
+    def where(self) -> str:
+        """The function of the package that made the call."""
+        return self.stack[0] if self.stack else "?"
 
 
 @dataclass
@@ -70,17 +75,18 @@ class Outcome:
     violation: str | None = None
 
 
-def _caller() -> str:
-    """The innermost function of the package (outside kickmsg.verify, or a
-    mutant of one) on the stack."""
+def _package_stack() -> tuple[str, ...]:
+    """The functions of the package (outside kickmsg.verify, or mutants of
+    them) on the stack, innermost first."""
+    names = []
     frame = sys._getframe(2)
     while frame is not None:
         filename = frame.f_code.co_filename
         ours = f"{os.sep}kickmsg{os.sep}" in filename and f"{os.sep}verify{os.sep}" not in filename
         if ours or filename.startswith("<mutant "):
-            return frame.f_code.co_qualname
+            names.append(frame.f_code.co_qualname)
         frame = frame.f_back
-    return "?"
+    return tuple(names)
 
 
 class ScheduledAtomics(Atomics):
@@ -156,7 +162,7 @@ class Execution:
 
     def record(self, actor: Actor, operation: str, address: int, operands: tuple, result) -> None:
         """Note the step; notice spinning; wake spinners that a write concerns."""
-        self.outcome.steps.append(Step(actor.name, _caller(), operation, address, operands, result))
+        self.outcome.steps.append(Step(actor.name, _package_stack(), operation, address, operands, result))
         failed_cas = operation.startswith("cas_") and result != operands[0]
         if operation.startswith("load_") or failed_cas:  # a failed CAS only read
             if actor.reads.get(address) == result:
