@@ -77,26 +77,30 @@ def print_table(title: str, note: str, header: list[str], rows: list[list[str]])
 # -- the tables ------------------------------------------------------------------------
 
 
+def peer_rows(results: dict, keys: list, cells, width: int) -> list[list[str]]:
+    """One row per peer: its name, then ``cells(measured, ours)`` (``width``
+    cells) for each of ``keys`` of ``results``, or "failed"."""
+    rows = []
+    for peer in PEERS:
+        row = [peer]
+        for key in keys:
+            measured, ours = results[key].get(peer), results[key].get("ours")
+            row += ["failed"] + [""] * (width - 1) if measured is None else cells(measured, ours)
+        rows.append(row)
+    return rows
+
+
 def inproc_table(results: dict) -> None:
     sizes = list(results)
     header = ["peer"]
     for size in sizes:
         label = size_label(size)
         header += [f"{label} median", "p99", "vs ours"]
-    rows = []
-    for peer in PEERS:
-        row = [peer]
-        for size in sizes:
-            measured, ours = results[size].get(peer), results[size].get("ours")
-            if measured is None:
-                row += ["failed", "", ""]
-                continue
-            row += [
-                format_ns(measured["median_ns"]),
-                format_ns(measured["p99_ns"]),
-                format_ratio(ratio(measured["median_ns"], ours and ours["median_ns"])),
-            ]
-        rows.append(row)
+    rows = peer_rows(results, sizes, lambda measured, ours: [
+        format_ns(measured["median_ns"]),
+        format_ns(measured["p99_ns"]),
+        format_ratio(ratio(measured["median_ns"], ours and ours["median_ns"])),
+    ], 3)
     print_table(
         "1. In-process send + receive, one process (time per message; lower is better)",
         "   kickmsg: send + try_receive; others: send + their blocking receive. Median over repeats of the mean;\n"
@@ -112,21 +116,12 @@ def latency_tables(results: dict) -> None:
         header = ["peer"]
         for key in keys:
             header += [f"{size_label(key.split('_')[0])} median", "p99", "vs ours", "waited"]
-        rows = []
-        for peer in PEERS:
-            row = [peer]
-            for key in keys:
-                measured, ours = results[key].get(peer), results[key].get("ours")
-                if measured is None:
-                    row += ["failed", "", "", ""]
-                    continue
-                row += [
-                    format_us(measured["median_us"]),
-                    format_us(measured["p99_us"]),
-                    format_ratio(ratio(measured["median_us"], ours and ours["median_us"])),
-                    f"{measured['waited_fraction']:.0%}",
-                ]
-            rows.append(row)
+        rows = peer_rows(results, keys, lambda measured, ours: [
+            format_us(measured["median_us"]),
+            format_us(measured["p99_us"]),
+            format_ratio(ratio(measured["median_us"], ours and ours["median_us"])),
+            f"{measured['waited_fraction']:.0%}",
+        ], 4)
         print_table(
             f"2{'ab'[mode == 'spin']}. Cross-process one-way latency, {title} (lower is better)",
             "   One message per ms; median and p99 of each repeat, medians over repeats. vs ours = peer / ours.\n"
@@ -149,22 +144,13 @@ def fanout_table(results: dict) -> None:
     for subscribers in results:
         label = f"{subscribers} sub" + ("s" if int(subscribers) > 1 else "")
         header += [f"{label}: msgs/s", "worst", "vs ours", "lost", "sent/s"]
-    rows = []
-    for peer in PEERS:
-        row = [peer]
-        for subscribers in results:
-            measured, ours = results[subscribers].get(peer), results[subscribers].get("ours")
-            if measured is None:
-                row += ["failed", "", "", "", ""]
-                continue
-            row += [
-                format_rate(measured["median_msgs_s"]),
-                format_rate(measured["worst_msgs_s"]),
-                format_ratio(ratio(measured["median_msgs_s"], ours and ours["median_msgs_s"])),
-                format_fraction(max(0.0, measured["loss_fraction"])),
-                format_rate(measured["published_msgs_s"]),
-            ]
-        rows.append(row)
+    rows = peer_rows(results, list(results), lambda measured, ours: [
+        format_rate(measured["median_msgs_s"]),
+        format_rate(measured["worst_msgs_s"]),
+        format_ratio(ratio(measured["median_msgs_s"], ours and ours["median_msgs_s"])),
+        format_fraction(max(0.0, measured["loss_fraction"])),
+        format_rate(measured["published_msgs_s"]),
+    ], 5)
     print_table(
         "3. Fan-out throughput, 64 B, one publisher process to N subscriber processes (higher is better)",
         "   msgs/s: messages received per second, summed over the subscribers (median over rounds; worst round).\n"
@@ -179,22 +165,13 @@ def frames_table(results: dict) -> None:
     header = ["peer"]
     for size in results:
         header += [f"{size_label(size)}: frames/s", "GB/s", "p99 gap", "vs ours", "lost"]
-    rows = []
-    for peer in PEERS:
-        row = [peer]
-        for size in results:
-            measured, ours = results[size].get(peer), results[size].get("ours")
-            if measured is None:
-                row += ["failed", "", "", "", ""]
-                continue
-            row += [
-                f"{measured['median_fps']:,.0f}",
-                f"{measured['gb_s']:.2f}",
-                f"{measured['p99_interval_ms']:.2f} ms",
-                format_ratio(ratio(measured["median_fps"], ours and ours["median_fps"])),
-                format_fraction(max(0.0, measured["loss_fraction"])),
-            ]
-        rows.append(row)
+    rows = peer_rows(results, list(results), lambda measured, ours: [
+        f"{measured['median_fps']:,.0f}",
+        f"{measured['gb_s']:.2f}",
+        f"{measured['p99_interval_ms']:.2f} ms",
+        format_ratio(ratio(measured["median_fps"], ours and ours["median_fps"])),
+        format_fraction(max(0.0, measured["loss_fraction"])),
+    ], 5)
     print_table(
         "4. Large frames, one publisher process to one subscriber process, received as numpy arrays (higher is better)",
         "   Each frame copied from a prepared image into the buffer sent (kickmsg: the slot, published in place);\n"
