@@ -7,6 +7,8 @@ import secrets
 
 import pytest
 
+import crashworkers
+
 from kickmsg import shm
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -34,3 +36,11 @@ def remove_leftover_regions():
     yield
     for path in pathlib.Path("/dev/shm").glob(f"{SESSION_PREFIX}_*"):
         path.unlink(missing_ok=True)
+
+
+@pytest.fixture
+def procs():
+    """A crashworkers.Processes; whatever still runs at the end is killed."""
+    started = crashworkers.Processes()
+    yield started
+    started.kill_all()

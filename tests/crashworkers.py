@@ -1,4 +1,5 @@
-"""Workers and a process harness for test_crash.py and test_dead_subscribers.py.
+"""Workers and a process harness for test_crash.py, test_dead_subscribers.py
+and test_multiprocess.py (the ``procs`` fixture of conftest.py).
 
 The workers run in spawned processes through ``mpworkers.main`` and report
 like the workers of ``mpworkers``: ``report("ready")`` once they have joined

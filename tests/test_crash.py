@@ -100,14 +100,6 @@ def crash_config(**fields) -> Config:
     return Config(**(values | fields))
 
 
-@pytest.fixture
-def procs():
-    """A crashworkers.Processes; whatever still runs at the end is killed."""
-    started = crashworkers.Processes()
-    yield started
-    started.kill_all()
-
-
 def raw_rings(name) -> list:
     data = rawregion.read_bytes(name)
     return [rawregion.ring(data, index) for index in range(rawregion.header(data)["max_subs"])]

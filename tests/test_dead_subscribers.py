@@ -59,14 +59,6 @@ done({"reclaimed": report.reclaimed, "unrecorded": report.unrecorded, "timed_out
 '''
 
 
-@pytest.fixture
-def procs():
-    """A crashworkers.Processes; whatever still runs at the end is killed."""
-    started = crashworkers.Processes()
-    yield started
-    started.kill_all()
-
-
 def small_config(**fields) -> Config:
     values = {"max_subscribers": 3, "sub_ring_capacity": 8, "pool_size": 32, "max_payload_size": 64}
     return Config(**(values | fields))

@@ -1,13 +1,12 @@
 """Publishers and subscribers in separate processes sharing one region.
 
-The workers live in ``mpworkers`` and run in spawned processes. Every wait is
+The workers live in ``mpworkers`` and run in spawned processes (started by the
+``procs`` fixture, a ``crashworkers.Processes``). Every wait is
 bounded; a worker that does not finish in time is killed and the test fails
-naming it. Results come back on a queue; the region's final state is checked
+naming it. Results come back on a pipe per worker; the region's final state is checked
 with ``rawregion``, which shares no code with the package.
 """
-import multiprocessing
 import os
-import queue
 import signal
 import time
 
@@ -15,11 +14,9 @@ import pytest
 
 import mpworkers
 import rawregion
+from crashworkers import CTX, RUN_S, STARTUP_S
 from kickmsg import ChannelType, Config, Publisher, SharedRegion, Subscriber
 
-CTX = multiprocessing.get_context("spawn")
-STARTUP_S = 60  # for spawned interpreters to import and join, on a loaded machine
-RUN_S = 90  # for any phase of a test to finish
 RING_FREE, RING_LIVE = 0, 1
 # The blocked receiver waits up to 30 s, then checks the ring once more, so a
 # missed wake-up would still deliver the message after 30 s. Waiting less
@@ -33,70 +30,6 @@ def channel_config(**fields) -> Config:
     """A config with a generous commit timeout: on two busy cores a publisher
     may be descheduled mid-commit, and must not be taken for a crashed one."""
     return Config(commit_timeout=2.0, **fields)
-
-
-class Workers:
-    """Starts workers in spawned processes and collects their reports."""
-
-    def __init__(self):
-        self.queue = CTX.Queue()
-        self.processes = {}  # label -> Process
-        self.reports = {}  # (kind, label) -> value
-
-    def start(self, label, worker, *args):
-        process = CTX.Process(target=mpworkers.main, args=(self.queue, label, worker, *args), name=label, daemon=True)
-        process.start()
-        self.processes[label] = process
-        return process
-
-    def wait_for(self, kind, labels, timeout):
-        """Wait until every one of ``labels`` has reported ``kind``; returns
-        {label: value}. Fails on a worker's error, on a worker that died
-        silently, or at the deadline."""
-        deadline = time.monotonic() + timeout
-        while missing := [label for label in labels if (kind, label) not in self.reports]:
-            try:
-                got_kind, label, value = self.queue.get(timeout=0.2)
-            except queue.Empty:
-                dead = [(label, self.processes[label].exitcode) for label in missing if not self.processes[label].is_alive()]
-                if dead and self.queue.empty():
-                    pytest.fail(f"workers exited before reporting {kind!r} (label, exit code): {dead}")
-                if time.monotonic() > deadline:
-                    pytest.fail(f"no {kind!r} report within {timeout} s from {missing}")
-                continue
-            if got_kind == "error":
-                pytest.fail(f"worker {label} failed:\n{value}")
-            self.reports[got_kind, label] = value
-        return {label: self.reports[kind, label] for label in labels}
-
-    def join(self, labels, timeout=RUN_S):
-        """Wait for these workers to exit with code 0; kill stragglers."""
-        deadline = time.monotonic() + timeout
-        for label in labels:
-            self.processes[label].join(max(0.0, deadline - time.monotonic()))
-        stuck = [label for label in labels if self.processes[label].is_alive()]
-        for label in stuck:
-            self.processes[label].kill()
-            self.processes[label].join(5)
-        assert not stuck, f"workers still running after {timeout} s (killed): {stuck}"
-        failed = {label: self.processes[label].exitcode for label in labels if self.processes[label].exitcode != 0}
-        assert not failed, f"workers exited with non-zero codes: {failed}"
-
-    def kill_all(self):
-        for process in self.processes.values():
-            if process.is_alive():
-                process.kill()
-            process.join(5)
-        self.queue.close()
-        self.queue.join_thread()
-
-
-@pytest.fixture
-def workers():
-    """A Workers; whatever still runs when the test ends is killed."""
-    started = Workers()
-    yield started
-    started.kill_all()
 
 
 def ring_states(name) -> list:
@@ -124,7 +57,7 @@ def wait_for_ring(name, index, condition, what):
 # -- 1. many publishers, many subscribers --------------------------------------------
 
 
-def test_two_publishers_three_subscribers(shm_name, workers):
+def test_two_publishers_three_subscribers(shm_name, procs):
     """2 publisher x 3 subscriber processes, 20 000 messages each publisher.
 
     Every subscriber joins before publishing starts and stays to the end, so
@@ -144,21 +77,21 @@ def test_two_publishers_three_subscribers(shm_name, workers):
     SharedRegion.create(shm_name, ChannelType.PubSub, cfg)
     go, done = CTX.Event(), CTX.Event()
 
-    workers.start("sub-a", mpworkers.numbered_subscriber, shm_name, done)
-    workers.start("sub-b", mpworkers.numbered_subscriber, shm_name, done)
-    workers.start("sub-views", mpworkers.numbered_subscriber, shm_name, done, None, None, held_views)
-    workers.wait_for("ready", subscribers, STARTUP_S)
+    procs.start("sub-a", mpworkers.numbered_subscriber, shm_name, done)
+    procs.start("sub-b", mpworkers.numbered_subscriber, shm_name, done)
+    procs.start("sub-views", mpworkers.numbered_subscriber, shm_name, done, None, None, held_views)
+    procs.wait_for("ready", subscribers, STARTUP_S)
     for publisher_id in publishers:
-        workers.start(f"pub-{publisher_id}", mpworkers.numbered_publisher, shm_name, publisher_id, count, go)
+        procs.start(f"pub-{publisher_id}", mpworkers.numbered_publisher, shm_name, publisher_id, count, go)
     publisher_labels = [f"pub-{publisher_id}" for publisher_id in publishers]
-    workers.wait_for("ready", publisher_labels, STARTUP_S)
+    procs.wait_for("ready", publisher_labels, STARTUP_S)
     go.set()
 
-    published = workers.wait_for("result", publisher_labels, RUN_S)
-    workers.join(publisher_labels)
+    published = procs.wait_for("result", publisher_labels, RUN_S)
+    procs.join(publisher_labels)
     done.set()
-    received = workers.wait_for("result", subscribers, RUN_S)
-    workers.join(subscribers)
+    received = procs.wait_for("result", subscribers, RUN_S)
+    procs.join(subscribers)
 
     print("publishers:", published)
     for label, result in received.items():
@@ -177,19 +110,19 @@ def test_two_publishers_three_subscribers(shm_name, workers):
 
 
 @pytest.mark.parametrize("use_view", [False, True], ids=["receive", "receive_view"])
-def test_blocking_receive_is_woken_by_another_process(shm_name, workers, use_view):
+def test_blocking_receive_is_woken_by_another_process(shm_name, procs, use_view):
     """A subscriber blocked in receive (futex wait) is woken by a publish from
     another process, and returns exactly that message, well before its
     receive timeout."""
     SharedRegion.create(shm_name, ChannelType.PubSub, channel_config(max_subscribers=2, sub_ring_capacity=8, pool_size=8))
-    workers.start("receiver", mpworkers.blocking_receiver, shm_name, use_view)
-    workers.wait_for("ready", ["receiver"], STARTUP_S)
+    procs.start("receiver", mpworkers.blocking_receiver, shm_name, use_view)
+    procs.wait_for("ready", ["receiver"], STARTUP_S)
     wait_for_ring(shm_name, 0, lambda ring: ring.has_waiter == 1, "got a waiter")
 
     message = f"wake up, {os.getpid()} {time.time_ns()}".encode()
     Publisher(SharedRegion.open(shm_name)).send(message)
-    result = workers.wait_for("result", ["receiver"], WAKE_WAIT_S)["receiver"]
-    workers.join(["receiver"])
+    result = procs.wait_for("result", ["receiver"], WAKE_WAIT_S)["receiver"]
+    procs.join(["receiver"])
 
     assert result == message
     assert_all_rings_free(shm_name)
@@ -199,34 +132,34 @@ def test_blocking_receive_is_woken_by_another_process(shm_name, workers, use_vie
 # -- 3. a subscriber process going away ----------------------------------------------
 
 
-def publish_to_one_subscriber(name, workers, ending, count=3):
+def publish_to_one_subscriber(name, procs, ending, count=3):
     """Start a view_holder, publish ``count`` messages to it, and wait until it
     holds them all as views. Returns the messages."""
-    workers.start("holder", mpworkers.view_holder, name, count, ending)
-    workers.wait_for("ready", ["holder"], STARTUP_S)
+    procs.start("holder", mpworkers.view_holder, name, count, ending)
+    procs.wait_for("ready", ["holder"], STARTUP_S)
     pub = Publisher(SharedRegion.open(name))
     messages = [f"message {i}".encode() for i in range(count)]
     for message in messages:
         assert pub.send(message) == len(message)
-    held = workers.wait_for("holding", ["holder"], RUN_S)["holder"]
+    held = procs.wait_for("holding", ["holder"], RUN_S)["holder"]
     assert held == messages
     return messages
 
 
 @pytest.mark.parametrize("ending", ["close", "return", "exit"])
-def test_subscriber_process_leaving_normally_frees_its_ring(shm_name, workers, ending):
+def test_subscriber_process_leaving_normally_frees_its_ring(shm_name, procs, ending):
     """A subscriber process that ends normally, whether it closes, just drops
     its subscriber and views, or leaves them to interpreter shutdown, frees its
     ring and gives every slot back."""
     SharedRegion.create(shm_name, ChannelType.PubSub, channel_config(max_subscribers=2, sub_ring_capacity=8, pool_size=8))
-    publish_to_one_subscriber(shm_name, workers, ending)
-    workers.join(["holder"])
+    publish_to_one_subscriber(shm_name, procs, ending)
+    procs.join(["holder"])
 
     assert_all_rings_free(shm_name)
     rawregion.assert_pool_whole(shm_name)
 
 
-def test_subscriber_killed_holding_views_leaves_its_ring_live(shm_name, workers):
+def test_subscriber_killed_holding_views_leaves_its_ring_live(shm_name, procs):
     """SIGKILL skips the teardown: the ring stays Live (a later issue recovers
     it), and each received slot keeps the ring's reference plus the dead
     view's pin. Other subscribers can still join."""
@@ -234,8 +167,8 @@ def test_subscriber_killed_holding_views_leaves_its_ring_live(shm_name, workers)
     SharedRegion.create(
         shm_name, ChannelType.PubSub, channel_config(max_subscribers=2, sub_ring_capacity=8, pool_size=pool_size)
     )
-    publish_to_one_subscriber(shm_name, workers, "wait", count)
-    holder = workers.processes["holder"]
+    publish_to_one_subscriber(shm_name, procs, "wait", count)
+    holder = procs.processes["holder"]
     os.kill(holder.pid, signal.SIGKILL)
     holder.join(RUN_S)
     assert holder.exitcode == -signal.SIGKILL
@@ -256,7 +189,7 @@ def test_subscriber_killed_holding_views_leaves_its_ring_live(shm_name, workers)
 # -- 4. subscribers at different speeds ------------------------------------------------
 
 
-def test_slow_subscriber_does_not_hold_back_a_fast_one(shm_name, workers):
+def test_slow_subscriber_does_not_hold_back_a_fast_one(shm_name, procs):
     """One publisher, a fast and a slow subscriber process. The publisher
     never gets more than half a ring ahead of the fast one, which therefore
     receives everything; the slow one sleeps until two rings' worth has been
@@ -269,20 +202,20 @@ def test_slow_subscriber_does_not_hold_back_a_fast_one(shm_name, workers):
     go, done = CTX.Event(), CTX.Event()
     fast_progress, published = CTX.Value("q", 0, lock=False), CTX.Value("q", 0, lock=False)
 
-    workers.start("fast", mpworkers.numbered_subscriber, shm_name, done, fast_progress, None)
-    workers.start("slow", mpworkers.numbered_subscriber, shm_name, done, None, (published, 2 * capacity))
-    workers.wait_for("ready", ["fast", "slow"], STARTUP_S)
-    workers.start(
+    procs.start("fast", mpworkers.numbered_subscriber, shm_name, done, fast_progress, None)
+    procs.start("slow", mpworkers.numbered_subscriber, shm_name, done, None, (published, 2 * capacity))
+    procs.wait_for("ready", ["fast", "slow"], STARTUP_S)
+    procs.start(
         "pub", mpworkers.numbered_publisher, shm_name, 7, count, go, (fast_progress, capacity // 2), published
     )
-    workers.wait_for("ready", ["pub"], STARTUP_S)
+    procs.wait_for("ready", ["pub"], STARTUP_S)
     go.set()
 
-    workers.wait_for("result", ["pub"], RUN_S)
-    workers.join(["pub"])
+    procs.wait_for("result", ["pub"], RUN_S)
+    procs.join(["pub"])
     done.set()
-    results = workers.wait_for("result", ["fast", "slow"], RUN_S)
-    workers.join(["fast", "slow"])
+    results = procs.wait_for("result", ["fast", "slow"], RUN_S)
+    procs.join(["fast", "slow"])
 
     fast, slow = results["fast"], results["slow"]
     print("fast:", fast, "\nslow:", slow)
