@@ -57,29 +57,9 @@ class AuditReport:
     rings: list[RingAudit]
     schema_state: str
 
-    @property
-    def clean(self) -> bool:
-        return not (
-            self.free_stack_problems
-            or self.leaked_slots
-            or self.under_referenced_slots
-            or self.double_free_candidates
-            or self.schema_state == "Claiming"
-            or any(r.locked_entries or r.stale_entries or r.bad_entries or r.retired for r in self.rings)
-            or any(r.state == "Draining" for r in self.rings)
-            or any(r.state.startswith("invalid") for r in self.rings)
-        )
-
-    @property
-    def verdict(self) -> str:
-        """One line: ``clean: ...`` or ``DAMAGED: ...``."""
-        live = sum(r.state == "Live" for r in self.rings)
-        summary = f"{self.free_slots} of {self.pool_size} slots free, {live} live rings"
-        if self.being_written:
-            summary += f", {len(self.being_written)} slot(s) being written"
-        if self.clean:
-            return f"clean: {summary}"
-        damage = {
+    def damage(self) -> dict[str, int]:
+        """Each kind of damage the audit looks for, with how much it found."""
+        return {
             "free-stack problems": len(self.free_stack_problems),
             "leaked slots": len(self.leaked_slots),
             "under-referenced slots": len(self.under_referenced_slots),
@@ -92,8 +72,20 @@ class AuditReport:
             "rings in an invalid state": sum(r.state.startswith("invalid") for r in self.rings),
             "schema claims stuck at Claiming": int(self.schema_state == "Claiming"),
         }
-        found = ", ".join(f"{what}: {count}" for what, count in damage.items() if count)
-        return f"DAMAGED: {found}; {summary}"
+
+    @property
+    def clean(self) -> bool:
+        return not any(self.damage().values())
+
+    @property
+    def verdict(self) -> str:
+        """One line: ``clean: ...`` or ``DAMAGED: ...``."""
+        live = sum(r.state == "Live" for r in self.rings)
+        summary = f"{self.free_slots} of {self.pool_size} slots free, {live} live rings"
+        if self.being_written:
+            summary += f", {len(self.being_written)} slot(s) being written"
+        found = ", ".join(f"{what}: {count}" for what, count in self.damage().items() if count)
+        return f"DAMAGED: {found}; {summary}" if found else f"clean: {summary}"
 
 
 def audit(region: SharedRegion) -> AuditReport:

@@ -398,6 +398,17 @@ class SharedRegion:
                 treiber.release_slot(self, slot)
                 ops.store_seq_cst_u32(entry + layout.SLOT_IDX_OFFSET, layout.INVALID_SLOT)
 
+    def referenced_slots(self) -> set[int]:
+        """The slot indices that committed entries in the rings' live windows
+        name (read-only; the set ``reclaim_orphaned_slots`` keeps)."""
+        ops = self.atomics
+        referenced = set()
+        for ring in self.rings:
+            for position, entry, sequence in self._live_window(ring):
+                if sequence >= position + 1 and sequence != layout.LOCKED_SEQUENCE:
+                    referenced.add(ops.load_relaxed_u32(entry + layout.SLOT_IDX_OFFSET))
+        return referenced
+
     def reclaim_orphaned_slots(self) -> int:
         """Give back every slot with a refcount that no ring entry references.
 
@@ -408,11 +419,7 @@ class SharedRegion:
         """
         self.require_writable("reclaim slots")
         ops = self.atomics
-        referenced = set()
-        for ring in self.rings:
-            for position, entry, sequence in self._live_window(ring):
-                if sequence >= position + 1 and sequence != layout.LOCKED_SEQUENCE:
-                    referenced.add(ops.load_relaxed_u32(entry + layout.SLOT_IDX_OFFSET))
+        referenced = self.referenced_slots()
         reclaimed = 0
         for slot in range(self.geometry.pool_size):
             refcount_address = self.slot_address(slot) + layout.REFCOUNT_OFFSET

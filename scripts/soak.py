@@ -128,14 +128,7 @@ def audit_summary(region) -> dict:
     still hold (reclaim_orphaned_slots leaves those: it cannot tell which
     reference is the extra one)."""
     report = audit(region)
-    referenced = set()
-    ops = region.atomics
-    for ring in region.rings:
-        write_pos = ops.load_acquire_u64(ring.write_pos)
-        for position in range(max(0, write_pos - region.geometry.capacity), write_pos):
-            entry = region.entry_address(ring, position)
-            if ops.load_acquire_u64(entry + layout.SEQUENCE_OFFSET) == position + 1:
-                referenced.add(ops.load_relaxed_u32(entry + layout.SLOT_IDX_OFFSET))
+    referenced = region.referenced_slots()
     return {
         "verdict": report.verdict,
         "clean": report.clean,
