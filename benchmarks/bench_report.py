@@ -1,6 +1,7 @@
 """Text report of bench_core.py: tables, the issue-8 targets and the scaling
 table in markdown. Pure formatting of the results dictionary; nothing is
 measured here."""
+import operator
 
 PEERS = ("ours", "native", "mp_pipe", "mp_queue", "zmq")
 SIZE_LABELS = {64: "64 B", 1024: "1 KB", 4096: "4 KB", 16384: "16 KB", 65536: "64 KB", 262144: "256 KB",
@@ -255,6 +256,9 @@ def scaling_table(scaling: dict, settings: dict) -> None:
 # -- targets ------------------------------------------------------------------------------
 
 
+COMPARISONS = {"<": operator.lt, "<=": operator.le, ">=": operator.ge}
+
+
 def _get(results: dict, *path):
     for key in path:
         if results is None:
@@ -267,29 +271,30 @@ def targets(results: dict) -> list[dict]:
     """The issue-8 targets, each with the ratio it is judged on."""
     found = []
 
-    def add(target: str, value, threshold: float, below: bool, detail: str = ""):
-        met = None if value is None else (value < threshold if below else value >= threshold)
-        found.append({"target": target, "value": value, "threshold": threshold, "met": met, "detail": detail})
+    def add(target: str, value, comparison: str, threshold: float, detail: str, unit: str = "ratio"):
+        met = None if value is None else COMPARISONS[comparison](value, threshold)
+        found.append({"target": target, "value": value, "threshold": threshold, "met": met, "detail": detail,
+                      "unit": unit})
 
     ours = _get(results, "inproc", "64", "ours", "median_ns")
     native = _get(results, "inproc", "64", "native", "median_ns")
     add(
         "in-process 64 B send+try_receive within 10x of native (time ours/native <= 10)",
-        ratio(ours, native), 10.0000001, True,
+        ratio(ours, native), "<=", 10.0,
         f"ours {format_ns(ours)}, native {format_ns(native)}" if ours and native else "",
     )
     latency = _get(results, "latency", "64_block") or {}
     ours = _get(latency, "ours", "median_us")
-    for peer, threshold, wording in (
-        ("native", 1.5000001, "within 1.5x of native (median ours/native <= 1.5)"),
-        ("mp_pipe", 1.0, "below multiprocessing.Pipe (median ours/Pipe < 1)"),
-        ("mp_queue", 1.0, "below multiprocessing.Queue (median ours/Queue < 1)"),
-        ("zmq", 1.0, "below pyzmq (median ours/zmq < 1)"),
+    for peer, comparison, threshold, wording in (
+        ("native", "<=", 1.5, "within 1.5x of native (median ours/native <= 1.5)"),
+        ("mp_pipe", "<", 1.0, "below multiprocessing.Pipe (median ours/Pipe < 1)"),
+        ("mp_queue", "<", 1.0, "below multiprocessing.Queue (median ours/Queue < 1)"),
+        ("zmq", "<", 1.0, "below pyzmq (median ours/zmq < 1)"),
     ):
         other = _get(latency, peer, "median_us")
         add(
             f"cross-process blocking 64 B one-way latency {wording}",
-            ratio(ours, other), threshold, True,
+            ratio(ours, other), comparison, threshold,
             f"ours {format_us(ours)}, {peer} {format_us(other)}" if ours and other else "",
         )
     frames = _get(results, "frames", str(8 << 20)) or {}
@@ -301,20 +306,16 @@ def targets(results: dict) -> list[dict]:
         other = _get(frames, peer, "median_fps")
         add(
             f"8 MB zero-copy frames {wording}",
-            ratio(ours, other), threshold, False,
+            ratio(ours, other), ">=", threshold,
             f"ours {ours:,.0f}/s, {peer} {other:,.0f}/s" if ours and other else "",
         )
     rss = _get(results, "rss", "ours", "total_mb")
     native_rss = _get(results, "rss", "native", "total_mb")
-    found.append(
-        {
-            "target": "import kickmsg + open a channel adds < 15 MB resident memory (ours, MB)",
-            "value": rss,
-            "threshold": 15.0,
-            "met": None if rss is None else rss < 15.0,
-            "detail": f"ours {rss:.1f} MB, native {native_rss:.1f} MB" if rss is not None and native_rss is not None else "",
-            "unit": "MB",
-        }
+    add(
+        "import kickmsg + open a channel adds < 15 MB resident memory (ours, MB)",
+        rss, "<", 15.0,
+        f"ours {rss:.1f} MB, native {native_rss:.1f} MB" if rss is not None and native_rss is not None else "",
+        unit="MB",
     )
     return found
 
@@ -323,7 +324,7 @@ def print_targets(found: list[dict]) -> None:
     rows = []
     for target in found:
         value = target["value"]
-        shown = "-" if value is None else (f"{value:.1f} MB" if target.get("unit") == "MB" else format_ratio(value))
+        shown = "-" if value is None else (f"{value:.1f} MB" if target["unit"] == "MB" else format_ratio(value))
         verdict = {True: "MET", False: "MISSED", None: "NO DATA"}[target["met"]]
         rows.append([target["target"], shown, verdict, target["detail"]])
     print_table("Targets (issue 8), from this run", "", ["target", "value", "verdict", "measured"], rows)
