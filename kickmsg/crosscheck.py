@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 
 import kickmsg
 from kickmsg import crossdriver, layout
+from kickmsg.layout import field_at
 from kickmsg.region import unlink_shm
 
 IGNORED = range(112, 128)  # creator_pid and created_at_ns differ by nature
@@ -375,59 +376,6 @@ def read_region(name: str) -> bytes | None:
             return file.read()
     except FileNotFoundError:
         return None
-
-
-@dataclass(frozen=True)
-class Field:
-    """A named span of a region."""
-
-    label: str
-    start: int
-    size: int
-    scalar: bool  # a little-endian integer (else bytes)
-
-
-def _struct_field(struct_type, base: int, rel: int, prefix: str) -> Field:
-    """The field of a ctypes structure at ``base`` containing ``base + rel``."""
-    for name, ctype in struct_type._fields_:
-        info = getattr(struct_type, name)
-        if info.offset <= rel < info.offset + info.size:
-            if name == "schema_data":
-                return _struct_field(layout.SchemaInfoLayout, base + info.offset, rel - info.offset, prefix + "schema_data.")
-            label = prefix + ("padding" if name.startswith("_pad") else name)
-            is_int = not hasattr(ctype, "_length_") and not name.startswith("_pad")
-            return Field(label, base + info.offset, info.size, is_int)
-    return Field(prefix + "padding", base + rel, 1, False)
-
-
-def field_at(geometry: layout.Geometry, offset: int) -> Field:
-    """Which header field, ring, entry or slot field holds byte ``offset``."""
-    g = geometry
-    if offset < layout.HEADER_SIZE:
-        return _struct_field(layout.Header, 0, offset, "header.")
-    if offset < layout.HEADER_SIZE + g.creator_name_len:
-        return Field("creator name", layout.HEADER_SIZE, g.creator_name_len, False)
-    if offset < g.sub_rings_offset:
-        return Field("header padding", offset, 1, False)
-    if offset < g.pool_offset:
-        ring, rel = divmod(offset - g.sub_rings_offset, g.ring_stride)
-        base = g.sub_rings_offset + ring * g.ring_stride
-        if rel < layout.RING_HEADER_SIZE:
-            return _struct_field(layout.SubRingHeader, base, rel, f"ring {ring}.")
-        entry, rel = divmod(rel - layout.RING_HEADER_SIZE, layout.ENTRY_SIZE)
-        if entry < g.capacity:
-            entry_base = base + layout.RING_HEADER_SIZE + entry * layout.ENTRY_SIZE
-            return _struct_field(layout.Entry, entry_base, rel, f"ring {ring} entry {entry}.")
-        return Field(f"ring {ring} padding", offset, 1, False)
-    if offset < g.total_size:
-        slot, rel = divmod(offset - g.pool_offset, g.slot_stride)
-        base = g.pool_offset + slot * g.slot_stride
-        if rel < layout.SLOT_HEADER_SIZE:
-            return _struct_field(layout.SlotHeader, base, rel, f"slot {slot}.")
-        if rel < layout.SLOT_HEADER_SIZE + g.slot_data_size:
-            return Field(f"slot {slot} payload", base + layout.SLOT_HEADER_SIZE, g.slot_data_size, False)
-        return Field(f"slot {slot} padding", offset, 1, False)
-    return Field("past total_size", offset, 1, False)
 
 
 def describe_value(label: str, value: int) -> str:

@@ -316,3 +316,59 @@ class Geometry:
         if self.total_size > mapped_size:
             found.append(f"total_size {self.total_size} exceeds the {mapped_size} bytes of the shared memory object")
         return found
+
+
+# -- naming the bytes of a region ---------------------------------------------
+
+
+@dataclass(frozen=True)
+class Field:
+    """A named span of a region."""
+
+    label: str
+    start: int
+    size: int
+    scalar: bool  # a little-endian integer (else bytes)
+
+
+def _struct_field(struct_type, base: int, rel: int, prefix: str) -> Field:
+    """The field of a ctypes structure at ``base`` containing ``base + rel``."""
+    for name, ctype in struct_type._fields_:
+        info = getattr(struct_type, name)
+        if info.offset <= rel < info.offset + info.size:
+            if name == "schema_data":
+                return _struct_field(SchemaInfoLayout, base + info.offset, rel - info.offset, prefix + "schema_data.")
+            label = prefix + ("padding" if name.startswith("_pad") else name)
+            is_int = not hasattr(ctype, "_length_") and not name.startswith("_pad")
+            return Field(label, base + info.offset, info.size, is_int)
+    return Field(prefix + "padding", base + rel, 1, False)
+
+
+def field_at(geometry: Geometry, offset: int) -> Field:
+    """Which header field, ring, entry or slot field holds byte ``offset``."""
+    g = geometry
+    if offset < HEADER_SIZE:
+        return _struct_field(Header, 0, offset, "header.")
+    if offset < HEADER_SIZE + g.creator_name_len:
+        return Field("creator name", HEADER_SIZE, g.creator_name_len, False)
+    if offset < g.sub_rings_offset:
+        return Field("header padding", offset, 1, False)
+    if offset < g.pool_offset:
+        ring, rel = divmod(offset - g.sub_rings_offset, g.ring_stride)
+        base = g.sub_rings_offset + ring * g.ring_stride
+        if rel < RING_HEADER_SIZE:
+            return _struct_field(SubRingHeader, base, rel, f"ring {ring}.")
+        entry, rel = divmod(rel - RING_HEADER_SIZE, ENTRY_SIZE)
+        if entry < g.capacity:
+            entry_base = base + RING_HEADER_SIZE + entry * ENTRY_SIZE
+            return _struct_field(Entry, entry_base, rel, f"ring {ring} entry {entry}.")
+        return Field(f"ring {ring} padding", offset, 1, False)
+    if offset < g.total_size:
+        slot, rel = divmod(offset - g.pool_offset, g.slot_stride)
+        base = g.pool_offset + slot * g.slot_stride
+        if rel < SLOT_HEADER_SIZE:
+            return _struct_field(SlotHeader, base, rel, f"slot {slot}.")
+        if rel < SLOT_HEADER_SIZE + g.slot_data_size:
+            return Field(f"slot {slot} payload", base + SLOT_HEADER_SIZE, g.slot_data_size, False)
+        return Field(f"slot {slot} padding", offset, 1, False)
+    return Field("past total_size", offset, 1, False)

@@ -268,40 +268,22 @@ def _report(scenario, mutant, schedules, complete, began, world, outcome) -> Rep
 
 
 def describe_address(region, address: int) -> str:
-    """The region word at ``address``, by name: free_top, ring 0 entry 1
-    sequence, slot 3 refcount, ..."""
-    g = region.geometry
-    offset = address - region.mapping.address
-    named = {layout.MAGIC_OFFSET: "magic", layout.FREE_TOP_OFFSET: "free_top", layout.SCHEMA_STATE_OFFSET: "schema_state"}
-    if offset in named:
-        return named[offset]
-    if g.sub_rings_offset <= offset < g.pool_offset:
-        ring, within = divmod(offset - g.sub_rings_offset, g.ring_stride)
-        fields = {layout.STATE_FLIGHT_OFFSET: "state_flight", layout.WRITE_POS_OFFSET: "write_pos",
-                  layout.HAS_WAITER_OFFSET: "has_waiter"}
-        if within < layout.RING_HEADER_SIZE:
-            return f"ring {ring} {fields.get(within, f'+{within}')}"
-        entry, field_offset = divmod(within - layout.RING_HEADER_SIZE, layout.ENTRY_SIZE)
-        fields = {layout.SEQUENCE_OFFSET: "sequence", layout.SLOT_IDX_OFFSET: "slot_idx",
-                  layout.PAYLOAD_LEN_OFFSET: "payload_len"}
-        return f"ring {ring} entry {entry} {fields.get(field_offset, f'+{field_offset}')}"
-    if g.pool_offset <= offset < g.total_size:
-        slot, within = divmod(offset - g.pool_offset, g.slot_stride)
-        return f"slot {slot} " + {layout.REFCOUNT_OFFSET: "refcount", layout.NEXT_FREE_OFFSET: "next_free"}.get(within, f"+{within}")
-    return f"0x{address:x}"
+    """The region word at ``address``, by name: header.free_top, ring 0
+    entry 1.sequence, slot 3.refcount, ..."""
+    return layout.field_at(region.geometry, address - region.mapping.address).label
 
 
 def describe_value(place: str, value) -> str:
     if value is None:
         return "-"
-    if value == layout.LOCKED_SEQUENCE and place.endswith("sequence"):
+    if value == layout.LOCKED_SEQUENCE and place.endswith(".sequence"):
         return "LOCKED"
-    if value == layout.INVALID_SLOT and place.endswith(("slot_idx", "next_free")):
+    if value == layout.INVALID_SLOT and place.endswith((".slot_idx", ".next_free")):
         return "INVALID"
-    if place == "free_top":
+    if place == "header.free_top":
         slot = value & layout.U32_MAX
         return f"gen {value >> 32}|{'INVALID' if slot == layout.INVALID_SLOT else f'slot {slot}'}"
-    if place.endswith("state_flight"):
+    if place.endswith(".state_flight"):
         state = layout.RING_STATE_NAMES.get(value & layout.RING_STATE_MASK, "?")
         return f"{state}+{value >> 2}"
     return str(value)
@@ -314,7 +296,7 @@ def format_step(region, number: int, step, preempted: str | None) -> str:
     else:
         operands = ", ".join(describe_value(place, operand) for operand in step.operands)
     call = f"{step.operation}({place}{', ' + operands if operands else ''})"
-    line = f"{number:>4}. {step.actor:<6} {step.where:<28} {call:<56} -> {describe_value(place, step.result)}"
+    line = f"{number:>4}. {step.actor:<6} {step.where:<28} {call:<62} -> {describe_value(place, step.result)}"
     return line + (f"   << preempts {preempted}" if preempted else "")
 
 
