@@ -239,3 +239,14 @@ def test_record_cli_errors(tmp_path):
     result = subprocess.run([KICKMSG, "play", str(tmp_path)], capture_output=True, text=True, timeout=30)
     assert result.returncode == 2 and "no .parquet files" in result.stderr
     assert os.listdir(tmp_path) == []
+
+
+def test_stamp_round_trip_and_latency():
+    payload = stamp.stamped(b"abc", stamp_ns=1_000)
+    assert payload[stamp.SIZE:] == b"abc" and stamp.read(payload) == 1_000
+    assert stamp.latency_ns(payload, received_ns=1_250) == 250
+    assert stamp.read(b"short") is None and stamp.latency_ns(b"short") is None
+    buffer = bytearray(16)
+    stamp.write(buffer, stamp_ns=7)
+    assert stamp.read(buffer) == 7
+    assert 0 <= stamp.latency_ns(stamp.stamped(b"")) < 10_000_000_000
