@@ -295,6 +295,20 @@ def start_ours(code: str, timeout: float = DEFAULT_TIMEOUT, **params) -> Peer:
     return Peer("ours", code, params, timeout)
 
 
+def race(peers: list[Peer]) -> list:
+    """Wait until every peer is ready, let them all go at once, and return
+    their results in order (whatever still runs at the end is killed)."""
+    try:
+        for peer in peers:
+            peer.wait_ready()
+        for peer in peers:
+            peer.tell()
+        return [peer.result() for peer in peers]
+    finally:
+        for peer in peers:
+            peer.kill()
+
+
 def run_native(code: str, timeout: float = DEFAULT_TIMEOUT, **params):
     """Run ``code`` with the native kickmsg to completion; its JSON result."""
     with start_native(code, timeout, **params) as peer:

@@ -17,7 +17,7 @@ from kickmsg import ChannelType, Config, Node, SchemaInfo, SharedRegion, Subscri
 from kickmsg import typed
 import rawregion
 from conftest import new_shm_name
-from nativepeer import publish, start_native, start_ours
+from nativepeer import publish, race, start_native, start_ours
 
 DIRECTIONS = [("native", "ours"), ("ours", "native")]
 CONFIG = {"max_subscribers": 4, "sub_ring_capacity": 128, "pool_size": 256, "max_payload_size": 256}
@@ -372,18 +372,7 @@ def test_claim_race_between_native_and_our_processes():
     name = new_shm_name("claimrace")
     SharedRegion.create(name, ChannelType.PubSub, Config(**CONFIG))
     impls = ["native", "ours", "native", "ours"]
-    peers = []
-    try:
-        for index, impl in enumerate(impls):
-            peers.append(start(impl, CLAIM_RACE, name=name, who=f"{impl}-{index}"))
-        for peer in peers:
-            peer.wait_ready()
-        for peer in peers:
-            peer.tell()
-        won = [peer.result() for peer in peers]
-    finally:
-        for peer in peers:
-            peer.kill()
+    won = race([start(impl, CLAIM_RACE, name=name, who=f"{impl}-{index}") for index, impl in enumerate(impls)])
     assert won.count(True) == 1
     winner = won.index(True)
     assert SharedRegion.open(name).schema().name == f"{impls[winner]}-{winner}"

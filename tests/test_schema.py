@@ -15,7 +15,7 @@ from kickmsg import ChannelType, Config, SchemaInfo, SharedRegion, hash, schema
 from kickmsg.schema import Diff
 import rawregion
 from conftest import new_shm_name
-from nativepeer import start_ours
+from nativepeer import race, start_ours
 
 SCHEMA_STATE = 192  # u32: Unset 0, Claiming 1, Set 2
 SCHEMA_DATA = 256  # the 512-byte SchemaInfo
@@ -378,16 +378,7 @@ def test_claim_race_between_processes_has_one_winner():
     its descriptor."""
     name = new_shm_name("claimrace")
     SharedRegion.create(name, ChannelType.PubSub, small_config())
-    peers = [start_ours(CLAIM, name=name, who=f"claimant-{index}") for index in range(4)]
-    try:
-        for peer in peers:
-            peer.wait_ready()
-        for peer in peers:
-            peer.tell()
-        won = [peer.result() for peer in peers]
-    finally:
-        for peer in peers:
-            peer.kill()
+    won = race([start_ours(CLAIM, name=name, who=f"claimant-{index}") for index in range(4)])
     assert won.count(True) == 1
     winner = won.index(True)
     assert SharedRegion.open(name).schema().name == f"claimant-{winner}"
