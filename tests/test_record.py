@@ -92,8 +92,10 @@ def test_recording_has_every_message_and_the_columns(channels, tmp_path):
 
 def test_record_play_record_gives_the_same_payloads_in_order(channels, tmp_path):
     """Record, play the recording into the same channels while recording
-    again: the second recording holds the same payloads in the same order
-    (per channel, and across channels by receive time)."""
+    again: the second recording holds the same payloads in the same order on
+    each channel. (Across channels the order is not observable: each channel
+    is received by a thread of its own, and their receive times can swap two
+    messages played 0.25 ms apart.)"""
     sent = messages(200, b"x")
 
     def publish():
@@ -106,7 +108,9 @@ def test_record_play_record_gives_the_same_payloads_in_order(channels, tmp_path)
     record_while(channels, tmp_path / "second", lambda: play(str(tmp_path / "first"), rate=2.0))
     first = pyarrow.parquet.read_table(tmp_path / "first").sort_by("recv_mono_ns").to_pylist()
     second = pyarrow.parquet.read_table(tmp_path / "second").sort_by("recv_mono_ns").to_pylist()
-    assert [(r["channel"], r["payload"]) for r in second] == [(r["channel"], r["payload"]) for r in first]
+    for name in channels:
+        assert [r["payload"] for r in second if r["channel"] == name] == [r["payload"] for r in first if r["channel"] == name]
+        assert [r["payload"] for r in first if r["channel"] == name] == sent[channels.index(name) :: 2]
     assert sorted(r["payload"] for r in first) == sorted(sent)
 
 
