@@ -26,6 +26,7 @@ import numpy
 import kickmsg
 from kickmsg import layout, owners, shm, typed
 from kickmsg.audit import audit
+from kickmsg.publisher import send_retrying
 from kickmsg.region import SharedRegion
 from kickmsg.schema import Diff, diff
 
@@ -501,18 +502,11 @@ def cmd_pub(args) -> int:
         for index in range(args.count):
             if args.rate:
                 time.sleep(max(0.0, began + index / args.rate - time.monotonic()))
-            give_up = time.monotonic() + 1.0
-            while True:
-                try:
-                    publisher.send(payload)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() >= give_up:
-                        raise CommandError(
-                            f"slot pool of {region.name} stayed empty for 1 s "
-                            f"(after {len(delivered)} of {args.count} message(s) published)"
-                        ) from None
-                    time.sleep(0.001)
+            if not send_retrying(publisher, payload, 1.0):
+                raise CommandError(
+                    f"slot pool of {region.name} stayed empty for 1 s "
+                    f"(after {len(delivered)} of {args.count} message(s) published)"
+                )
             delivered.append(index)
     except KeyboardInterrupt:
         pass

@@ -194,6 +194,23 @@ class Publisher:
         return f"Publisher(region={self._region.name!r}, dropped={self._dropped})"
 
 
+def send_retrying(publisher: Publisher, data, timeout_s: float) -> bool:
+    """``publisher.send(data)``, retrying while the slot pool is empty (a
+    pause of 1 ms, doubling up to 100 ms) for up to ``timeout_s`` seconds.
+    False if the pool stayed empty that long."""
+    deadline = time.monotonic() + timeout_s
+    pause = 0.001
+    while True:
+        try:
+            publisher.send(data)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(pause)
+            pause = min(pause * 2, 0.1)
+
+
 def _wait_and_capture_slot(ops, entry: int, expected_sequence: int, timeout_ns: int) -> int:
     """Wait until the entry's previous occupant has committed (sequence >=
     expected and not LOCKED) and return the slot it holds; after

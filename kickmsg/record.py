@@ -39,7 +39,7 @@ import pyarrow.parquet
 
 from kickmsg import stamp
 from kickmsg.config import ChannelType, Config
-from kickmsg.publisher import Publisher
+from kickmsg.publisher import Publisher, send_retrying
 from kickmsg.region import SharedRegion
 from kickmsg.schema import SchemaInfo
 from kickmsg.subscriber import Subscriber
@@ -271,22 +271,9 @@ def play(path: str, rate: float = 1.0, loop: bool = False, stop: threading.Event
                 began, first = clocks.setdefault(recording, (time.monotonic(), received))
                 time.sleep(max(0.0, began + (received - first) / 1e9 / rate - time.monotonic()))
                 summary.channels.add(channel)
-                if _send(publishers[channel], payload):
+                if send_retrying(publishers[channel], payload, 1.0):
                     summary.messages += 1
                 else:
                     summary.dropped += 1
         if not loop:
             return summary
-
-
-def _send(publisher: Publisher, payload: bytes) -> bool:
-    """Send, retrying an empty pool for up to a second."""
-    give_up = time.monotonic() + 1.0
-    while True:
-        try:
-            publisher.send(payload)
-            return True
-        except BlockingIOError:
-            if time.monotonic() >= give_up:
-                return False
-            time.sleep(0.001)

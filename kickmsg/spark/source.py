@@ -64,7 +64,7 @@ from pyspark.sql.types import (
 )
 
 from kickmsg.config import ChannelType, Config
-from kickmsg.publisher import Publisher
+from kickmsg.publisher import Publisher, send_retrying
 from kickmsg.region import SharedRegion
 from kickmsg.subscriber import Subscriber
 from kickmsg.typed import RecordType
@@ -345,27 +345,14 @@ class Writer(DataSourceWriter):
                 raise ValueError(
                     f"kickmsg writer: row {published} is {len(payload)} bytes, more than max_payload_size {limit} of {self.name}"
                 )
-            self._send(publisher, payload, published)
+            if not send_retrying(publisher, payload, self.pool_wait_s):
+                raise RuntimeError(
+                    f"kickmsg writer: the slot pool of {self.name} stayed exhausted for "
+                    f"{self.pool_wait_s:g} s after {published} message(s) of this task "
+                    "(subscribers hold every slot: read faster or enlarge poolSize)"
+                )
             published += 1
         return Commit(published)
-
-    def _send(self, publisher, payload: bytes, published: int) -> None:
-        """Send, retrying an empty pool with backoff up to poolWaitMs."""
-        deadline = time.monotonic() + self.pool_wait_s
-        pause = 0.001
-        while True:
-            try:
-                publisher.send(payload)
-                return
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    raise RuntimeError(
-                        f"kickmsg writer: the slot pool of {self.name} stayed exhausted for "
-                        f"{self.pool_wait_s:g} s after {published} message(s) of this task "
-                        "(subscribers hold every slot: read faster or enlarge poolSize)"
-                    ) from None
-                time.sleep(pause)
-                pause = min(pause * 2, 0.1)
 
     def commit(self, messages) -> None:
         total = sum(message.published for message in messages if message is not None)
