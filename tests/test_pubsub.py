@@ -530,3 +530,20 @@ def test_blocked_receive_does_not_block_publisher(shm_name):
     assert ring_state(shm_name, 0).has_waiter == 0
     subscriber.close()
     rawregion.assert_pool_whole(shm_name)
+
+
+def test_send_retrying_waits_for_a_slot_to_come_back(shm_name):
+    from kickmsg.publisher import send_retrying
+
+    region = SharedRegion.create(shm_name, ChannelType.PubSub,
+                                 Config(max_subscribers=1, sub_ring_capacity=1, pool_size=2, max_payload_size=8))
+    publisher, subscriber = Publisher(region), Subscriber(region)
+    publisher.send(b"a")
+    view = subscriber.try_receive_view()  # pins a's slot
+    publisher.send(b"b")  # the ring holds b's slot: no slot is free
+    assert not send_retrying(publisher, b"c", 0.01)  # still dry after the timeout
+    threading.Timer(0.05, view.release).start()
+    assert send_retrying(publisher, b"c", 10.0)  # sent once the view gave its slot back
+    assert subscriber.try_receive() == b"c"
+    assert subscriber.lost == 1  # b, overwritten by c
+    subscriber.close()
