@@ -215,12 +215,14 @@ def _wait_and_capture_slot(ops, entry: int, expected_sequence: int, timeout_ns: 
     """Wait until the entry's previous occupant has committed (sequence >=
     expected and not LOCKED) and return the slot it holds; after
     ``timeout_ns`` assume that writer crashed and return ``INVALID_SLOT``."""
-    deadline = time.monotonic_ns() + timeout_ns
+    deadline = None  # read the clock only once we have to wait
     spins = 0
     while True:
         sequence = ops.load_acquire_u64(entry + SEQUENCE_OFFSET)
         if sequence >= expected_sequence and sequence != LOCKED_SEQUENCE:
             return ops.load_relaxed_u32(entry + SLOT_IDX_OFFSET)
+        if deadline is None:
+            deadline = time.monotonic_ns() + timeout_ns
         spins += 1
         if spins % CLOCK_CHECK_SPINS == 0:
             if time.monotonic_ns() >= deadline:
