@@ -105,7 +105,7 @@ def audit(region: SharedRegion) -> AuditReport:
             problems.append(f"cycle: slot {slot} is reached twice")
             break
         free.add(slot)
-        slot = ops.load_acquire_u32(region.slot_address(slot) + layout.NEXT_FREE_OFFSET)
+        slot = ops.load_acquire_u32(region.slot_addresses[slot] + layout.NEXT_FREE_OFFSET)
 
     # Ring references: committed entries of every ring's live window.
     references = [0] * pool_size
@@ -122,7 +122,7 @@ def audit(region: SharedRegion) -> AuditReport:
             references=0,
         )
         for position in range(max(0, write_pos - capacity), write_pos):
-            entry = region.entry_address(ring, position)
+            entry = ring.entries[position & region.geometry.mask]
             sequence = ops.load_acquire_u64(entry + layout.SEQUENCE_OFFSET)
             if sequence == layout.LOCKED_SEQUENCE:
                 ring_audit.locked_entries.append(position)
@@ -140,7 +140,7 @@ def audit(region: SharedRegion) -> AuditReport:
     # Each slot against its state.
     being_written, leaked, under_referenced, double_free = [], [], [], []
     for slot in range(pool_size):
-        refcount = ops.load_acquire_u32(region.slot_address(slot) + layout.REFCOUNT_OFFSET)
+        refcount = ops.load_acquire_u32(region.slot_addresses[slot] + layout.REFCOUNT_OFFSET)
         if slot in free:
             if refcount or references[slot]:
                 double_free.append(slot)

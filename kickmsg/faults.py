@@ -45,7 +45,7 @@ class CrashingAtomics(Atomics):
         self._free_top = region.free_top_address
         self._write_positions = {ring.write_pos for ring in region.rings}
         self._state_flights = {ring.state_flight for ring in region.rings}
-        self._pool = (region.pool_address, region.pool_address + region.geometry.pool_size * region.geometry.slot_stride)
+        self._pool = (region.slot_addresses.start, region.slot_addresses.stop)
         self._slot_stride = region.geometry.slot_stride
 
     def _reached(self, point: str) -> None:

@@ -67,8 +67,9 @@ class Publisher:
         ``BlockingIOError`` (EAGAIN) if the slot pool is empty.
         """
         region = self._region
-        payload = memoryview(data).cast("B")
-        size = payload.nbytes
+        # Bytes are copied as they are; any other buffer as its raw bytes.
+        payload = data if isinstance(data, (bytes, bytearray)) else memoryview(data).cast("B")
+        size = len(payload)
         if size > region.geometry.slot_data_size:
             raise ValueError(
                 f"message too large: {size} bytes exceeds max_payload_size "
@@ -79,7 +80,7 @@ class Publisher:
         if slot == INVALID_SLOT:
             raise BlockingIOError(errno.EAGAIN, f"slot pool exhausted on {region.name}; try again after subscribers drain")
         # 2. Write the payload into it.
-        start = region.payload_offset(slot)
+        start = region.payload_offsets[slot]
         region.mapping.buffer[start : start + size] = payload
         self._publish(slot, size)
         return size
@@ -111,12 +112,13 @@ class Publisher:
         rings it was committed to."""
         region = self._region
         ops = region.atomics
-        capacity = region.geometry.capacity
-        commit_timeout_ns = region.geometry.commit_timeout_us * 1000
+        geometry = region.geometry
+        capacity, mask, pool_size = geometry.capacity, geometry.mask, geometry.pool_size
+        commit_timeout_ns = geometry.commit_timeout_us * 1000
         # 3. Pre-set the refcount to max_subs before touching any ring, so an
         #    eviction in one ring cannot free the slot while we visit the next.
         #    (Relaxed: each ring's release commit below publishes it.)
-        ops.store_relaxed_u32(region.slot_address(slot) + REFCOUNT_OFFSET, region.geometry.max_subs)
+        ops.store_relaxed_u32(region.slot_addresses[slot] + REFCOUNT_OFFSET, geometry.max_subs)
         delivered = 0
         excess = 0  # references held for rings we did not deliver to
         # 4. For each ring:
@@ -136,7 +138,7 @@ class Publisher:
                 continue
             # Claim a position; its committed sequence will be position + 1.
             position = ops.fetch_add_acq_rel_u64(ring.write_pos, 1)
-            entry = region.entry_address(ring, position)
+            entry = ring.entries[position & mask]
             sequence = (position + 1) & U64_MAX
             # If the ring wrapped: wait for the previous occupant's commit and
             # capture its slot; its release is deferred until we hold the lock.
@@ -157,10 +159,7 @@ class Publisher:
                 # Deferred release: we own the entry now. Drop this ring's
                 # reference to the evicted slot, unless a subscriber's drain
                 # already did (and marked the entry INVALID_SLOT).
-                if (
-                    evicted_slot < region.geometry.pool_size
-                    and ops.load_relaxed_u32(entry + SLOT_IDX_OFFSET) != INVALID_SLOT
-                ):
+                if evicted_slot < pool_size and ops.load_relaxed_u32(entry + SLOT_IDX_OFFSET) != INVALID_SLOT:
                     treiber.release_slot(region, evicted_slot)
                 ops.store_relaxed_u32(entry + SLOT_IDX_OFFSET, slot)
                 ops.store_relaxed_u32(entry + PAYLOAD_LEN_OFFSET, payload_len)
@@ -274,7 +273,7 @@ class AllocatedSlot:
         if self._published or self._abandoned:
             raise BufferError("AllocatedSlot has already been published; its buffer is no longer writable")
         self._exports += 1
-        start = self._region.payload_offset(self._slot)
+        start = self._region.payload_offsets[self._slot]
         return self._region.mapping.buffer[start : start + self._length]
 
     def __release_buffer__(self, view: memoryview) -> None:

@@ -24,7 +24,7 @@ class RingAddresses(NamedTuple):
     state_flight: int
     write_pos: int  # its low 32 bits are the futex word
     has_waiter: int
-    entries: int  # entry 0
+    entries: range  # address of each entry: position p is entries[p & mask]
 
 
 @dataclass(frozen=True)
@@ -78,14 +78,22 @@ class SharedRegion:
         base = mapping.address
         self.free_top_address = base + layout.FREE_TOP_OFFSET
         self.schema_state_address = base + layout.SCHEMA_STATE_OFFSET
+        # Every address the flows use, computed once. A range computes its
+        # element on indexing and refuses an index outside it (IndexError),
+        # so no index read from shared memory can become a wild address.
         self.pool_address = base + geometry.pool_offset
+        pool_size, slot_stride = geometry.pool_size, geometry.slot_stride
+        self.slot_addresses = range(self.pool_address, self.pool_address + pool_size * slot_stride, slot_stride)
+        payload_start = geometry.pool_offset + layout.SLOT_HEADER_SIZE  # in mapping.buffer
+        self.payload_offsets = range(payload_start, payload_start + pool_size * slot_stride, slot_stride)
+        entries_size = geometry.capacity * layout.ENTRY_SIZE
         self.rings = tuple(
             RingAddresses(
                 index=index,
                 state_flight=ring + layout.STATE_FLIGHT_OFFSET,
                 write_pos=ring + layout.WRITE_POS_OFFSET,
                 has_waiter=ring + layout.HAS_WAITER_OFFSET,
-                entries=ring + layout.RING_HEADER_SIZE,
+                entries=range(ring + layout.RING_HEADER_SIZE, ring + layout.RING_HEADER_SIZE + entries_size, layout.ENTRY_SIZE),
             )
             for index in range(geometry.max_subs)
             for ring in [base + geometry.sub_rings_offset + index * geometry.ring_stride]
@@ -241,7 +249,7 @@ class SharedRegion:
         ops = self.atomics
         write_pos = ops.load_acquire_u64(ring.write_pos)
         for position in range(max(0, write_pos - self.geometry.capacity), write_pos):
-            entry = self.entry_address(ring, position)
+            entry = ring.entries[position & self.geometry.mask]
             yield position, entry, ops.load_acquire_u64(entry + layout.SEQUENCE_OFFSET)
 
     def diagnose(self) -> HealthReport:
@@ -390,7 +398,7 @@ class SharedRegion:
         ops = self.atomics
         write_pos = ops.load_acquire_u64(ring.write_pos)
         for position in range(max(write_pos - self.geometry.capacity, start_pos), write_pos):
-            entry = self.entry_address(ring, position)
+            entry = ring.entries[position & self.geometry.mask]
             if ops.load_acquire_u64(entry + layout.SEQUENCE_OFFSET) != position + 1:
                 continue  # evicted, uncommitted or locked
             slot = ops.load_relaxed_u32(entry + layout.SLOT_IDX_OFFSET)
@@ -422,24 +430,14 @@ class SharedRegion:
         referenced = self.referenced_slots()
         reclaimed = 0
         for slot in range(self.geometry.pool_size):
-            refcount_address = self.slot_address(slot) + layout.REFCOUNT_OFFSET
+            refcount_address = self.slot_addresses[slot] + layout.REFCOUNT_OFFSET
             if slot not in referenced and ops.load_acquire_u32(refcount_address) > 0:
                 ops.store_release_u32(refcount_address, 0)
                 treiber.push(self, slot)
                 reclaimed += 1
         return reclaimed
 
-    # -- addresses for the flows -------------------------------------------
-
-    def entry_address(self, ring: RingAddresses, position: int) -> int:
-        return ring.entries + (position & self.geometry.mask) * layout.ENTRY_SIZE
-
-    def slot_address(self, slot: int) -> int:
-        return self.pool_address + slot * self.geometry.slot_stride
-
-    def payload_offset(self, slot: int) -> int:
-        """Where ``slot``'s payload starts in ``mapping.buffer``."""
-        return self.geometry.pool_offset + slot * self.geometry.slot_stride + layout.SLOT_HEADER_SIZE
+    # -- slot indices -------------------------------------------------------
 
     def check_slot_index(self, slot: int, source: str) -> None:
         """Raise ``CorruptRegionError`` unless ``slot`` (read from ``source``)
@@ -523,7 +521,7 @@ def _initialise(
     #    (each push bumps the generation; slot pool_size-1 ends on top).
     for slot in range(geometry.pool_size):
         below = slot - 1 if slot > 0 else layout.INVALID_SLOT
-        ops.store_relaxed_u32(region.slot_address(slot) + layout.NEXT_FREE_OFFSET, below)
+        ops.store_relaxed_u32(region.slot_addresses[slot] + layout.NEXT_FREE_OFFSET, below)
     ops.store_relaxed_u64(
         region.free_top_address, (geometry.pool_size & layout.U32_MAX) << 32 | (geometry.pool_size - 1)
     )

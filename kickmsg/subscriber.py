@@ -88,7 +88,7 @@ class Subscriber:
             return None
         slot, length, _ = pinned
         region = self._region
-        start = region.payload_offset(slot)
+        start = region.payload_offsets[slot]
         data = bytes(region.mapping.buffer[start : start + length])
         treiber.release_slot(region, slot)  # unpin
         return data
@@ -153,7 +153,10 @@ class Subscriber:
         region = self._region
         ops = region.atomics
         ring = self._ring
-        capacity = region.geometry.capacity
+        geometry = region.geometry
+        capacity, mask, pool_size, slot_data_size = (
+            geometry.capacity, geometry.mask, geometry.pool_size, geometry.slot_data_size
+        )
         for _ in range(MAX_RECEIVE_ATTEMPTS):
             # 1. Anything new? If the ring lapped us, skip to its oldest entry.
             write_pos = ops.load_acquire_u64(ring.write_pos)
@@ -163,7 +166,7 @@ class Subscriber:
             if self._read_pos >= write_pos:
                 return None
             # 2. Read the entry's sequence (acquire); it must be read_pos + 1.
-            entry = region.entry_address(ring, self._read_pos)
+            entry = ring.entries[self._read_pos & mask]
             expected = self._read_pos + 1
             sequence = ops.load_acquire_u64(entry + SEQUENCE_OFFSET)
             if sequence == LOCKED_SEQUENCE or sequence < expected:
@@ -175,13 +178,13 @@ class Subscriber:
             # 3. Read slot index and length; an impossible entry counts as lost.
             slot = ops.load_relaxed_u32(entry + SLOT_IDX_OFFSET)
             length = ops.load_relaxed_u32(entry + PAYLOAD_LEN_OFFSET)
-            if slot >= region.geometry.pool_size or length > region.geometry.slot_data_size:
+            if slot >= pool_size or length > slot_data_size:
                 self._lost += 1
                 self._read_pos += 1
                 continue
             # Pin: refcount rc -> rc + 1, only while rc > 0 (0: freed meanwhile;
             # a saturated count can only be corruption).
-            refcount_address = region.slot_address(slot) + REFCOUNT_OFFSET
+            refcount_address = region.slot_addresses[slot] + REFCOUNT_OFFSET
             refcount = ops.load_relaxed_u32(refcount_address)
             pinned = False
             while 0 < refcount < U32_MAX:
@@ -221,7 +224,7 @@ class Subscriber:
             self._read_pos = write_pos - capacity
         # Newest first: the first entry holding its own committed sequence.
         for position in range(write_pos - 1, self._read_pos, -1):
-            sequence = ops.load_acquire_u64(region.entry_address(self._ring, position) + SEQUENCE_OFFSET)
+            sequence = ops.load_acquire_u64(self._ring.entries[position & region.geometry.mask] + SEQUENCE_OFFSET)
             if sequence == position + 1:
                 self._skipped += position - self._read_pos
                 self._read_pos = position
@@ -374,7 +377,7 @@ class SampleView:
         if self._released:
             raise BufferError("SampleView is no longer valid (pin already released)")
         self._exports += 1
-        start = self._region.payload_offset(self._slot)
+        start = self._region.payload_offsets[self._slot]
         return self._region.mapping.buffer[start : start + self._length].toreadonly()
 
     def __release_buffer__(self, view: memoryview) -> None:

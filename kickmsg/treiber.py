@@ -25,7 +25,7 @@ def pop(region) -> int:
         region.check_slot_index(head, "free_top")
         # A stale head may already be reused and its link garbage; the CAS
         # below then fails on the generation, so only a link we install counts.
-        next_slot = ops.load_relaxed_u32(region.slot_address(head) + NEXT_FREE_OFFSET)
+        next_slot = ops.load_relaxed_u32(region.slot_addresses[head] + NEXT_FREE_OFFSET)
         found = ops.cas_acq_rel_u64(region.free_top_address, top, _next_top(top, next_slot))
         if found == top:
             return head
@@ -35,7 +35,7 @@ def pop(region) -> int:
 def push(region, slot: int) -> None:
     """Give ``slot`` back to the pool (its refcount is already 0)."""
     ops = region.atomics
-    next_free_address = region.slot_address(slot) + NEXT_FREE_OFFSET
+    next_free_address = region.slot_addresses[slot] + NEXT_FREE_OFFSET
     top = ops.load_relaxed_u64(region.free_top_address)
     while True:
         ops.store_relaxed_u32(next_free_address, top & U32_MAX)
@@ -48,6 +48,6 @@ def push(region, slot: int) -> None:
 def release_slot(region, slot: int, references: int = 1) -> None:
     """Drop ``references`` of ``slot``'s refcount; whoever drops it to zero
     pushes the slot back on the free stack."""
-    previous = region.atomics.fetch_sub_acq_rel_u32(region.slot_address(slot) + REFCOUNT_OFFSET, references)
+    previous = region.atomics.fetch_sub_acq_rel_u32(region.slot_addresses[slot] + REFCOUNT_OFFSET, references)
     if previous == references:
         push(region, slot)

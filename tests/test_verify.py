@@ -135,13 +135,13 @@ def test_invariants_hold_on_a_fresh_region():
 def test_a_cycle_in_the_free_stack_is_a_violation():
     region = _private_region(Scenario())
     top = ops.load_acquire_u64(region.free_top_address) & layout.U32_MAX
-    ops.store_release_u32(region.slot_address(top) + layout.NEXT_FREE_OFFSET, top)
+    ops.store_release_u32(region.slot_addresses[top] + layout.NEXT_FREE_OFFSET, top)
     assert "twice" in invariants.memory_violation(region, invariants.Ledger(region))
 
 
 def test_a_free_slot_with_a_refcount_is_a_violation():
     region = _private_region(Scenario())
-    ops.store_release_u32(region.slot_address(0) + layout.REFCOUNT_OFFSET, 1)
+    ops.store_release_u32(region.slot_addresses[0] + layout.REFCOUNT_OFFSET, 1)
     assert invariants.memory_violation(region, invariants.Ledger(region)) == "slot 0 is on the free stack with refcount 1"
 
 
@@ -149,7 +149,7 @@ def test_a_refcount_that_matches_no_reference_is_a_violation():
     region = _private_region(Scenario())
     ledger = invariants.Ledger(region)
     slot = treiber.pop(region)
-    ops.store_release_u32(region.slot_address(slot) + layout.REFCOUNT_OFFSET, 1)
+    ops.store_release_u32(region.slot_addresses[slot] + layout.REFCOUNT_OFFSET, 1)
     assert invariants.memory_violation(region, ledger) == (
         f"slot {slot} has refcount 1 but 0 committed entries of Live rings and 0 pins reference it")
     ledger.held["pub0"] = {slot}  # being written by a publisher: allowed

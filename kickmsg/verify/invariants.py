@@ -46,12 +46,12 @@ def _free_stack(region) -> tuple[list[int], str | None]:
             return slots, f"the free stack reaches slot {slot} twice (a cycle)"
         seen.add(slot)
         slots.append(slot)
-        slot = ops.load_acquire_u32(region.slot_address(slot) + layout.NEXT_FREE_OFFSET)
+        slot = ops.load_acquire_u32(region.slot_addresses[slot] + layout.NEXT_FREE_OFFSET)
     return slots, None
 
 
 def _refcount(region, slot: int) -> int:
-    return ops.load_acquire_u32(region.slot_address(slot) + layout.REFCOUNT_OFFSET)
+    return ops.load_acquire_u32(region.slot_addresses[slot] + layout.REFCOUNT_OFFSET)
 
 
 class Ledger:
@@ -66,7 +66,7 @@ class Ledger:
     def _slot_word(self, address: int) -> tuple[int, int] | None:
         """(slot, offset in its header) if ``address`` is in the pool."""
         g = self.region.geometry
-        offset = address - self.region.slot_address(0)
+        offset = address - self.region.pool_address
         if not 0 <= offset < g.pool_size * g.slot_stride:
             return None
         return divmod(offset, g.slot_stride)
@@ -100,8 +100,7 @@ def _entries_naming(region, state: int) -> collections.Counter:
     for ring in region.rings:
         if ops.load_acquire_u32(ring.state_flight) & layout.RING_STATE_MASK != state:
             continue
-        for index in range(region.geometry.capacity):
-            entry = ring.entries + index * layout.ENTRY_SIZE
+        for entry in ring.entries:
             sequence = ops.load_acquire_u64(entry + layout.SEQUENCE_OFFSET)
             slot = ops.load_acquire_u32(entry + layout.SLOT_IDX_OFFSET)
             if sequence not in (0, layout.LOCKED_SEQUENCE) and slot < region.geometry.pool_size:
@@ -146,7 +145,7 @@ def committed_message(region, address: int, value: int) -> tuple[tuple[int, int]
     slot = ops.load_acquire_u32(entry + layout.SLOT_IDX_OFFSET)
     if slot >= g.pool_size:
         return (ring, value - 1), None
-    start = region.payload_offset(slot)
+    start = region.payload_offsets[slot]
     length = ops.load_acquire_u32(entry + layout.PAYLOAD_LEN_OFFSET)
     return (ring, value - 1), bytes(region.mapping.buffer[start : start + length])
 

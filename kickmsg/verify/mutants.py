@@ -59,7 +59,7 @@ MUTANTS = {
                 Edit(
                     ("evicted_slot = _wait_and_capture_slot(ops, entry, previous_sequence, commit_timeout_ns)",),
                     ("evicted_slot = _wait_and_capture_slot(ops, entry, previous_sequence, commit_timeout_ns)",
-                     "if evicted_slot < region.geometry.pool_size:",
+                     "if evicted_slot < pool_size:",
                      "    treiber.release_slot(region, evicted_slot)  # MUTANT: released before the lock",
                      "evicted_slot = INVALID_SLOT  # MUTANT: so that it is not released again below"),
                 ),
@@ -72,8 +72,8 @@ MUTANTS = {
             "_publish",
             (
                 Edit(
-                    ("ops.store_relaxed_u32(region.slot_address(slot) + REFCOUNT_OFFSET, region.geometry.max_subs)",),
-                    ("ops.store_relaxed_u32(region.slot_address(slot) + REFCOUNT_OFFSET, 0)  # MUTANT: no pre-set",),
+                    ("ops.store_relaxed_u32(region.slot_addresses[slot] + REFCOUNT_OFFSET, geometry.max_subs)",),
+                    ("ops.store_relaxed_u32(region.slot_addresses[slot] + REFCOUNT_OFFSET, 0)  # MUTANT: no pre-set",),
                 ),
                 Edit(
                     ("if not admitted:", "excess += 1", "continue"),
@@ -81,7 +81,7 @@ MUTANTS = {
                 ),
                 Edit(
                     ("position = ops.fetch_add_acq_rel_u64(ring.write_pos, 1)",),
-                    ("ops.fetch_add_acq_rel_u32(region.slot_address(slot) + REFCOUNT_OFFSET, 1)  # MUTANT: counted ring by ring",
+                    ("ops.fetch_add_acq_rel_u32(region.slot_addresses[slot] + REFCOUNT_OFFSET, 1)  # MUTANT: counted ring by ring",
                      "position = ops.fetch_add_acq_rel_u64(ring.write_pos, 1)"),
                 ),
                 Edit(

@@ -1,0 +1,153 @@
+"""Hot-path timings of this package alone, for optimising it.
+
+    python benchmarks/hotpath.py [--tree DIR ...] [--repeats N]
+
+Times, in one process per source tree (``--tree``: a checkout of this
+package with its shim built, e.g. a ``git worktree`` of an older commit;
+default: this checkout), and alternating between the trees so that they
+share the machine's state:
+
+  pair 64 B        ``send`` + ``try_receive``, default config (16 rings, 1 Live)
+  pair view 64 B   ``send`` + ``try_receive_view`` + ``release``
+  send, 1 of 16    ``send`` alone, default config, 1 Live ring that reads
+                   (received outside the timing)
+  send, N rings    ``send`` alone with N Live rings that never read (every
+                   ring wrapped: each publish also evicts), 64 B
+  send after sleep ``send`` as in "send, 1 of 16", each after a 1 ms sleep
+                   (cold caches: what a latency measurement pays)
+  pop + push       one slot off the free stack and back
+  shim: NAME       one call of the compiled atomics shim through
+                   ``kickmsg.atomics.HARDWARE``, and of the builtin ``abs``
+                   for scale (the empty loop's cost subtracted)
+
+Each figure is the median over repeats of the mean ns per operation. Not
+part of ``make bench``: that one compares against the peers.
+"""
+import argparse
+import json
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+OPERATIONS = 20_000  # per repeat
+
+
+def measure(repeats: int) -> dict:
+    """Run in a child process whose sys.path starts at one tree."""
+    import kickmsg
+    from kickmsg import layout, treiber
+
+    def timed(operation) -> float:
+        spans = []
+        for _ in range(repeats):
+            start = time.perf_counter_ns()
+            for _ in range(OPERATIONS):
+                operation()
+            spans.append((time.perf_counter_ns() - start) / OPERATIONS)
+        return round(statistics.median(spans))
+
+    def on_region(max_subscribers: int, live_rings: int, body) -> float:
+        name = f"/km_hotpath_{os.getpid()}"
+        region = kickmsg.SharedRegion.create(name, kickmsg.ChannelType.PubSub, kickmsg.Config(max_subscribers=max_subscribers), "hotpath")
+        try:
+            subscribers = [kickmsg.Subscriber(region) for _ in range(live_rings)]
+            result = body(region, kickmsg.Publisher(region), subscribers)
+            for subscriber in subscribers:
+                subscriber.close()
+            return result
+        finally:
+            kickmsg.unlink_shm(name)
+
+    payload = bytes(64)
+
+    def pair(region, publisher, subscribers):
+        send, receive = publisher.send, subscribers[0].try_receive
+        timed(lambda: (send(payload), receive()))  # warm up: every ring entry used once
+        return timed(lambda: (send(payload), receive()))
+
+    def pair_view(region, publisher, subscribers):
+        send, receive = publisher.send, subscribers[0].try_receive_view
+        return timed(lambda: (send(payload), receive().release()))
+
+    def send_only(region, publisher, subscribers):
+        send = publisher.send
+        timed(lambda: send(payload))
+        return timed(lambda: send(payload))
+
+    def send_one_of_16(region, publisher, subscribers, pause_s=0.0):
+        send, receive = publisher.send, subscribers[0].try_receive
+        spans = []
+        for _ in range(OPERATIONS // 10 if pause_s else OPERATIONS):
+            if pause_s:
+                time.sleep(pause_s)
+            start = time.perf_counter_ns()
+            send(payload)
+            spans.append(time.perf_counter_ns() - start)
+            receive()
+        return statistics.median(spans)
+
+    def pop_push(region, publisher, subscribers):
+        return timed(lambda: treiber.push(region, treiber.pop(region)))
+
+    def shim_calls(region, publisher, subscribers):
+        # Loads and a CAS that changes nothing on free_top; stores of 0 into
+        # the refcount of a free slot (already 0).
+        ops, word = region.atomics, region.free_top_address
+        refcount = region.pool_address + layout.REFCOUNT_OFFSET  # slot 0
+        top = ops.load_relaxed_u64(word)
+        empty = timed(lambda: None)
+        return {
+            "shim: load_relaxed_u32": timed(lambda: ops.load_relaxed_u32(word)) - empty,
+            "shim: store_relaxed_u32": timed(lambda: ops.store_relaxed_u32(refcount, 0)) - empty,
+            "shim: cas_acq_rel_u64": timed(lambda: ops.cas_acq_rel_u64(word, top, top)) - empty,
+            "builtin abs()": timed(lambda: abs(word)) - empty,
+        }
+
+    results = {
+        "pair 64 B": on_region(16, 1, pair),
+        "pair view 64 B": on_region(16, 1, pair_view),
+        "send, 1 of 16": on_region(16, 1, send_one_of_16),
+    }
+    for rings in (1, 4, 16):
+        results[f"send, {rings} rings"] = on_region(rings, rings, send_only)
+    results["send after sleep"] = on_region(16, 1, lambda *args: send_one_of_16(*args, pause_s=0.001))
+    results["pop + push"] = on_region(1, 0, pop_push)
+    results.update(on_region(1, 0, shim_calls))
+    return results
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tree", action="append", type=pathlib.Path, help="a source tree to time (repeatable)")
+    parser.add_argument("--repeats", type=int, default=5, help="repeats per figure (default 5)")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds over the trees, medians taken (default 3)")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    arguments = parser.parse_args()
+    if arguments.child:
+        sys.path.insert(0, arguments.child)
+        print(json.dumps(measure(arguments.repeats)))
+        return 0
+    trees = [tree.resolve() for tree in arguments.tree or [ROOT]]
+    runs = {tree: [] for tree in trees}
+    for _ in range(arguments.rounds):
+        for tree in trees:
+            command = [sys.executable, "-P", __file__, "--child", str(tree), "--repeats", str(arguments.repeats)]
+            child = subprocess.run(command, capture_output=True, text=True, timeout=600)
+            if child.returncode:
+                sys.exit(f"hotpath: timing {tree} failed:\n{child.stderr}")
+            runs[tree].append(json.loads(child.stdout))
+    names = list(runs[trees[0]][0])
+    print("ns per operation, median of", arguments.rounds, "rounds;", " | ".join(str(tree) for tree in trees))
+    for name in names:
+        figures = [statistics.median(run[name] for run in runs[tree]) for tree in trees]
+        ratios = "" if len(trees) == 1 else "  (" + ", ".join(f"{figure / figures[0]:.2f}x" for figure in figures[1:]) + " of the first)"
+        print(f"  {name:<16}" + "".join(f"{figure:>10.0f}" for figure in figures) + ratios)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
