@@ -145,7 +145,7 @@ def main() -> int:
     for name in names:
         figures = [statistics.median(run[name] for run in runs[tree]) for tree in trees]
         ratios = "" if len(trees) == 1 else "  (" + ", ".join(f"{figure / figures[0]:.2f}x" for figure in figures[1:]) + " of the first)"
-        print(f"  {name:<16}" + "".join(f"{figure:>10.0f}" for figure in figures) + ratios)
+        print(f"  {name:<24}" + "".join(f"{figure:>10.0f}" for figure in figures) + ratios)
     return 0
 
 
