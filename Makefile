@@ -26,7 +26,7 @@ bench: $(INSTALLED) $(NATIVE_INSTALLED)
 $(INSTALLED): setup.py pyproject.toml kickmsg/_atomics.c kickmsg/_build.py scripts/find-python.sh
 	@python=$$(scripts/find-python.sh) || exit 1; \
 	if ! $(PY) -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null; then \
-		echo "creating $(VENV) with $$python"; rm -rf $(VENV); $$python -m venv $(VENV) || exit 1; \
+		echo "creating $(VENV) with $$python"; rm -rf $(VENV) .native; $$python -m venv $(VENV) || exit 1; \
 	fi
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet --editable '.[test,spark,bench]'
@@ -37,7 +37,9 @@ $(INSTALLED): setup.py pyproject.toml kickmsg/_atomics.c kickmsg/_build.py scrip
 soak: $(INSTALLED) $(NATIVE_INSTALLED)
 	$(PY) scripts/soak.py $(SOAK_ARGS)
 
-$(NATIVE_INSTALLED): $(INSTALLED)
+# Installed once per virtualenv (a new .venv removes .native), not on every
+# refresh of our package: a `make test` running meanwhile keeps its peer.
+$(NATIVE_INSTALLED): | $(INSTALLED)
 	rm -rf $(NATIVE)
 	$(PY) -m pip install --quiet --no-deps --target $(NATIVE) kickmsg==0.1.0
 	touch $@
