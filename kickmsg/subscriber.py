@@ -154,9 +154,7 @@ class Subscriber:
         ops = region.atomics
         ring = self._ring
         geometry = region.geometry
-        capacity, mask, pool_size, slot_data_size = (
-            geometry.capacity, geometry.mask, geometry.pool_size, geometry.slot_data_size
-        )
+        capacity, mask = geometry.capacity, geometry.mask
         for _ in range(MAX_RECEIVE_ATTEMPTS):
             # 1. Anything new? If the ring lapped us, skip to its oldest entry.
             write_pos = ops.load_acquire_u64(ring.write_pos)
@@ -178,7 +176,7 @@ class Subscriber:
             # 3. Read slot index and length; an impossible entry counts as lost.
             slot = ops.load_relaxed_u32(entry + SLOT_IDX_OFFSET)
             length = ops.load_relaxed_u32(entry + PAYLOAD_LEN_OFFSET)
-            if slot >= pool_size or length > slot_data_size:
+            if slot >= geometry.pool_size or length > geometry.slot_data_size:
                 self._lost += 1
                 self._read_pos += 1
                 continue
