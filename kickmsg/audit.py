@@ -13,15 +13,17 @@ The audit walks the free stack and every ring's live window and reports what
 breaks that: free-stack cycles or links out of the pool, slots whose refcount
 exceeds what can release it (leaked) or falls short of the ring references
 (a later release would free it twice), slots on the free stack that are still
-referenced (double-free candidates), stuck entries, and rings by state (a ring stays Draining only while its
-subscriber leaves; one left Draining lost its subscriber mid-teardown). On a
+referenced (double-free candidates), stuck entries, rings by state (a ring stays Draining only while its
+subscriber leaves; one left Draining lost its subscriber mid-teardown), Live
+rings whose recorded owner died (``kickmsg.owners``), and a geometry that
+cannot work (``Geometry.hazards``: a pool no larger than a ring). On a
 region with traffic the counts can include transient states; at quiescence
 with no views alive a healthy region audits clean. It works on any v4 region,
 including those made by the native library, and never writes.
 """
 from dataclasses import dataclass, field
 
-from kickmsg import layout
+from kickmsg import layout, owners
 from kickmsg.region import SharedRegion
 
 SCHEMA_STATE_NAMES = {layout.SCHEMA_UNSET: "Unset", layout.SCHEMA_CLAIMING: "Claiming", layout.SCHEMA_SET: "Set"}
@@ -37,11 +39,18 @@ class RingAudit:
     locked_entries: list[int] = field(default_factory=list)  # positions stuck at LOCKED
     stale_entries: list[int] = field(default_factory=list)  # positions more than one wrap behind
     bad_entries: list[int] = field(default_factory=list)  # positions naming a slot outside the pool
+    owner_pid: int | None = None  # a Live or Draining ring's recorded owner, if it records itself (kickmsg.owners)
+    owner_alive: bool | None = None  # whether that owner still holds its record's lock
 
     @property
     def retired(self) -> bool:
         """Free with in_flight > 0: unusable until reset_retired_rings()."""
         return self.state == "Free" and self.in_flight > 0
+
+    @property
+    def owner_dead(self) -> bool:
+        """Its recorded owner died holding it: reclaim_dead_subscribers() frees it."""
+        return self.owner_pid is not None and self.owner_alive is False
 
 
 @dataclass
@@ -56,6 +65,9 @@ class AuditReport:
     double_free_candidates: list[int]  # on the free stack yet with a refcount or a ring reference
     rings: list[RingAudit]
     schema_state: str
+    hazards: list[str]  # why this geometry cannot work (Geometry.hazards)
+    ring_references: list[int]  # per slot: committed entries of the rings' live windows naming it
+    refcounts: list[int]  # per slot, as read
 
     def damage(self) -> dict[str, int]:
         """Each kind of damage the audit looks for, with how much it found."""
@@ -70,7 +82,9 @@ class AuditReport:
             "retired rings": sum(r.retired for r in self.rings),
             "rings left Draining": sum(r.state == "Draining" for r in self.rings),
             "rings in an invalid state": sum(r.state.startswith("invalid") for r in self.rings),
+            "rings held by dead subscribers": sum(r.owner_dead for r in self.rings),
             "schema claims stuck at Claiming": int(self.schema_state == "Claiming"),
+            "pools too small for their rings": len(self.hazards),
         }
 
     @property
@@ -110,6 +124,7 @@ def audit(region: SharedRegion) -> AuditReport:
     # Ring references: committed entries of every ring's live window.
     references = [0] * pool_size
     rings = []
+    records = (owners.read_owners(region.name, region.geometry.max_subs) if region.mapping.shared else None) or []
     for ring in region.rings:
         state_flight = ops.load_acquire_u32(ring.state_flight)
         state = state_flight & layout.RING_STATE_MASK
@@ -135,12 +150,17 @@ def audit(region: SharedRegion) -> AuditReport:
                     ring_audit.references += 1
                 elif held != layout.INVALID_SLOT:
                     ring_audit.bad_entries.append(position)
+        record, record_held = records[ring.index] if ring.index < len(records) else (None, False)
+        if ring_audit.state in ("Live", "Draining") and record is not None and record.region_created_at_ns == region.created_at_ns:
+            ring_audit.owner_pid, ring_audit.owner_alive = record.pid, record_held
         rings.append(ring_audit)
 
     # Each slot against its state.
     being_written, leaked, under_referenced, double_free = [], [], [], []
+    refcounts = []
     for slot in range(pool_size):
         refcount = ops.load_acquire_u32(region.slot_addresses[slot] + layout.REFCOUNT_OFFSET)
+        refcounts.append(refcount)
         if slot in free:
             if refcount or references[slot]:
                 double_free.append(slot)
@@ -163,4 +183,46 @@ def audit(region: SharedRegion) -> AuditReport:
         double_free_candidates=double_free,
         rings=rings,
         schema_state=SCHEMA_STATE_NAMES.get(schema_state, f"invalid ({schema_state})"),
+        hazards=region.geometry.hazards(),
+        ring_references=references,
+        refcounts=refcounts,
+    )
+
+
+def explain_empty_pool(region: SharedRegion) -> str:
+    """Why a region's slot pool is empty, for the error of a failed send:
+    who holds the slots, and what to do about the cause that applies."""
+    report = audit(region)
+    pool_size, capacity = region.geometry.pool_size, region.geometry.capacity
+    in_rings = sum(count > 0 for count in report.ring_references)
+    only_pinned = sum(
+        refcount > 0 and references == 0 for refcount, references in zip(report.refcounts, report.ring_references)
+    )
+    unpublished = len(report.being_written)
+    in_idle_rings = sum(ring.references for ring in report.rings if ring.state != "Live")
+    causes = []
+    if report.hazards:
+        causes.append(report.hazards[0] + "; re-create the channel with a larger pool_size")
+    if in_idle_rings:
+        causes.append(
+            f"{in_idle_rings} references are held by rings that are no longer Live (a subscriber's teardown timed "
+            f"out): reset_retired_rings(drain=True), or kickmsg repair --retired"
+        )
+    if only_pinned:
+        causes.append(
+            f"{only_pinned} slots are pinned by SampleViews (or arrays over them) still alive, or were leaked by a "
+            f"process that died holding views: release views sooner; reclaim_orphaned_slots() at quiescence"
+        )
+    if unpublished:
+        causes.append(
+            f"{unpublished} slots are allocated and not yet published (AllocatedSlot objects alive), being "
+            f"published right now, or were lost by a publisher that crashed: publish or drop allocated slots"
+        )
+    if not causes:
+        causes.append("slots came back meanwhile (a transient state): try again")
+    return (
+        f"slot pool of {region.name} exhausted: {report.free_slots} of {pool_size} slots free, {in_rings} held by "
+        f"ring entries (each Live ring keeps its last sub_ring_capacity={capacity} messages), {only_pinned} only "
+        f"pinned by views (or leaked), {unpublished} allocated or being written. "
+        + " ".join(f"({number}) {cause}." for number, cause in enumerate(causes, 1))
     )

@@ -14,7 +14,7 @@ which header field, ring, entry or slot), and a sequence that reproduces it,
 which ``replay`` runs again.
 
 Operations (JSON lists, see ``kickmsg.crossdriver``): create a region (1-4
-subscribers, ring capacity 2/4/8, pool 2-16, payload 8-64, PubSub or
+subscribers, ring capacity 2/4/8, pool capacity+1 to 16, payload 8-64, PubSub or
 Broadcast), publishers, ``send`` (also too long, or with the pool dry),
 ``allocate``/fill/``publish``, subscribers joining and leaving, copy and
 view receives (views held, released later), ``lost``, ``dropped``,
@@ -170,12 +170,13 @@ class Generator:
             kind = self.random.choices(kinds, weights)[0]
         r = self.random
         if kind == "create":
+            capacity = r.choice([2, 4, 8])
             return [
                 kind,
                 r.choice(["PubSub", "Broadcast"]),
                 r.randint(1, 4),
-                r.choice([2, 4, 8]),
-                r.randint(2, 16),
+                capacity,
+                r.randint(capacity + 1, 16),  # this package refuses a pool no larger than a ring (0.1.0 does not)
                 r.randint(8, 64),
             ]
         if kind in ("publisher", "join"):

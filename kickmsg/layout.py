@@ -138,6 +138,7 @@ assert (SubRingHeader.write_pos.offset, SubRingHeader.has_waiter.offset) == (64,
 
 # Offsets of the atomic words, for address arithmetic.
 MAGIC_OFFSET = Header.magic.offset
+CREATED_AT_OFFSET = Header.created_at_ns.offset  # changes when a region is re-created in place
 SCHEMA_STATE_OFFSET = Header.schema_state.offset
 FREE_TOP_OFFSET = Header.free_top.offset
 STATE_FLIGHT_OFFSET = SubRingHeader.state_flight.offset
@@ -203,6 +204,41 @@ class Geometry:
     @property
     def mask(self) -> int:
         return self.capacity - 1
+
+    def hazards(self) -> list[str]:
+        """Why a region of this geometry would stop working by construction
+        (empty when it is fine). A create refuses these; open, audit and
+        diagnose flag a region another implementation made this way.
+
+        Every Live ring keeps a reference to the slot of each of its last
+        ``capacity`` messages, read or not, until publishers wrap over them.
+        So with ``pool_size <= capacity`` a ring that has wrapped holds every
+        slot, and the next send finds the pool empty for good.
+        """
+        if self.pool_size <= self.capacity:
+            return [
+                f"pool_size ({self.pool_size}) must be greater than sub_ring_capacity ({self.capacity}): "
+                f"every Live ring keeps the slots of its last sub_ring_capacity messages referenced, so the "
+                f"pool needs at least sub_ring_capacity + 1 slots, plus one per concurrent publisher and per "
+                f"view held; with fewer, send() finds the pool empty for good once a ring has wrapped"
+            ]
+        return []
+
+    def same_layout(self, other: "Geometry") -> bool:
+        """Whether every offset, stride and count the flows use is the same
+        in both (the channel type and creator name may differ): a process
+        attached to one can safely run its flows over the other."""
+        fields = ("max_subs", "capacity", "pool_size", "slot_data_size", "commit_timeout_us",
+                  "sub_rings_offset", "ring_stride", "pool_offset", "slot_stride", "total_size")
+        return all(getattr(self, name) == getattr(other, name) for name in fields)
+
+    def size_breakdown(self) -> str:
+        """Where the bytes of ``total_size`` go, naming the config fields."""
+        return (
+            f"pool_size={self.pool_size} slots of {self.slot_stride} bytes (max_payload_size={self.slot_data_size}), "
+            f"max_subscribers={self.max_subs} rings of {self.ring_stride} bytes (sub_ring_capacity={self.capacity}), "
+            f"header {self.sub_rings_offset} bytes"
+        )
 
     @classmethod
     def for_config(

@@ -11,9 +11,10 @@ Mailbox    ``/{prefix}_{owner}_mbx_{tag}``    create_mailbox (owner reads),
 
 Names are not sanitised (as in 0.1.0): a topic containing ``/`` is refused
 as an invalid shared-memory name. A node keeps every region it mapped and
-reuses it for later calls on the same name (unless the name now refers to
-another object), except ``advertise`` and ``create_mailbox``, which always
-create (replacing any region of that name).
+reuses it for later calls on the same name (unless it was re-created since),
+except ``advertise`` and ``create_mailbox``, which always create (replacing
+any region of that name: publishers and subscribers of this package attached
+to the old one follow the name to the new one).
 """
 import copy
 
@@ -72,10 +73,10 @@ class Node:
         return region
 
     def _mapped(self, shm_name: str) -> SharedRegion | None:
-        """The region this node mapped for the name, unless the name now
-        refers to another object (a re-create with another size)."""
+        """The region this node mapped for the name, unless it was re-created
+        since (in place, or as another object)."""
         region = self._regions.get(shm_name)
-        return region if region is not None and not region.mapping.is_replaced() else None
+        return region if region is not None and not region.replaced() else None
 
     def _open(self, shm_name: str) -> SharedRegion:
         region = self._mapped(shm_name) or SharedRegion.open(shm_name)

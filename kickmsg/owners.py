@@ -26,7 +26,7 @@ import time
 
 from kickmsg import shm
 
-SUFFIX = ".owners"
+SUFFIX = shm.SIDECAR_SUFFIX
 FLOCK = struct.Struct("hhqqi4x")  # struct flock: type, whence, start, length, pid (0 for OFD locks)
 CLAIM_ATTEMPTS = 100  # a reclaimer holds a record's lock only briefly: retry 1 ms apart
 CLAIM_RETRY_S = 0.001
@@ -88,12 +88,21 @@ class Sidecar:
         self._fd = fd
 
     @classmethod
-    def open(cls, region_name: str, create: bool) -> "Sidecar | None":
-        """Open (or create) the sidecar; None if it does not exist (and
-        ``create`` is False) or cannot be opened."""
-        flags = os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if create else 0)
+    def open(cls, region_name: str, create_with_mode: int | None = None) -> "Sidecar | None":
+        """Open the sidecar; None if it does not exist or cannot be opened.
+        With ``create_with_mode`` (the region's permission bits), create it
+        if it does not exist yet, with exactly those bits (whatever the
+        umask), so whoever may use the region may also record themselves."""
+        path = sidecar_path(region_name)
         try:
-            return cls(os.open(sidecar_path(region_name), flags, shm.CREATE_MODE))
+            if create_with_mode is not None:
+                try:
+                    fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_CREAT | os.O_EXCL, create_with_mode)
+                    os.fchmod(fd, create_with_mode)
+                    return cls(fd)
+                except FileExistsError:
+                    pass
+            return cls(os.open(path, os.O_RDWR | os.O_CLOEXEC))
         except OSError:
             return None
 
@@ -136,6 +145,12 @@ class Sidecar:
             return "unrecorded"
         return record
 
+    def records_us(self, ring: int, region_created_at_ns: int) -> bool:
+        """Whether ring's record names this process as its owner in that
+        incarnation of the region (``restart`` moved it there)."""
+        record = _read_record(self._fd, ring)
+        return record is not None and record.pid == os.getpid() and record.region_created_at_ns == region_created_at_ns
+
     def release(self, ring: int) -> None:
         """Clear ring's record and drop our lock on it."""
         os.pwrite(self._fd, bytes(RECORD_SIZE), ring * RECORD_SIZE)
@@ -144,6 +159,24 @@ class Sidecar:
     def close(self) -> None:
         """Close, dropping every lock of this description."""
         os.close(self._fd)
+
+
+def restart(region_name: str, kept_rings: list[int], region_created_at_ns: int) -> None:
+    """For a region re-created in place: move the records of ``kept_rings``
+    to the new incarnation, clear every other record. The owners keep their
+    locks: the file stays."""
+    try:
+        fd = os.open(sidecar_path(region_name), os.O_RDWR | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        for ring in range(os.fstat(fd).st_size // RECORD_SIZE):
+            record = _read_record(fd, ring) if ring in kept_rings else None
+            if record is not None:
+                record.region_created_at_ns = region_created_at_ns
+            os.pwrite(fd, bytes(record or OwnerRecord()), ring * RECORD_SIZE)
+    finally:
+        os.close(fd)
 
 
 def read_owners(region_name: str, rings: int) -> list[tuple[OwnerRecord | None, bool]] | None:

@@ -12,6 +12,7 @@ import time
 import weakref
 
 from kickmsg import treiber
+from kickmsg.audit import explain_empty_pool
 from kickmsg.layout import (
     IN_FLIGHT_ONE,
     INVALID_SLOT,
@@ -37,14 +38,22 @@ class Publisher:
 
     Any number of publishers, in any processes, may share a region. A
     publisher is used by one thread at a time.
+
+    Beyond 0.1.0: if the region is re-created under it (in place, or
+    unlinked and replaced), the publisher notices within 0.1 s of sending,
+    publishes into the new region from then on, and counts it in
+    ``rejoined``; a slot allocated in the old region and published after
+    that is not delivered and counts in ``dropped``.
     """
 
     def __init__(self, region: SharedRegion):
         if not isinstance(region, SharedRegion):
             raise TypeError(f"Publisher needs a SharedRegion, got {region!r}")
         region.require_writable("publish")
-        self._region = region
+        self._region = region.reopen_if_recreated() or region  # a stale region object: use what the name leads to
+        self._next_check_in_ns = self._region.next_check_in_ns()
         self._dropped = 0
+        self._rejoined = 0
         self._pending = None  # weak reference to the AllocatedSlot not yet published
 
     @property
@@ -56,16 +65,25 @@ class Publisher:
     def dropped(self) -> int:
         """Deliveries abandoned because the ring entry could not be locked
         (contention, or a crashed writer's entry); each is one message lost
-        for one subscriber. A dry pool is not counted here."""
+        for one subscriber, or a slot allocated in a region that was
+        re-created before it was published. A dry pool is not counted here."""
         return self._dropped
+
+    @property
+    def rejoined(self) -> int:
+        """Times this publisher followed its region's name to a re-created
+        region (beyond 0.1.0)."""
+        return self._rejoined
 
     def send(self, data) -> int:
         """Copy ``data`` (any C-contiguous bytes-like object) into a slot and
         publish it. Returns its length.
 
         Raises ``ValueError`` if it exceeds max_payload_size and
-        ``BlockingIOError`` (EAGAIN) if the slot pool is empty.
+        ``BlockingIOError`` (EAGAIN) if the slot pool is empty, saying why.
         """
+        if time.monotonic_ns() >= self._next_check_in_ns:
+            self._follow_if_recreated()
         region = self._region
         # Bytes are copied as they are; any other buffer as its raw bytes.
         payload = data if isinstance(data, (bytes, bytearray)) else memoryview(data).cast("B")
@@ -78,7 +96,7 @@ class Publisher:
         # 1. Pop a free slot.
         slot = treiber.pop(region)
         if slot == INVALID_SLOT:
-            raise BlockingIOError(errno.EAGAIN, f"slot pool exhausted on {region.name}; try again after subscribers drain")
+            raise BlockingIOError(errno.EAGAIN, explain_empty_pool(region))
         # 2. Write the payload into it.
         start = region.payload_offsets[slot]
         region.mapping.buffer[start : start + size] = payload
@@ -94,6 +112,8 @@ class Publisher:
         """
         if not isinstance(len, int) or len < 0:
             raise ValueError(f"allocate needs a non-negative int length, got {len!r}")
+        if time.monotonic_ns() >= self._next_check_in_ns:
+            self._follow_if_recreated()
         if len > self._region.geometry.slot_data_size:
             return None
         pending = self._pending() if self._pending else None
@@ -106,6 +126,15 @@ class Publisher:
         allocated = AllocatedSlot(self, slot, len)
         self._pending = weakref.ref(allocated)
         return allocated
+
+    def _follow_if_recreated(self) -> None:
+        """Publish into the region now under our region's name, if it was
+        re-created (beyond 0.1.0)."""
+        self._next_check_in_ns = self._region.next_check_in_ns()
+        new_region = self._region.reopen_if_recreated()
+        if new_region is not None:
+            self._region = new_region
+            self._rejoined += 1
 
     def _publish(self, slot: int, payload_len: int) -> int:
         """Publish flow steps 3-5 for a written slot. Returns the number of
@@ -264,6 +293,13 @@ class AllocatedSlot:
         replaced by a newer ``allocate`` delivers nothing and returns 0."""
         if self._published:
             raise ValueError("AllocatedSlot.publish() called more than once")
+        if self._region is not self._publisher._region:
+            # The region was re-created since allocate(): the slot belongs
+            # to the old one. Give it back there; the message is dropped.
+            self._abandon()
+            self._publisher._dropped += 1
+            self._published = True
+            return 0
         self._published = True
         if self._abandoned:
             return 0

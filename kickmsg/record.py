@@ -83,6 +83,7 @@ class ChannelCounts:
     messages: int = 0
     lost: int = 0
     bytes: int = 0
+    rejoined: int = 0  # times the channel was re-created and the recorder followed it
 
 
 @dataclass
@@ -100,12 +101,15 @@ class Recorder:
     ``FLUSH_INTERVAL_S`` and rotates files past ``rotate_mb``.
     """
 
-    def __init__(self, names: list[str], out_dir: str, rotate_mb: float = 64, payload: bool = True):
+    def __init__(self, names: list[str], out_dir: str, rotate_mb: float = 64, payload: bool = True, on_rejoin=None):
+        """``on_rejoin(name, subscriber)`` is called (from that channel's
+        thread) when a channel is re-created and the recorder follows it."""
         if not names:
             raise ValueError("the recorder needs at least one channel")
         self.out_dir = out_dir
         self.rotate_bytes = int(rotate_mb * 1024 * 1024)
         self.payload = payload
+        self.on_rejoin = on_rejoin
         started = time.time_ns()
         self.recording = f"{socket.gethostname()}-{os.getpid()}-{started}"
         self.summary = RecordingSummary(self.recording)
@@ -131,6 +135,10 @@ class Recorder:
         lost = 0
         while not self.stopping.is_set():
             view = subscriber.receive_view(0.1)
+            if subscriber.rejoined != counts.rejoined:
+                counts.rejoined = subscriber.rejoined
+                if self.on_rejoin is not None:
+                    self.on_rejoin(name, subscriber)
             if view is None:
                 continue
             with view:
@@ -187,12 +195,13 @@ class Recorder:
         for thread in threads:
             thread.start()
         deadline = None if duration is None else time.monotonic() + duration
+        stop = stop or threading.Event()
         try:
-            while not (stop is not None and stop.is_set()):
+            while not stop.is_set():
                 remaining = FLUSH_INTERVAL_S if deadline is None else min(FLUSH_INTERVAL_S, deadline - time.monotonic())
                 if remaining <= 0:
                     break
-                time.sleep(remaining)
+                stop.wait(remaining)
                 self._flush()
         finally:
             self.stopping.set()
@@ -252,6 +261,7 @@ def play(path: str, rate: float = 1.0, loop: bool = False, stop: threading.Event
         raise ValueError(f"rate must be positive, got {rate}")
     summary = PlaySummary()
     publishers = {}
+    stop = stop or threading.Event()
     while True:
         clocks = {}  # recording -> (our monotonic start, its first receive time)
         for file in recording_files(path):
@@ -266,14 +276,13 @@ def play(path: str, rate: float = 1.0, loop: bool = False, stop: threading.Event
             for recording, channel, received, payload in zip(
                 rows["recording"], rows["channel"], rows["recv_mono_ns"], rows["payload"]
             ):
-                if stop is not None and stop.is_set():
-                    return summary
                 began, first = clocks.setdefault(recording, (time.monotonic(), received))
-                time.sleep(max(0.0, began + (received - first) / 1e9 / rate - time.monotonic()))
+                if stop.wait(max(0.0, began + (received - first) / 1e9 / rate - time.monotonic())):
+                    return summary
                 summary.channels.add(channel)
                 if send_retrying(publishers[channel], payload, 1.0):
                     summary.messages += 1
                 else:
                     summary.dropped += 1
-        if not loop:
+        if not loop or stop.is_set():
             return summary

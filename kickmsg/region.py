@@ -2,6 +2,7 @@
 import ctypes
 import os
 import time
+import warnings
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -15,6 +16,8 @@ INIT_POLL_ATTEMPTS = 200  # create_or_open waits up to 200 x 10 ms for the creat
 INIT_POLL_INTERVAL_S = 0.010
 SCHEMA_CLAIM_YIELDS = 1024  # how long a losing schema claimant waits for Set
 CREATE_ATTEMPTS = 100  # unlink-then-create retries when racing other creators
+CHECK_IN_INTERVAL_NS = 100_000_000  # how often publishers and subscribers look whether their region was re-created
+NEVER = 1 << 63  # a region in private memory is never re-created
 
 
 class RingAddresses(NamedTuple):
@@ -38,11 +41,23 @@ class HealthReport:
     draining_rings: int  # Draining rings with in_flight > 0 (usually transient)
     live_rings: int  # rings with a subscriber
     schema_stuck: bool  # schema_state left at Claiming
+    # Beyond 0.1.0:
+    dead_subscriber_rings: int = 0  # Live or Draining rings whose recorded owner died (kickmsg.owners)
+    pool_too_small: bool = False  # pool_size <= sub_ring_capacity: sends fail for good (Geometry.hazards)
+
+    @property
+    def healthy(self) -> bool:
+        """Nothing found that needs a repair (live rings are not damage)."""
+        return not (
+            self.locked_entries or self.retired_rings or self.draining_rings or self.schema_stuck
+            or self.dead_subscriber_rings or self.pool_too_small
+        )
 
     def __repr__(self):
         return (
             f"HealthReport(locked={self.locked_entries}, retired={self.retired_rings}, "
-            f"draining={self.draining_rings}, live={self.live_rings}, schema_stuck={self.schema_stuck})"
+            f"draining={self.draining_rings}, live={self.live_rings}, schema_stuck={self.schema_stuck}, "
+            f"dead_subscriber_rings={self.dead_subscriber_rings}, pool_too_small={self.pool_too_small})"
         )
 
 
@@ -75,7 +90,10 @@ class SharedRegion:
         self.geometry = geometry
         self.atomics = atomics
         self.header = Header.from_address(mapping.address)  # the mapping outlives it: we hold both
+        self.created_at_ns = self.header.created_at_ns  # which incarnation of the name this object is
         base = mapping.address
+        self.magic_address = base + layout.MAGIC_OFFSET
+        self.created_at_address = base + layout.CREATED_AT_OFFSET
         self.free_top_address = base + layout.FREE_TOP_OFFSET
         self.schema_state_address = base + layout.SCHEMA_STATE_OFFSET
         # Every address the flows use, computed once. A range computes its
@@ -102,30 +120,48 @@ class SharedRegion:
     # -- constructors -----------------------------------------------------
 
     @staticmethod
-    def create(name: str, type: ChannelType, cfg: Config, creator: str = "") -> "SharedRegion":
+    def create(name: str, type: ChannelType, cfg: Config, creator: str = "", *, mode: int | None = None) -> "SharedRegion":
         """Create a fresh region, replacing any object of that name.
 
-        An existing object of the same size is re-initialised in place, as
-        0.1.0 does, so every process attached to it sees the new region
-        (re-create only while the channel is idle: operations in flight
-        elsewhere would land on the new region). An object of another size
-        is unlinked and a new one made, so that nobody attached to the old
-        one faults on pages that would no longer exist.
+        An existing region with exactly this layout is re-initialised in
+        place, as 0.1.0 does, so every process attached to it sees the new
+        region (re-create only while the channel is idle: operations in
+        flight elsewhere would land on the new region). Beyond 0.1.0, the
+        rings of live subscribers of this package stay Live in the new
+        region, so they miss nothing published into it (what they had not
+        read of the old one counts in their ``lost``). Any other object is
+        unlinked and a new one made, so that nobody attached to the old one
+        faults on pages that no longer exist or writes at offsets that no
+        longer mean the same. Publishers and subscribers of this package
+        attached to the old region follow the name (see ``Subscriber``).
+
+        Beyond 0.1.0: ``mode`` (default ``$KICKMSG_SHM_MODE``, else 0600)
+        sets the permission bits of a new object; a region larger than the
+        memory the machine can give it, or whose pool cannot outlast its
+        rings, is refused with ``ValueError`` before anything is created;
+        the memory is reserved at once.
         """
         geometry, creator_bytes = _new_geometry(name, type, cfg, creator)
-        owners.unlink(name)  # ring owners of the region being replaced
+        permissions = shm.creation_mode(mode)
+        reusable = shm.allocated_bytes(name) if shm.object_size(name) == geometry.total_size else 0
+        _check_room(name, geometry, reusable)
         for _ in range(CREATE_ATTEMPTS):
-            mapping, created = shm.create_or_map(name, geometry.total_size)
+            mapping, created = _create_or_map(name, geometry, permissions)
             if created:
+                owners.unlink(name)  # ring owners of a region removed without its sidecar
                 return _initialise(mapping, geometry, creator_bytes, cfg.schema, in_place=False)
-            if mapping is not None and mapping.size == geometry.total_size:
-                return _initialise(mapping, geometry, creator_bytes, cfg.schema, in_place=True)
+            if mapping is not None and _has_layout(mapping, geometry):
+                kept = _rings_of_live_subscribers(SharedRegion(mapping, geometry))
+                return _initialise(mapping, geometry, creator_bytes, cfg.schema, in_place=True, kept_rings=kept)
+            owners.unlink(name)
             shm.unlink(name)
         raise RuntimeError(f"could not create {name}: other processes keep re-creating it")
 
     @staticmethod
     def open(name: str) -> "SharedRegion":
-        """Attach to an initialised region."""
+        """Attach to an initialised region. A geometry that cannot work
+        (``Geometry.hazards``, e.g. made by another implementation) is
+        flagged with a ``RuntimeWarning``."""
         try:
             mapping = shm.open_existing(name)
         except shm.EmptyObjectError:
@@ -144,13 +180,20 @@ class SharedRegion:
         return _attach(mapping)
 
     @staticmethod
-    def create_or_open(name: str, type: ChannelType, cfg: Config, creator: str = "") -> "SharedRegion":
+    def create_or_open(
+        name: str, type: ChannelType, cfg: Config, creator: str = "", *, mode: int | None = None
+    ) -> "SharedRegion":
         """Create the region if no object has this name, else open it once its
-        creator has finished, and require the same config hash."""
+        creator has finished, and require the same config (same hash).
+        ``mode`` and the refusals are ``create``'s, for the creating case."""
         geometry, creator_bytes = _new_geometry(name, type, cfg, creator)
+        permissions = shm.creation_mode(mode)
+        if shm.object_size(name) is None:
+            _check_room(name, geometry, 0)  # only a region we may have to create must fit
         for _ in range(INIT_POLL_ATTEMPTS):
-            mapping, created = shm.create_or_map(name, geometry.total_size)
+            mapping, created = _create_or_map(name, geometry, permissions)
             if created:
+                owners.unlink(name)  # a sidecar left by a region removed without it
                 return _initialise(mapping, geometry, creator_bytes, cfg.schema, in_place=False)
             # Not ours: wait until its creator has stored magic (None: it was
             # unlinked meanwhile, or its creator is before ftruncate).
@@ -158,8 +201,7 @@ class SharedRegion:
                 region = _attach(mapping)
                 if region.geometry.config_hash != geometry.config_hash:
                     raise RuntimeError(
-                        f"Config mismatch on existing region: {name} (its config hash is "
-                        f"0x{region.geometry.config_hash:016x}, this config's is 0x{geometry.config_hash:016x})"
+                        f"Config mismatch on existing region: {name} ({_config_differences(region.geometry, geometry)})"
                     )
                 return region
             time.sleep(INIT_POLL_INTERVAL_S)
@@ -179,6 +221,32 @@ class SharedRegion:
         """(creator_pid, created_at_ns): changes when the region is
         re-created in place."""
         return self.header.creator_pid, self.header.created_at_ns
+
+    def replaced(self) -> bool:
+        """Whether this region was re-created since this object attached to
+        it (beyond 0.1.0): re-initialised in place (magic or creation stamp
+        changed), or unlinked and another object made under its name. A
+        name merely unlinked is not. Never, for a region in private memory."""
+        if not self.mapping.shared:
+            return False
+        ops = self.atomics
+        if ops.load_acquire_u64(self.magic_address) != layout.MAGIC:
+            return True  # being re-initialised in place
+        if ops.load_relaxed_u64(self.created_at_address) != self.created_at_ns:
+            return True
+        return self.mapping.is_replaced()
+
+    def next_check_in_ns(self) -> int:
+        """When (time.monotonic_ns) a user of this region should next look
+        whether it was re-created: CHECK_IN_INTERVAL_NS from now, or NEVER
+        for a region in private memory."""
+        return time.monotonic_ns() + CHECK_IN_INTERVAL_NS if self.mapping.shared else NEVER
+
+    def reopen_if_recreated(self) -> "SharedRegion | None":
+        """The region now under this one's name, if it was re-created (see
+        ``replaced``) and the new one is ready; else None. A new object that
+        is not a usable Kickmsg region raises, as ``open`` would."""
+        return _open_if_ready(self.name) if self.replaced() else None
 
     @property
     def read_only(self) -> bool:
@@ -264,7 +332,24 @@ class SharedRegion:
             capacity = self.geometry.capacity
             locked += sum(layout.entry_is_stuck(seq, pos, capacity) for pos, _, seq in self._live_window(ring))
         schema_stuck = self.atomics.load_acquire_u32(self.schema_state_address) == layout.SCHEMA_CLAIMING
-        return HealthReport(locked, retired, draining, live, schema_stuck)
+        dead = len(self.dead_subscriber_rings())
+        return HealthReport(locked, retired, draining, live, schema_stuck, dead, bool(self.geometry.hazards()))
+
+    def dead_subscriber_rings(self) -> list[tuple[int, int]]:
+        """(ring, pid) of each ring whose recorded owner died while it held
+        it: Live, or Draining (died leaving). Read-only, beyond 0.1.0;
+        ``reclaim_dead_subscribers`` frees them. Rings of subscribers that
+        record no owner (native ones) are not counted."""
+        if not self.mapping.shared:
+            return []
+        records = owners.read_owners(self.name, self.geometry.max_subs) or []
+        dead = []
+        for ring, (record, held) in zip(self.rings, records):
+            state = self.atomics.load_acquire_u32(ring.state_flight) & layout.RING_STATE_MASK
+            ours = record is not None and record.region_created_at_ns == self.created_at_ns
+            if state in (layout.RING_LIVE, layout.RING_DRAINING) and ours and not held:
+                dead.append((ring.index, record.pid))
+        return dead
 
     def repair_locked_entries(self) -> int:
         """Commit every stuck entry as empty (INVALID_SLOT, length 0, sequence
@@ -370,7 +455,7 @@ class SharedRegion:
         """
         self.require_writable("reclaim rings")
         reclaimed, unrecorded, timed_out = [], [], []
-        sidecar = owners.Sidecar.open(self.name, create=False)
+        sidecar = owners.Sidecar.open(self.name)
         for ring in self.rings:
             state = self.atomics.load_acquire_u32(ring.state_flight) & layout.RING_STATE_MASK
             if state not in (layout.RING_LIVE, layout.RING_DRAINING):  # Draining: its owner died leaving
@@ -456,7 +541,9 @@ def unlink_shm(name: str) -> None:
 
 
 def _new_geometry(name: str, type: ChannelType, cfg: Config, creator: str) -> tuple[Geometry, bytes]:
-    """Check the arguments of create/create_or_open; the region's geometry."""
+    """Check the arguments of create/create_or_open; the region's geometry.
+    0.1.0's rules raise ``RuntimeError`` as 0.1.0 does; a geometry that
+    cannot work (``Geometry.hazards``) raises ``ValueError``."""
     shm.check_name(name)
     if not isinstance(cfg, Config):
         raise TypeError(f"cfg must be a kickmsg.Config, got {cfg!r}")
@@ -477,16 +564,101 @@ def _new_geometry(name: str, type: ChannelType, cfg: Config, creator: str) -> tu
         cfg.commit_timeout_us,
         len(creator_bytes),
     )
+    hazards = geometry.hazards()
+    if hazards:
+        raise ValueError(f"cannot create {name}: {hazards[0]}")
     return geometry, creator_bytes
 
 
+def _check_room(name: str, geometry: Geometry, reusable: int) -> None:
+    """Refuse (``ValueError``) a region larger than the memory the machine
+    can give it (``shm.room_for_new_object``), counting ``reusable`` bytes
+    already held by the object it would re-initialise in place."""
+    room, limit = shm.room_for_new_object()
+    if geometry.total_size > room + reusable:
+        raise ValueError(
+            f"cannot create {name}: it would take {_bytes_text(geometry.total_size)} "
+            f"({geometry.total_size} bytes: {geometry.size_breakdown()}), but only {_bytes_text(room)} "
+            f"are {limit}; lower pool_size, max_payload_size, max_subscribers or sub_ring_capacity"
+        )
+
+
+def _bytes_text(size: int) -> str:
+    """``1084288`` -> ``1.0 MiB``."""
+    value, unit = float(size), "bytes"
+    for bigger in ("KiB", "MiB", "GiB", "TiB", "PiB"):
+        if value < 1024:
+            break
+        value, unit = value / 1024, bigger
+    return f"{size} bytes" if unit == "bytes" else f"{value:.1f} {unit}"
+
+
+def _create_or_map(name: str, geometry: Geometry, permissions: int) -> tuple[shm.Mapping | None, bool]:
+    """``shm.create_or_map``, a failed reservation told as ``ValueError``."""
+    try:
+        return shm.create_or_map(name, geometry.total_size, permissions)
+    except shm.NoRoomError as error:
+        raise ValueError(
+            f"cannot create {name}: {error.strerror} while reserving {_bytes_text(geometry.total_size)} "
+            f"({geometry.total_size} bytes: {geometry.size_breakdown()})"
+        ) from None
+
+
+def _has_layout(mapping: shm.Mapping, geometry: Geometry) -> bool:
+    """Whether the mapped object is an initialised region laid out exactly
+    as ``geometry`` says (so processes attached to it may run their flows
+    over a re-initialised one), every page of it already allocated (so
+    re-initialising it touches no page the machine cannot give)."""
+    if mapping.size != geometry.total_size or not _is_initialised(mapping):
+        return False
+    if shm.allocated_bytes(mapping.name) < mapping.size:
+        return False
+    return Geometry.from_header(Header.from_address(mapping.address)).same_layout(geometry)
+
+
+def _config_differences(existing: Geometry, wanted: Geometry) -> str:
+    """How an existing region's config differs from the one asked for."""
+    fields = (
+        ("channel type", ChannelType(existing.channel_type).name, ChannelType(wanted.channel_type).name),
+        ("max_subscribers", existing.max_subs, wanted.max_subs),
+        ("sub_ring_capacity", existing.capacity, wanted.capacity),
+        ("pool_size", existing.pool_size, wanted.pool_size),
+        ("max_payload_size", existing.slot_data_size, wanted.slot_data_size),
+        ("commit_timeout", f"{existing.commit_timeout_us} us", f"{wanted.commit_timeout_us} us"),
+    )
+    differences = [f"{label} is {there} there, {here} here" for label, there, here in fields if there != here]
+    return "; ".join(differences) or (
+        f"its config hash is 0x{existing.config_hash:016x}, this config's is 0x{wanted.config_hash:016x}"
+    )
+
+
+def _rings_of_live_subscribers(region: SharedRegion) -> list[tuple[int, int, int]]:
+    """(ring, write_pos, has_waiter) of each Live ring held by a living
+    subscriber of this package (its owner record's lock is held): the rings
+    a re-create in place keeps for them."""
+    ops = region.atomics
+    records = owners.read_owners(region.name, region.geometry.max_subs) or []
+    kept = []
+    for ring, (record, held) in zip(region.rings, records):
+        state = ops.load_acquire_u32(ring.state_flight) & layout.RING_STATE_MASK
+        if state == layout.RING_LIVE and held and record is not None and record.region_created_at_ns == region.created_at_ns:
+            kept.append((ring.index, ops.load_acquire_u64(ring.write_pos), ops.load_relaxed_u32(ring.has_waiter)))
+    return kept
+
+
 def _initialise(
-    mapping: shm.Mapping, geometry: Geometry, creator: bytes, schema: SchemaInfo | None, in_place: bool
+    mapping: shm.Mapping,
+    geometry: Geometry,
+    creator: bytes,
+    schema: SchemaInfo | None,
+    in_place: bool,
+    kept_rings: list[tuple[int, int, int]] = (),
 ) -> SharedRegion:
     """Lay out a region in the mapping; publish it by storing magic last.
 
     A new object is zero-filled by ftruncate. One re-initialised in place is
-    first marked uninitialised (magic 0) and zeroed.
+    first marked uninitialised (magic 0) and zeroed; ``kept_rings``
+    (``_rings_of_live_subscribers``) stay Live for their subscribers.
     """
     region = SharedRegion(mapping, geometry)
     ops = region.atomics
@@ -512,6 +684,7 @@ def _initialise(
     header.creator_pid = os.getpid()
     header.created_at_ns = time.monotonic_ns()
     header.creator_name_len = len(creator)
+    region.created_at_ns = header.created_at_ns
     mapping.buffer[layout.HEADER_SIZE : layout.HEADER_SIZE + len(creator)] = creator
     # 2. Schema: nobody can see the region yet, so a relaxed Set suffices.
     if schema is not None:
@@ -525,7 +698,22 @@ def _initialise(
     ops.store_relaxed_u64(
         region.free_top_address, (geometry.pool_size & layout.U32_MAX) << 32 | (geometry.pool_size - 1)
     )
-    # 4. Rings are Free with write_pos 0: already zero.
+    # 4. Rings are Free with write_pos 0: already zero. Beyond 0.1.0, a ring
+    #    kept for a live subscriber of the replaced incarnation stays Live at
+    #    its write position, the entries of its window committed empty
+    #    (INVALID_SLOT), its owner record moved to this incarnation: its
+    #    subscriber reads on, counting the messages it had not read as lost.
+    if in_place and mapping.shared:
+        owners.restart(mapping.name, [ring for ring, _, _ in kept_rings], header.created_at_ns)
+    for index, write_pos, has_waiter in kept_rings:
+        ring = region.rings[index]
+        for position in range(max(0, write_pos - geometry.capacity), write_pos):
+            entry = ring.entries[position & geometry.mask]
+            ops.store_relaxed_u32(entry + layout.SLOT_IDX_OFFSET, layout.INVALID_SLOT)
+            ops.store_relaxed_u64(entry + layout.SEQUENCE_OFFSET, position + 1)
+        ops.store_relaxed_u64(ring.write_pos, write_pos)
+        ops.store_relaxed_u32(ring.has_waiter, has_waiter)
+        ops.store_relaxed_u32(ring.state_flight, layout.RING_LIVE)
     # 5. Magic last, with release: create_or_open polls it with acquire.
     ops.store_release_u64(mapping.address + layout.MAGIC_OFFSET, layout.MAGIC)
     return region
@@ -539,8 +727,21 @@ def _is_initialised(mapping: shm.Mapping) -> bool:
     return magic == layout.MAGIC and Header.from_address(mapping.address).version == layout.VERSION
 
 
+def _open_if_ready(name: str) -> SharedRegion | None:
+    """``SharedRegion.open(name)``, or None while there is no object of that
+    name or it is not initialised yet (being created)."""
+    try:
+        mapping = shm.open_existing(name)
+    except (shm.RegionNotFoundError, shm.EmptyObjectError):
+        return None
+    if mapping.size < 8 or HARDWARE.load_acquire_u64(mapping.address + layout.MAGIC_OFFSET) != layout.MAGIC:
+        return None
+    return _attach(mapping)
+
+
 def _attach(mapping: shm.Mapping) -> SharedRegion:
-    """Check an initialised-looking mapping and wrap it."""
+    """Check an initialised-looking mapping and wrap it; flag a geometry
+    that cannot work (when attached to use it, not to inspect it)."""
     name = mapping.name
     if mapping.size < 8 or HARDWARE.load_acquire_u64(mapping.address + layout.MAGIC_OFFSET) != layout.MAGIC:
         raise RuntimeError(f"Invalid shared memory (bad magic): {name}")
@@ -555,4 +756,7 @@ def _attach(mapping: shm.Mapping) -> SharedRegion:
     problems = geometry.problems(mapping.size, header.sub_ring_mask)
     if problems:
         raise RuntimeError(f"Region {name} does not fit its mapping: " + "; ".join(problems))
+    if mapping.writable:
+        for hazard in geometry.hazards():
+            warnings.warn(f"{name}: {hazard}", RuntimeWarning, stacklevel=3)
     return SharedRegion(mapping, geometry)

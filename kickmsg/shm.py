@@ -4,15 +4,22 @@ A ``Mapping`` maps a whole object read-write and stays mapped while anything
 refers to it: every object that points into a region (publisher, subscriber,
 view, slot, memoryview) keeps its ``Mapping`` alive.
 """
+import errno
 import mmap
 import os
+import pwd
 
 import posix_ipc
 
 from kickmsg._atomics_cffi import ffi
 
-NAME_RULE = "a shared-memory name is '/' followed by 1 to 254 bytes (UTF-8), none of them '/' or NUL"
-CREATE_MODE = 0o666  # as 0.1.0; the process umask applies
+SIDECAR_SUFFIX = ".owners"  # the ring-owner sidecar of region /x is /x.owners (kickmsg.owners)
+NAME_RULE = (
+    "a shared-memory name is '/' followed by 1 to 254 bytes (UTF-8), none of them '/' or NUL, "
+    f"and not ending in '{SIDECAR_SUFFIX}' (the suffix of ring-owner sidecars)"
+)
+DEFAULT_MODE = 0o600  # only the creating user may map a new region (as native 0.9; 0.1.0 used 0666)
+MODE_VARIABLE = "KICKMSG_SHM_MODE"  # octal permission bits for new regions, as in native 0.9
 SHM_DIRECTORY = "/dev/shm"  # where Linux keeps POSIX shared-memory objects
 
 
@@ -22,6 +29,10 @@ class RegionNotFoundError(FileNotFoundError, RuntimeError):
 
 class RegionPermissionError(PermissionError, RuntimeError):
     """The shared-memory object exists but this process may not map it."""
+
+
+class NoRoomError(OSError):
+    """A new object could not be given its memory (ENOSPC): nothing was left behind."""
 
 
 class EmptyObjectError(RuntimeError):
@@ -34,8 +45,89 @@ def check_name(name: str) -> None:
     if not isinstance(name, str):
         raise TypeError(f"shared-memory name must be a str, got {name!r}")
     size = len(name.encode("utf-8", "surrogatepass"))
-    if not (2 <= size <= 255 and name[0] == "/" and "/" not in name[1:] and "\0" not in name):
+    if not (2 <= size <= 255 and name[0] == "/" and "/" not in name[1:] and "\0" not in name) or name.endswith(
+        SIDECAR_SUFFIX
+    ):
         raise ValueError(f"invalid shared-memory name {name!r}: {NAME_RULE}")
+
+
+def creation_mode(mode: int | None) -> int:
+    """The permission bits for a new object: ``mode`` if given, else
+    ``$KICKMSG_SHM_MODE`` (octal, e.g. ``0660``), else 0600. As for any new
+    file, the process umask then applies."""
+    if mode is None:
+        text = os.environ.get(MODE_VARIABLE, "")
+        if not text:
+            return DEFAULT_MODE
+        source = f"{MODE_VARIABLE}={text!r}"
+        try:
+            mode = int(text, 8)
+        except ValueError:
+            raise ValueError(f"{source} is not an octal permission mode such as 0600 or 0660") from None
+    else:
+        if not isinstance(mode, int) or isinstance(mode, bool):
+            raise TypeError(f"mode must be an int such as 0o600, got {mode!r}")
+        source = f"mode={mode:#o}" if mode >= 0 else f"mode={mode}"
+    if not 0 <= mode <= 0o777:
+        raise ValueError(f"{source} is not a permission mode: it must lie between 0 and 0o777 (e.g. 0o600, 0o660)")
+    return mode
+
+
+def _access_description(name: str) -> str:
+    """The object's mode and owner, and who we are, for a permission error."""
+    try:
+        status = os.stat(SHM_DIRECTORY + name)
+    except OSError:
+        return f"this process runs as uid {os.geteuid()}"
+    return f"mode {status.st_mode & 0o777:04o}, owner {_user_name(status.st_uid)}; this process runs as {_user_name(os.geteuid())}"
+
+
+def _user_name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
+
+
+def room_for_new_object() -> tuple[int, str]:
+    """How many bytes a new object can be given without hurting the machine,
+    and what sets that bound: the free space of /dev/shm, the memory the
+    kernel reports available (a tmpfs object lives in memory or swap), and
+    what is left under this process's cgroup memory limit, if any."""
+    shm_fs = os.statvfs(SHM_DIRECTORY)
+    limits = [(shm_fs.f_bavail * shm_fs.f_frsize, f"free in {SHM_DIRECTORY}")]
+    try:
+        with open("/proc/meminfo") as meminfo:
+            fields = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in meminfo if line.split()[1:2]}
+        limits.append((fields["MemAvailable"] + fields.get("SwapFree", 0), "available in memory (MemAvailable + SwapFree)"))
+    except (OSError, KeyError, ValueError):
+        pass
+    try:
+        with open("/proc/self/cgroup") as cgroup:
+            path = next(line.strip().partition("::")[2] for line in cgroup if line.startswith("0::"))
+        with open(f"/sys/fs/cgroup{path}/memory.max") as limit, open(f"/sys/fs/cgroup{path}/memory.current") as used:
+            maximum = limit.read().strip()
+            if maximum != "max":
+                limits.append((max(0, int(maximum) - int(used.read())), "left under this process's cgroup memory limit"))
+    except (OSError, StopIteration, ValueError):
+        pass
+    return min(limits)
+
+
+def object_size(name: str) -> int | None:
+    """The size of the object of that name, None if there is none."""
+    try:
+        return os.stat(SHM_DIRECTORY + name).st_size
+    except OSError:
+        return None
+
+
+def allocated_bytes(name: str) -> int:
+    """The memory an existing object holds now (0 if there is none)."""
+    try:
+        return os.stat(SHM_DIRECTORY + name).st_blocks * 512
+    except OSError:
+        return 0
 
 
 class Mapping:
@@ -46,9 +138,12 @@ class Mapping:
     address of its first byte, for ``kickmsg.atomics``.
     """
 
-    def __init__(self, name: str, memory: mmap.mmap, identity: tuple[int, int], writable: bool, shared: bool = True):
+    def __init__(
+        self, name: str, memory: mmap.mmap, identity: tuple[int, int], writable: bool, shared: bool = True, mode: int = 0o600
+    ):
         self.name = name
         self.identity = identity  # (st_dev, st_ino) of the object mapped
+        self.mode = mode  # its permission bits when mapped
         self.writable = writable
         self.shared = shared  # False: ordinary private memory, nothing in /dev/shm
         self.size = len(memory)
@@ -82,30 +177,42 @@ def _map(name: str, shared_memory: posix_ipc.SharedMemory, writable: bool) -> Ma
             raise EmptyObjectError(f"shared memory {name} is empty (0 bytes)")
         protection = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
         memory = mmap.mmap(shared_memory.fd, status.st_size, prot=protection)
-        return Mapping(name, memory, (status.st_dev, status.st_ino), writable)
+        return Mapping(name, memory, (status.st_dev, status.st_ino), writable, mode=status.st_mode & 0o777)
     finally:
         shared_memory.close_fd()
 
 
-def create_exclusive(name: str, size: int) -> Mapping:
-    """Create a new object of ``size`` zero bytes and map it; raise
-    ``FileExistsError`` if the name is taken."""
+def create_exclusive(name: str, size: int, mode: int) -> Mapping:
+    """Create a new object of ``size`` zero bytes, its memory reserved, and
+    map it; raise ``FileExistsError`` if the name is taken, ``NoRoomError``
+    (removing the new object) if its memory cannot be reserved."""
     check_name(name)
     try:
-        shared_memory = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, CREATE_MODE, size)
+        shared_memory = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode)  # 0 bytes for now
     except posix_ipc.ExistentialError:
         raise FileExistsError(f"shared memory {name} already exists") from None
     except posix_ipc.PermissionsError as error:
         raise RegionPermissionError(f"cannot create shared memory {name}: {error}") from None
+    try:
+        # Reserve every page now: a region that cannot be backed fails here
+        # with ENOSPC, not later with SIGBUS (or the OOM killer) on first touch.
+        os.posix_fallocate(shared_memory.fd, 0, size)
+    except OSError as error:
+        shared_memory.close_fd()
+        posix_ipc.unlink_shared_memory(name)
+        if error.errno in (errno.ENOSPC, errno.ENOMEM, errno.EFBIG):
+            raise NoRoomError(error.errno, error.strerror) from None
+        raise
     return _map(name, shared_memory, writable=True)
 
 
-def create_or_map(name: str, size: int) -> tuple[Mapping | None, bool]:
-    """Create a new zero-filled object of ``size`` bytes and map it (returns
-    ``(mapping, True)``), or map the object already named (``(mapping,
-    False)``; ``(None, False)`` if it vanished meanwhile or is still empty)."""
+def create_or_map(name: str, size: int, mode: int) -> tuple[Mapping | None, bool]:
+    """Create a new zero-filled object of ``size`` bytes, its memory
+    reserved, and map it (returns ``(mapping, True)``), or map the object
+    already named (``(mapping, False)``; ``(None, False)`` if it vanished
+    meanwhile or is still empty)."""
     try:
-        return create_exclusive(name, size), True
+        return create_exclusive(name, size, mode), True
     except FileExistsError:
         pass
     try:
@@ -121,8 +228,11 @@ def open_existing(name: str, writable: bool = True) -> Mapping:
         shared_memory = posix_ipc.SharedMemory(name, 0, read_only=not writable)
     except posix_ipc.ExistentialError:
         raise RegionNotFoundError(f"no shared memory named {name}") from None
-    except posix_ipc.PermissionsError as error:
-        raise RegionPermissionError(f"cannot open shared memory {name}: {error}") from None
+    except posix_ipc.PermissionsError:
+        raise RegionPermissionError(
+            f"cannot open shared memory {name} {'read-write' if writable else 'read-only'}: permission denied "
+            f"({_access_description(name)})"
+        ) from None
     return _map(name, shared_memory, writable)
 
 
@@ -133,5 +243,5 @@ def unlink(name: str) -> None:
         posix_ipc.unlink_shared_memory(name)
     except posix_ipc.ExistentialError:
         pass
-    except posix_ipc.PermissionsError as error:
-        raise RegionPermissionError(f"cannot unlink shared memory {name}: {error}") from None
+    except posix_ipc.PermissionsError:
+        raise RegionPermissionError(f"cannot unlink shared memory {name}: permission denied ({_access_description(name)})") from None

@@ -17,6 +17,7 @@ from kickmsg.layout import (
     REFCOUNT_OFFSET,
     RING_FREE,
     RING_LIVE,
+    RING_STATE_MASK,
     SEQUENCE_OFFSET,
     SLOT_IDX_OFFSET,
     U32_MAX,
@@ -25,7 +26,6 @@ from kickmsg.region import RingAddresses, SharedRegion
 
 MAX_RECEIVE_ATTEMPTS = 64  # entries a single try_receive may skip as lost
 UNCOMMITTED_POLL_NS = 1_000_000  # sleep slice while a claimed entry is not committed yet
-REPORT_INTERVAL_NS = 100_000_000  # read_pos and lost reach the owner record at most every 0.1 s
 
 
 class Subscriber:
@@ -35,24 +35,48 @@ class Subscriber:
 
     A subscriber is used by one thread at a time. It leaves its ring when
     closed (``close()``, ``with``) or garbage collected.
+
+    Beyond 0.1.0: if the region is re-created under it (in place, or
+    unlinked and replaced), the subscriber notices within 0.1 s while it
+    receives or waits (at once if it waits and a re-create in place reset
+    its ring), goes on in the new region and counts it in ``rejoined``. A
+    re-create in place by this package keeps its ring; otherwise it joins
+    a ring of the new region. The messages it had not read in the old ring
+    count as lost.
     """
 
     def __init__(self, region: SharedRegion):
         if not isinstance(region, SharedRegion):
             raise TypeError(f"Subscriber needs a SharedRegion, got {region!r}")
         region.require_writable("subscribe")
-        self._region = region
-        self._ring, self._start_pos = _join_ring(region)
-        self._sidecar = _record_ownership(region, self._ring, self._start_pos)
-        self._next_report_ns = 0  # when to report read_pos and lost to the sidecar next
-        self._reported = (self._start_pos, 0)  # (read_pos, lost) last reported
-        self._read_pos = self._start_pos
+        region = region.reopen_if_recreated() or region  # a stale region object: use what the name leads to
         self._lost = 0
         self._skipped = 0
         self._drain_timeouts = 0
+        self._rejoined = 0
         self._closed = False
+        ring, start_pos = _join_or_reclaim(region)
+        self._take_ring(region, ring, start_pos, _record_ownership(region, ring, start_pos))
+
+    def _take_ring(
+        self,
+        region: SharedRegion,
+        ring: RingAddresses,
+        start_pos: int,
+        sidecar: owners.Sidecar | None,
+        read_pos: int | None = None,
+    ) -> None:
+        """Make a ring we joined ours: read from ``read_pos`` (default: the
+        start position), leave it (and close ``sidecar``, which holds our
+        owner record) when closed or collected."""
+        self._region = region
+        self._ring, self._start_pos = ring, start_pos
+        self._sidecar = sidecar
+        self._read_pos = self._write_pos_seen = start_pos if read_pos is None else read_pos
+        self._reported = (self._read_pos, self._lost)  # (read_pos, lost) last written to the owner record
+        self._next_check_in_ns = region.next_check_in_ns()
         self._teardown = weakref.finalize(
-            self, _leave_ring, region, self._ring, self._start_pos, os.getpid(), region.incarnation(), self._sidecar
+            self, _leave_ring, region, ring, start_pos, os.getpid(), region.incarnation(), self._sidecar
         )
 
     @property
@@ -77,17 +101,24 @@ class Subscriber:
         """Times leaving the ring gave up waiting for an in-flight publisher."""
         return self._drain_timeouts
 
+    @property
+    def rejoined(self) -> int:
+        """Times this subscriber followed its region's name to a re-created
+        region (beyond 0.1.0)."""
+        return self._rejoined
+
     # -- receiving ----------------------------------------------------------
 
     def try_receive(self) -> bytes | None:
         """The next message as a copy, or None if none is ready."""
+        region = self._region  # the slot is pinned in this region, even if the check-in follows a new one
         pinned = self._pin_next()
-        if self._sidecar and time.monotonic_ns() >= self._next_report_ns:
-            self._report_progress()
+        if time.monotonic_ns() >= self._next_check_in_ns:
+            self._check_in()
         if pinned is None:
+            self._report_if_stale()
             return None
         slot, length, _ = pinned
-        region = self._region
         start = region.payload_offsets[slot]
         data = bytes(region.mapping.buffer[start : start + length])
         treiber.release_slot(region, slot)  # unpin
@@ -96,13 +127,15 @@ class Subscriber:
     def try_receive_view(self) -> "SampleView | None":
         """The next message in place (zero-copy, its slot pinned until the
         view is released), or None if none is ready."""
+        region = self._region  # the slot is pinned in this region, even if the check-in follows a new one
         pinned = self._pin_next()
-        if self._sidecar and time.monotonic_ns() >= self._next_report_ns:
-            self._report_progress()
+        if time.monotonic_ns() >= self._next_check_in_ns:
+            self._check_in()
         if pinned is None:
+            self._report_if_stale()
             return None
         slot, length, ring_pos = pinned
-        return SampleView(self._region, slot, length, ring_pos)
+        return SampleView(region, slot, length, ring_pos)
 
     def receive(self, timeout: datetime.timedelta | float | None) -> bytes | None:
         """Like ``try_receive``, but sleeps (without the GIL) up to ``timeout``
@@ -163,6 +196,7 @@ class Subscriber:
                 self._read_pos = write_pos - capacity
             if self._read_pos >= write_pos:
                 return None
+            self._write_pos_seen = write_pos  # what a re-create in place would take from us
             # 2. Read the entry's sequence (acquire); it must be read_pos + 1.
             entry = ring.entries[self._read_pos & mask]
             expected = self._read_pos + 1
@@ -228,13 +262,49 @@ class Subscriber:
                 self._read_pos = position
                 return
 
-    def _report_progress(self) -> None:
+    def _check_in(self) -> None:
+        """Every CHECK_IN_INTERVAL_NS while receiving or waiting: follow the
+        region's name if it was re-created, and bring our owner record up
+        to date."""
+        self._next_check_in_ns = self._region.next_check_in_ns()
+        self._follow_if_recreated()
+        self._report_if_stale()
+
+    def _report_if_stale(self) -> None:
         """Write read_pos and lost into our owner record (for ``kickmsg
-        stats``/``watch``): at most every REPORT_INTERVAL_NS while receiving,
-        and before going to sleep waiting for messages."""
-        self._sidecar.report_progress(self._ring.index, self._read_pos, self._lost)
-        self._reported = (self._read_pos, self._lost)
-        self._next_report_ns = time.monotonic_ns() + REPORT_INTERVAL_NS
+        stats``/``watch``) if they changed since last written: at check-in,
+        when a poll finds nothing new, and before sleeping."""
+        progress = (self._read_pos, self._lost)
+        if self._sidecar and progress != self._reported:
+            self._sidecar.report_progress(self._ring.index, *progress)
+            self._reported = progress
+
+    def _follow_if_recreated(self) -> None:
+        """If our region was re-created (beyond 0.1.0), go on in the new one.
+        Re-created in place by this package, it kept our ring Live at its
+        write position: read on (what we had not read shows as lost entries).
+        Otherwise join a ring of the new region and leave the old ring (if it
+        is still ours); what we had not read there counts as lost."""
+        region, ring = self._region, self._ring
+        new_region = region.reopen_if_recreated()
+        if new_region is None:
+            return
+        in_place = new_region.mapping.identity == region.mapping.identity
+        if in_place and self._sidecar and self._sidecar.records_us(ring.index, new_region.created_at_ns):
+            self._teardown.detach()  # our ring and record live on in the new incarnation
+            self._take_ring(new_region, new_region.rings[ring.index], self._start_pos, self._sidecar, self._read_pos)
+        else:
+            if in_place:
+                write_pos = self._write_pos_seen  # the old ring's contents are gone: what we last saw
+            else:
+                write_pos = region.atomics.load_acquire_u64(ring.write_pos)  # the old object, orphaned
+            unread = min(max(0, write_pos - self._read_pos), region.geometry.capacity)
+            new_ring, start_pos = _join_or_reclaim(new_region)  # none free: raise, try again at the next call
+            if not self._teardown():
+                self._drain_timeouts += 1
+            self._take_ring(new_region, new_ring, start_pos, _record_ownership(new_region, new_ring, start_pos))
+            self._lost += unread
+        self._rejoined += 1
 
     def _sleep_until_written(self, deadline_ns: int | None) -> bool:
         """Sleep on the ring's futex until write_pos moves, or the deadline.
@@ -242,19 +312,30 @@ class Subscriber:
         remaining_ns = -1 if deadline_ns is None else deadline_ns - time.monotonic_ns()
         if deadline_ns is not None and remaining_ns <= 0:
             return False
-        if self._sidecar and (self._read_pos, self._lost) != self._reported:
-            self._report_progress()  # going idle: leave the record current
+        self._report_if_stale()  # going idle: leave the record current
         ops = self._region.atomics
         ring = self._ring
         ops.store_relaxed_u32(ring.has_waiter, 1)
         write_pos = ops.load_acquire_u64(ring.write_pos)
+        if write_pos < self._read_pos:
+            # A ring's write_pos never goes back: the region was re-created in
+            # place. Check in now rather than at the next interval.
+            ops.store_relaxed_u32(ring.has_waiter, 0)
+            self._next_check_in_ns = 0
+            return True
         if write_pos != self._read_pos:
             # A publisher claimed a position but has not committed it; its
             # wake-up may come before we sleep, so only nap briefly.
-            remaining_ns = UNCOMMITTED_POLL_NS if remaining_ns < 0 else min(remaining_ns, UNCOMMITTED_POLL_NS)
+            remaining_ns = _at_most(remaining_ns, UNCOMMITTED_POLL_NS)
+        if self._region.mapping.shared:
+            # Wake for the next check-in: publishers of a re-created region
+            # would never wake us on this one's futex.
+            remaining_ns = _at_most(remaining_ns, max(0, self._next_check_in_ns - time.monotonic_ns()))
         # The kernel returns at once if write_pos no longer equals what we saw.
         ops.futex_wait(ring.write_pos, write_pos & U32_MAX, remaining_ns)
         ops.store_relaxed_u32(ring.has_waiter, 0)
+        if self._region.mapping.shared:
+            self._next_check_in_ns = 0  # check in after the receive a wake-up allows: its record is then exact
         return True
 
     # -- leaving --------------------------------------------------------------
@@ -277,8 +358,13 @@ class Subscriber:
         state = "closed" if self._closed else f"ring={self._ring.index}, read_pos={self._read_pos}"
         return (
             f"Subscriber(region={self._region.name!r}, {state}, lost={self._lost}, "
-            f"drain_timeouts={self._drain_timeouts})"
+            f"drain_timeouts={self._drain_timeouts}, rejoined={self._rejoined})"
         )
+
+
+def _at_most(timeout_ns: int, bound_ns: int) -> int:
+    """A futex timeout (negative: none) no longer than ``bound_ns``."""
+    return bound_ns if timeout_ns < 0 else min(timeout_ns, bound_ns)
 
 
 def _deadline_ns(timeout: datetime.timedelta | float | None) -> int | None:
@@ -287,9 +373,9 @@ def _deadline_ns(timeout: datetime.timedelta | float | None) -> int | None:
     return time.monotonic_ns() + to_microseconds(timeout, "timeout") * 1000
 
 
-def _join_ring(region: SharedRegion) -> tuple[RingAddresses, int]:
+def _join_ring(region: SharedRegion) -> tuple[RingAddresses, int] | None:
     """Subscriber join: claim the first Free ring (state_flight exactly 0).
-    Returns the ring and the start position."""
+    Returns the ring and the start position; None if no ring is Free."""
     ops = region.atomics
     for ring in region.rings:
         # Capture write_pos BEFORE going Live: once Live, publishers claim
@@ -298,8 +384,35 @@ def _join_ring(region: SharedRegion) -> tuple[RingAddresses, int]:
         start_pos = ops.load_acquire_u64(ring.write_pos)
         if ops.cas_acq_rel_u32(ring.state_flight, RING_FREE, RING_LIVE) == RING_FREE:
             return ring, start_pos
-    raise RuntimeError(
-        f"No free subscriber slots in {region.name}: all {region.geometry.max_subs} rings are taken or retired"
+    return None
+
+
+def _join_or_reclaim(region: SharedRegion) -> tuple[RingAddresses, int]:
+    """Join a ring; with none Free, first reclaim the rings whose recorded
+    owner died (beyond 0.1.0: a channel heals itself) and try once more."""
+    joined = _join_ring(region)
+    if joined is None and region.mapping.shared and region.reclaim_dead_subscribers().reclaimed:
+        joined = _join_ring(region)
+    if joined is None:
+        raise RuntimeError(
+            f"No free subscriber slots in {region.name}: all {region.geometry.max_subs} rings are taken or "
+            f"retired ({_ring_holders(region)})"
+        )
+    return joined
+
+
+def _ring_holders(region: SharedRegion) -> str:
+    """Who holds the rings, for the error of a join that found none free."""
+    records = owners.read_owners(region.name, region.geometry.max_subs) or []
+    recorded = sum(held for _, held in records)
+    retired = sum(
+        region.atomics.load_acquire_u32(ring.state_flight) & RING_STATE_MASK == RING_FREE for ring in region.rings
+    )
+    held = region.geometry.max_subs - retired
+    return (
+        f"{recorded} by live subscribers of this package, {held - recorded} by subscribers that record no "
+        f"owner (e.g. native ones) or are leaving, {retired} retired by a timed-out teardown "
+        f"(kickmsg repair --retired)"
     )
 
 
@@ -308,7 +421,7 @@ def _record_ownership(region: SharedRegion, ring: RingAddresses, start_pos: int)
     the ring can be reclaimed if we die (None if it cannot be recorded)."""
     if not region.mapping.shared:
         return None  # a region in private memory has nobody else to tell
-    sidecar = owners.Sidecar.open(region.name, create=True)
+    sidecar = owners.Sidecar.open(region.name, create_with_mode=region.mapping.mode)
     if sidecar and not sidecar.claim(ring.index, start_pos, region.header.created_at_ns):
         sidecar.close()
         return None
@@ -328,7 +441,11 @@ def _leave_ring(
     if os.getpid() != owner_pid:
         return True  # a forked child's copy: the ring belongs to the parent
     left = True
-    if region.incarnation() == incarnation:  # else re-created since we joined: not our ring
+    # Re-created since we joined, the ring is not ours, unless the re-create
+    # kept it for us (in place, our record moved to the new incarnation).
+    if region.incarnation() == incarnation or (
+        sidecar is not None and sidecar.records_us(ring.index, region.header.created_at_ns)
+    ):
         left = region.leave_ring(ring, start_pos, sidecar)
     if sidecar:
         sidecar.close()

@@ -233,16 +233,25 @@ def join_check(region, record_type: RecordType) -> None:
 
 
 class TypedPublisher:
-    """Publishes records of one ``RecordType``; checks the channel's type on construction."""
+    """Publishes records of one ``RecordType``; checks the channel's type on
+    construction, and again if the region is re-created under it."""
 
     def __init__(self, publisher: Publisher, record_type: RecordType):
         join_check(publisher.region, record_type)
         self.publisher = publisher
         self.record_type = record_type
+        self._checked_region = publisher.region
+
+    def _check_type_if_rejoined(self) -> None:
+        """A re-created region may carry another type: check it once."""
+        if self.publisher.region is not self._checked_region:
+            join_check(self.publisher.region, self.record_type)
+            self._checked_region = self.publisher.region
 
     def send(self, records) -> int:
         """Publish one record (a tuple or numpy record) or an array of them
         as one message; returns the number of records."""
+        self._check_type_if_rejoined()
         dtype = self.record_type.dtype
         # A subarray dtype (e.g. 3 x <f4) converts element by element.
         array = np.ascontiguousarray(records, dtype=dtype.base if dtype.subdtype else dtype)
@@ -252,7 +261,9 @@ class TypedPublisher:
         return array.nbytes // dtype.itemsize
 
     def allocate(self, count: int = 1) -> "TypedSlot | None":
-        """Reserve a message of ``count`` records to fill in place."""
+        """Reserve a message of ``count`` records to fill in place; None if
+        they exceed max_payload_size or the pool is empty."""
+        self._check_type_if_rejoined()
         slot = self.publisher.allocate(count * self.record_type.dtype.itemsize)
         return None if slot is None else TypedSlot(slot, self.record_type.dtype)
 
@@ -287,13 +298,22 @@ class TypedSubscriber:
     def __init__(self, subscriber: Subscriber, record_type: RecordType):
         """Wrap a subscriber; if the channel's type differs, the subscriber is
         closed (its ring freed) and ``TypeMismatchError`` raised."""
-        try:
-            join_check(subscriber.region, record_type)
-        except TypeMismatchError:
-            subscriber.close()
-            raise
         self.subscriber = subscriber
         self.record_type = record_type
+        self._checked_region = None
+        self._check_type()
+
+    def _check_type(self) -> None:
+        """Check the channel's type (again, if the subscriber followed a
+        re-created region); on a mismatch close the subscriber and raise."""
+        if self.subscriber.region is self._checked_region:
+            return
+        try:
+            join_check(self.subscriber.region, self.record_type)
+        except TypeMismatchError:
+            self.subscriber.close()
+            raise
+        self._checked_region = self.subscriber.region
 
     def try_receive(self) -> np.ndarray | None:
         """The next message's records (read-only, over the slot), or None."""
@@ -303,6 +323,7 @@ class TypedSubscriber:
         return self._records(self.subscriber.receive_view(timeout))
 
     def _records(self, view: SampleView | None) -> np.ndarray | None:
+        self._check_type()
         if view is None:
             return None
         itemsize, length = self.record_type.dtype.itemsize, len(view)
@@ -335,8 +356,10 @@ class TypedSubscriber:
 
 def advertise(node: Node, topic: str, record_type: RecordType, cfg: Config | None = None) -> TypedPublisher:
     """Create a typed topic: its descriptor is baked in at creation. Without
-    ``cfg``, max_payload_size is one record."""
-    cfg = copy.copy(cfg) if cfg is not None else Config(max_payload_size=record_type.dtype.itemsize)
+    ``cfg``, the defaults of ``Config()`` with max_payload_size the most
+    whole records that fit in its 4096 bytes (at least one)."""
+    itemsize = record_type.dtype.itemsize
+    cfg = copy.copy(cfg) if cfg is not None else Config(max_payload_size=max(1, Config().max_payload_size // itemsize) * itemsize)
     cfg.schema = record_type.schema
     return TypedPublisher(node.advertise(topic, cfg), record_type)
 

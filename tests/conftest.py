@@ -29,6 +29,16 @@ def shm_name(request):
     shm.unlink(name)
 
 
+@pytest.fixture
+def prefix():
+    """A Node prefix of this test's own (no leading '/'); every object under
+    it is removed after the test, whatever its outcome."""
+    value = new_shm_name("p")[1:]
+    yield value
+    for path in pathlib.Path("/dev/shm").glob(f"{value}_*"):
+        path.unlink(missing_ok=True)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def remove_leftover_regions():
     """After the session, remove every object this session's names created

@@ -347,7 +347,7 @@ def test_subscriber_killed_holding_views(shm_name, procs):
     drained); reclaim_orphaned_slots(), at quiescence, frees the pins."""
     count, pool_size = 3, 8
     region = SharedRegion.create(
-        shm_name, ChannelType.PubSub, crash_config(max_subscribers=2, sub_ring_capacity=8, pool_size=pool_size)
+        shm_name, ChannelType.PubSub, crash_config(max_subscribers=2, sub_ring_capacity=4, pool_size=pool_size)
     )
     procs.start_ready("holder", mpworkers.view_holder, shm_name, count, "wait")
     pub = Publisher(region)

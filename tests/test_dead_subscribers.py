@@ -112,35 +112,73 @@ def assert_recovered(name, region):
 # -- killed subscribers fill the rings; reclaim frees exactly them ------------------------
 
 
-def test_killed_subscribers_fill_the_rings_until_reclaimed(shm_name, procs):
-    """Three subscriber processes (max_subscribers=3) record themselves, hold
-    messages, and are killed: their rings stay Live and nobody can
-    subscribe. reclaim_dead_subscribers() drains and frees the three rings,
-    names (ring, pid), and clears their records."""
-    max_subs = 3
-    region = SharedRegion.create(shm_name, ChannelType.PubSub, small_config(max_subscribers=max_subs))
-    pids = [procs.start_ready(f"dead-{ring}", crashworkers.parked_subscriber, shm_name) for ring in range(max_subs)]
-    assert ring_states(shm_name) == [(RING_LIVE, 0)] * max_subs
-    records = sidecar_records(shm_name, max_subs)
+def fill_rings_with_killed_subscribers(name, region, procs, max_subs) -> list[int]:
+    """Start max_subs subscriber processes that record themselves, publish
+    five messages, kill them all. Their rings stay Live. Returns their pids."""
+    pids = [procs.start_ready(f"dead-{ring}", crashworkers.parked_subscriber, name) for ring in range(max_subs)]
+    assert ring_states(name) == [(RING_LIVE, 0)] * max_subs
+    records = sidecar_records(name, max_subs)
     for ring, pid in enumerate(pids):
-        assert record_head(records[ring]) == (pid, crashworkers.process_start_ticks(pid), 0, created_at(shm_name))
+        assert record_head(records[ring]) == (pid, crashworkers.process_start_ticks(pid), 0, created_at(name))
     pub = Publisher(region)
     for sequence in range(5):  # each ring now holds five references
         pub.send(mpworkers.numbered_message(1, sequence))
-
     for ring in range(max_subs):
         procs.kill(f"dead-{ring}")
-    assert ring_states(shm_name) == [(RING_LIVE, 0)] * max_subs
-    with pytest.raises(RuntimeError, match="No free subscriber slots"):
-        Subscriber(region)
+    assert ring_states(name) == [(RING_LIVE, 0)] * max_subs
+    return pids
+
+
+def test_killed_subscribers_are_reported_and_reclaimed(shm_name, procs):
+    """Three subscriber processes (max_subscribers=3) record themselves, hold
+    messages, and are killed: their rings stay Live. diagnose() and audit()
+    report them; reclaim_dead_subscribers() drains and frees the three
+    rings, names (ring, pid), and clears their records."""
+    max_subs = 3
+    region = SharedRegion.create(shm_name, ChannelType.PubSub, small_config(max_subscribers=max_subs))
+    pids = fill_rings_with_killed_subscribers(shm_name, region, procs, max_subs)
+    health = region.diagnose()
+    assert health.dead_subscriber_rings == max_subs and not health.healthy
+    assert region.dead_subscriber_rings() == list(enumerate(pids))
+    report = audit(region)
+    assert [ring.owner_dead for ring in report.rings] == [True] * max_subs
+    assert report.damage()["rings held by dead subscribers"] == max_subs and not report.clean
 
     report = region.reclaim_dead_subscribers()
     assert as_tuple(report) == ([(ring, pid) for ring, pid in enumerate(pids)], [], [])
     assert not any(b"".join(sidecar_records(shm_name, max_subs)))  # records cleared
     assert_recovered(shm_name, region)
     assert as_tuple(region.reclaim_dead_subscribers()) == ([], [], [])
+    assert region.diagnose().healthy
     with Subscriber(region):
         assert ring_states(shm_name)[0] == (RING_LIVE, 0)
+
+
+def test_a_join_reclaims_the_rings_of_killed_subscribers(shm_name, procs):
+    """Every ring is held by a killed subscriber: a new subscriber does not
+    fail with "No free subscriber slots" but reclaims the dead owners'
+    rings first (all of them), then joins one: the channel heals itself."""
+    max_subs = 3
+    region = SharedRegion.create(shm_name, ChannelType.PubSub, small_config(max_subscribers=max_subs))
+    fill_rings_with_killed_subscribers(shm_name, region, procs, max_subs)
+    with Subscriber(region) as subscriber:
+        assert ring_states(shm_name) == [(RING_LIVE, 0), (RING_FREE, 0), (RING_FREE, 0)]
+        assert region.diagnose().dead_subscriber_rings == 0
+        Publisher(region).send(b"heard")
+        assert subscriber.try_receive() == b"heard"
+    assert_recovered(shm_name, region)
+
+
+def test_a_full_channel_names_who_holds_the_rings(shm_name, procs):
+    """With every ring held by a living subscriber, a join still fails,
+    and the error says who holds the rings."""
+    region = SharedRegion.create(shm_name, ChannelType.PubSub, small_config(max_subscribers=2))
+    holders = [Subscriber(region) for _ in range(2)]
+    with pytest.raises(RuntimeError, match=r"No free subscriber slots in .*: all 2 rings are taken or retired "
+                                           r"\(2 by live subscribers of this package, 0 by subscribers that"):
+        Subscriber(region)
+    for holder in holders:
+        holder.close()
 
 
 def test_reclaim_leaves_a_living_owner_alone(shm_name, procs):
@@ -319,8 +357,9 @@ def test_sidecar_records_each_owner_and_a_close_clears_its_record(shm_name):
 
 @pytest.mark.parametrize("remove", ["region.unlink", "unlink_shm", "create"])
 def test_removing_or_replacing_the_region_removes_its_sidecar(shm_name, remove):
-    """unlink_shm, region.unlink and re-creating the region remove the
-    sidecar; a subscriber still alive then closes without error."""
+    """unlink_shm, region.unlink and re-creating the region with another
+    layout remove the sidecar; a subscriber still alive then closes without
+    error."""
     cfg = small_config()
     region = SharedRegion.create(shm_name, ChannelType.PubSub, cfg)
     sub = Subscriber(region)
@@ -330,7 +369,7 @@ def test_removing_or_replacing_the_region_removes_its_sidecar(shm_name, remove):
     elif remove == "unlink_shm":
         unlink_shm(shm_name)
     else:
-        SharedRegion.create(shm_name, ChannelType.PubSub, cfg)
+        SharedRegion.create(shm_name, ChannelType.PubSub, small_config(pool_size=64))
     assert not os.path.exists(sidecar_path(shm_name))
     assert os.path.exists(f"/dev/shm{shm_name}") == (remove == "create")
     sub.close()
@@ -402,8 +441,31 @@ def test_subscriber_killed_during_its_teardown_is_reclaimed(shm_name, procs):
     procs.wait_for("result", ["slow"])
     procs.join(["slow"])
     require(ring_states(shm_name) == [(RING_DRAINING, 0)], f"unexpected ring state: {ring_states(shm_name)}")
-    with pytest.raises(RuntimeError, match="No free subscriber slots"):
-        Subscriber(region)
+    assert region.diagnose().dead_subscriber_rings == 1
 
     assert as_tuple(region.reclaim_dead_subscribers()) == ([(0, dead_pid)], [], [])
     assert_recovered(shm_name, region)
+
+
+# -- progress in the records ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("how", ["iterate", "try_receive", "receive"])
+def test_an_idle_subscriber_leaves_its_record_current(shm_name, how):
+    """A subscriber that reads a burst of 64 messages and goes idle has its
+    read position and losses in its record (for kickmsg stats), however it
+    read them: iterating, polling until empty, or blocking until a timeout."""
+    region = SharedRegion.create(shm_name, ChannelType.PubSub, small_config(sub_ring_capacity=64, pool_size=128))
+    subscriber = Subscriber(region)
+    pub = Publisher(region)
+    for sequence in range(64):
+        pub.send(b"%d" % sequence)
+    if how == "iterate":
+        assert len(list(subscriber)) == 64
+    elif how == "try_receive":
+        assert sum(1 for _ in iter(subscriber.try_receive, None)) == 64
+    else:
+        assert sum(1 for _ in iter(lambda: subscriber.receive(0.01), None)) == 64
+    record, held = owners.read_owners(shm_name, 3)[0]
+    assert held and (record.read_pos, record.lost) == (64, 0)
+    subscriber.close()

@@ -138,7 +138,7 @@ SIDECAR_TRUNCATED = """
 import os, sys
 from kickmsg import ChannelType, Config, Publisher, SharedRegion, Subscriber
 name = sys.argv[1]
-region = SharedRegion.create(name, ChannelType.PubSub, Config(max_subscribers=2, pool_size=16))
+region = SharedRegion.create(name, ChannelType.PubSub, Config(max_subscribers=2, sub_ring_capacity=8, pool_size=16))
 subscriber = Subscriber(region)
 Publisher(region).send(b"x")
 os.truncate("/dev/shm" + name + ".owners", 0)  # any process may write the sidecar (mode 0666)

@@ -180,13 +180,13 @@ HEADER_CASES = {
     "broadcast": ("Broadcast", {"max_subscribers": 4, "sub_ring_capacity": 8, "pool_size": 16,
                                 "max_payload_size": 256}, "wire", 0x0A9A6AA4E15DCF3D, 7040),
     # Odd sizes, a longer creator, a commit timeout and a schema.
-    "schema": ("PubSub", {"max_subscribers": 3, "sub_ring_capacity": 16, "pool_size": 5, "max_payload_size": 100,
+    "schema": ("PubSub", {"max_subscribers": 3, "sub_ring_capacity": 16, "pool_size": 17, "max_payload_size": 100,
                           "commit_timeout": 0.25, "schema": SCHEMA}, "a-node-with-a-longer-name", None, None),
-    "no-creator": ("Broadcast", {"max_subscribers": 1, "sub_ring_capacity": 1, "pool_size": 1,
+    "no-creator": ("Broadcast", {"max_subscribers": 1, "sub_ring_capacity": 1, "pool_size": 2,
                                  "max_payload_size": 1}, "", None, None),
     # A creator name of 80 UTF-8 bytes (header_size 960) and a schema name
     # cut to 127 bytes.
-    "long-names": ("PubSub", {"max_subscribers": 2, "sub_ring_capacity": 4, "pool_size": 3, "max_payload_size": 64,
+    "long-names": ("PubSub", {"max_subscribers": 2, "sub_ring_capacity": 4, "pool_size": 5, "max_payload_size": 64,
                               "schema": dict(SCHEMA, name="n" * 200)}, "ü" * 40, None, None),
 }
 
@@ -377,7 +377,7 @@ def test_we_read_along_a_native_publisher_wrapping_the_ring(shm_name):
 # -- create_or_open ---------------------------------------------------------------
 
 MISMATCHES = {
-    "pool_size": ("PubSub", dict(ROOMY, pool_size=256)),
+    "pool_size": ("PubSub", dict(ROOMY, pool_size=1024)),
     "commit_timeout": ("PubSub", dict(ROOMY, commit_timeout=0.1)),
     "channel_type": ("Broadcast", ROOMY),
 }
@@ -479,7 +479,7 @@ def test_native_and_our_publishers_share_a_channel(shm_name):
     publish into one Broadcast channel at the same time; a native and our
     subscriber each get every message, each publisher's in order."""
     count = 800
-    config = dict(ROOMY, sub_ring_capacity=2048, pool_size=2048)
+    config = dict(ROOMY, sub_ring_capacity=2048, pool_size=4096)
     native_seqs = [1_000_000 + i for i in range(count)]
     our_seqs = [2_000_000 + i for i in range(count)]
     last = [native_seqs[-1], our_seqs[-1]]

@@ -8,7 +8,6 @@ node and one of ours, schemas baked in at creation or claimed later, and a
 typed channel of ours read by a plain native subscriber. Each test uses a
 node prefix of its own under the session prefix.
 """
-import pathlib
 
 import numpy as np
 import pytest
@@ -155,15 +154,6 @@ def run(impl, code, **params):
         return peer.result()
 
 
-@pytest.fixture
-def prefix():
-    """A node prefix of this test's own, without the leading '/'."""
-    value = new_shm_name("ix")[1:]
-    yield value
-    for path in pathlib.Path("/dev/shm").glob(f"{value}_*"):
-        path.unlink(missing_ok=True)
-
-
 def header(name: str) -> dict:
     return rawregion.header(rawregion.read_bytes(name))
 
@@ -230,7 +220,7 @@ try:
 except RuntimeError as error:
     done(str(error))
 """
-    message = run(joiner, code, node="second", prefix=prefix, topic="t", config=dict(CONFIG, pool_size=128))
+    message = run(joiner, code, node="second", prefix=prefix, topic="t", config=dict(CONFIG, pool_size=512))
     assert message.startswith(f"Config mismatch on existing region: /{prefix}_t")
 
 

@@ -9,7 +9,6 @@ name of the native binding's API (WIRE.md, last section) exists here.
 import datetime
 import gc
 import inspect
-import pathlib
 import threading
 import time
 import weakref
@@ -34,19 +33,11 @@ from kickmsg import (
 import rawregion
 from conftest import new_shm_name
 
-SMALL = dict(max_subscribers=2, sub_ring_capacity=8, pool_size=8, max_payload_size=64)
+SMALL = dict(max_subscribers=2, sub_ring_capacity=4, pool_size=8, max_payload_size=64)
 
 
 def small(**fields) -> Config:
     return Config(**{**SMALL, **fields})
-
-
-@pytest.fixture
-def prefix():
-    value = new_shm_name("life")[1:]
-    yield value
-    for path in pathlib.Path("/dev/shm").glob(f"{value}_*"):
-        path.unlink(missing_ok=True)
 
 
 def refcounts(name: str) -> list:
@@ -238,7 +229,7 @@ def test_thread_blocked_in_receive_does_not_stop_publishing(how):
     quiet, busy = new_shm_name("quiet"), new_shm_name("busy")
     try:
         quiet_region = SharedRegion.create(quiet, ChannelType.PubSub, small())
-        busy_region = SharedRegion.create(busy, ChannelType.PubSub, small(sub_ring_capacity=256, pool_size=256))
+        busy_region = SharedRegion.create(busy, ChannelType.PubSub, small(sub_ring_capacity=256, pool_size=512))
         sleeper_sub = Subscriber(quiet_region)
         results = []
 

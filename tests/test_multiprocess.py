@@ -114,7 +114,7 @@ def test_blocking_receive_is_woken_by_another_process(shm_name, procs, use_view)
     """A subscriber blocked in receive (futex wait) is woken by a publish from
     another process, and returns exactly that message, well before its
     receive timeout."""
-    SharedRegion.create(shm_name, ChannelType.PubSub, channel_config(max_subscribers=2, sub_ring_capacity=8, pool_size=8))
+    SharedRegion.create(shm_name, ChannelType.PubSub, channel_config(max_subscribers=2, sub_ring_capacity=4, pool_size=8))
     procs.start("receiver", mpworkers.blocking_receiver, shm_name, use_view)
     procs.wait_for("ready", ["receiver"], STARTUP_S)
     wait_for_ring(shm_name, 0, lambda ring: ring.has_waiter == 1, "got a waiter")
@@ -151,7 +151,7 @@ def test_subscriber_process_leaving_normally_frees_its_ring(shm_name, procs, end
     """A subscriber process that ends normally, whether it closes, just drops
     its subscriber and views, or leaves them to interpreter shutdown, frees its
     ring and gives every slot back."""
-    SharedRegion.create(shm_name, ChannelType.PubSub, channel_config(max_subscribers=2, sub_ring_capacity=8, pool_size=8))
+    SharedRegion.create(shm_name, ChannelType.PubSub, channel_config(max_subscribers=2, sub_ring_capacity=4, pool_size=8))
     publish_to_one_subscriber(shm_name, procs, ending)
     procs.join(["holder"])
 
@@ -165,7 +165,7 @@ def test_subscriber_killed_holding_views_leaves_its_ring_live(shm_name, procs):
     view's pin. Other subscribers can still join."""
     count, pool_size = 3, 8
     SharedRegion.create(
-        shm_name, ChannelType.PubSub, channel_config(max_subscribers=2, sub_ring_capacity=8, pool_size=pool_size)
+        shm_name, ChannelType.PubSub, channel_config(max_subscribers=2, sub_ring_capacity=4, pool_size=pool_size)
     )
     publish_to_one_subscriber(shm_name, procs, "wait", count)
     holder = procs.processes["holder"]

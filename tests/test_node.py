@@ -11,22 +11,13 @@ import pytest
 
 from kickmsg import BroadcastHandle, ChannelType, Config, Node, Publisher, SchemaInfo, Subscriber
 import rawregion
-from conftest import SESSION_PREFIX, new_shm_name
+from conftest import SESSION_PREFIX
 
-SMALL = dict(max_subscribers=4, sub_ring_capacity=8, pool_size=16, max_payload_size=64)
+SMALL = dict(max_subscribers=4, sub_ring_capacity=4, pool_size=16, max_payload_size=64)
 
 
 def small(**fields) -> Config:
     return Config(**{**SMALL, **fields})
-
-
-@pytest.fixture
-def prefix():
-    """A node prefix of this test's own; its objects are removed afterwards."""
-    value = new_shm_name("node")[1:]
-    yield value
-    for path in pathlib.Path("/dev/shm").glob(f"{value}_*"):
-        path.unlink(missing_ok=True)
 
 
 def exists(name: str) -> bool:

@@ -172,23 +172,44 @@ def test_broadcast_channel(shm_name):
 # -- errors -------------------------------------------------------------------------
 
 
-def test_pool_exhaustion(shm_name):
-    region = make_region(shm_name, max_subscribers=1, sub_ring_capacity=8, pool_size=4)
+def test_pool_exhaustion_by_views_says_so(shm_name):
+    """A ring of 2 keeps 2 slots; views held pin the others until the pool
+    is empty. The error names the cause: slots pinned by views."""
+    region = make_region(shm_name, max_subscribers=1, sub_ring_capacity=2, pool_size=4)
     subscriber = Subscriber(region)
     publisher = Publisher(region)
+    views = []
     for i in range(4):
         publisher.send(bytes([i]))
+        views.append(subscriber.try_receive_view())
     assert free_slots(shm_name) == []
     with pytest.raises(BlockingIOError) as info:
         publisher.send(b"one too many")
     assert info.value.errno == errno.EAGAIN
+    message = str(info.value)
+    assert f"slot pool of {shm_name} exhausted: 0 of 4 slots free, 2 held by ring entries" in message
+    assert "2 only pinned by views (or leaked)" in message and "release views sooner" in message
+    assert "allocated and not yet published" not in message
     assert publisher.allocate(1) is None
-    views = [subscriber.try_receive_view() for _ in range(4)]
     assert [bytes(v) for v in views] == [bytes([i]) for i in range(4)]
     subscriber.close()
     assert free_slots(shm_name) == []  # the views still pin every slot
     for view in views:
         view.release()
+    rawregion.assert_pool_whole(shm_name)
+
+
+def test_pool_exhaustion_by_unpublished_slots_says_so(shm_name):
+    """Slots allocated and never published are named as the cause."""
+    region = make_region(shm_name, max_subscribers=1, sub_ring_capacity=2, pool_size=4)
+    publishers = [Publisher(region) for _ in range(4)]
+    slots = [publisher.allocate(8) for publisher in publishers]
+    with pytest.raises(BlockingIOError) as info:
+        Publisher(region).send(b"no room")
+    assert "4 allocated or being written" in str(info.value)
+    assert "publish or drop allocated slots" in str(info.value)
+    del slots
+    gc.collect()
     rawregion.assert_pool_whole(shm_name)
 
 
@@ -263,7 +284,7 @@ def test_allocated_slot_buffer_rules(shm_name):
 
 
 def test_second_allocate_gives_first_slot_back(shm_name):
-    region = make_region(shm_name, pool_size=4)
+    region = make_region(shm_name, sub_ring_capacity=2, pool_size=4)
     publisher = Publisher(region)
     first = publisher.allocate(8)
     assert len(free_slots(shm_name)) == 3
@@ -277,7 +298,7 @@ def test_second_allocate_gives_first_slot_back(shm_name):
 
 
 def test_second_allocate_waits_for_live_memoryview(shm_name):
-    region = make_region(shm_name, pool_size=4)
+    region = make_region(shm_name, sub_ring_capacity=2, pool_size=4)
     publisher = Publisher(region)
     first = publisher.allocate(8)
     view = memoryview(first)

@@ -3,11 +3,15 @@ import datetime
 import mmap
 import os
 import struct
+import time
 
 import pytest
 
 import rawregion
 from kickmsg import ChannelType, Config, Publisher, SchemaInfo, SharedRegion, Subscriber, unlink_shm
+from kickmsg.region import CHECK_IN_INTERVAL_NS
+
+CHECK_IN_INTERVAL_S = CHECK_IN_INTERVAL_NS / 1e9
 
 SMALL = dict(max_subscribers=2, sub_ring_capacity=8, pool_size=16, max_payload_size=64)
 
@@ -197,26 +201,50 @@ def test_create_replaces_existing_of_another_size(shm_name):
 
 
 def test_create_of_the_same_size_reinitialises_in_place(shm_name):
-    """The same size: the same object is re-initialised, as 0.1.0 does, so a
-    process still attached sees the new region: its rings, free stack and
-    creator, and can subscribe and publish on it."""
+    """The same layout: the same object is re-initialised, as 0.1.0 does, so
+    a process still attached sees the new region: its rings, free stack and
+    creator, and can subscribe and publish on it. Beyond 0.1.0, the ring of
+    a live subscriber of this package stays Live for it: it reads on in the
+    new region from position 0."""
     old = SharedRegion.create(shm_name, ChannelType.PubSub, Config(**SMALL), "first")
-    stale_subscriber = Subscriber(old)
+    kept_subscriber = Subscriber(old)
     Publisher(old).send(b"before")
     SharedRegion.create(shm_name, ChannelType.PubSub, Config(**SMALL), "second")
-    assert not old.mapping.is_replaced()
+    assert not old.mapping.is_replaced() and old.replaced()
     h = rawregion.header(rawregion.read_bytes(shm_name))
     assert h["creator_name"] == "second"
-    assert rawregion.ring(rawregion.read_bytes(shm_name), 0).state == 0  # every ring Free again
+    rings = [rawregion.ring(rawregion.read_bytes(shm_name), index) for index in range(2)]
+    # Ring 0 kept Live at its position, its one entry committed empty; ring 1 Free.
+    assert [(ring.state, ring.write_pos) for ring in rings] == [(1, 1), (0, 0)]
+    assert rings[0].entries[0] == (1, 0xFFFFFFFF, 0)
     rawregion.assert_pool_whole(shm_name)
-    fresh = Subscriber(old)  # through the mapping made before the re-create
+    fresh = Subscriber(old)  # through the stale object: it opens what the name leads to
+    assert fresh.region is not old and not fresh.region.replaced()
     Publisher(SharedRegion.open(shm_name)).send(b"after")
     assert fresh.try_receive() == b"after"
-    stale_subscriber.close()  # joined before the re-create: leaves the new ring 0 alone
-    assert rawregion.ring(rawregion.read_bytes(shm_name), 0).state == 1  # still fresh's, Live
-    Publisher(old).send(b"still mine")
+    assert kept_subscriber.try_receive() == b"after"  # its unread b"before" went with the old region: lost
+    assert kept_subscriber.lost == 1
+    Publisher(old).send(b"still mine")  # a publisher made from the stale object follows the name too
     assert fresh.try_receive() == b"still mine"
+    time.sleep(CHECK_IN_INTERVAL_S)  # the kept subscriber notices at its next check-in
+    assert kept_subscriber.try_receive() == b"still mine"
+    assert (kept_subscriber.rejoined, kept_subscriber.lost, kept_subscriber.try_receive()) == (1, 1, None)
+    kept_subscriber.close()
     fresh.close()
+    assert [rawregion.ring(rawregion.read_bytes(shm_name), index).state for index in range(2)] == [0, 0]
+    rawregion.assert_pool_whole(shm_name)
+
+
+def test_create_of_another_layout_makes_a_new_object_even_of_the_same_size(shm_name):
+    """Four rings and 12 slots take exactly as many bytes as two rings and
+    16 slots, but lie elsewhere: such a region is not re-initialised in
+    place (a process attached to the old object would run its flows at
+    offsets that mean something else now) but made as a new object."""
+    old = SharedRegion.create(shm_name, ChannelType.PubSub, Config(**SMALL))
+    other = SharedRegion.create(shm_name, ChannelType.PubSub, Config(**dict(SMALL, max_subscribers=4, pool_size=12)))
+    assert other.geometry.total_size == old.geometry.total_size
+    assert other.geometry.pool_offset != old.geometry.pool_offset
+    assert old.mapping.is_replaced() and old.replaced()
 
 
 def test_open_missing(shm_name):
@@ -282,7 +310,7 @@ def test_create_or_open_ignores_schema(shm_name):
     [
         (ChannelType.PubSub, dict(pool_size=32)),
         (ChannelType.PubSub, dict(max_subscribers=3)),
-        (ChannelType.PubSub, dict(sub_ring_capacity=16)),
+        (ChannelType.PubSub, dict(sub_ring_capacity=4)),
         (ChannelType.PubSub, dict(max_payload_size=65)),
         (ChannelType.PubSub, dict(commit_timeout=0.5)),
         (ChannelType.Broadcast, dict()),

@@ -21,7 +21,7 @@ SCHEMA_STATE = 192  # u32: Unset 0, Claiming 1, Set 2
 SCHEMA_DATA = 256  # the 512-byte SchemaInfo
 UNSET, CLAIMING, SET = 0, 1, 2
 
-SMALL = dict(max_subscribers=2, sub_ring_capacity=4, pool_size=4, max_payload_size=64)
+SMALL = dict(max_subscribers=2, sub_ring_capacity=2, pool_size=4, max_payload_size=64)
 
 
 def small_config(**fields) -> Config:

@@ -544,7 +544,7 @@ def test_batch_read_of_a_missing_topic_fails_naming_it(spark, prefix):
 
 
 def test_write_of_an_oversize_row_fails(spark, prefix):
-    make_topic(prefix, "small", max_subscribers=1, sub_ring_capacity=8, pool_size=8, max_payload_size=64)
+    make_topic(prefix, "small", max_subscribers=1, sub_ring_capacity=4, pool_size=8, max_payload_size=64)
     frame = spark.createDataFrame([(b"x" * 64,), (b"y" * 65,)], "payload binary").coalesce(1)
     with pytest.raises(Exception) as error:
         write(frame, prefix, "small")
@@ -552,16 +552,17 @@ def test_write_of_an_oversize_row_fails(spark, prefix):
 
 
 def test_write_into_an_exhausted_pool_fails(spark, prefix):
-    """A subscriber that never reads pins all 4 slots: after poolWaitMs the job fails."""
-    name = make_topic(prefix, "stuck", max_subscribers=1, sub_ring_capacity=8, pool_size=4, max_payload_size=64)
-    subscriber = Subscriber(SharedRegion.open(name))
+    """Publishers here hold all 4 slots allocated and unpublished: after
+    poolWaitMs the job fails."""
+    name = make_topic(prefix, "stuck", max_subscribers=1, sub_ring_capacity=2, pool_size=4, max_payload_size=64)
+    region = SharedRegion.open(name)
+    held = [Publisher(region).allocate(8) for _ in range(4)]
+    assert None not in held
     frame = spark.createDataFrame([(bytes([i]),) for i in range(10)], "payload binary").coalesce(1)
-    try:
-        with pytest.raises(Exception) as error:
-            write(frame, prefix, "stuck", poolWaitMs="200")
-    finally:
-        subscriber.close()
+    with pytest.raises(Exception) as error:
+        write(frame, prefix, "stuck", poolWaitMs="200")
     assert f"the slot pool of {name} stayed exhausted" in str(error.value)
+    del held
 
 
 def test_missing_topic_and_name_options_are_reported(spark, prefix):
@@ -651,16 +652,23 @@ def test_telemetry_reports_streaming_progress(spark, prefix):
 
 
 def test_telemetry_counts_a_full_pool_as_dropped(spark, prefix):
-    """Nobody reads and the pool has 2 slots: messages are dropped, the job runs on."""
-    cfg = Config(max_subscribers=1, sub_ring_capacity=8, pool_size=2, max_payload_size=1024)
+    """A viewer holds 2 of the 3 slots as views and its ring of 1 keeps the
+    third: messages are dropped, the job runs on."""
+    cfg = Config(max_subscribers=1, sub_ring_capacity=1, pool_size=3, max_payload_size=1024)
     node = Node("slow-viewer", prefix=prefix)
-    node.advertise("spark.telemetry", cfg)
-    never_reads = node.subscribe("spark.telemetry")
+    publisher = node.advertise("spark.telemetry", cfg)
+    viewer = node.subscribe("spark.telemetry")
+    views = []
+    for message in (b"one", b"two"):
+        publisher.send(message)
+        views.append(viewer.try_receive_view())
     with DriverTelemetry(spark, prefix=prefix, cfg=cfg) as telemetry:
         assert run_small_job(spark) == 999_000
-    assert telemetry.published == 2  # both slots stay in the ring nobody reads
+    assert telemetry.published == 1  # into the one slot that was free; then the ring keeps it
     assert telemetry.dropped > 0
-    never_reads.close()
+    for view in views:
+        view.release()
+    viewer.close()
 
 
 class RacingTracker:

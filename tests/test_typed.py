@@ -6,7 +6,6 @@ is checked with ``np.shares_memory`` and pins with the independent
 """
 import gc
 import mmap
-import pathlib
 import struct
 
 import numpy as np
@@ -17,20 +16,11 @@ from kickmsg.hash import identity_from_fnv1a
 from kickmsg import typed
 from kickmsg.typed import RecordType, TypedPublisher, TypedSubscriber, TypeMismatchError
 import rawregion
-from conftest import new_shm_name
 
 ALGO = 0x4B4D5459  # "KMTY"
 
 IMU_FIELDS = [("stamp_ns", "<u8"), ("accel", "<f4", (3,))]
 Imu = RecordType("Imu", IMU_FIELDS)
-
-
-@pytest.fixture
-def prefix():
-    value = new_shm_name("typed")[1:]
-    yield value
-    for path in pathlib.Path("/dev/shm").glob(f"{value}_*"):
-        path.unlink(missing_ok=True)
 
 
 @pytest.fixture
@@ -147,17 +137,17 @@ def test_advertise_bakes_the_schema_at_create(node, prefix):
     assert isinstance(pub, TypedPublisher)
     header = rawregion.header(rawregion.read_bytes(f"/{prefix}_imu"))
     assert header["schema_state"] == 2
-    assert header["slot_data_size"] == 20  # no cfg: one record per message
+    assert header["slot_data_size"] == 4080  # no cfg: as many whole records as fit in Config()'s 4096 bytes
     assert pub.publisher.region.schema() == Imu.schema
     assert node.topic_schema("imu") == Imu.schema
 
 
 def test_advertise_keeps_the_callers_config(node, prefix):
-    cfg = Config(max_payload_size=200, pool_size=32)
+    cfg = Config(max_payload_size=200, pool_size=32, sub_ring_capacity=16)
     typed.advertise(node, "imu", Imu, cfg)
     assert cfg.schema is None  # not modified
     header = rawregion.header(rawregion.read_bytes(f"/{prefix}_imu"))
-    assert (header["slot_data_size"], header["pool_size"]) == (200, 32)
+    assert (header["slot_data_size"], header["pool_size"], header["sub_ring_capacity"]) == (200, 32, 16)
 
 
 def test_send_and_receive_records(node):
@@ -180,7 +170,7 @@ def test_send_and_receive_records(node):
 def test_received_records_are_zero_copy_and_read_only(node, prefix):
     """The subscriber's array lies over the very slot the publisher wrote
     in place, and cannot be written."""
-    pub = typed.advertise(node, "imu", Imu, Config(max_payload_size=40, max_subscribers=1, pool_size=4))
+    pub = typed.advertise(node, "imu", Imu, Config(max_payload_size=40, max_subscribers=1, sub_ring_capacity=2, pool_size=4))
     sub = typed.subscribe(node, "imu", Imu)
     slot = pub.allocate(2)
     written = slot.records
@@ -199,7 +189,7 @@ def test_received_records_are_zero_copy_and_read_only(node, prefix):
 def test_received_array_pins_its_slot(node, prefix):
     """The slot stays pinned while the array (or a slice of it) lives."""
     name = f"/{prefix}_imu"
-    pub = typed.advertise(node, "imu", Imu, Config(max_payload_size=20, max_subscribers=1, pool_size=4))
+    pub = typed.advertise(node, "imu", Imu, Config(max_payload_size=20, max_subscribers=1, sub_ring_capacity=2, pool_size=4))
     sub = typed.subscribe(node, "imu", Imu)
     pub.send((1, (0, 0, 0)))
     records = sub.try_receive()
@@ -401,7 +391,7 @@ def test_message_that_is_not_whole_records_is_refused(node, prefix):
     receive raises, the slot is not left pinned, and the next message is
     received normally."""
     name = f"/{prefix}_imu"
-    pub = typed.advertise(node, "imu", Imu, Config(max_payload_size=40, max_subscribers=1, pool_size=4))
+    pub = typed.advertise(node, "imu", Imu, Config(max_payload_size=40, max_subscribers=1, sub_ring_capacity=2, pool_size=4))
     sub = typed.subscribe(node, "imu", Imu)
     Publisher(pub.publisher.region).send(b"7 bytes")
     pub.send((5, (0, 0, 0)))

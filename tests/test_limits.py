@@ -1,0 +1,233 @@
+"""Configs that would hurt the machine or cannot work, refused before
+anything is created; the memory of a new region reserved at once; the
+reason of an empty pool; names that would clash with sidecars.
+
+The real out-of-space paths run in a child process with a private 1 MiB
+``/dev/shm`` (a tmpfs mounted in its own mount namespace: ``unshare``), so
+that the kernel itself says ENOSPC.
+"""
+import json
+import os
+import subprocess
+import sys
+import warnings
+
+import pytest
+
+import nativepeer
+import rawregion
+from kickmsg import ChannelType, Config, Node, Publisher, SharedRegion, Subscriber, audit, shm, typed, unlink_shm
+
+SMALL = dict(max_subscribers=2, sub_ring_capacity=8, pool_size=16, max_payload_size=64)
+HUGE = dict(pool_size=10**7, max_payload_size=10**6)  # 9.1 TiB: the config that took a machine down
+
+
+def shm_entries(name: str) -> list[str]:
+    """What /dev/shm holds under this name (the region and its sidecar)."""
+    base = name.lstrip("/")
+    return sorted(entry for entry in os.listdir("/dev/shm") if entry in (base, base + ".owners"))
+
+
+# -- 1. a region larger than the machine can give it ---------------------------------------
+
+
+@pytest.mark.parametrize("how", ["create", "create_or_open", "advertise", "typed.advertise"])
+def test_a_region_larger_than_the_room_is_refused_before_anything_exists(shm_name, how):
+    """9.1 TiB is refused with a ValueError naming the fields, the size and
+    the room, whichever way the region would be created; nothing is left
+    in /dev/shm (no object, no sidecar)."""
+    cfg = Config(**HUGE)
+    with pytest.raises(ValueError) as info:
+        if how == "create":
+            SharedRegion.create(shm_name, ChannelType.PubSub, cfg)
+        elif how == "create_or_open":
+            SharedRegion.create_or_open(shm_name, ChannelType.PubSub, cfg)
+        else:
+            node = Node("big", prefix=shm_name.lstrip("/"))
+            if how == "advertise":
+                node.advertise("t", cfg)
+            else:
+                typed.advertise(node, "t", typed.RecordType("R", [("x", "<u8")]), cfg)
+    message = str(info.value)
+    assert "pool_size=10000000" in message and "max_payload_size=1000000" in message
+    assert "9.1 TiB (100006400" in message and "bytes: pool_size=10000000 slots of 1000064 bytes" in message
+    room, limit = shm.room_for_new_object()
+    assert limit in message
+    assert shm_entries(shm_name) == [] and shm_entries(shm_name + "_t") == []
+
+
+def test_opening_or_reinitialising_an_existing_region_needs_no_room(shm_name, monkeypatch):
+    """Opening a region that exists takes no memory, nor does re-creating
+    it in place (its pages are already held): a lack of room only stops a
+    region that needs new memory."""
+    SharedRegion.create(shm_name, ChannelType.PubSub, Config(**SMALL))
+    monkeypatch.setattr(shm, "room_for_new_object", lambda: (0, "free in /dev/shm"))
+    opened = SharedRegion.create_or_open(shm_name, ChannelType.PubSub, Config(**SMALL))
+    assert opened.geometry.pool_size == 16
+    assert not SharedRegion.create(shm_name, ChannelType.PubSub, Config(**SMALL)).mapping.is_replaced()
+    with pytest.raises(ValueError, match="only 0 bytes are free in /dev/shm"):
+        SharedRegion.create(shm_name + "_other", ChannelType.PubSub, Config(**SMALL))
+    with pytest.raises(ValueError, match="only 0 bytes are free in /dev/shm"):
+        SharedRegion.create(shm_name, ChannelType.PubSub, Config(**dict(SMALL, pool_size=64)))  # a new object
+    assert shm_entries(shm_name + "_other") == []
+
+
+def test_a_new_region_has_its_memory_reserved(shm_name):
+    """Every page of a new region is allocated at create (posix_fallocate),
+    not on first touch: the object's allocated blocks cover its size."""
+    region = SharedRegion.create(shm_name, ChannelType.PubSub, Config(pool_size=1024))
+    assert os.stat(f"/dev/shm{shm_name}").st_blocks * 512 >= region.geometry.total_size
+
+
+TINY_SHM_CHILD = r"""
+import json, os, sys
+sys.path[:0] = json.loads(sys.argv[1])
+from kickmsg import ChannelType, Config, SharedRegion, Subscriber, shm
+results = {}
+def attempt(label, name, cfg):
+    try:
+        region = SharedRegion.create(name, ChannelType.PubSub, cfg)
+        Subscriber(region)
+        results[label] = ["created", os.stat("/dev/shm" + name).st_blocks * 512, region.geometry.total_size]
+    except ValueError as error:
+        results[label] = ["ValueError", str(error)]
+    results[label + " leaves"] = sorted(os.listdir("/dev/shm"))
+big = Config(pool_size=512, max_payload_size=4096)    # 2.0 MiB on a 1 MiB /dev/shm
+fits = Config(pool_size=65, max_payload_size=4096)    # 0.3 MiB
+attempt("checked", "/too_big", big)
+shm.room_for_new_object = lambda: (1 << 40, "pretended")  # past the check: the kernel must refuse
+attempt("reserved", "/too_big", big)
+attempt("fits", "/fits", fits)
+print(json.dumps(results))
+"""
+
+
+def test_a_region_that_cannot_be_backed_fails_at_create_and_leaves_nothing():
+    """On a 1 MiB /dev/shm (a private tmpfs): a 2.0 MiB region is refused by
+    the room check; with the check pretending there is room, the kernel's
+    ENOSPC at the reservation is a ValueError too, and the half-made object
+    is removed. A region that fits is created, reserved and usable."""
+    command = [
+        "unshare", "--mount", "--propagation", "private", "sh", "-c",
+        'mount -t tmpfs -o size=1M tmpfs /dev/shm && exec "$0" -c "$1" "$2"',
+        sys.executable, TINY_SHM_CHILD, json.dumps([p for p in sys.path if p]),
+    ]
+    done = subprocess.run(command, capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr.decode()
+    results = json.loads(done.stdout)
+    assert results["checked"][0] == "ValueError" and "are free in /dev/shm" in results["checked"][1]
+    assert results["checked leaves"] == []
+    assert results["reserved"][0] == "ValueError"
+    assert "No space left on device while reserving 2.0 MiB" in results["reserved"][1]
+    assert "pool_size=512 slots of 4160 bytes" in results["reserved"][1]
+    assert results["reserved leaves"] == []
+    status, allocated, total = results["fits"]
+    assert status == "created" and allocated >= total
+    assert results["fits leaves"] == ["fits", "fits.owners"]
+
+
+# -- 2. a pool no larger than a ring ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("pool, capacity", [(64, 64), (4, 8), (1, 1)])
+def test_a_pool_no_larger_than_a_ring_is_refused(shm_name, pool, capacity):
+    """The README's old Config(max_subscribers=4, pool_size=64) with the
+    default ring of 64 deadlocked after 64 messages: refused, naming both
+    values and the rule; nothing is created."""
+    cfg = Config(max_subscribers=4, sub_ring_capacity=capacity, pool_size=pool)
+    for create in (SharedRegion.create, SharedRegion.create_or_open):
+        with pytest.raises(ValueError) as info:
+            create(shm_name, ChannelType.PubSub, cfg)
+        message = str(info.value)
+        assert f"pool_size ({pool}) must be greater than sub_ring_capacity ({capacity})" in message
+        assert "plus one per concurrent publisher and per view held" in message
+    assert shm_entries(shm_name) == []
+
+
+def test_the_smallest_pool_that_works_never_runs_dry(shm_name):
+    """pool_size = sub_ring_capacity + 1, one publisher, a subscriber that
+    reads everything: every send finds a slot, forever."""
+    region = SharedRegion.create(shm_name, ChannelType.PubSub, Config(max_subscribers=2, sub_ring_capacity=8, pool_size=9))
+    pub, sub = Publisher(region), Subscriber(region)
+    for index in range(100):
+        pub.send(b"%d" % index)
+        assert sub.try_receive() == b"%d" % index
+    sub.close()
+    rawregion.assert_pool_whole(shm_name)
+
+
+NATIVE_DEADLOCKING_REGION = r"""
+cfg = make_config(P["config"])
+region = kickmsg.SharedRegion.create(P["name"], kickmsg.ChannelType.PubSub, cfg, "native")
+sub = kickmsg.Subscriber(region)
+pub = kickmsg.Publisher(region)
+sent = 0
+for index in range(P["config"]["pool_size"] + 3):
+    try:
+        pub.send(b"m%d" % index)
+        sent += 1
+    except BlockingIOError:
+        pass
+    sub.try_receive()
+ready()
+wait_go()
+done(sent)
+"""
+
+
+def test_a_native_region_with_a_pool_no_larger_than_a_ring_is_flagged(shm_name):
+    """The native library creates such a region (and it locks up: a reader
+    of every message still cannot send after pool_size messages). Opening
+    it warns, diagnose() and audit() flag it, and a send here says why the
+    pool is empty."""
+    config = dict(max_subscribers=2, sub_ring_capacity=8, pool_size=8, max_payload_size=64)
+    with nativepeer.start_native(NATIVE_DEADLOCKING_REGION, name=shm_name, config=config) as peer:
+        peer.wait_ready()
+        with pytest.warns(RuntimeWarning, match=r"pool_size \(8\) must be greater than sub_ring_capacity \(8\)"):
+            region = SharedRegion.open(shm_name)
+        health = region.diagnose()
+        assert health.pool_too_small and not health.healthy
+        report = audit(region)
+        assert report.damage()["pools too small for their rings"] == 1 and not report.clean
+        with pytest.raises(BlockingIOError) as info:
+            Publisher(region).send(b"one more")
+        assert "8 held by ring entries" in str(info.value)
+        assert "re-create the channel with a larger pool_size" in str(info.value)
+        peer.tell()
+        assert peer.result() == 8  # native: every send after the 8th failed
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        SharedRegion.inspect(shm_name)  # a read-only look for tools does not warn: they show it
+
+
+# -- 6. names that clash with sidecars, sidecars left behind -------------------------------------
+
+
+@pytest.mark.parametrize("call", ["create", "open", "create_or_open", "unlink_shm", "Node.advertise"])
+def test_a_name_ending_in_owners_is_refused(call):
+    """/x.owners is region /x's sidecar: such a region name is refused with
+    the rule, by every call that takes a name."""
+    name = "/kmtest_limits_x.owners"
+    with pytest.raises(ValueError, match=r"not ending in '\.owners'"):
+        if call == "create":
+            SharedRegion.create(name, ChannelType.PubSub, Config(**SMALL))
+        elif call == "open":
+            SharedRegion.open(name)
+        elif call == "create_or_open":
+            SharedRegion.create_or_open(name, ChannelType.PubSub, Config(**SMALL))
+        elif call == "unlink_shm":
+            unlink_shm(name)
+        else:
+            Node("n", prefix="kmtest_limits").advertise("x.owners", Config(**SMALL))
+
+
+@pytest.mark.parametrize("create", [SharedRegion.create, SharedRegion.create_or_open])
+def test_creating_a_region_discards_a_stale_sidecar(shm_name, create):
+    """A region removed by something else (native unlink_shm, rm) leaves its
+    sidecar behind; creating the name again discards it."""
+    region = SharedRegion.create(shm_name, ChannelType.PubSub, Config(**SMALL))
+    Subscriber(region).close()
+    os.unlink(f"/dev/shm{shm_name}")  # as `rm` or native unlink_shm would: the sidecar stays
+    assert shm_entries(shm_name) == [shm_name.lstrip("/") + ".owners"]
+    create(shm_name, ChannelType.PubSub, Config(**SMALL))
+    assert shm_entries(shm_name) == [shm_name.lstrip("/")]

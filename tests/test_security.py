@@ -1,0 +1,147 @@
+"""Who may map a channel: file modes of regions and sidecars (beyond 0.1.0).
+
+Regions and their ``.owners`` sidecars are created 0600 (only the creating
+user) unless ``mode=`` or ``$KICKMSG_SHM_MODE`` (octal, as the native
+library from 0.9 reads it) asks for another; the process umask applies to a
+region as to any new file, and a sidecar gets exactly its region's bits.
+A second user is a forked child of this (root) test process that switches
+to ``nobody`` before it touches the region.
+"""
+import contextlib
+import json
+import os
+import pwd
+import stat
+
+import pytest
+
+from kickmsg import ChannelType, Config, SharedRegion, Subscriber, shm
+
+SMALL = dict(max_subscribers=2, sub_ring_capacity=8, pool_size=16, max_payload_size=64)
+NOBODY = pwd.getpwnam("nobody")
+
+
+def mode_of(path: str) -> int:
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+@contextlib.contextmanager
+def umask(value: int):
+    previous = os.umask(value)
+    try:
+        yield
+    finally:
+        os.umask(previous)
+
+
+def as_nobody(action) -> dict:
+    """Run ``action()`` in a forked child that has become user nobody; its
+    result, or the exception it raised, as a dict."""
+    reading, writing = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        try:
+            os.close(reading)
+            os.setgroups([])
+            os.setgid(NOBODY.pw_gid)
+            os.setuid(NOBODY.pw_uid)
+            try:
+                outcome = {"result": action()}
+            except Exception as error:  # reported to the test, which asserts on it
+                outcome = {"error": type(error).__name__, "message": str(error),
+                           "is_permission_error": isinstance(error, PermissionError)}
+            os.write(writing, json.dumps(outcome).encode())
+        finally:
+            os._exit(0)
+    os.close(writing)
+    with os.fdopen(reading, "rb") as pipe:
+        data = pipe.read()
+    os.waitpid(pid, 0)
+    return json.loads(data)
+
+
+def test_a_new_region_and_its_sidecar_are_0600_by_default(shm_name, monkeypatch):
+    monkeypatch.delenv(shm.MODE_VARIABLE, raising=False)
+    with umask(0):  # 0600 is the default itself, not an effect of the umask
+        region = SharedRegion.create(shm_name, ChannelType.PubSub, Config(**SMALL))
+        Subscriber(region).close()
+    assert mode_of(f"/dev/shm{shm_name}") == 0o600
+    assert mode_of(f"/dev/shm{shm_name}.owners") == 0o600
+
+
+def test_the_environment_and_the_keyword_choose_the_mode(shm_name, monkeypatch):
+    """KICKMSG_SHM_MODE sets the mode of new regions; mode= wins over it;
+    the umask applies as to any file; the sidecar gets the region's bits
+    exactly, whatever the umask of the subscriber that makes it."""
+    monkeypatch.setenv(shm.MODE_VARIABLE, "0640")
+    with umask(0o022):
+        region = SharedRegion.create(shm_name, ChannelType.PubSub, Config(**SMALL))
+    assert mode_of(f"/dev/shm{shm_name}") == 0o640
+    with umask(0o077):
+        Subscriber(region).close()
+    assert mode_of(f"/dev/shm{shm_name}.owners") == 0o640
+    with umask(0o022):
+        SharedRegion.create(shm_name + "_k", ChannelType.PubSub, Config(**SMALL), mode=0o666)
+    assert mode_of(f"/dev/shm{shm_name}_k") == 0o644  # the umask took the write bits of group and others
+    shm.unlink(shm_name + "_k")
+    with umask(0):
+        SharedRegion.create_or_open(shm_name + "_o", ChannelType.PubSub, Config(**SMALL), mode=0o660)
+    assert mode_of(f"/dev/shm{shm_name}_o") == 0o660
+    shm.unlink(shm_name + "_o")
+
+
+@pytest.mark.parametrize("text", ["0999", "rw-r--r--", "01777", "-1"])
+def test_an_invalid_mode_in_the_environment_is_refused_by_name(shm_name, monkeypatch, text):
+    monkeypatch.setenv(shm.MODE_VARIABLE, text)
+    with pytest.raises(ValueError, match=f"KICKMSG_SHM_MODE={text!r} is not"):
+        SharedRegion.create(shm_name, ChannelType.PubSub, Config(**SMALL))
+    assert not os.path.exists(f"/dev/shm{shm_name}")
+
+
+def test_an_invalid_mode_keyword_is_refused_by_name(shm_name):
+    with pytest.raises(ValueError, match="mode=0o1777 is not a permission mode"):
+        SharedRegion.create(shm_name, ChannelType.PubSub, Config(**SMALL), mode=0o1777)
+    with pytest.raises(TypeError, match="mode must be an int"):
+        SharedRegion.create(shm_name, ChannelType.PubSub, Config(**SMALL), mode="0600")
+    assert not os.path.exists(f"/dev/shm{shm_name}")
+
+
+def test_another_user_cannot_map_a_0600_region(shm_name, monkeypatch):
+    """User nobody gets a PermissionError (that is also a RuntimeError)
+    naming the region, its mode and its owner, from open and from inspect."""
+    monkeypatch.delenv(shm.MODE_VARIABLE, raising=False)
+    SharedRegion.create(shm_name, ChannelType.PubSub, Config(**SMALL))
+    for attach in (SharedRegion.open, SharedRegion.inspect):
+        outcome = as_nobody(lambda: attach(shm_name).name)
+        assert outcome["error"] == "RegionPermissionError" and outcome["is_permission_error"]
+        assert shm_name in outcome["message"]
+        assert "permission denied (mode 0600, owner root; this process runs as nobody)" in outcome["message"]
+
+
+def test_another_user_may_subscribe_to_a_region_made_for_everyone(shm_name):
+    """With mode 0666 (and a umask that keeps it), user nobody maps the
+    region, subscribes (recording itself in the sidecar, made 0666 too)
+    and receives; a root process can then record itself as well."""
+    with umask(0):
+        region = SharedRegion.create(shm_name, ChannelType.PubSub, Config(**SMALL), mode=0o666)
+
+    def subscribe_and_leave():
+        subscriber = Subscriber(SharedRegion.open(shm_name))
+        recorded = subscriber._sidecar is not None
+        subscriber.close()
+        return recorded
+
+    assert as_nobody(subscribe_and_leave) == {"result": True}
+    sidecar = os.stat(f"/dev/shm{shm_name}.owners")
+    assert (stat.S_IMODE(sidecar.st_mode), sidecar.st_uid) == (0o666, NOBODY.pw_uid)
+    with Subscriber(region) as ours:
+        assert ours._sidecar is not None  # root records itself in nobody's sidecar too
+
+
+def test_another_user_may_inspect_a_region_readable_to_all(shm_name):
+    """Mode 0644: nobody may look (inspect, read-only) but not subscribe."""
+    with umask(0):
+        SharedRegion.create(shm_name, ChannelType.PubSub, Config(**SMALL), mode=0o644)
+    assert as_nobody(lambda: SharedRegion.inspect(shm_name).geometry.pool_size) == {"result": 16}
+    outcome = as_nobody(lambda: SharedRegion.open(shm_name).name)
+    assert outcome["is_permission_error"] and "mode 0644, owner root" in outcome["message"]
