@@ -1,38 +1,68 @@
-"""The ``kickmsg`` command: list, inspect, watch, echo, measure, repair and clean channels.
+"""The ``kickmsg`` command: list, inspect, watch, echo, measure, create,
+remove, repair and clean channels.
 
 Works on regions made by this package and by the native library. Channels
 are named by shm name (``/kickmsg_imu``) or with the Node naming rules
 (``--topic imu [--prefix kickmsg]``, ``--broadcast CH``, ``--mailbox OWNER
 TAG``). Every subcommand takes ``--json``. Inspection commands attach
 read-only (``SharedRegion.inspect``), so they cannot modify a region; only
-``pub``, ``repair`` and ``clean`` write, and ``echo``/``hz``/``bw`` join a ring
-as a subscriber while they run.
+``create``, ``rm``, ``pub``, ``repair`` and ``clean`` write, and
+``echo``/``hz``/``bw``/``record`` join a ring as a subscriber while they run.
+
+Commands that run until stopped end cleanly on SIGINT, SIGTERM or SIGHUP
+(they leave their ring, close their files and print their summary); a second
+signal forces them out (exit status 130). Output into a closed pipe ends a
+command quietly, as it does a Unix filter.
 
 Exit status: 0 success; 1 a check found something (``diagnose``, ``audit``,
-``schema-diff``, ``crosscheck``, ``verify``); 2 an error, reported on one line.
+``schema-diff``, ``crosscheck``, ``verify``) or ``echo``/``hz``/``bw`` stopped
+for silence before ``--count`` messages arrived; 2 an error, reported on one
+line.
 """
 import argparse
 import datetime
+import glob
+import importlib
 import json
+import math
 import os
+import pwd
+import re
 import signal
 import statistics
 import sys
 import threading
 import time
+import warnings
 
 import numpy
 
 import kickmsg
 from kickmsg import layout, owners, shm, typed
 from kickmsg.audit import audit
+from kickmsg.config import ChannelType, Config
 from kickmsg.publisher import send_retrying
 from kickmsg.region import SharedRegion
 from kickmsg.schema import Diff, diff
 
 EXIT_OK, EXIT_FOUND, EXIT_ERROR = 0, 1, 2
-LIST_COLUMNS = ("name", "type", "version", "creator", "pid", "alive", "subs", "capacity", "pool", "payload", "schema")
+EXIT_FORCED = 130  # a second stop signal (or Ctrl-C) forced the command out
+LIST_COLUMNS = (
+    "name", "type", "version", "creator", "pid", "alive", "subs", "capacity", "pool", "payload", "schema", "mode",
+    "owner", "problem",
+)
+TABLE_COLUMNS = LIST_COLUMNS[:-1]  # the text table tells problems in a footer
+JSON_FIELDS = {"subs": ("subs_live", "subs_max"), "pool": ("pool_free", "pool_size")}  # list --json: numbers apart
 CHANNEL_TYPES = {layout.CHANNEL_PUBSUB: "PubSub", layout.CHANNEL_BROADCAST: "Broadcast"}
+NODE_NAMING = "NAME, --topic T, --broadcast CH or --mailbox OWNER TAG"
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+RECEIVE_SLICE_S = 0.1  # a receive waits at most this long, so that a stop signal is seen soon
+DEFAULT_SILENCE_S = 10.0  # hz/bw --count without --timeout give up after this long without a message
+GEOMETRY_OPTIONS = ("max_subscribers", "ring", "pool", "payload", "commit_timeout")  # of create and pub --create
+SPARK_EXTRA = "pip install 'kickmsg-py[spark]'"
+URI_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")  # hdfs://, s3a://, file://: Spark's to resolve
+GLOB_CHARACTERS = "*?["
+PARQUET_MAGIC = b"PAR1"
 
 
 class CommandError(Exception):
@@ -42,11 +72,16 @@ class CommandError(Exception):
 # -- naming and opening ------------------------------------------------------
 
 
+def shm_name(text: str) -> str:
+    """``x`` or ``/x`` -> ``/x``."""
+    return text if text.startswith("/") else "/" + text
+
+
 def channel_name(args) -> str:
     """The shm name the arguments designate (Node naming rules for --topic etc.)."""
     chosen = [args.name is not None, args.topic is not None, args.broadcast is not None, args.mailbox is not None]
     if sum(chosen) != 1:
-        raise CommandError("name exactly one channel: NAME, --topic T, --broadcast CH or --mailbox OWNER TAG")
+        raise CommandError(f"name exactly one channel: {args.naming}")
     if args.topic is not None:
         return f"/{args.prefix}_{args.topic}"
     if args.broadcast is not None:
@@ -54,7 +89,7 @@ def channel_name(args) -> str:
     if args.mailbox is not None:
         owner, tag = args.mailbox
         return f"/{args.prefix}_{owner}_mbx_{tag}"
-    return args.name if args.name.startswith("/") else "/" + args.name
+    return shm_name(args.name)
 
 
 def inspect(name: str) -> SharedRegion:
@@ -82,6 +117,15 @@ def _attach(how, name: str) -> SharedRegion:
         raise CommandError(text.splitlines()[0]) from None
 
 
+def import_extra(module: str):
+    """Import a module that needs the ``spark`` extra (pyarrow, pyspark,
+    matplotlib); if it cannot be imported, a one-line error naming the extra."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as error:
+        raise CommandError(f"cannot import {error.name or module} ({error}); install the spark extra: {SPARK_EXTRA}") from None
+
+
 def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -92,16 +136,65 @@ def pid_alive(pid: int) -> bool:
     return pid > 0
 
 
+def user_name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
 def emit(args, data, text: str) -> None:
     """Print ``data`` as JSON with --json, else ``text``."""
     print(json.dumps(data, indent=None if getattr(args, "json_lines", False) else 2) if args.json else text, flush=True)
 
 
 def table(rows: list[dict], columns) -> str:
-    """Plain aligned columns."""
-    cells = [[str(column).upper() for column in columns]] + [[str(row.get(c, "")) for c in columns] for row in rows]
+    """Plain aligned columns; a missing value shows as ``-``."""
+    cells = [[str(column).upper() for column in columns]]
+    cells += [["-" if row.get(c) is None else str(row[c]) for c in columns] for row in rows]
     widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
     return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip() for line in cells)
+
+
+def counted(number: int, singular: str, plural: str) -> str:
+    """``1 locked entry``, ``2 locked entries``."""
+    return f"{number} {singular if number == 1 else plural}"
+
+
+# -- stopping -------------------------------------------------------------------
+
+
+def stop_on_signals() -> threading.Event:
+    """An event that SIGINT, SIGTERM or SIGHUP sets: the command checks it
+    between receives (never interrupted inside one, where a slot may be
+    pinned), leaves its ring, closes its files and prints its summary. A
+    second signal while stopping forces it out (KeyboardInterrupt)."""
+    stop = threading.Event()
+
+    def handle(number, frame):
+        if stop.is_set():
+            raise KeyboardInterrupt
+        stop.set()
+
+    for number in STOP_SIGNALS:
+        signal.signal(number, handle)
+    return stop
+
+
+def discard_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's last flush of
+    what is still buffered neither fails (closed pipe) nor blocks (full pipe)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
+def print_warnings_on_one_line(command: str) -> None:
+    """Library warnings (e.g. a geometry that cannot work) as one stderr line each."""
+    def show(message, category, filename, lineno, file=None, line=None):
+        print(f"kickmsg {command}: warning: {message}", file=sys.stderr, flush=True)
+
+    warnings.showwarning = show
 
 
 # -- descriptions ----------------------------------------------------------------
@@ -192,78 +285,151 @@ def ring_rows(region: SharedRegion) -> list[dict]:
     return rows
 
 
-def shm_entries(prefix: str | None):
-    """(shm name, path) of the regular files in /dev/shm, optionally by prefix."""
-    prefix = prefix.lstrip("/") if prefix else None
+def shm_objects(prefix: str | None):
+    """The regular files in /dev/shm (regions, sidecars, anything else),
+    sorted by name, optionally only those whose name starts with /PREFIX."""
+    prefix = prefix.lstrip("/") if prefix else ""
     for entry in sorted(os.scandir(shm.SHM_DIRECTORY), key=lambda e: e.name):
-        name = "/" + entry.name
-        if entry.is_file(follow_symlinks=False) and not entry.name.endswith(owners.SUFFIX):
-            if prefix is None or name.startswith("/" + prefix):
-                yield name, entry.path
+        if entry.is_file(follow_symlinks=False) and entry.name.startswith(prefix):
+            yield entry
+
+
+def is_sidecar(entry) -> bool:
+    return entry.name.endswith(owners.SUFFIX)
+
+
+def is_orphan_sidecar(entry) -> bool:
+    """A ring-owner sidecar whose region is gone (removed by the native
+    unlink_shm, by rm, ...)."""
+    return is_sidecar(entry) and not os.path.exists(entry.path.removesuffix(owners.SUFFIX))
 
 
 def read_magic_and_version(path: str) -> tuple[int, int] | None:
-    try:
-        with open(path, "rb") as file:
-            head = file.read(12)
-    except OSError:
-        return None
+    """The first 12 bytes as (magic, version); None if the object is
+    shorter. OSError (e.g. PermissionError) if it cannot be read."""
+    with open(path, "rb") as file:
+        head = file.read(12)
     if len(head) < 12:
         return None
     return int.from_bytes(head[:8], "little"), int.from_bytes(head[8:12], "little")
+
+
+def is_kickmsg(found: tuple[int, int] | None) -> bool:
+    return found is not None and found[0] == layout.MAGIC
+
+
+def geometry_fields(region: SharedRegion) -> dict:
+    """The channel type and the Config fields a region was made with."""
+    g = region.geometry
+    return {
+        "type": region.channel_type.name,
+        "max_subscribers": g.max_subs,
+        "sub_ring_capacity": g.capacity,
+        "pool_size": g.pool_size,
+        "max_payload_size": g.slot_data_size,
+        "commit_timeout_us": g.commit_timeout_us,
+    }
 
 
 # -- subcommands ---------------------------------------------------------------------
 
 
 def cmd_list(args) -> int:
-    columns = args.columns.split(",") if args.columns else list(LIST_COLUMNS)
+    columns = args.columns.split(",") if args.columns else list(LIST_COLUMNS if args.json else TABLE_COLUMNS)
     unknown = [c for c in columns if c not in LIST_COLUMNS]
     if unknown:
         raise CommandError(f"unknown column(s) {', '.join(unknown)}; choose from {','.join(LIST_COLUMNS)}")
-    rows = []
-    for name, path in shm_entries(args.prefix):
-        found = read_magic_and_version(path)
-        if found is None or found[0] != layout.MAGIC:
-            continue
-        row = {"name": name, "version": found[1]}
-        if found[1] != layout.VERSION:
-            row["type"] = f"unsupported (v{found[1]})"
-            rows.append(row)
-            continue
+    rows, denied = [], 0
+    for entry in shm_objects(args.prefix):
         try:
-            region = SharedRegion.inspect(name)
-        except (RuntimeError, ValueError) as error:
-            row["type"] = f"unreadable: {str(error).splitlines()[0]}"
-            rows.append(row)
+            row = list_row(entry, args.all)
+        except PermissionError:
+            denied += 1
             continue
-        g, h = region.geometry, region.header
-        report = audit(region)
-        schema = region.schema()
-        row.update(
-            type=region.channel_type.name,
-            creator=header_fields(region)["creator_name"],
-            pid=h.creator_pid,
-            alive=pid_alive(h.creator_pid),
-            subs=f"{sum(r.state == 'Live' for r in report.rings)}/{g.max_subs}",
-            capacity=g.capacity,
-            pool=f"{report.free_slots}/{g.pool_size}",
-            payload=g.slot_data_size,
-            schema=schema.name if schema else "",
-        )
-        rows.append(row)
-    emit(args, [{c: row.get(c) for c in columns} for row in rows], table(rows, columns) if rows else "no Kickmsg regions")
+        except FileNotFoundError:  # removed meanwhile
+            continue
+        if row is not None:
+            rows.append(row)
+    unreadable = f"{counted(denied, 'object', 'objects')} could not be read: permission denied"
+    if args.json:
+        print(json.dumps([json_list_row(row, columns) for row in rows], indent=2), flush=True)
+        if denied:
+            print(f"kickmsg list: {unreadable}", file=sys.stderr)
+        return EXIT_OK
+    lines = [table([text_list_row(row) for row in rows], columns) if rows else
+             "no shared-memory objects" if args.all else "no Kickmsg regions"]
+    if any(row["type"] == "damaged" or row["type"].startswith("unsupported") for row in rows):
+        lines.append("kickmsg info NAME for details on damaged or unsupported regions")
+    if denied:
+        lines.append(unreadable)
+    print("\n".join(lines), flush=True)
     return EXIT_OK
 
 
+def list_row(entry, everything: bool) -> dict | None:
+    """The row of ``list`` for one /dev/shm object; None if it is not listed
+    (not a region, a sidecar of a region, unless --all shows it).
+    PermissionError if this user cannot read it."""
+    status = entry.stat(follow_symlinks=False)
+    row = {"name": "/" + entry.name, "mode": f"{status.st_mode & 0o777:04o}", "owner": user_name(status.st_uid)}
+    if is_sidecar(entry):
+        if not (everything and is_orphan_sidecar(entry)):
+            return None
+        region = row["name"].removesuffix(owners.SUFFIX)
+        return dict(row, type="orphan sidecar", problem=f"ring-owner records of {region}, which is gone (kickmsg clean removes it)")
+    found = read_magic_and_version(entry.path)
+    if not is_kickmsg(found):
+        return dict(row, type="not Kickmsg", problem="no Kickmsg magic") if everything else None
+    row["version"] = found[1]
+    if found[1] != layout.VERSION:
+        return dict(row, type=f"unsupported (v{found[1]})", problem=f"layout version {found[1]}; this tool reads {layout.VERSION}")
+    try:
+        region = SharedRegion.inspect(row["name"])
+    except (RuntimeError, ValueError) as error:
+        return dict(row, type="damaged", problem=str(error).splitlines()[0])
+    g, h = region.geometry, region.header
+    report = audit(region)
+    schema = region.schema()
+    return dict(
+        row,
+        type=region.channel_type.name,
+        creator=header_fields(region)["creator_name"],
+        pid=h.creator_pid,
+        alive=pid_alive(h.creator_pid),
+        subs_live=sum(r.state == "Live" for r in report.rings),
+        subs_max=g.max_subs,
+        capacity=g.capacity,
+        pool_free=report.free_slots,
+        pool_size=g.pool_size,
+        payload=g.slot_data_size,
+        schema=schema.name if schema else "",
+    )
+
+
+def json_list_row(row: dict, columns) -> dict:
+    """A list row for --json: the chosen columns, ``subs`` and ``pool`` as
+    two numbers each (``subs_live``, ``subs_max``, ``pool_free``, ``pool_size``)."""
+    return {field: row.get(field) for column in columns for field in JSON_FIELDS.get(column, (column,))}
+
+
+def text_list_row(row: dict) -> dict:
+    """A list row for the table: ``subs`` and ``pool`` as ``live/max``, ``free/size``."""
+    if "subs_live" not in row:
+        return row
+    return dict(row, subs=f"{row['subs_live']}/{row['subs_max']}", pool=f"{row['pool_free']}/{row['pool_size']}")
+
+
 def cmd_info(args) -> int:
-    fields = header_fields(inspect(channel_name(args)))
+    region = inspect(channel_name(args))
+    fields = header_fields(region)
+    hazards = region.geometry.hazards()
     lines = []
     for key, value in fields.items():
         if isinstance(value, dict):
             value = ", ".join(f"{k}={v}" for k, v in value.items())
         lines.append(f"{key:<18} {value}")
-    emit(args, fields, "\n".join(lines))
+    lines += [f"{'warning':<18} {hazard}" for hazard in hazards]
+    emit(args, dict(fields, hazards=hazards), "\n".join(lines))
     return EXIT_OK
 
 
@@ -272,47 +438,56 @@ def cmd_stats(args) -> int:
     rows = ring_rows(region)
     free = audit(region).free_slots
     data = {"name": region.name, "pool_size": region.geometry.pool_size, "pool_free": free, "rings": rows}
-    shown = [{k: ("-" if v is None else v) for k, v in row.items()} for row in rows]
-    text = f"{region.name}: pool {free}/{region.geometry.pool_size} slots free\n" + table(
+    shown = [dict(row, owner_pid=owner_cell(row)) for row in rows]
+    lines = [f"{region.name}: pool {free}/{region.geometry.pool_size} slots free", table(
         shown, ["ring", "state", "in_flight", "write_pos", "held", "locked", "owner_pid", "read_pos", "pending", "lost"]
-    )
-    emit(args, data, text)
+    )]
+    lines += [
+        f"ring {row['ring']}: its subscriber (pid {row['owner_pid']}) died; kickmsg repair {region.name} reclaims it"
+        for row in rows if row["owner_alive"] is False
+    ]
+    emit(args, data, "\n".join(lines))
     return EXIT_OK
 
 
+def owner_cell(row: dict) -> str | None:
+    """A ring's owner pid for the text table, marked if that process died."""
+    if row["owner_pid"] is None:
+        return None
+    return f"{row['owner_pid']} (dead)" if row["owner_alive"] is False else str(row["owner_pid"])
+
+
 def cmd_watch(args) -> int:
+    stop = stop_on_signals()
     region = inspect(channel_name(args))
     args.json_lines = True
     previous = None
     refreshes = 0
-    try:
-        while args.count is None or refreshes < args.count:
-            now = time.monotonic()
-            rows = ring_rows(region)
-            report = audit(region)
-            if previous is not None:
-                elapsed = now - previous[0]
-                for row, before in zip(rows, previous[1]):
-                    row["msgs_per_s"] = round((row["write_pos"] - before["write_pos"]) / elapsed, 1)
-                    row["new_lost"] = None if row["lost"] is None or before["lost"] is None else row["lost"] - before["lost"]
-            pool_used = region.geometry.pool_size - report.free_slots
-            data = {"name": region.name, "time": time.time(), "pool_used": pool_used, "verdict": report.verdict, "rings": rows}
-            if args.json:
-                emit(args, data, "")
-            else:
-                shown = [{k: ("-" if v is None else v) for k, v in row.items()} for row in rows if row["state"] != "Free" or row["in_flight"]]
-                screen = (
-                    f"{region.name}  {datetime.datetime.now():%H:%M:%S}  pool {pool_used}/{region.geometry.pool_size} in use\n"
-                    f"{report.verdict}\n"
-                    + (table(shown, ["ring", "state", "in_flight", "write_pos", "msgs_per_s", "pending", "lost", "new_lost"]) if shown else "no active rings")
-                )
-                print(("\x1b[H\x1b[2J" if sys.stdout.isatty() else "") + screen + "\n", flush=True)
-            previous = (now, rows)
-            refreshes += 1
-            if args.count is None or refreshes < args.count:
-                time.sleep(args.interval)
-    except KeyboardInterrupt:
-        pass
+    while args.count is None or refreshes < args.count:
+        now = time.monotonic()
+        rows = ring_rows(region)
+        report = audit(region)
+        if previous is not None:
+            elapsed = now - previous[0]
+            for row, before in zip(rows, previous[1]):
+                row["msgs_per_s"] = round((row["write_pos"] - before["write_pos"]) / elapsed, 1)
+                row["new_lost"] = None if row["lost"] is None or before["lost"] is None else row["lost"] - before["lost"]
+        pool_used = region.geometry.pool_size - report.free_slots
+        data = {"name": region.name, "time": time.time(), "pool_used": pool_used, "verdict": report.verdict, "rings": rows}
+        if args.json:
+            emit(args, data, "")
+        else:
+            shown = [row for row in rows if row["state"] != "Free" or row["in_flight"]]
+            screen = (
+                f"{region.name}  {datetime.datetime.now():%H:%M:%S}  pool {pool_used}/{region.geometry.pool_size} in use\n"
+                f"{report.verdict}\n"
+                + (table(shown, ["ring", "state", "in_flight", "write_pos", "msgs_per_s", "pending", "lost", "new_lost"]) if shown else "no active rings")
+            )
+            print(("\x1b[H\x1b[2J" if sys.stdout.isatty() else "") + screen + "\n", flush=True)
+        previous = (now, rows)
+        refreshes += 1
+        if (args.count is None or refreshes < args.count) and stop.wait(args.interval):
+            break
     return EXIT_OK
 
 
@@ -366,113 +541,158 @@ def subscribed(args):
         raise CommandError(str(error).splitlines()[0]) from None
 
 
+def receive_slice(args, subscriber: kickmsg.Subscriber, *deadlines: float | None):
+    """The next message as a view, waiting at most RECEIVE_SLICE_S or until
+    the nearest deadline (monotonic seconds; None: none), so that the caller
+    sees its stop flag soon. Tells on stderr when the subscriber followed
+    its channel to a re-created region."""
+    lost, rejoined = subscriber.lost, subscriber.rejoined
+    now = time.monotonic()
+    view = subscriber.receive_view(max(0.0, min([RECEIVE_SLICE_S] + [d - now for d in deadlines if d is not None])))
+    if subscriber.rejoined != rejoined:
+        tell_rejoined(args.command, subscriber.region.name, subscriber.lost - lost)
+    return view
+
+
+def tell_rejoined(command: str, name: str, lost: int) -> None:
+    print(f"kickmsg {command}: {name} was re-created; following it ({counted(lost, 'unread message', 'unread messages')} lost)",
+          file=sys.stderr, flush=True)
+
+
+def silence_note(seconds: float, received: int, count: int | None) -> str:
+    """Why a receiving command stopped on its silence timeout."""
+    arrived = "" if count is None else f" ({received} of {count} messages arrived)"
+    return f"stopped: no message for {seconds:g} s{arrived}"
+
+
 def cmd_echo(args) -> int:
+    stop = stop_on_signals()
     region, subscriber = subscribed(args)
     schema = region.schema()
     record_type = typed.RecordType.from_schema(schema) if schema else None
     printed = 0
+    last_message = time.monotonic()
+    silent = False  # stopped by --timeout
     with subscriber:
-        try:
-            while args.count is None or printed < args.count:
-                view = subscriber.receive_view(args.timeout)
-                if view is None:
-                    break
-                with view:
-                    data, ring_pos = bytes(view), view.ring_pos
-                if args.format == "raw":
-                    sys.stdout.buffer.write(data)
-                    sys.stdout.buffer.flush()
-                else:
-                    records = decode_records(data, record_type)
-                    print(format_message(data, ring_pos, records, "json" if args.json else args.format), flush=True)
-                printed += 1
-        except KeyboardInterrupt:
-            pass
+        while (args.count is None or printed < args.count) and not stop.is_set():
+            quiet_until = None if args.timeout is None else last_message + args.timeout
+            if quiet_until is not None and time.monotonic() >= quiet_until:
+                silent = True
+                break
+            view = receive_slice(args, subscriber, quiet_until)
+            if view is None:
+                continue
+            last_message = time.monotonic()
+            with view:
+                data, ring_pos = bytes(view), view.ring_pos
+            if args.format == "raw":
+                sys.stdout.buffer.write(data)
+                sys.stdout.buffer.flush()
+            else:
+                records = decode_records(data, record_type)
+                print(format_message(data, ring_pos, records, "json" if args.json else args.format), flush=True)
+            printed += 1
     if subscriber.lost and not args.json and args.format != "raw":
         print(f"(lost {subscriber.lost} messages)", file=sys.stderr)
+    if silent and args.count is not None:
+        print(f"kickmsg echo: {silence_note(args.timeout, printed, args.count)}", file=sys.stderr)
+        return EXIT_FOUND
     return EXIT_OK
 
 
-def measure(args, report) -> int:
-    """Receive for hz/bw, calling ``report(times, sizes, received, final)``
-    every ``--every`` seconds and at the end (times and sizes of the last
-    ``--window`` messages; ``received`` counts them all)."""
-    region, subscriber = subscribed(args)
+def measure(args, describe) -> int:
+    """Receive for hz/bw until --count, --duration, a stop signal, or
+    silence (--timeout; DEFAULT_SILENCE_S with --count). Every --every
+    seconds print ``describe(times, sizes, received)`` of the last --window
+    messages, or how long nothing has arrived; then a final report. Exit
+    status 1 if silence ended it before --count messages arrived."""
+    stop = stop_on_signals()
+    _, subscriber = subscribed(args)
+    silence = args.timeout if args.timeout is not None else DEFAULT_SILENCE_S if args.count is not None else None
     times, sizes = [], []  # the last --window messages
-    received = 0
-    deadline = None if args.duration is None else time.monotonic() + args.duration
-    last_report = time.monotonic()
+    received = reported = 0  # messages in all, and when last reported
+    started = last_message = time.monotonic()
+    end = None if args.duration is None else started + args.duration
+    next_report = started + args.every
     with subscriber:
-        try:
-            while args.count is None or received < args.count:
-                if deadline is not None and time.monotonic() >= deadline:
-                    break
-                wait = args.every if deadline is None else max(0.0, min(args.every, deadline - time.monotonic()))
-                data = subscriber.receive(wait)
-                if data is not None:
-                    received += 1
-                    times.append(time.monotonic())
-                    sizes.append(len(data))
-                    del times[: -args.window - 1], sizes[: -args.window]
-                if time.monotonic() - last_report >= args.every:
-                    report(times, sizes, received, False)
-                    last_report = time.monotonic()
-        except KeyboardInterrupt:
-            pass
-    report(times, sizes, received, True)
-    return EXIT_OK
+        while True:
+            now = time.monotonic()
+            quiet_until = None if silence is None else last_message + silence
+            if stop.is_set():
+                stopped = "signal"
+            elif args.count is not None and received >= args.count:
+                stopped = "count"
+            elif end is not None and now >= end:
+                stopped = "duration"
+            elif quiet_until is not None and now >= quiet_until:
+                stopped = "silence"
+            else:
+                stopped = None
+            if stopped:
+                break
+            if now >= next_report:
+                if not args.json:
+                    news = describe(times, sizes, received)[1] if received > reported else None
+                    print(news or f"no new messages for {now - last_message:.1f} s", flush=True)
+                reported, next_report = received, now + args.every
+            view = receive_slice(args, subscriber, end, quiet_until, next_report)
+            if view is None:
+                continue
+            with view:
+                sizes.append(len(view))
+            last_message = time.monotonic()
+            received += 1
+            times.append(last_message)
+            del times[: -args.window - 1], sizes[: -args.window]
+    stats, text = describe(times, sizes, received)
+    if stopped == "silence":
+        text += "\n" + silence_note(silence, received, args.count)
+    emit(args, dict(stats, final=True, stopped=stopped), text)
+    return EXIT_FOUND if stopped == "silence" and args.count is not None else EXIT_OK
 
 
 def cmd_hz(args) -> int:
-    def report(times, sizes, received, final):
+    def describe(times, sizes, received):
         intervals = [b - a for a, b in zip(times, times[1:])]
         if not intervals:
-            stats = {"messages": received, "rate_hz": None}
-            text = "no new messages" if not final else f"received {received} message(s): no rate yet"
-        else:
-            mean = statistics.fmean(intervals)
-            stats = {
-                "messages": received,
-                "rate_hz": round(1 / mean, 3) if mean > 0 else None,
-                "min_s": round(min(intervals), 6),
-                "max_s": round(max(intervals), 6),
-                "std_s": round(statistics.pstdev(intervals), 6),
-                "window": len(intervals),
-            }
-            text = (
-                f"average rate: {stats['rate_hz']:.3f}\n\tmin: {stats['min_s']:.6f}s max: {stats['max_s']:.6f}s "
-                f"std dev: {stats['std_s']:.6f}s window: {stats['window']}"
-            )
-        if final or not args.json:
-            emit(args, dict(stats, final=final), text)
+            return {"messages": received, "rate_hz": None}, f"received {received} message(s): no rate yet"
+        mean = statistics.fmean(intervals)
+        stats = {
+            "messages": received,
+            "rate_hz": round(1 / mean, 3) if mean > 0 else None,
+            "min_s": round(min(intervals), 6),
+            "max_s": round(max(intervals), 6),
+            "std_s": round(statistics.pstdev(intervals), 6),
+            "window": len(intervals),
+        }
+        return stats, (
+            f"average rate: {stats['rate_hz'] or 0:.3f}\n\tmin: {stats['min_s']:.6f}s max: {stats['max_s']:.6f}s "
+            f"std dev: {stats['std_s']:.6f}s window: {stats['window']}"
+        )
 
-    return measure(args, report)
+    return measure(args, describe)
 
 
 def cmd_bw(args) -> int:
-    def report(times, sizes, received, final):
+    def describe(times, sizes, received):
         if len(times) < 2:
-            stats = {"messages": received, "bytes_per_s": None}
-            text = "no new messages" if not final else f"received {received} message(s): no bandwidth yet"
-        else:
-            span = times[-1] - times[0]
-            counted = sizes[1:]  # bytes that arrived within the span
-            stats = {
-                "messages": received,
-                "bytes_per_s": round(sum(counted) / span, 1) if span > 0 else None,
-                "mean_size": round(statistics.fmean(sizes), 1),
-                "min_size": min(sizes),
-                "max_size": max(sizes),
-                "window": len(sizes),
-            }
-            text = (
-                f"average: {stats['bytes_per_s'] or 0:.1f} B/s\n\tmean: {stats['mean_size']:.1f} B "
-                f"min: {stats['min_size']} B max: {stats['max_size']} B window: {stats['window']}"
-            )
-        if final or not args.json:
-            emit(args, dict(stats, final=final), text)
+            return {"messages": received, "bytes_per_s": None}, f"received {received} message(s): no bandwidth yet"
+        span = times[-1] - times[0]
+        counted_sizes = sizes[1:]  # bytes that arrived within the span
+        stats = {
+            "messages": received,
+            "bytes_per_s": round(sum(counted_sizes) / span, 1) if span > 0 else None,
+            "mean_size": round(statistics.fmean(sizes), 1),
+            "min_size": min(sizes),
+            "max_size": max(sizes),
+            "window": len(sizes),
+        }
+        return stats, (
+            f"average: {stats['bytes_per_s'] or 0:.1f} B/s\n\tmean: {stats['mean_size']:.1f} B "
+            f"min: {stats['min_size']} B max: {stats['max_size']} B window: {stats['window']}"
+        )
 
-    return measure(args, report)
+    return measure(args, describe)
 
 
 def payload_of(args) -> bytes:
@@ -490,28 +710,56 @@ def payload_of(args) -> bytes:
     return args.data.encode("utf-8")
 
 
+def config_of(args) -> Config:
+    """The Config of the geometry options (--ring, --pool, ...); Config()'s
+    defaults for those not given."""
+    given = {
+        "max_subscribers": args.max_subscribers, "sub_ring_capacity": args.ring, "pool_size": args.pool,
+        "max_payload_size": args.payload, "commit_timeout": args.commit_timeout,
+    }
+    return Config(**{field: value for field, value in given.items() if value is not None})
+
+
+def geometry_options_given(args) -> list[str]:
+    return [f"--{option.replace('_', '-')}" for option in GEOMETRY_OPTIONS if getattr(args, option) is not None]
+
+
+def publishing_region(args) -> SharedRegion:
+    """The channel pub publishes into; with --create, made (as the geometry
+    options say) if no object has its name. An existing one is used as it is."""
+    name = channel_name(args)
+    shm.check_name(name)
+    if not args.create:
+        if geometry_options_given(args):
+            raise CommandError(f"{', '.join(geometry_options_given(args))}: only with --create (they shape a channel pub creates)")
+        if shm.object_size(name) is None:
+            raise CommandError(f"no such region: {name} (pub --create creates it)")
+    elif shm.object_size(name) is None:
+        channel_type = ChannelType.Broadcast if args.broadcast is not None else ChannelType.PubSub
+        return SharedRegion.create_or_open(name, channel_type, config_of(args), args.creator, mode=args.mode)
+    return open_writable(name)
+
+
 def cmd_pub(args) -> int:
-    region = open_writable(channel_name(args))
+    stop = stop_on_signals()
+    region = publishing_region(args)
     payload = payload_of(args)
     if len(payload) > region.geometry.slot_data_size:
         raise CommandError(f"{len(payload)} bytes exceed max_payload_size {region.geometry.slot_data_size} of {region.name}")
     publisher = kickmsg.Publisher(region)
-    delivered = []
+    published = 0
     began = time.monotonic()
-    try:
-        for index in range(args.count):
-            if args.rate:
-                time.sleep(max(0.0, began + index / args.rate - time.monotonic()))
-            if not send_retrying(publisher, payload, 1.0):
-                raise CommandError(
-                    f"slot pool of {region.name} stayed empty for 1 s "
-                    f"(after {len(delivered)} of {args.count} message(s) published)"
-                )
-            delivered.append(index)
-    except KeyboardInterrupt:
-        pass
-    data = {"name": region.name, "published": len(delivered), "size": len(payload), "dropped": publisher.dropped}
-    emit(args, data, f"published {len(delivered)} message(s) of {len(payload)} bytes to {region.name}")
+    while published < args.count and not stop.is_set():
+        if args.rate is not None and stop.wait(max(0.0, began + published / args.rate - time.monotonic())):
+            break
+        if not send_retrying(publisher, payload, 1.0):
+            raise CommandError(
+                f"slot pool of {region.name} stayed empty for 1 s "
+                f"(after {published} of {args.count} message(s) published)"
+            )
+        published += 1
+    data = {"name": region.name, "published": published, "size": len(payload), "dropped": publisher.dropped}
+    emit(args, data, f"published {published} message(s) of {len(payload)} bytes to {region.name}")
     return EXIT_OK
 
 
@@ -546,17 +794,23 @@ def cmd_schema_diff(args) -> int:
 
 
 def cmd_diagnose(args) -> int:
-    report = inspect(channel_name(args)).diagnose()
+    region = inspect(channel_name(args))
+    report = region.diagnose()
     data = {
         "locked_entries": report.locked_entries,
         "retired_rings": report.retired_rings,
         "draining_rings": report.draining_rings,
         "live_rings": report.live_rings,
         "schema_stuck": report.schema_stuck,
+        "dead_subscriber_rings": report.dead_subscriber_rings,
+        "pool_too_small": report.pool_too_small,
     }
-    damaged = report.locked_entries or report.retired_rings or report.draining_rings or report.schema_stuck
-    emit(args, dict(data, healthy=not damaged), "\n".join(f"{k:<16} {v}" for k, v in data.items()))
-    return EXIT_FOUND if damaged else EXIT_OK
+    width = max(map(len, data))
+    lines = [f"{key:<{width}} {value}" for key, value in data.items()]
+    lines += [f"ring {ring}: its subscriber (pid {pid}) died; kickmsg repair reclaims it" for ring, pid in region.dead_subscriber_rings()]
+    lines += [f"warning: {hazard}" for hazard in region.geometry.hazards()]
+    emit(args, dict(data, healthy=report.healthy), "\n".join(lines))
+    return EXIT_OK if report.healthy else EXIT_FOUND
 
 
 def cmd_audit(args) -> int:
@@ -572,6 +826,7 @@ def cmd_audit(args) -> int:
         "under_referenced_slots": report.under_referenced_slots,
         "double_free_candidates": report.double_free_candidates,
         "schema_state": report.schema_state,
+        "hazards": report.hazards,
         "rings": [vars(ring) for ring in report.rings],
     }
     problems = ("free_stack_problems", "leaked_slots", "under_referenced_slots", "double_free_candidates")
@@ -581,6 +836,9 @@ def cmd_audit(args) -> int:
         for what in ("locked_entries", "stale_entries", "bad_entries"):
             if getattr(ring, what):
                 details.append(f"  ring {ring.index} {what}: {getattr(ring, what)}")
+        if ring.owner_dead:
+            details.append(f"  ring {ring.index} is held by dead subscriber {ring.owner_pid} (kickmsg repair reclaims it)")
+    details += [f"  {hazard}" for hazard in report.hazards]
     emit(args, data, "\n".join([report.verdict] + details))
     return EXIT_OK if report.clean else EXIT_FOUND
 
@@ -603,37 +861,55 @@ def cmd_repair(args) -> int:
         confirm(args, "--retired resets rings left by a crashed publisher: only safe once it is known to be gone.")
     if args.orphans:
         confirm(args, "--orphans reclaims unreferenced slots: only safe with every publisher paused and no view alive.")
-    done = {}
+    done, lines = {}, []
     if args.dead_subscribers:
         report = region.reclaim_dead_subscribers()
         done["dead_subscribers"] = {"reclaimed": report.reclaimed, "unrecorded": report.unrecorded, "timed_out": report.timed_out}
+        lines += dead_subscriber_sentences(report)
     if args.locked:
         done["locked_entries_repaired"] = region.repair_locked_entries()
+        lines.append(f"repaired {counted(done['locked_entries_repaired'], 'locked entry', 'locked entries')}")
     if args.retired:
         done["retired_rings_reset"] = region.reset_retired_rings(drain=True)
+        lines.append(f"reset {counted(done['retired_rings_reset'], 'retired ring', 'retired rings')}")
     if args.orphans:
         done["orphaned_slots_reclaimed"] = region.reclaim_orphaned_slots()
-    emit(args, dict(done, name=region.name), "\n".join(f"{k}: {v}" for k, v in done.items()))
+        lines.append(f"reclaimed {counted(done['orphaned_slots_reclaimed'], 'orphaned slot', 'orphaned slots')}")
+    emit(args, dict(done, name=region.name), "\n".join(lines))
     return EXIT_OK
 
 
-def stop_on_signals() -> threading.Event:
-    """An event set by SIGINT or SIGTERM (so a recording is closed cleanly)."""
-    stop = threading.Event()
-    for number in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(number, lambda *_: stop.set())
-    return stop
+def dead_subscriber_sentences(report) -> list[str]:
+    """What reclaim_dead_subscribers() did, one sentence per ring or group."""
+    lines = [f"reclaimed ring {ring} of dead subscriber {pid}" for ring, pid in report.reclaimed]
+    lines += [
+        f"could not reclaim ring {ring} of a dead subscriber: publishers stayed in flight, so it is left retired "
+        f"(kickmsg repair --retired resets it)"
+        for ring in report.timed_out
+    ]
+    if not lines:
+        lines.append("no ring is held by a dead subscriber")
+    if report.unrecorded:
+        rings = ", ".join(map(str, report.unrecorded))
+        lines.append(
+            f"left ring {rings} alone: held by a subscriber that records no owner (native?)" if len(report.unrecorded) == 1
+            else f"left rings {rings} alone: held by subscribers that record no owner (native?)"
+        )
+    return lines
 
 
 def cmd_record(args) -> int:
-    from kickmsg.record import Recorder
+    record = import_extra("kickmsg.record")
+    stop = stop_on_signals()
+    names = [shm_name(name) for name in args.names]
 
-    names = [name if name.startswith("/") else "/" + name for name in args.names]
+    def tell_rejoin(name, subscriber):  # from that channel's thread; the rows so far carry its earlier losses
+        tell_rejoined("record", name, subscriber.lost - recorder.summary.channels[name].lost)
+
     try:
-        recorder = Recorder(names, args.out, rotate_mb=args.rotate_mb, payload=not args.no_payload)
+        recorder = record.Recorder(names, args.out, rotate_mb=args.rotate_mb, payload=not args.no_payload, on_rejoin=tell_rejoin)
     except shm.RegionNotFoundError as error:
         raise CommandError(str(error)) from None
-    stop = stop_on_signals()
     if not args.json:
         print(f"recording {', '.join(names)} into {args.out} (Ctrl-C stops)", flush=True)
     summary = recorder.run(duration=args.duration, stop=stop)
@@ -645,10 +921,9 @@ def cmd_record(args) -> int:
 
 
 def cmd_play(args) -> int:
-    from kickmsg.record import play
-
+    record = import_extra("kickmsg.record")
     stop = stop_on_signals()
-    summary = play(args.path, rate=args.rate, loop=args.loop, stop=stop)
+    summary = record.play(args.path, rate=args.rate, loop=args.loop, stop=stop)
     data = {"messages": summary.messages, "dropped": summary.dropped, "channels": sorted(summary.channels)}
     emit(args, data, f"played {summary.messages} messages into {', '.join(sorted(summary.channels))}"
          + (f" ({summary.dropped} dropped: the pool stayed full)" if summary.dropped else ""))
@@ -656,13 +931,54 @@ def cmd_play(args) -> int:
 
 
 def cmd_analyze(args) -> int:
-    from kickmsg.spark import analysis
-
-    result = analysis.run(args.paths, master=args.master, json_path=args.json_path, html_path=args.html_path)
+    for path in args.paths:
+        check_recording_path(path)
+    analysis = import_extra("kickmsg.spark.analysis")
+    if args.html_path:
+        import_extra("matplotlib")
+    errors = import_extra("pyspark.errors")
+    try:
+        result = analysis.run(args.paths, master=args.master, json_path=args.json_path, html_path=args.html_path)
+    except errors.PySparkException as error:
+        raise CommandError(str(error).strip().splitlines()[0]) from None
     print(analysis.format_table(result))
     if args.html_path:
         print(f"report: {os.path.abspath(args.html_path)}")
     return EXIT_OK
+
+
+def check_recording_path(path: str) -> None:
+    """Refuse, before Spark starts, a local path that holds no recording: a
+    missing path, a directory without *.parquet files, a file without the
+    Parquet magic, a glob that matches nothing. URIs (hdfs://, s3a://) are
+    Spark's to resolve."""
+    if URI_SCHEME.match(path):
+        return
+    if any(character in path for character in GLOB_CHARACTERS):
+        if not glob.glob(path):
+            raise CommandError(f"nothing matches {path}")
+        return
+    if os.path.isdir(path):
+        files = [os.path.join(top, name) for top, _, names in os.walk(path) for name in names if name.endswith(".parquet")]
+        if not files:
+            raise CommandError(f"no .parquet files in {path}")
+    elif os.path.exists(path):
+        files = [path]
+    else:
+        raise CommandError(f"no such file or directory: {path}")
+    for file in files:
+        if not is_parquet(file):
+            raise CommandError(f"not a Parquet file: {file} (no {PARQUET_MAGIC.decode()} magic at its start and end)")
+
+
+def is_parquet(path: str) -> bool:
+    """Whether the file starts and ends with the Parquet magic."""
+    with open(path, "rb") as file:
+        head = file.read(4)
+        if file.seek(0, os.SEEK_END) < 8:
+            return False
+        file.seek(-4, os.SEEK_END)
+        return head == PARQUET_MAGIC and file.read(4) == PARQUET_MAGIC
 
 
 def mapped_by_any_process(paths: set[str]) -> tuple[set[str], int]:
@@ -688,24 +1004,24 @@ def mapped_by_any_process(paths: set[str]) -> tuple[set[str], int]:
 def cmd_clean(args) -> int:
     """Remove regions whose creator is dead and that no process maps any
     more, and sidecars whose region is gone."""
-    candidates = {}
-    for name, path in shm_entries(args.prefix):
-        found = read_magic_and_version(path)
-        if found is None or found[0] != layout.MAGIC or found[1] != layout.VERSION:
+    candidates, orphan_sidecars = {}, []
+    for entry in shm_objects(args.prefix):
+        if is_sidecar(entry):
+            if is_orphan_sidecar(entry):
+                orphan_sidecars.append("/" + entry.name)
             continue
-        with open(path, "rb") as file:
-            header = layout.Header.from_buffer_copy(file.read(layout.HEADER_SIZE).ljust(layout.HEADER_SIZE, b"\0"))
+        try:
+            found = read_magic_and_version(entry.path)
+            if not is_kickmsg(found) or found[1] != layout.VERSION:
+                continue
+            with open(entry.path, "rb") as file:
+                header = layout.Header.from_buffer_copy(file.read(layout.HEADER_SIZE).ljust(layout.HEADER_SIZE, b"\0"))
+        except OSError:  # unreadable, or removed meanwhile: not ours to judge
+            continue
         if not pid_alive(header.creator_pid):
-            candidates[path] = name
+            candidates[entry.path] = "/" + entry.name
     in_use, unchecked = mapped_by_any_process(set(candidates))
     removed = [candidates[path] for path in sorted(candidates) if path not in in_use]
-    orphan_sidecars = [
-        "/" + entry.name
-        for entry in os.scandir(shm.SHM_DIRECTORY)
-        if entry.name.endswith(owners.SUFFIX)
-        and (args.prefix is None or entry.name.startswith(args.prefix.lstrip("/")))
-        and not os.path.exists(entry.path.removesuffix(owners.SUFFIX))
-    ]
     if not args.dry_run:
         for name in removed:
             kickmsg.unlink_shm(name)
@@ -714,10 +1030,65 @@ def cmd_clean(args) -> int:
     verb = "would remove" if args.dry_run else "removed"
     lines = [f"{verb} {name}" for name in removed + orphan_sidecars] or ["nothing to clean"]
     if unchecked:
-        lines.append(f"({unchecked} processes could not be checked for mappings)")
+        lines.append(f"({unchecked} process{'' if unchecked == 1 else 'es'} could not be checked for mappings)")
     data = {"dry_run": args.dry_run, "removed": removed, "sidecars": orphan_sidecars, "unchecked_processes": unchecked}
     emit(args, data, "\n".join(lines))
     return EXIT_OK
+
+
+def cmd_create(args) -> int:
+    name = channel_name(args)
+    shm.check_name(name)
+    existed = shm.object_size(name) is not None
+    if existed and not args.replace:
+        raise CommandError(f"{name} already exists (--replace would replace it)")
+    channel_type = ChannelType.Broadcast if args.broadcast_type else ChannelType.PubSub
+    make = SharedRegion.create if args.replace else SharedRegion.create_or_open  # the latter never replaces
+    region = make(name, channel_type, config_of(args), args.creator, mode=args.mode)
+    if region.header.creator_pid != os.getpid():
+        raise CommandError(f"{name} already exists (--replace would replace it)")  # made by another process meanwhile
+    data = dict(
+        {"name": name}, **geometry_fields(region), total_size=region.geometry.total_size,
+        mode=f"{region.mapping.mode:04o}", creator=args.creator, replaced=existed,
+    )
+    lines = [f"{'replaced' if existed else 'created'} {name}"] + [f"{key:<18} {value}" for key, value in data.items()
+                                                                  if key not in ("name", "replaced")]
+    emit(args, data, "\n".join(lines))
+    return EXIT_OK
+
+
+def cmd_rm(args) -> int:
+    removed, errors = [], {}
+    for name in map(shm_name, args.names):
+        try:
+            remove_region(name, args.force)
+        except (CommandError, ValueError, OSError) as error:
+            errors[name] = str(error).splitlines()[0]
+            print(f"kickmsg rm: error: {errors[name]}", file=sys.stderr, flush=True)
+            continue
+        removed.append(name)
+        if not args.json:
+            print(f"removed {name}", flush=True)
+    if args.json:
+        emit(args, {"removed": removed, "errors": errors}, "")
+    return EXIT_ERROR if errors else EXIT_OK
+
+
+def remove_region(name: str, force: bool) -> None:
+    """Remove a region and its sidecar; refuse what is not a Kickmsg region
+    unless ``force``."""
+    shm.check_name(name)
+    try:
+        found = read_magic_and_version(shm.SHM_DIRECTORY + name)
+    except FileNotFoundError:
+        raise CommandError(f"no such region: {name}") from None
+    except PermissionError:
+        if not force:
+            raise CommandError(f"permission denied: cannot read {name} to check it is a Kickmsg region (--force removes it anyway)") from None
+        found = None
+    if not is_kickmsg(found) and not force:
+        raise CommandError(f"not a Kickmsg region: {name} (--force removes it anyway)")
+    kickmsg.unlink_shm(name)
 
 
 def cmd_crosscheck(args) -> int:
@@ -767,6 +1138,55 @@ def cmd_verify(args) -> int:
 # -- the parser ------------------------------------------------------------------------
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: an integer above 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be greater than 0, not {text}")
+    return value
+
+
+def positive_number(text: str) -> float:
+    """An argparse type: a finite number above 0 (seconds, a rate, megabytes)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number greater than 0, not {text}")
+    return value
+
+
+def octal_mode(text: str) -> int:
+    """An argparse type: permission bits in octal, e.g. 0600."""
+    try:
+        return int(text, 8)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an octal permission mode such as 0600 or 0660: {text!r}") from None
+
+
+def add_geometry_options(sub, creator: str) -> None:
+    """The options of a new channel (create, pub --create); Config()'s defaults."""
+    defaults = Config()
+    sub.add_argument("--max-subscribers", type=positive_int, metavar="N",
+                     help=f"rings, one per subscriber (default {defaults.max_subscribers})")
+    sub.add_argument("--ring", type=positive_int, metavar="N",
+                     help=f"sub_ring_capacity: messages each ring keeps, a power of 2 (default {defaults.sub_ring_capacity})")
+    sub.add_argument("--pool", type=positive_int, metavar="N",
+                     help=f"pool_size: message slots, more than --ring (default {defaults.pool_size})")
+    sub.add_argument("--payload", type=positive_int, metavar="BYTES",
+                     help=f"max_payload_size (default {defaults.max_payload_size})")
+    sub.add_argument("--commit-timeout", type=float, metavar="S",
+                     help=f"seconds a publisher waits on an entry a crashed one left locked "
+                          f"(default {defaults.commit_timeout.total_seconds():g})")
+    sub.add_argument("--creator", default=creator, metavar="NAME", help=f"creator name in the header (default {creator})")
+    sub.add_argument("--mode", type=octal_mode, metavar="OCTAL",
+                     help=f"permission bits of the new object (default ${shm.MODE_VARIABLE}, else 0600; the umask applies)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kickmsg",
@@ -786,7 +1206,7 @@ def build_parser() -> argparse.ArgumentParser:
             name, help=summary, description=summary, epilog="examples:\n" + examples,
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
-        sub.set_defaults(run=function)
+        sub.set_defaults(run=function, naming=NODE_NAMING)
         if json_flag:
             sub.add_argument("--json", action="store_true", help="machine-readable output")
         if channel:
@@ -797,10 +1217,12 @@ def build_parser() -> argparse.ArgumentParser:
             sub.add_argument("--prefix", default="kickmsg", help="Node prefix (default: kickmsg)")
         return sub
 
-    sub = command("list", cmd_list, "list every Kickmsg region in /dev/shm",
-                  "  kickmsg list\n  kickmsg list --prefix kickmsg -o name,subs,pool\n  kickmsg list --json", channel=False)
+    sub = command("list", cmd_list, "list the Kickmsg regions in /dev/shm",
+                  "  kickmsg list\n  kickmsg list --prefix kickmsg -o name,subs,pool\n  kickmsg list --json\n"
+                  "  kickmsg list --all          # also orphan sidecars and objects of other programs", channel=False)
     sub.add_argument("--prefix", help="only names starting with /PREFIX")
     sub.add_argument("-o", dest="columns", metavar="COLUMNS", help=f"comma-separated columns of {','.join(LIST_COLUMNS)}")
+    sub.add_argument("--all", action="store_true", help="also list orphan sidecars and objects that are not Kickmsg regions")
 
     command("info", cmd_info, "every header field, decoded", "  kickmsg info /kickmsg_imu\n  kickmsg info --topic imu --json")
     command("stats", cmd_stats, "rings (state, in-flight, write position, pending, losses) and pool use",
@@ -808,33 +1230,58 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub = command("watch", cmd_watch, "a live view: messages/s per ring, pool use, new losses (Ctrl-C stops)",
                   "  kickmsg watch --topic imu\n  kickmsg watch /kickmsg_imu --interval 0.5 --count 10 --json")
-    sub.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes (default 1)")
-    sub.add_argument("--count", type=int, help="stop after this many refreshes")
+    sub.add_argument("--interval", type=positive_number, default=1.0, help="seconds between refreshes (default 1)")
+    sub.add_argument("--count", type=positive_int, help="stop after this many refreshes")
 
     sub = command("echo", cmd_echo, "subscribe and print messages (typed channels print their fields)",
                   "  kickmsg echo --topic imu --count 5\n  kickmsg echo /kickmsg_imu --format hex\n"
                   "  kickmsg echo --topic imu --format raw > dump.bin")
-    sub.add_argument("--count", type=int, help="stop after this many messages")
+    sub.add_argument("--count", type=positive_int, help="stop after this many messages")
     sub.add_argument("--format", choices=("text", "hex", "json", "raw"), default="text")
-    sub.add_argument("--timeout", type=float, help="stop when nothing arrives for this many seconds")
+    sub.add_argument("--timeout", type=positive_number, metavar="S",
+                     help="stop when nothing arrives for S seconds (exit 1 if --count was not reached; default: wait)")
 
     for name, function, summary in (
         ("hz", cmd_hz, "publish rate seen by a subscriber: mean, min/max/std of intervals"),
         ("bw", cmd_bw, "bandwidth seen by a subscriber: bytes/s and message sizes"),
     ):
         sub = command(name, function, summary, f"  kickmsg {name} --topic imu\n  kickmsg {name} /kickmsg_imu --count 100 --json")
-        sub.add_argument("--window", type=int, default=1000, help="messages kept for the statistics (default 1000)")
-        sub.add_argument("--every", type=float, default=1.0, help="seconds between reports (default 1)")
-        sub.add_argument("--count", type=int, help="stop after this many messages")
-        sub.add_argument("--duration", type=float, help="stop after this many seconds")
+        sub.add_argument("--window", type=positive_int, default=1000, help="messages kept for the statistics (default 1000)")
+        sub.add_argument("--every", type=positive_number, default=1.0, help="seconds between reports (default 1)")
+        sub.add_argument("--count", type=positive_int, help="stop after this many messages")
+        sub.add_argument("--duration", type=positive_number, help="stop after this many seconds")
+        sub.add_argument("--timeout", type=positive_number, metavar="S",
+                         help=f"stop when nothing arrives for S seconds (default with --count: {DEFAULT_SILENCE_S:g}; "
+                              f"exit 1 if --count was not reached)")
 
     sub = command("pub", cmd_pub, "publish from the shell: text, hex (--hex) or a file (@path)",
                   "  kickmsg pub --topic cmd 'hello'\n  kickmsg pub /kickmsg_cmd --hex 01ff --rate 10 --count 50\n"
-                  "  kickmsg pub --topic blob @frame.bin")
+                  "  kickmsg pub --topic blob @frame.bin\n  kickmsg pub /kickmsg_cmd 'hello' --create --pool 512")
     sub.add_argument("data", help="text, hex digits with --hex, or @path")
     sub.add_argument("--hex", action="store_true", help="DATA is hexadecimal")
-    sub.add_argument("--rate", type=float, default=0.0, help="messages per second (default: as fast as possible)")
-    sub.add_argument("--count", type=int, default=1, help="how many times to publish (default 1)")
+    sub.add_argument("--rate", type=positive_number, help="messages per second (default: as fast as possible)")
+    sub.add_argument("--count", type=positive_int, default=1, help="how many times to publish (default 1)")
+    sub.add_argument("--create", action="store_true",
+                     help="create the channel if it does not exist (a Broadcast one if named by --broadcast), "
+                          "with the options below; an existing channel is used as it is")
+    add_geometry_options(sub, creator="kickmsg-pub")
+
+    sub = command("create", cmd_create, "create a channel (refuses an existing name unless --replace)",
+                  "  kickmsg create /kickmsg_imu\n  kickmsg create --topic imu --ring 128 --pool 1024 --payload 256\n"
+                  "  kickmsg create /kickmsg_chat --broadcast --mode 0660 --json", channel=False)
+    sub.set_defaults(naming="NAME or --topic T", broadcast=None, mailbox=None)
+    sub.add_argument("name", nargs="?", help="shm name, e.g. /kickmsg_imu")
+    sub.add_argument("--topic", help="topic (Node naming: /{prefix}_{topic})")
+    sub.add_argument("--prefix", default="kickmsg", help="Node prefix (default: kickmsg)")
+    sub.add_argument("--broadcast", dest="broadcast_type", action="store_true",
+                     help="a Broadcast channel (default: PubSub)")
+    add_geometry_options(sub, creator="kickmsg-create")
+    sub.add_argument("--replace", action="store_true", help="replace an existing object of that name")
+
+    sub = command("rm", cmd_rm, "remove regions (and their owner sidecars)",
+                  "  kickmsg rm /kickmsg_imu /kickmsg_camera\n  kickmsg rm /not_a_region --force", channel=False)
+    sub.add_argument("names", nargs="+", metavar="NAME", help="shm names")
+    sub.add_argument("--force", action="store_true", help="also remove objects that are not Kickmsg regions")
 
     command("schema", cmd_schema, "the channel's schema descriptor", "  kickmsg schema --topic imu")
     sub = command("schema-diff", cmd_schema_diff, "compare two channels' schema descriptors (exit 1 if they differ)",
@@ -853,19 +1300,19 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--orphans", action="store_true", help="reclaim unreferenced slots (needs quiescence)")
     sub.add_argument("--yes", action="store_true", help="do not ask for confirmation")
 
-    sub = command("record", cmd_record, "record channels to Parquet files (SIGINT/SIGTERM close them cleanly)",
+    sub = command("record", cmd_record, "record channels to Parquet files (SIGINT/SIGTERM/SIGHUP close them cleanly)",
                   "  kickmsg record /kickmsg_imu /kickmsg_camera --out rec/ --duration 60\n"
                   "  kickmsg record /kickmsg_camera --out rec/ --no-payload --rotate-mb 256", channel=False)
     sub.add_argument("names", nargs="+", metavar="NAME", help="shm names of the channels")
     sub.add_argument("--out", required=True, metavar="DIR", help="directory for the Parquet files")
-    sub.add_argument("--duration", type=float, help="stop after this many seconds")
-    sub.add_argument("--rotate-mb", type=float, default=64, help="start a new file past this size (default 64)")
+    sub.add_argument("--duration", type=positive_number, help="stop after this many seconds")
+    sub.add_argument("--rotate-mb", type=positive_number, default=64, help="start a new file past this size (default 64)")
     sub.add_argument("--no-payload", action="store_true", help="keep sizes and stamps, not the payloads")
 
     sub = command("play", cmd_play, "republish a recording with its original timing",
                   "  kickmsg play rec/\n  kickmsg play rec/ --rate 2 --loop", channel=False)
     sub.add_argument("path", metavar="DIR", help="a recording directory (or one .parquet file)")
-    sub.add_argument("--rate", type=float, default=1.0, help="speed factor (default 1: real time)")
+    sub.add_argument("--rate", type=positive_number, default=1.0, help="speed factor (default 1: real time)")
     sub.add_argument("--loop", action="store_true", help="start over at the end, until interrupted")
 
     sub = command("analyze", cmd_analyze, "analyse recordings with Spark: rates, gaps, losses, sizes, latency",
@@ -928,13 +1375,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        return args.run(args)
-    except CommandError as error:
-        print(f"kickmsg {args.command}: error: {error}", file=sys.stderr)
-        return EXIT_ERROR
-    except (RuntimeError, ValueError, OSError) as error:
-        print(f"kickmsg {args.command}: error: {str(error).splitlines()[0] if str(error) else type(error).__name__}", file=sys.stderr)
-        return EXIT_ERROR
-    except KeyboardInterrupt:
-        return 130
+    with warnings.catch_warnings():
+        print_warnings_on_one_line(args.command)
+        try:
+            status = args.run(args)
+            sys.stdout.flush()  # here, where a closed pipe is handled below
+            return status
+        except BrokenPipeError:  # the reader went away (e.g. `| head`): end quietly, as a Unix filter does
+            discard_stdout()
+            return EXIT_OK
+        except CommandError as error:
+            print(f"kickmsg {args.command}: error: {error}", file=sys.stderr)
+            return EXIT_ERROR
+        except (RuntimeError, ValueError, OSError) as error:
+            print(f"kickmsg {args.command}: error: {str(error).splitlines()[0] if str(error) else type(error).__name__}", file=sys.stderr)
+            return EXIT_ERROR
+        except KeyboardInterrupt:
+            discard_stdout()
+            return EXIT_FORCED

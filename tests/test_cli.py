@@ -12,6 +12,7 @@ import json
 import mmap
 import os
 import pathlib
+import pwd
 import select
 import signal
 import struct
@@ -30,7 +31,7 @@ from nativepeer import run_native, run_ours, start_native, start_ours
 
 KICKMSG = pathlib.Path(sys.executable).with_name("kickmsg")
 COMMANDS = (
-    "list info stats watch echo hz bw pub schema schema-diff diagnose audit repair clean".split()
+    "list info stats watch echo hz bw pub create rm schema schema-diff diagnose audit repair clean".split()
 )
 SMALL = dict(max_subscribers=3, sub_ring_capacity=8, pool_size=16, max_payload_size=64)
 ROOMY = dict(max_subscribers=3, sub_ring_capacity=64, pool_size=80, max_payload_size=64)  # no loss for <= 64 messages
@@ -336,18 +337,27 @@ def test_list_shows_our_native_and_unsupported_regions(prefix):
 
     rows = cli_json("list", "--prefix", prefix)
     assert [row["name"] for row in rows] == [ours, native, old, unfit]
-    assert rows[0] == {
-        "name": ours, "type": "PubSub", "version": 4, "creator": CREATOR, "pid": os.getpid(), "alive": True,
-        "subs": "1/3", "capacity": 8, "pool": "14/16", "payload": 64, "schema": "",
-    }
-    assert rows[1] == {
-        "name": native, "type": "PubSub", "version": 4, "creator": "native-node", "pid": native_pid, "alive": False,
-        "subs": "0/2", "capacity": 8, "pool": "8/8", "payload": 64, "schema": "demo.Pose",
-    }
+    assert rows[0] == dict(
+        access(ours), name=ours, type="PubSub", version=4, creator=CREATOR, pid=os.getpid(), alive=True,
+        subs_live=1, subs_max=3, capacity=8, pool_free=14, pool_size=16, payload=64, schema="", problem=None,
+    )
+    assert rows[1] == dict(
+        access(native), name=native, type="PubSub", version=4, creator="native-node", pid=native_pid, alive=False,
+        subs_live=0, subs_max=2, capacity=8, pool_free=8, pool_size=8, payload=64, schema="demo.Pose", problem=None,
+    )
     assert rows[2]["type"] == "unsupported (v7)" and rows[2]["version"] == 7
-    assert rows[2]["creator"] is None and rows[2]["pool"] is None
-    assert rows[3]["type"].startswith(f"unreadable: Region {unfit} does not fit its mapping")
+    assert rows[2]["creator"] is None and rows[2]["pool_free"] is None and rows[2]["subs_max"] is None
+    assert rows[2]["problem"] == "layout version 7; this tool reads 4"
+    assert (rows[3]["type"], rows[3]["version"], rows[3]["pool_size"]) == ("damaged", 4, None)
+    assert rows[3]["problem"].startswith(f"Region {unfit} does not fit its mapping")
+    assert all(row[key] == access(row["name"])[key] for row in rows for key in ("mode", "owner"))
     subscriber.close()
+
+
+def access(name: str) -> dict:
+    """The mode (octal text) and owner (user name) of a /dev/shm object, for list."""
+    status = os.stat(f"/dev/shm{name}")
+    return {"mode": f"{status.st_mode & 0o777:04o}", "owner": pwd.getpwuid(status.st_uid).pw_name}
 
 
 def test_list_text_table_and_column_selection(prefix):
@@ -359,16 +369,17 @@ def test_list_text_table_and_column_selection(prefix):
     table = cli("list", "--prefix", prefix)
     assert table.code == 0
     lines = table.text.splitlines()
-    assert lines[0].split() == "NAME TYPE VERSION CREATOR PID ALIVE SUBS CAPACITY POOL PAYLOAD SCHEMA".split()
+    assert lines[0].split() == "NAME TYPE VERSION CREATOR PID ALIVE SUBS CAPACITY POOL PAYLOAD SCHEMA MODE OWNER".split()
     assert lines[1].split()[:4] == [first, "PubSub", "4", CREATOR]
+    assert lines[1].split()[-2:] == [access(first)["mode"], access(first)["owner"]]
     assert lines[2].split()[:4] == [second, "PubSub", "4", "nat"]
 
     chosen = cli("list", "--prefix", prefix, "-o", "pool,name")
     assert chosen.code == 0
     assert [line.split() for line in chosen.text.splitlines()] == [["POOL", "NAME"], ["16/16", first], ["16/16", second]]
     assert cli_json("list", "--prefix", prefix, "-o", "name,subs") == [
-        {"name": first, "subs": "0/3"},
-        {"name": second, "subs": "0/3"},
+        {"name": first, "subs_live": 0, "subs_max": 3},
+        {"name": second, "subs_live": 0, "subs_max": 3},
     ]
 
 
@@ -544,13 +555,16 @@ def test_pub_input_errors(name, tmp_path):
 
 
 def test_pub_gives_up_when_the_pool_stays_empty(name):
-    """A subscriber that never reads holds every slot of a pool smaller than
-    its ring: pub reports the empty pool on one line."""
-    region = make(name, pool_size=4)
+    """This process holds 12 of the 16 slots allocated and a subscriber that
+    never reads holds what it was sent: after 4 messages the pool is empty
+    for good, and pub reports it on one line."""
+    region = make(name)
     with Subscriber(region):
+        held = [Publisher(region).allocate(1) for _ in range(12)]
         result = cli("pub", name, "fill", "--count", "6")
         assert_one_line_error(result, "pub", "slot pool", "stayed empty")
         assert rawregion.ring(rawregion.read_bytes(name), 0).write_pos == 4
+        assert None not in held
 
 
 # -- stats ---------------------------------------------------------------------------------------
@@ -667,7 +681,10 @@ def test_stats_and_repair_of_a_subscriber_killed_with_sigkill(name):
                 ("Live", pid, False), ("Live", None, None), ("Live", os.getpid(), True),
             ]
             assert (rings[0]["read_pos"], rings[0]["pending"], rings[0]["lost"]) == (3, 0, 0)
-            assert cli_json("diagnose", name)["live_rings"] == 3
+            diagnosis = cli_json("diagnose", name, code=1)
+            assert (diagnosis["live_rings"], diagnosis["dead_subscriber_rings"], diagnosis["healthy"]) == (3, 1, False)
+            assert [(r["owner_pid"], r["owner_alive"]) for r in cli_json("audit", name, code=1)["rings"]] == [
+                (pid, False), (None, None), (os.getpid(), True)]
 
             repaired = cli_json("repair", name)
             assert repaired == {
@@ -784,7 +801,8 @@ def test_echo_prints_messages_in_each_format(name, form):
 
 
 def test_echo_timeout_stops_before_count(name):
-    """--timeout ends echo when nothing more arrives, with what it printed."""
+    """--timeout ends echo when nothing more arrives, with what it printed
+    (exit status 1 if that was before --count messages)."""
     region = make(name)
     idle = cli("echo", name, "--timeout", "0.2")
     assert (idle.code, idle.out, idle.err) == (0, b"", b"")
@@ -793,8 +811,9 @@ def test_echo_timeout_stops_before_count(name):
         Publisher(region).send(b"only")
         Publisher(region).send(b"two")
         result = echo.finish()
-    assert result.code == 0
+    assert result.code == 1  # --count was not reached
     assert result.text.splitlines() == ["[0] only", "[1] two"]
+    assert result.error_lines == ["kickmsg echo: stopped: no message for 0.5 s (2 of 5 messages arrived)"]
 
 
 IMU = typed.RecordType("Imu", [("ax", "<f4"), ("ay", "<f4"), ("n", "<u4")])
@@ -929,8 +948,9 @@ def test_hz_and_bw_duration_without_messages(name):
     make(name)
     with Running("hz", name, "--duration", "0.3", "--json") as hz, Running("bw", name, "--duration", "0.3", "--json") as bw:
         hz_result, bw_result = hz.finish(), bw.finish()
-    assert hz_result.json() == {"messages": 0, "rate_hz": None, "final": True}
-    assert bw_result.json() == {"messages": 0, "bytes_per_s": None, "final": True}
+    assert hz_result.json() == {"messages": 0, "rate_hz": None, "final": True, "stopped": "duration"}
+    assert bw_result.json() == {"messages": 0, "bytes_per_s": None, "final": True, "stopped": "duration"}
+    assert (hz_result.code, bw_result.code) == (0, 0)
     assert live_rings(name) == []
 
 
@@ -1066,7 +1086,8 @@ def test_diagnose_and_audit_pass_clean_regions(name, prefix):
         subscriber.try_receive()
         diagnosis = cli_json("diagnose", name)
         assert diagnosis == {"locked_entries": 0, "retired_rings": 0, "draining_rings": 0, "live_rings": 1,
-                             "schema_stuck": False, "healthy": True}
+                             "schema_stuck": False, "dead_subscriber_rings": 0, "pool_too_small": False,
+                             "healthy": True}
         report = cli_json("audit", name)
         assert report["clean"] is True and report["verdict"] == f"clean: {free_slots(name)} of 16 slots free, 1 live rings"
         assert [(r["state"], r["write_pos"], r["references"]) for r in report["rings"]] == [
@@ -1087,7 +1108,7 @@ def test_locked_entry_is_found_and_repaired(name):
     poke_locked_entry(name, 1)
     diagnosis = cli("diagnose", name)
     assert diagnosis.code == 1
-    assert "locked_entries   1" in diagnosis.text.splitlines()
+    assert ["locked_entries", "1"] in [line.split() for line in diagnosis.text.splitlines()]
     assert cli_json("diagnose", name, code=1)["healthy"] is False
     audited = cli("audit", name)
     assert audited.code == 1
@@ -1141,14 +1162,15 @@ def test_retired_ring_needs_retired_with_yes(name):
 
 
 def test_repair_text_output(name):
-    """Without --json: one line per repair done."""
+    """Without --json: one sentence per repair done."""
     make(name)
     result = cli("repair", name)
     assert result.code == 0
-    assert result.text.splitlines() == [
-        "dead_subscribers: {'reclaimed': [], 'unrecorded': [], 'timed_out': []}",
-        "locked_entries_repaired: 0",
-    ]
+    assert result.text.splitlines() == ["no ring is held by a dead subscriber", "repaired 0 locked entries"]
+    poke_locked_entry(name, 1)
+    poke(name, ring_offset(name, 2), "<I", 1 << 2 | FREE)
+    result = cli("repair", name, "--locked", "--retired", "--yes")
+    assert (result.code, result.text.splitlines()) == (0, ["repaired 1 locked entry", "reset 1 retired ring"])
 
 
 def test_repair_asks_on_a_terminal(name):
@@ -1172,9 +1194,9 @@ def test_repair_asks_on_a_terminal(name):
     assert cli("diagnose", name).code == 0
 
 
-def first_line(command: Running, timeout: float = 15) -> bytes:
-    """The first stdout line of a running command (fail if none comes)."""
-    fd, line = command.proc.stdout.fileno(), b""
+def first_line(command: Running, timeout: float = 15, stream: str = "stdout") -> bytes:
+    """The next line of a running command's stdout (or stderr); fail if none comes."""
+    fd, line = getattr(command.proc, stream).fileno(), b""
     deadline = time.monotonic() + timeout
     while not line.endswith(b"\n"):
         ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
@@ -1198,7 +1220,7 @@ def test_ctrl_c_ends_watch_echo_and_hz_cleanly(name):
     assert (watched.code, echoed.code, measured.code) == (0, 0, 0)
     assert all(refresh["name"] == name for refresh in watched.json_lines())  # whole lines only
     assert echoed.out == b""
-    assert measured.json() == {"messages": 0, "rate_hz": None, "final": True}
+    assert measured.json() == {"messages": 0, "rate_hz": None, "final": True, "stopped": "signal"}
     assert live_rings(name) == []
 
 
