@@ -4,11 +4,11 @@ Regions and their ``.owners`` sidecars are created 0600 (only the creating
 user) unless ``mode=`` or ``$KICKMSG_SHM_MODE`` (octal, as the native
 library from 0.9 reads it) asks for another; the process umask applies to a
 region as to any new file, and a sidecar gets exactly its region's bits.
-A second user is a forked child of this (root) test process that switches
+A second user is a spawned child of this (root) test process that switches
 to ``nobody`` before it touches the region.
 """
 import contextlib
-import json
+import multiprocessing
 import os
 import pwd
 import stat
@@ -34,30 +34,40 @@ def umask(value: int):
         os.umask(previous)
 
 
-def as_nobody(action) -> dict:
-    """Run ``action()`` in a forked child that has become user nobody; its
-    result, or the exception it raised, as a dict."""
-    reading, writing = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: never returns into pytest
-        try:
-            os.close(reading)
-            os.setgroups([])
-            os.setgid(NOBODY.pw_gid)
-            os.setuid(NOBODY.pw_uid)
-            try:
-                outcome = {"result": action()}
-            except Exception as error:  # reported to the test, which asserts on it
-                outcome = {"error": type(error).__name__, "message": str(error),
-                           "is_permission_error": isinstance(error, PermissionError)}
-            os.write(writing, json.dumps(outcome).encode())
-        finally:
-            os._exit(0)
-    os.close(writing)
-    with os.fdopen(reading, "rb") as pipe:
-        data = pipe.read()
-    os.waitpid(pid, 0)
-    return json.loads(data)
+def act_as_nobody(action: str, name: str, results) -> None:
+    """In a spawned child (single-threaded, root): become user nobody, then
+    do ``action`` on region ``name``; put its result, or the exception it
+    raised, on ``results``."""
+    os.setgroups([])
+    os.setgid(NOBODY.pw_gid)
+    os.setuid(NOBODY.pw_uid)
+    try:
+        if action == "open":
+            outcome = {"result": SharedRegion.open(name).name}
+        elif action == "inspect":
+            outcome = {"result": SharedRegion.inspect(name).geometry.pool_size}
+        else:  # "subscribe": join, say whether the ring's owner was recorded, leave
+            subscriber = Subscriber(SharedRegion.open(name))
+            outcome = {"result": subscriber._sidecar is not None}
+            subscriber.close()
+    except Exception as error:  # reported to the test, which asserts on it
+        outcome = {"error": type(error).__name__, "message": str(error),
+                   "is_permission_error": isinstance(error, PermissionError)}
+    results.put(outcome)
+
+
+def as_nobody(action: str, name: str) -> dict:
+    """``act_as_nobody`` in a spawned child; what it reported."""
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    child = context.Process(target=act_as_nobody, args=(action, name, results))
+    child.start()
+    try:
+        return results.get(timeout=60)
+    finally:
+        child.join(10)
+        if child.is_alive():
+            child.kill()
 
 
 def test_a_new_region_and_its_sidecar_are_0600_by_default(shm_name, monkeypatch):
@@ -111,8 +121,8 @@ def test_another_user_cannot_map_a_0600_region(shm_name, monkeypatch):
     naming the region, its mode and its owner, from open and from inspect."""
     monkeypatch.delenv(shm.MODE_VARIABLE, raising=False)
     SharedRegion.create(shm_name, ChannelType.PubSub, Config(**SMALL))
-    for attach in (SharedRegion.open, SharedRegion.inspect):
-        outcome = as_nobody(lambda: attach(shm_name).name)
+    for action in ("open", "inspect"):
+        outcome = as_nobody(action, shm_name)
         assert outcome["error"] == "RegionPermissionError" and outcome["is_permission_error"]
         assert shm_name in outcome["message"]
         assert "permission denied (mode 0600, owner root; this process runs as nobody)" in outcome["message"]
@@ -125,13 +135,7 @@ def test_another_user_may_subscribe_to_a_region_made_for_everyone(shm_name):
     with umask(0):
         region = SharedRegion.create(shm_name, ChannelType.PubSub, Config(**SMALL), mode=0o666)
 
-    def subscribe_and_leave():
-        subscriber = Subscriber(SharedRegion.open(shm_name))
-        recorded = subscriber._sidecar is not None
-        subscriber.close()
-        return recorded
-
-    assert as_nobody(subscribe_and_leave) == {"result": True}
+    assert as_nobody("subscribe", shm_name) == {"result": True}
     sidecar = os.stat(f"/dev/shm{shm_name}.owners")
     assert (stat.S_IMODE(sidecar.st_mode), sidecar.st_uid) == (0o666, NOBODY.pw_uid)
     with Subscriber(region) as ours:
@@ -142,6 +146,6 @@ def test_another_user_may_inspect_a_region_readable_to_all(shm_name):
     """Mode 0644: nobody may look (inspect, read-only) but not subscribe."""
     with umask(0):
         SharedRegion.create(shm_name, ChannelType.PubSub, Config(**SMALL), mode=0o644)
-    assert as_nobody(lambda: SharedRegion.inspect(shm_name).geometry.pool_size) == {"result": 16}
-    outcome = as_nobody(lambda: SharedRegion.open(shm_name).name)
+    assert as_nobody("inspect", shm_name) == {"result": 16}
+    outcome = as_nobody("open", shm_name)
     assert outcome["is_permission_error"] and "mode 0644, owner root" in outcome["message"]
