@@ -122,7 +122,7 @@ class World:
     region: object
     actors: list[Actor]
     ledger: invariants.Ledger
-    received: dict[str, list] = field(default_factory=dict)  # subscriber -> [(ring, position, bytes)]
+    received: dict[str, list] = field(default_factory=dict)  # subscription -> [(ring, position, bytes)]
     checked_steps: int = 0
 
 
@@ -166,21 +166,24 @@ def _world(scenario: Scenario) -> World:
         # atomic steps, both paths.
         def subscribe(region):
             for session in ("first", "second") if scenario.rejoin else ("only",):
+                # Each subscription receives a message at most once: joined
+                # again (maybe on another ring), it may receive one it had.
+                received = world.received[name if session != "second" else f"{name} (joined again)"]
                 with Subscriber(region) as receiver:
                     while True:
                         if session == "first":
                             view = receiver.try_receive_view()
-                            received = view is not None
-                            if received:
+                            got = view is not None
+                            if got:
                                 with view:
-                                    world.received[name].append((receiver._ring.index, view.ring_pos, bytes(view)))
+                                    received.append((receiver._ring.index, view.ring_pos, bytes(view)))
                                 break  # leave after one message, then join again
                         else:
                             data = receiver.try_receive()
-                            received = data is not None
-                            if received:
-                                world.received[name].append((receiver._ring.index, receiver._read_pos - 1, data))
-                        if not received and publishers_done():
+                            got = data is not None
+                            if got:
+                                received.append((receiver._ring.index, receiver._read_pos - 1, data))
+                        if not got and publishers_done():
                             break
         return subscribe
 
@@ -189,6 +192,7 @@ def _world(scenario: Scenario) -> World:
 
     for index in range(scenario.subscribers):
         world.received[f"sub{index}"] = []
+        world.received[f"sub{index} (joined again)"] = []
         world.actors.append(Actor(f"sub{index}", subscriber(f"sub{index}")))
     publishers.extend(Actor(f"pub{index}", publisher(index)) for index in range(scenario.publishers))
     world.actors.extend(publishers)
