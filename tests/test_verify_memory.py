@@ -23,7 +23,7 @@ class Litmus:
         self.memory = WeakMemory(["a", "b", "c"], self._choose)
         self.steps = 0
 
-    def _choose(self, address, ages):
+    def _choose(self, ages):
         self.read_ages.append(ages)
         return ages - 1 if self.pick == "oldest" else 0
 
@@ -118,11 +118,12 @@ def test_seq_cst_acts_as_acq_rel():
     assert litmus.load(1, X) == 1
 
 
-def test_futex_wait_compares_the_newest_store():
+def test_futex_wait_compares_the_newest_store_and_a_wake_touches_no_memory():
     litmus = Litmus()
     litmus.do(0, "store_relaxed_u64", X, 7)
     result, stale = litmus.memory.perform(1, "load_relaxed_u32", litmus.address(X), (), 9, newest=True)
     assert (result, stale) == (7, None) and litmus.read_ages == []
+    assert litmus.memory.perform(0, "futex_wake_all", litmus.address(X), (), 10) == (0, None)  # nobody asleep
 
 
 def test_a_stale_read_names_the_newest_store():

@@ -103,6 +103,7 @@ class Report:
     trace: str | None = None  # the counter-example, numbered
     memory_model: str = "sc"
     stale: int = 0  # stale reads allowed per schedule (ra)
+    budget: int | None = None  # preemptions and stale reads allowed together
     amended: bool = False  # run with mutants.AMENDMENT
 
     def summary(self) -> str:
@@ -111,6 +112,7 @@ class Report:
         extent = "all of them" if self.complete else "not exhaustive"
         found = f"VIOLATION: {self.violation.splitlines()[0]}" if self.violation else "no violation"
         model = "" if self.memory_model == "sc" else f"; memory model ra, at most {self.stale} stale read(s)"
+        model += "" if self.budget is None else f", {self.budget} preemptions and stale reads in all"
         return (f"{what}: {found} ({self.schedules} schedules in {self.seconds:.1f} s, {extent}; "
                 f"{self.scenario.describe()}{model})")
 
@@ -281,7 +283,8 @@ def explore(scenario: Scenario = Scenario(), mutant: str | mutants.Mutant | None
                 if observe:
                     observe(outcome)
                 if outcome.violation:
-                    return _report(scenario, change, schedules, False, began, world, outcome, memory_model, stale, amended)
+                    return _report(scenario, change, schedules, False, began, world, outcome, memory_model, stale, amended,
+                                   budget)
                 spent = _spent(outcome.choices)
                 made = [choice.chosen for choice in outcome.choices]
                 for index in range(len(prefix), len(outcome.choices)):
@@ -297,7 +300,8 @@ def explore(scenario: Scenario = Scenario(), mutant: str | mutants.Mutant | None
                         spent_in_all = used_preemptions + used_stale
                         if used_preemptions <= preemptions and used_stale <= stale and spent_in_all < levels:
                             pending[spent_in_all].append(made[:index] + [alternative])
-    return _report(scenario, change, schedules, not any(pending), began, None, None, memory_model, stale, amended)
+    return _report(scenario, change, schedules, not any(pending), began, None, None, memory_model, stale, amended,
+                   budget)
 
 
 def explore_random(scenario: Scenario = Scenario(), mutant: str | mutants.Mutant | None = None, runs: int = 1000,
@@ -338,9 +342,10 @@ def _resolve(mutant: str | mutants.Mutant | None) -> mutants.Mutant | None:
     return mutant if isinstance(mutant, mutants.Mutant) else mutants.lookup(mutant)
 
 
-def _report(scenario, change, schedules, complete, began, world, outcome, memory_model, stale, amended) -> Report:
+def _report(scenario, change, schedules, complete, began, world, outcome, memory_model, stale, amended,
+            budget=None) -> Report:
     report = Report(scenario, change and change.name, schedules, complete, time.monotonic() - began,
-                    memory_model=memory_model, stale=stale, amended=amended)
+                    memory_model=memory_model, stale=stale, budget=budget, amended=amended)
     if outcome is not None:
         report.violation = outcome.violation
         report.trace = format_trace(world, outcome)

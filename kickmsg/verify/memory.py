@@ -113,9 +113,8 @@ def _join(clock: list[int], other: list[int] | None) -> None:
 class WeakMemory:
     """The release/acquire/relaxed model (see the module's docstring).
 
-    ``choose_read(address, ages)`` picks the store a load of ``address``
-    reads among the ``ages`` it may read (0: the newest); it is only asked
-    when there is a choice.
+    ``choose_read(ages)`` picks the store a load reads among the ``ages`` it
+    may read (0: the newest); it is only asked when there is a choice.
     """
 
     def __init__(self, actors: list[str], choose_read):
@@ -129,12 +128,14 @@ class WeakMemory:
     def perform(self, actor: int, name: str, address: int, operands: tuple, step: int, newest: bool = False):
         """Run operation ``name`` for ``actor``: (result, stale), where stale
         is (value, step) of the newest store when the load read an older one."""
+        if name not in OPERATIONS:  # futex_wake_all: reads and writes no memory
+            return HARDWARE_OPERATIONS[name](address, *operands), None
         operation = OPERATIONS[name]
         clock = self.clocks[actor]
         clock[actor] += 1
         stores = self._stores(address, operation.width)
         if operation.kind == "load":
-            return self._load(actor, clock, address, stores, operation, newest)
+            return self._load(actor, clock, stores, operation, newest)
         if operation.kind == "store":
             HARDWARE_OPERATIONS[name](address, *operands)
             self._append(stores, operands[0], actor, clock, step, operation.order in RELEASING, None)
@@ -156,13 +157,13 @@ class WeakMemory:
             return True
         return any(tick <= clock[reader] for reader, tick in store.loaded.items())
 
-    def _load(self, actor: int, clock: list[int], address: int, stores: list[Store], operation: Operation, newest: bool):
+    def _load(self, actor: int, clock: list[int], stores: list[Store], operation: Operation, newest: bool):
         # Coherence: nothing older than the newest store the actor knows of.
         oldest = len(stores) - 1
         while oldest > 0 and not self._known(stores[oldest], clock):
             oldest -= 1
         ages = len(stores) - oldest
-        age = 0 if newest or ages == 1 else self.choose_read(address, ages)
+        age = 0 if newest or ages == 1 else self.choose_read(ages)
         store = stores[-1 - age]
         store.loaded.setdefault(actor, clock[actor])
         if operation.order in ACQUIRING:

@@ -84,7 +84,6 @@ class Choice:
     default: str | int  # chosen without a reason to differ: the actor that ran last, the newest store
     previous: str | None = None  # a turn: the actor that ran last
     step: int = 0  # index in the steps of the turn's first step, or of the load
-    address: int | None = None  # a read: the word it loads
     chosen: str | int | None = None
 
     @property
@@ -237,9 +236,9 @@ class Execution:
         stack, line = _package_stack()
         self.outcome.steps.append(Step(actor.name, stack, f"{kind}_payload", address, (length,), None, None, line))
 
-    def _choose_read(self, address: int, ages: int) -> int:
-        """Which store a load of ``address`` reads, among ``ages`` (0: the newest)."""
-        choice = Choice("read", list(range(ages)), 0, step=len(self.outcome.steps), address=address)
+    def _choose_read(self, ages: int) -> int:
+        """Which store a load reads, among ``ages`` (0: the newest)."""
+        choice = Choice("read", list(range(ages)), 0, step=len(self.outcome.steps))
         choice.chosen = self.choose(len(self.outcome.choices), choice)
         self.outcome.choices.append(choice)
         return choice.chosen
