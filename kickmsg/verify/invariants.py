@@ -14,7 +14,12 @@ subscribers hold on each slot, and what was committed at each ring position.
    at least the Live entries naming it, or referenced by exactly as many
    committed entries of Live rings and pins as its refcount says.
 3. Every message a subscriber received is one committed at that ring
-   position, and none came twice or out of one publisher's order.
+   position, and none came twice or out of one publisher's order. No
+   message is required to arrive: besides the losses a subscriber counts,
+   the spec lets a publisher's relaxed pre-check skip a ring that has just
+   gone Live ("a newly joined subscriber may miss a small number of
+   in-flight publishes"), which the weak model does with a stale read of
+   ``state_flight``. That is tolerated by design, not a violation.
 4. At the end, with every actor done, every ring is Free with nobody in
    flight, and the pool is whole: every slot on the free stack, refcount 0.
 
