@@ -7,6 +7,7 @@ spec's own orders let a seqlock re-check read a stale sequence (the
 README's finding), the amended orders pass the bounded run; weak
 behaviours the spec accepts are not violations.
 """
+import json
 import re
 import subprocess
 import sys
@@ -149,6 +150,8 @@ def test_the_orders_table_of_the_free_stack_push(monkeypatch):
     rows = orders.check_orders(preemptions=0, stale=2, budget=2)
     assert [(row.site.operation, row.weakened) for row in rows] == [
         ("load_relaxed_u64", None), ("store_relaxed_u32", None), ("cas_release_u64", "relaxed")]
+    assert [row.result for row in rows] == ["-", "-", "counter-example"]  # push must release the slot
+    assert rows[2].report.violation.startswith("data race on slot")
     table = orders.format_table(rows).splitlines()
     assert table[0].split()[:3] == ["site", "function", "operation"]
     assert len(table) == 4 and table[3].startswith("kickmsg/treiber.py:")
@@ -178,8 +181,6 @@ def test_cli_ra_prints_the_finding_and_passes_amended():
 def test_cli_memory_order_mutant_is_explored_under_ra():
     result = run_verify("--mutant", "payload-after-commit", "--preemptions", "0", "--json")
     assert result.returncode == 1, result.stderr
-    import json
-
     data = json.loads(result.stdout)
     assert data["memory_model"] == "ra" and data["violation"].startswith("data race on slot")
 
