@@ -6,7 +6,13 @@
  * call, so a thread blocked in km_futex_wait never holds it.
  *
  * CAS functions are strong and return the value they found: the exchange
- * happened exactly when that value equals `expected`.
+ * happened exactly when that value equals `expected`. A failed CAS reads
+ * with the success order minus its release part (acq_rel fails acquire,
+ * release fails relaxed, seq_cst fails seq_cst).
+ *
+ * Every read-modify-write exists in each order a flow or a mutant needs, so
+ * that any order can be weakened one step by editing one call (`kickmsg
+ * verify --orders`).
  */
 #include <errno.h>
 #include <linux/futex.h>
@@ -47,12 +53,19 @@
     KM_STORE(T, SUFFIX, relaxed, __ATOMIC_RELAXED)                             \
     KM_STORE(T, SUFFIX, release, __ATOMIC_RELEASE)                             \
     KM_STORE(T, SUFFIX, seq_cst, __ATOMIC_SEQ_CST)                             \
-    KM_CAS(T, SUFFIX, acq_rel, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)             \
+    KM_CAS(T, SUFFIX, relaxed, __ATOMIC_RELAXED, __ATOMIC_RELAXED)             \
+    KM_CAS(T, SUFFIX, acquire, __ATOMIC_ACQUIRE, __ATOMIC_ACQUIRE)             \
     KM_CAS(T, SUFFIX, release, __ATOMIC_RELEASE, __ATOMIC_RELAXED)             \
+    KM_CAS(T, SUFFIX, acq_rel, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)             \
     KM_CAS(T, SUFFIX, seq_cst, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)             \
+    KM_FETCH(T, SUFFIX, add, relaxed, __ATOMIC_RELAXED)                        \
+    KM_FETCH(T, SUFFIX, add, acquire, __ATOMIC_ACQUIRE)                        \
+    KM_FETCH(T, SUFFIX, add, release, __ATOMIC_RELEASE)                        \
     KM_FETCH(T, SUFFIX, add, acq_rel, __ATOMIC_ACQ_REL)                        \
-    KM_FETCH(T, SUFFIX, sub, acq_rel, __ATOMIC_ACQ_REL)                        \
-    KM_FETCH(T, SUFFIX, sub, release, __ATOMIC_RELEASE)
+    KM_FETCH(T, SUFFIX, sub, relaxed, __ATOMIC_RELAXED)                        \
+    KM_FETCH(T, SUFFIX, sub, acquire, __ATOMIC_ACQUIRE)                        \
+    KM_FETCH(T, SUFFIX, sub, release, __ATOMIC_RELEASE)                        \
+    KM_FETCH(T, SUFFIX, sub, acq_rel, __ATOMIC_ACQ_REL)
 
 KM_ALL_OPS(uint32_t, u32)
 KM_ALL_OPS(uint64_t, u64)

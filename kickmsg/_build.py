@@ -16,12 +16,19 @@ ATOMIC_DECLARATIONS = """
     void km_store_relaxed_SUFFIX(uintptr_t addr, T value);
     void km_store_release_SUFFIX(uintptr_t addr, T value);
     void km_store_seq_cst_SUFFIX(uintptr_t addr, T value);
-    T km_cas_acq_rel_SUFFIX(uintptr_t addr, T expected, T desired);
+    T km_cas_relaxed_SUFFIX(uintptr_t addr, T expected, T desired);
+    T km_cas_acquire_SUFFIX(uintptr_t addr, T expected, T desired);
     T km_cas_release_SUFFIX(uintptr_t addr, T expected, T desired);
+    T km_cas_acq_rel_SUFFIX(uintptr_t addr, T expected, T desired);
     T km_cas_seq_cst_SUFFIX(uintptr_t addr, T expected, T desired);
+    T km_fetch_add_relaxed_SUFFIX(uintptr_t addr, T operand);
+    T km_fetch_add_acquire_SUFFIX(uintptr_t addr, T operand);
+    T km_fetch_add_release_SUFFIX(uintptr_t addr, T operand);
     T km_fetch_add_acq_rel_SUFFIX(uintptr_t addr, T operand);
-    T km_fetch_sub_acq_rel_SUFFIX(uintptr_t addr, T operand);
+    T km_fetch_sub_relaxed_SUFFIX(uintptr_t addr, T operand);
+    T km_fetch_sub_acquire_SUFFIX(uintptr_t addr, T operand);
     T km_fetch_sub_release_SUFFIX(uintptr_t addr, T operand);
+    T km_fetch_sub_acq_rel_SUFFIX(uintptr_t addr, T operand);
 """
 
 FUTEX_DECLARATIONS = """

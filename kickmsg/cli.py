@@ -1111,24 +1111,47 @@ def cmd_verify(args) -> int:
 
     from kickmsg import verify
 
-    for option in ("preemptions", "max_schedules", "runs"):
-        if getattr(args, option) < 0:
+    for option in ("preemptions", "max_schedules", "runs", "stale", "budget"):
+        if (getattr(args, option) or 0) < 0:
             raise CommandError(f"--{option.replace('_', '-')} must be 0 or more, not {getattr(args, option)}")
+    preemptions = args.preemptions if args.preemptions is not None else (1 if args.orders else 2)
+    mutant = verify.MUTANTS.get(args.mutant)
+    model = args.memory_model or ("ra" if args.orders else mutant.model if mutant else "sc")  # memory orders: ra
+    if args.orders and model != "ra":
+        raise CommandError("--orders explores under --memory-model ra")
+    if model == "sc" and (args.stale or args.amended):
+        raise CommandError("--stale and --amended need --memory-model ra")
+    stale = args.stale if args.stale is not None else (2 if model == "ra" else 0)
+    budget = args.budget if args.budget is not None else (2 if model == "ra" else None)
+    if args.orders:
+        from kickmsg.verify import orders
+
+        began = time.monotonic()
+        table = orders.check_orders(preemptions, stale, budget, progress=lambda row: print(
+            f"{row.site.path}:{row.site.line} {row.site.operation} -> {row.weakened}: {row.result}", file=sys.stderr))
+        bounds = f"at most {preemptions} preemption(s), {stale} stale read(s), {budget} in all"
+        emit(args, {"bounds": bounds, "seconds": round(time.monotonic() - began), "rows": [r.to_dict() for r in table]},
+             f"{orders.format_table(table)}\n{len(table)} rows in {time.monotonic() - began:.0f} s "
+             f"(amended flows under ra, {bounds})")
+        return EXIT_OK
     scenario = verify.MUTANT_SCENARIOS.get(args.mutant, verify.Scenario())
     changes = {field: getattr(args, field) for field in ("publishers", "messages", "subscribers", "capacity", "pool")}
     changes["repairer"] = True if args.repair_pass else None
     scenario = dataclasses.replace(scenario, **{k: v for k, v in changes.items() if v is not None})
     try:
         if args.seed is not None:
-            report = verify.explore_random(scenario, args.mutant, runs=args.runs, seed=args.seed)
+            report = verify.explore_random(scenario, args.mutant, runs=args.runs, seed=args.seed, memory_model=model,
+                                           stale=stale, amended=args.amended)
         else:
-            report = verify.explore(scenario, args.mutant, args.preemptions, max_schedules=args.max_schedules)
+            report = verify.explore(scenario, args.mutant, preemptions, max_schedules=args.max_schedules,
+                                    memory_model=model, stale=stale, budget=budget, amended=args.amended)
     except ValueError as error:  # the region cannot be laid out (actors' errors are violations)
         raise CommandError(f"bad scenario: {error}") from None
     data = {
         "mutant": report.mutant, "scenario": dataclasses.asdict(scenario), "schedules": report.schedules,
         "exhaustive": report.complete, "seconds": round(report.seconds, 3), "violation": report.violation,
-        "trace": report.trace,
+        "trace": report.trace, "memory_model": model, "preemptions": preemptions, "stale": stale,
+        "budget": budget, "amended": args.amended,
     }
     text = report.summary() if report.trace is None else f"{report.trace}\n{report.summary()}"
     emit(args, data, text)
@@ -1353,13 +1376,29 @@ def build_parser() -> argparse.ArgumentParser:
                   "  kickmsg verify --mutant release-before-lock     # break a rule of the spec: a trace is printed\n"
                   "  kickmsg verify --seed 7 --runs 5000             # seeded random schedules instead\n"
                   "  kickmsg verify --publishers 3 --capacity 4 --preemptions 1\n"
-                  "  kickmsg verify --repair-pass --preemptions 1        # a repair pass racing live traffic",
+                  "  kickmsg verify --repair-pass --preemptions 1        # a repair pass racing live traffic\n"
+                  "  kickmsg verify --memory-model ra                # C11 release/acquire: <= 2 preemptions + stale reads\n"
+                  "  kickmsg verify --memory-model ra --amended      # with the stronger orders the weak model asks for\n"
+                  "  kickmsg verify --mutant commit-relaxed          # a memory-order mutant (explored under ra)\n"
+                  "  kickmsg verify --orders                         # weaken each order one step: which are needed?",
                   channel=False)
     from kickmsg.verify.mutants import MUTANTS
 
     sub.add_argument("--mutant", choices=sorted(MUTANTS), help="break one rule of the spec (default: none)")
-    sub.add_argument("--preemptions", type=int, default=2, metavar="K",
-                     help="explore every schedule with at most K preemptions (default 2)")
+    sub.add_argument("--preemptions", type=int, metavar="K",
+                     help="explore every schedule with at most K preemptions (default 2; 1 with --orders)")
+    sub.add_argument("--memory-model", choices=("sc", "ra"),
+                     help="sc: sequential consistency; ra: the C11 release/acquire/relaxed model, with data races "
+                          "on payloads (default: sc, or ra for a memory-order mutant)")
+    sub.add_argument("--stale", type=int, metavar="W",
+                     help="under ra, at most W loads per schedule read an older store than the newest (default 2)")
+    sub.add_argument("--budget", type=int, metavar="B",
+                     help="at most B preemptions and stale reads together (default: 2 under ra, no limit under sc)")
+    sub.add_argument("--amended", action="store_true",
+                     help="under ra, run the flows with the stronger orders the weak model asks for (see README)")
+    sub.add_argument("--orders", action="store_true",
+                     help="weaken every memory order of the flows one step in turn and explore under ra (amended "
+                          "flows, at most 1 preemption); print which orders a counter-example shows necessary")
     sub.add_argument("--max-schedules", type=int, default=1_000_000, metavar="N",
                      help="stop an exhaustive exploration after N schedules (default 1000000)")
     sub.add_argument("--seed", type=int, help="run seeded random schedules instead of the exhaustive exploration")

@@ -29,7 +29,7 @@ def test_loads_and_stores_keep_the_width(words, width, limit):
 
 
 @pytest.mark.parametrize("width", ["u32", "u64"])
-@pytest.mark.parametrize("order", ["acq_rel", "release", "seq_cst"])
+@pytest.mark.parametrize("order", ["relaxed", "acquire", "release", "acq_rel", "seq_cst"])
 def test_cas_returns_the_value_found(words, width, order):
     _, address = words
     cas = getattr(ops, f"cas_{order}_{width}")
@@ -40,13 +40,14 @@ def test_cas_returns_the_value_found(words, width, order):
 
 
 @pytest.mark.parametrize("width, limit", [("u32", U32), ("u64", U64)])
-def test_fetch_add_and_sub_wrap_like_unsigned(words, width, limit):
+@pytest.mark.parametrize("order", ["relaxed", "acquire", "release", "acq_rel"])
+def test_fetch_add_and_sub_wrap_like_unsigned(words, width, limit, order):
     _, address = words
     getattr(ops, f"store_relaxed_{width}")(address, limit)
-    assert getattr(ops, f"fetch_add_acq_rel_{width}")(address, 1) == limit
+    assert getattr(ops, f"fetch_add_{order}_{width}")(address, 1) == limit
     assert getattr(ops, f"load_relaxed_{width}")(address) == 0
-    assert getattr(ops, f"fetch_sub_acq_rel_{width}")(address, 1) == 0
-    assert getattr(ops, f"fetch_sub_release_{width}")(address, 4) == limit
+    assert getattr(ops, f"fetch_sub_{order}_{width}")(address, 1) == 0
+    assert getattr(ops, f"fetch_sub_{order}_{width}")(address, 4) == limit
     assert getattr(ops, f"load_relaxed_{width}")(address) == limit - 4
 
 

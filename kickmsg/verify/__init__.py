@@ -14,6 +14,12 @@ between any two steps and at the end (``kickmsg.verify.invariants``).
   schedules, with few switches each.
 - ``mutant=`` runs the same with one of the spec's rules broken
   (``kickmsg.verify.mutants``); the exploration should then find a violation.
+- ``memory_model="ra"`` runs them under the C/C++ release/acquire/relaxed
+  model (``kickmsg.verify.memory``) instead of sequential consistency: a load
+  may also read an older store, at most ``stale`` times per schedule, and
+  every access to a payload is checked for data races. ``amended=True``
+  runs the flows with the stronger orders that model asks for
+  (``mutants.AMENDMENT``).
 
 A violation comes with its counter-example: the numbered steps of each actor,
 which function of the package was at work, and where preemptions happened.
@@ -30,7 +36,8 @@ from kickmsg.publisher import Publisher
 from kickmsg.subscriber import Subscriber
 from kickmsg.verify import invariants, mutants
 from kickmsg.verify.mutants import MUTANTS
-from kickmsg.verify.scheduler import Actor, Execution, Outcome, ScheduledAtomics
+from kickmsg.verify.memory import PayloadBuffer
+from kickmsg.verify.scheduler import Actor, Choice, Execution, Outcome, ScheduledAtomics
 
 __all__ = ["MUTANTS", "MUTANT_SCENARIOS", "Report", "Scenario", "explore", "explore_random"]
 
@@ -41,11 +48,11 @@ class Scenario:
 
     publishers: int = 2
     messages: int = 2  # each publisher's
-    subscribers: int = 1  # each joins, reads one message, leaves, joins again, reads on
+    subscribers: int = 1  # each joins, reads one message (a view), leaves, joins again, reads on (copies)
     rings: int = 0  # max_subscribers (0: one per subscriber)
     capacity: int = 2
     pool: int = 4
-    payload: int = 8
+    payload: int = max(invariants.MESSAGE_SIZES)
     rejoin: bool = True  # subscribers leave after their first message and join again
     repairer: bool = False  # an actor that runs repair_locked_entries() once, concurrently
 
@@ -68,13 +75,18 @@ class Scenario:
 
 
 # The small configuration in which the explorer finds each mutant (the
-# unmutated code passes all of them). A reference counted ring by ring
-# differs from a pre-set one only with two rings or more.
+# unmutated code passes all of them under sequential consistency). A
+# reference counted ring by ring differs from a pre-set one only with two
+# rings or more.
 MUTANT_SCENARIOS = {
     "write-pos-after-live": Scenario(),
     "release-before-lock": Scenario(),
     "refcount-per-ring": Scenario(subscribers=2),
     "no-seqlock-recheck": Scenario(),
+    "commit-relaxed": Scenario(),
+    "seq-load-relaxed": Scenario(),
+    "inflight-release-relaxed": Scenario(),
+    "payload-after-commit": Scenario(),
 }
 
 
@@ -89,12 +101,20 @@ class Report:
     seconds: float
     violation: str | None = None
     trace: str | None = None  # the counter-example, numbered
+    memory_model: str = "sc"
+    stale: int = 0  # stale reads allowed per schedule (ra)
+    budget: int | None = None  # preemptions and stale reads allowed together
+    amended: bool = False  # run with mutants.AMENDMENT
 
     def summary(self) -> str:
-        what = f"mutant {self.mutant}" if self.mutant else "the unmutated code"
+        code = "the amended code" if self.amended else "the unmutated code"
+        what = (f"mutant {self.mutant}" + (" of the amended code" if self.amended else "")) if self.mutant else code
         extent = "all of them" if self.complete else "not exhaustive"
         found = f"VIOLATION: {self.violation.splitlines()[0]}" if self.violation else "no violation"
-        return f"{what}: {found} ({self.schedules} schedules in {self.seconds:.1f} s, {extent}; {self.scenario.describe()})"
+        model = "" if self.memory_model == "sc" else f"; memory model ra, at most {self.stale} stale read(s)"
+        model += "" if self.budget is None else f", {self.budget} preemptions and stale reads in all"
+        return (f"{what}: {found} ({self.schedules} schedules in {self.seconds:.1f} s, {extent}; "
+                f"{self.scenario.describe()}{model})")
 
 
 @dataclass
@@ -104,7 +124,7 @@ class World:
     region: object
     actors: list[Actor]
     ledger: invariants.Ledger
-    received: dict[str, list] = field(default_factory=dict)  # subscriber -> [(ring, position, bytes)]
+    received: dict[str, list] = field(default_factory=dict)  # subscription -> [(ring, position, bytes)]
     checked_steps: int = 0
 
 
@@ -124,27 +144,48 @@ def _world(scenario: Scenario) -> World:
         return all(actor.state == "done" for actor in publishers)
 
     def publisher(index: int):
+        # Even publishers copy their messages in (send), odd ones fill a slot
+        # in place (allocate, publish): the same atomic steps, both paths.
         def publish(region):
             sender = Publisher(region)
             for sequence in range(scenario.messages):
-                try:
-                    sender.send(invariants.message(index, sequence, scenario.payload))
-                except BlockingIOError:
-                    pass  # the pool was dry: this message is not published
+                data = invariants.message(index, sequence)
+                if index % 2 == 0:
+                    try:
+                        sender.send(data)
+                    except BlockingIOError:
+                        pass  # the pool was dry: this message is not published
+                else:
+                    slot = sender.allocate(len(data))
+                    if slot is not None:  # else the pool was dry
+                        with memoryview(slot) as buffer:
+                            buffer[:] = data
+                        slot.publish()
         return publish
 
     def subscriber(name: str):
+        # The first session receives a view, the others copies: the same
+        # atomic steps, both paths.
         def subscribe(region):
             for session in ("first", "second") if scenario.rejoin else ("only",):
+                # Each subscription receives a message at most once: joined
+                # again (maybe on another ring), it may receive one it had.
+                received = world.received[name if session != "second" else f"{name} (joined again)"]
                 with Subscriber(region) as receiver:
                     while True:
-                        view = receiver.try_receive_view()
-                        if view is not None:
-                            with view:
-                                world.received[name].append((receiver._ring.index, view.ring_pos, bytes(view)))
-                            if session == "first":
+                        if session == "first":
+                            view = receiver.try_receive_view()
+                            got = view is not None
+                            if got:
+                                with view:
+                                    received.append((receiver._ring.index, view.ring_pos, bytes(view)))
                                 break  # leave after one message, then join again
-                        elif publishers_done():
+                        else:
+                            data = receiver.try_receive()
+                            got = data is not None
+                            if got:
+                                received.append((receiver._ring.index, receiver._read_pos - 1, data))
+                        if not got and publishers_done():
                             break
         return subscribe
 
@@ -153,6 +194,7 @@ def _world(scenario: Scenario) -> World:
 
     for index in range(scenario.subscribers):
         world.received[f"sub{index}"] = []
+        world.received[f"sub{index} (joined again)"] = []
         world.actors.append(Actor(f"sub{index}", subscriber(f"sub{index}")))
     publishers.extend(Actor(f"pub{index}", publisher(index)) for index in range(scenario.publishers))
     world.actors.extend(publishers)
@@ -170,94 +212,140 @@ def _check(world: World, scenario: Scenario):
             if actor.state == "done":
                 world.ledger.finished(actor.name)
         found = invariants.memory_violation(world.region, world.ledger) or invariants.delivery_violation(
-            world.received, world.ledger.committed, scenario.payload)
+            world.received, world.ledger.committed)
         if found is None and all(actor.state == "done" for actor in world.actors):
             found = invariants.end_violation(world.region)
         return found
     return check
 
 
-def run_schedule(scenario: Scenario, choose) -> tuple[World, Outcome]:
-    """Run every actor once, under the schedule ``choose`` makes."""
+def run_schedule(scenario: Scenario, choose, memory_model: str = "sc") -> tuple[World, Outcome]:
+    """Run every actor once, under the choices ``choose`` makes."""
     world = _world(scenario)
-    execution = Execution(world.region, world.actors, choose, _check(world, scenario))
-    world.region.atomics = ScheduledAtomics(execution)
+    region = world.region
+    execution = Execution(region, world.actors, choose, _check(world, scenario), memory_model)
+    region.atomics = ScheduledAtomics(execution)
+    plain_bytes = region.mapping.buffer
+    if memory_model == "ra":
+        region.mapping.buffer = PayloadBuffer(region, execution)
     try:
         return world, execution.run()
     finally:
-        world.region.atomics = HARDWARE  # for finalizers that run later, outside any schedule
+        region.atomics = HARDWARE  # for finalizers that run later, outside any schedule
+        region.mapping.buffer = plain_bytes
 
 
-def _follow(prefix: list[str]):
-    """A chooser that replays ``prefix``, then keeps the running actor."""
-    def choose(index: int, ready: list[Actor], previous: Actor | None) -> Actor:
-        if index < len(prefix):
-            return next(actor for actor in ready if actor.name == prefix[index])
-        return previous if previous in ready else ready[0]
+def _follow(prefix: list):
+    """A chooser that replays ``prefix``, then makes the default choices:
+    the running actor goes on, a load reads the newest store."""
+    def choose(index: int, choice: Choice):
+        return prefix[index] if index < len(prefix) else choice.default
     return choose
 
 
-def _preemptions(decisions) -> list[int]:
-    """Preemptions used before each decision."""
-    used, counts = 0, []
-    for chosen, ready, previous in decisions:
-        counts.append(used)
-        used += previous in ready and chosen != previous
-    return counts
+def _spent(choices: list[Choice]) -> list[tuple[int, int]]:
+    """(preemptions, stale reads) made before each choice."""
+    preemptions = stale = 0
+    spent = []
+    for choice in choices:
+        spent.append((preemptions, stale))
+        preemptions += choice.preempts
+        stale += choice.stale
+    return spent
 
 
-def explore(scenario: Scenario = Scenario(), mutant: str | None = None, preemptions: int = 2,
-            max_schedules: int = 1_000_000) -> Report:
-    """Every schedule with at most ``preemptions`` preemptions: all those
-    with none first, then with one, ... (iterative context bounding), each
-    level breadth first. The first violation found is thus one with the
-    fewest preemptions."""
+def explore(scenario: Scenario = Scenario(), mutant: str | mutants.Mutant | None = None, preemptions: int = 2,
+            max_schedules: int = 1_000_000, memory_model: str = "sc", stale: int = 0, budget: int | None = None,
+            amended: bool = False, observe=None) -> Report:
+    """Every schedule with at most ``preemptions`` preemptions, (under the
+    ra model) at most ``stale`` loads reading an older store than the
+    newest, and at most ``budget`` of both together (None: no more bound):
+    those with no such choice first, then with one, ... (iterative context
+    bounding, a stale read counting as a preemption does), each level
+    breadth first. The first violation found is thus one with the fewest
+    unusual choices. With ``stale=0`` the schedules are exactly those of
+    sequential consistency. ``observe(outcome)``, if given, sees every
+    execution."""
+    if stale and memory_model != "ra":
+        raise ValueError("stale reads need the ra memory model")
     began = time.monotonic()
-    pending = [collections.deque() for _ in range(preemptions + 1)]  # schedule prefixes still to run, by preemptions used
+    levels = preemptions + stale + 1 if budget is None else min(preemptions + stale, budget) + 1
+    pending = [collections.deque() for _ in range(levels)]  # prefixes still to run, by choices spent
     pending[0].append([])
     schedules = 0
-    with mutants.installed(mutant):
+    change = _resolve(mutant)
+    with mutants.installed(mutants.AMENDMENT if amended else None, change):
         for level in pending:
             while level and schedules < max_schedules:
                 prefix = level.popleft()
-                world, outcome = run_schedule(scenario, _follow(prefix))
+                world, outcome = run_schedule(scenario, _follow(prefix), memory_model)
                 schedules += 1
+                if observe:
+                    observe(outcome)
                 if outcome.violation:
-                    return _report(scenario, mutant, schedules, False, began, world, outcome)
-                used = _preemptions(outcome.decisions)
-                names = [chosen for chosen, _, _ in outcome.decisions]
-                for index in range(len(prefix), len(outcome.decisions)):
-                    chosen, ready, previous = outcome.decisions[index]
-                    for alternative in ready:
-                        cost = used[index] + (previous in ready and alternative != previous)
-                        if alternative != chosen and cost <= preemptions:
-                            pending[cost].append(names[:index] + [alternative])
-    return _report(scenario, mutant, schedules, not any(pending), began, None, None)
+                    return _report(scenario, change, schedules, False, began, world, outcome, memory_model, stale, amended,
+                                   budget)
+                spent = _spent(outcome.choices)
+                made = [choice.chosen for choice in outcome.choices]
+                for index in range(len(prefix), len(outcome.choices)):
+                    choice = outcome.choices[index]
+                    for alternative in choice.options:
+                        if alternative == choice.chosen:
+                            continue
+                        used_preemptions, used_stale = spent[index]
+                        if choice.kind == "turn":
+                            used_preemptions += choice.previous in choice.options and alternative != choice.previous
+                        else:
+                            used_stale += 1
+                        spent_in_all = used_preemptions + used_stale
+                        if used_preemptions <= preemptions and used_stale <= stale and spent_in_all < levels:
+                            pending[spent_in_all].append(made[:index] + [alternative])
+    return _report(scenario, change, schedules, not any(pending), began, None, None, memory_model, stale, amended,
+                   budget)
 
 
-def explore_random(scenario: Scenario = Scenario(), mutant: str | None = None, runs: int = 1000,
-                   seed: int = 0, switch: float = 0.05) -> Report:
+def explore_random(scenario: Scenario = Scenario(), mutant: str | mutants.Mutant | None = None, runs: int = 1000,
+                   seed: int = 0, switch: float = 0.05, memory_model: str = "sc", stale: int = 0,
+                   amended: bool = False) -> Report:
     """``runs`` seeded random schedules: at each step the running actor goes
     on, except with probability ``switch`` (or when it cannot), when a ready
-    actor is picked uniformly. Few switches per run, like the bugs found."""
+    actor is picked uniformly. Few switches per run, like the bugs found.
+    Under the ra model a load reads an older store with probability
+    ``switch`` too, at most ``stale`` times per run."""
+    if stale and memory_model != "ra":
+        raise ValueError("stale reads need the ra memory model")
     began = time.monotonic()
-    with mutants.installed(mutant):
+    change = _resolve(mutant)
+    with mutants.installed(mutants.AMENDMENT if amended else None, change):
         for run in range(runs):
             rng = random.Random(f"{seed}-{run}")
+            stale_reads = []
 
-            def choose(index: int, ready: list[Actor], previous: Actor | None) -> Actor:
-                if previous in ready and rng.random() >= switch:
-                    return previous
-                return rng.choice(ready)
+            def choose(index: int, choice: Choice):
+                if choice.kind == "turn":
+                    if choice.previous in choice.options and rng.random() >= switch:
+                        return choice.previous
+                    return rng.choice(choice.options)
+                if len(stale_reads) < stale and rng.random() < switch:
+                    stale_reads.append(index)
+                    return rng.choice(choice.options[1:])
+                return 0
 
-            world, outcome = run_schedule(scenario, choose)
+            world, outcome = run_schedule(scenario, choose, memory_model)
             if outcome.violation:
-                return _report(scenario, mutant, run + 1, False, began, world, outcome)
-    return _report(scenario, mutant, runs, False, began, None, None)
+                return _report(scenario, change, run + 1, False, began, world, outcome, memory_model, stale, amended)
+    return _report(scenario, change, runs, False, began, None, None, memory_model, stale, amended)
 
 
-def _report(scenario, mutant, schedules, complete, began, world, outcome) -> Report:
-    report = Report(scenario, mutant, schedules, complete, time.monotonic() - began)
+def _resolve(mutant: str | mutants.Mutant | None) -> mutants.Mutant | None:
+    """A mutant given by name (in ``MUTANTS``) or built by the caller."""
+    return mutant if isinstance(mutant, mutants.Mutant) else mutants.lookup(mutant)
+
+
+def _report(scenario, change, schedules, complete, began, world, outcome, memory_model, stale, amended,
+            budget=None) -> Report:
+    report = Report(scenario, change and change.name, schedules, complete, time.monotonic() - began,
+                    memory_model=memory_model, stale=stale, budget=budget, amended=amended)
     if outcome is not None:
         report.violation = outcome.violation
         report.trace = format_trace(world, outcome)
@@ -293,19 +381,25 @@ def format_step(region, number: int, step, preempted: str | None) -> str:
     place = describe_address(region, step.address)
     if step.operation.startswith("fetch_"):
         operands = ", ".join(str(operand) for operand in step.operands)  # an amount, not a value of the word
+    elif step.operation.endswith("_payload"):
+        operands = f"{step.operands[0]} bytes"  # plain memory, not an atomic word
     else:
         operands = ", ".join(describe_value(place, operand) for operand in step.operands)
     call = f"{step.operation}({place}{', ' + operands if operands else ''})"
     line = f"{number:>4}. {step.actor:<6} {step.where:<28} {call:<62} -> {describe_value(place, step.result)}"
+    if step.stale:
+        value, stored_at = step.stale
+        origin = "the initial value" if stored_at is None else f"stored at step {stored_at + 1}"
+        line += f"   STALE: the newest is {describe_value(place, value)}, {origin}"
     return line + (f"   << preempts {preempted}" if preempted else "")
 
 
 def format_trace(world: World, outcome: Outcome) -> str:
-    """Every step, numbered, with the preemptions marked."""
+    """Every step, numbered, with the preemptions and stale reads marked."""
     preempting = {}  # step index -> the actor it preempted
-    for (chosen, ready, previous), start in zip(outcome.decisions, outcome.turn_starts):
-        if previous in ready and chosen != previous and start < len(outcome.steps):
-            preempting[start] = previous
+    for choice in outcome.choices:
+        if choice.preempts and choice.step < len(outcome.steps):
+            preempting[choice.step] = choice.previous
     lines = [format_step(world.region, index + 1, step, preempting.get(index)) for index, step in enumerate(outcome.steps)]
     lines.append(f"violation: {outcome.violation}")
     return "\n".join(lines)

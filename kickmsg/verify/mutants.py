@@ -1,9 +1,14 @@
 """Mutants: the real flows with one of the spec's load-bearing rules broken.
 
-A mutant is built from the current source of the function it changes,
+A mutant is built from the current source of the functions it changes,
 with a few lines edited, and installed only while an exploration runs; the
 package's own code is untouched. If the original lines are no longer
 there, the mutant refuses to build, so mutants cannot silently go stale.
+
+The first four break rules that show under sequential consistency. The
+others weaken one memory order (or move a write across one): under
+sequential consistency they change nothing, and only the release/acquire
+model (``memory_model="ra"``) catches them.
 """
 import contextlib
 import inspect
@@ -23,13 +28,25 @@ class Edit:
 
 
 @dataclass(frozen=True)
-class Mutant:
-    name: str
-    rule: str  # the rule of the spec that it breaks
-    owner: object  # the class or module holding the function
+class Patch:
+    """Edits of one function: ``owner.attribute``, the owner being the class
+    or module that holds it."""
+
+    owner: object
     attribute: str
     edits: tuple[Edit, ...]
 
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    rule: str  # the rule of the spec that it breaks
+    patches: tuple[Patch, ...]
+    model: str = "sc"  # the memory model that catches it ("ra": only the weak one)
+
+
+COMMIT = "ops.store_release_u64(entry + SEQUENCE_OFFSET, sequence)"
+COMMIT_COMMENT = "# Phase 2: commit with a release store of the real sequence."
 
 MUTANTS = {
     mutant.name: mutant
@@ -37,9 +54,7 @@ MUTANTS = {
         Mutant(
             "write-pos-after-live",
             "the subscriber captures write_pos before it CASes its ring to Live",
-            subscriber,
-            "_join_ring",
-            (
+            (Patch(subscriber, "_join_ring", (
                 Edit(
                     ("start_pos = ops.load_acquire_u64(ring.write_pos)",
                      "if ops.cas_acq_rel_u32(ring.state_flight, RING_FREE, RING_LIVE) == RING_FREE:",
@@ -48,14 +63,12 @@ MUTANTS = {
                      "    start_pos = ops.load_acquire_u64(ring.write_pos)  # MUTANT: captured after going Live",
                      "    return ring, start_pos"),
                 ),
-            ),
+            )),),
         ),
         Mutant(
             "release-before-lock",
             "a publisher releases the evicted slot only after it has locked the entry",
-            publisher.Publisher,
-            "_publish",
-            (
+            (Patch(publisher.Publisher, "_publish", (
                 Edit(
                     ("evicted_slot = _wait_and_capture_slot(ops, entry, previous_sequence, commit_timeout_ns)",),
                     ("evicted_slot = _wait_and_capture_slot(ops, entry, previous_sequence, commit_timeout_ns)",
@@ -63,14 +76,12 @@ MUTANTS = {
                      "    treiber.release_slot(region, evicted_slot)  # MUTANT: released before the lock",
                      "evicted_slot = INVALID_SLOT  # MUTANT: so that it is not released again below"),
                 ),
-            ),
+            )),),
         ),
         Mutant(
             "refcount-per-ring",
             "the refcount is pre-set to max_subs before the first ring is touched",
-            publisher.Publisher,
-            "_publish",
-            (
+            (Patch(publisher.Publisher, "_publish", (
                 Edit(
                     ("ops.store_relaxed_u32(region.slot_addresses[slot] + REFCOUNT_OFFSET, geometry.max_subs)",),
                     ("ops.store_relaxed_u32(region.slot_addresses[slot] + REFCOUNT_OFFSET, 0)  # MUTANT: no pre-set",),
@@ -91,22 +102,103 @@ MUTANTS = {
                      "elif delivered == 0:",
                      "    treiber.push(region, slot)  # MUTANT: a slot no ring counted goes back"),
                 ),
-            ),
+            )),),
         ),
         Mutant(
             "no-seqlock-recheck",
             "a subscriber pins the slot, then re-checks the entry's sequence before reading",
-            subscriber.Subscriber,
-            "_pin_next",
-            (
+            (Patch(subscriber.Subscriber, "_pin_next", (
                 Edit(
                     ("if ops.load_acquire_u64(entry + SEQUENCE_OFFSET) != sequence:",),
                     ("if False:  # MUTANT: the entry is not re-checked after the pin",),
                 ),
+            )),),
+        ),
+        Mutant(
+            "commit-relaxed",
+            "the commit store of the sequence releases the entry's fields and the payload written before it",
+            (Patch(publisher.Publisher, "_publish", (
+                Edit(
+                    (COMMIT_COMMENT, COMMIT),
+                    (COMMIT_COMMENT, "ops.store_relaxed_u64(entry + SEQUENCE_OFFSET, sequence)  # MUTANT: relaxed commit"),
+                ),
+            )),),
+            model="ra",
+        ),
+        Mutant(
+            "seq-load-relaxed",
+            "the subscriber reads the entry's sequence with acquire before it reads the entry's fields",
+            (Patch(subscriber.Subscriber, "_pin_next", (
+                Edit(
+                    ("sequence = ops.load_acquire_u64(entry + SEQUENCE_OFFSET)",),
+                    ("sequence = ops.load_relaxed_u64(entry + SEQUENCE_OFFSET)  # MUTANT: relaxed",),
+                ),
+            )),),
+            model="ra",
+        ),
+        Mutant(
+            "inflight-release-relaxed",
+            "a publisher leaves a ring (in_flight - 1) with release, so that the drain sees what it wrote there",
+            (Patch(publisher.Publisher, "_publish", (
+                Edit(
+                    ("ops.fetch_sub_release_u32(ring.state_flight, IN_FLIGHT_ONE)",),
+                    ("ops.fetch_sub_relaxed_u32(ring.state_flight, IN_FLIGHT_ONE)  # MUTANT: relaxed",),
+                ),
+            )),),
+            model="ra",
+        ),
+        Mutant(
+            "payload-after-commit",
+            "the payload is written before the commit store that publishes it",
+            (
+                Patch(publisher.Publisher, "send", (
+                    Edit(
+                        ("region.mapping.buffer[start : start + size] = payload", "self._publish(slot, size)"),
+                        ("self._publish(slot, size, payload)  # MUTANT: the payload is written after the commit",),
+                    ),
+                )),
+                Patch(publisher.Publisher, "_publish", (
+                    Edit(
+                        ("def _publish(self, slot: int, payload_len: int) -> int:",),
+                        ("def _publish(self, slot: int, payload_len: int, late_payload=None) -> int:  # MUTANT",),
+                    ),
+                    Edit(
+                        (COMMIT_COMMENT, COMMIT),
+                        (COMMIT_COMMENT, COMMIT,
+                         "if late_payload is not None:  # MUTANT: the payload, written after the commit",
+                         "    start = region.payload_offsets[slot]",
+                         "    region.mapping.buffer[start : start + payload_len] = late_payload"),
+                    ),
+                )),
             ),
+            model="ra",
         ),
     )
 }
+
+
+# The orders the weak model asks of the receive flow (README, "What the weak
+# model found"): the entry's fields and the refcount pre-set are published
+# with release and read with acquire, so that a subscriber that pins a slot
+# through a newer writer's store also sees that writer's lock at its
+# seqlock re-check. The package keeps the spec's orders, those of the
+# native library (interop); `kickmsg verify --amended` checks these.
+AMENDMENT = Mutant(
+    "amended",
+    "a subscriber that reads an entry field or a refcount a newer writer stored sees that writer's lock",
+    (
+        Patch(publisher.Publisher, "_publish", tuple(
+            Edit((f"ops.store_relaxed_u32({place}, {value})",), (f"ops.store_release_u32({place}, {value})  # AMENDED",))
+            for place, value in (("region.slot_addresses[slot] + REFCOUNT_OFFSET", "geometry.max_subs"),
+                                 ("entry + SLOT_IDX_OFFSET", "slot"),
+                                 ("entry + PAYLOAD_LEN_OFFSET", "payload_len"))
+        )),
+        Patch(subscriber.Subscriber, "_pin_next", tuple(
+            Edit((f"{name} = ops.load_relaxed_u32(entry + {place})",), (f"{name} = ops.load_acquire_u32(entry + {place})  # AMENDED",))
+            for name, place in (("slot", "SLOT_IDX_OFFSET"), ("length", "PAYLOAD_LEN_OFFSET"))
+        )),
+    ),
+)
 
 
 def _apply(source: str, edit: Edit, mutant: str) -> str:
@@ -120,32 +212,46 @@ def _apply(source: str, edit: Edit, mutant: str) -> str:
     return "\n".join(lines[:start] + [indent + line for line in edit.new] + lines[start + len(edit.old) :])
 
 
-def build(mutant: Mutant):
-    """The mutated function, compiled in the namespace of its module."""
-    original = getattr(mutant.owner, mutant.attribute)
-    source = textwrap.dedent(inspect.getsource(original))
-    for edit in mutant.edits:
-        source = _apply(source, edit, mutant.name)
+def build(patch: Patch, name: str):
+    """The function ``patch`` edits, edited and compiled in the namespace of
+    its module (``name`` labels it in tracebacks and errors), at the lines
+    of the original (exactly so while each edit keeps the number of lines)."""
+    original = getattr(patch.owner, patch.attribute)
+    lines, first_line = inspect.getsourcelines(original)
+    source = textwrap.dedent("".join(lines))
+    for edit in patch.edits:
+        source = _apply(source, edit, name)
     module = inspect.getmodule(original)
     namespace = dict(vars(module))
-    exec(compile(source, f"<mutant {mutant.name} of {module.__name__}>", "exec"), namespace)
+    exec(compile("\n" * (first_line - 1) + source, f"<mutant {name} of {module.__name__}>", "exec"), namespace)
     mutated = namespace[original.__name__]
     mutated.__code__ = mutated.__code__.replace(co_qualname=original.__qualname__)  # named as the original in traces
     return mutated
 
 
-@contextlib.contextmanager
-def installed(name: str | None):
-    """Run the enclosed code with mutant ``name`` in place (None: none)."""
-    if name is None:
-        yield
-        return
-    if name not in MUTANTS:
+def lookup(name: str | None) -> Mutant | None:
+    """The mutant called ``name`` (None: none)."""
+    if name is not None and name not in MUTANTS:
         raise ValueError(f"unknown mutant {name!r}; choose one of {', '.join(MUTANTS)}")
-    mutant = MUTANTS[name]
-    original = vars(mutant.owner)[mutant.attribute]
-    setattr(mutant.owner, mutant.attribute, build(mutant))
+    return MUTANTS.get(name)
+
+
+@contextlib.contextmanager
+def installed(*changes: Mutant | None):
+    """Run the enclosed code with ``changes`` in place (None stands for no
+    change). Edits of one function by several changes apply in turn."""
+    patches = {}  # (owner, attribute) -> edits, in order
+    names = {}
+    for change in changes:
+        for patch in change.patches if change else ():
+            patches.setdefault((patch.owner, patch.attribute), []).extend(patch.edits)
+            names.setdefault((patch.owner, patch.attribute), []).append(change.name)
+    built = {key: build(Patch(*key, tuple(edits)), "+".join(names[key])) for key, edits in patches.items()}
+    originals = {key: vars(key[0])[key[1]] for key in built}
+    for (owner, attribute), function in built.items():
+        setattr(owner, attribute, function)
     try:
         yield
     finally:
-        setattr(mutant.owner, mutant.attribute, original)
+        for (owner, attribute), function in originals.items():
+            setattr(owner, attribute, function)

@@ -15,6 +15,12 @@ of them writes a word it read or finishes. Waiting loops thus neither run
 forever nor cost preemptions. If every actor is set aside (a retry loop can
 look like a wait), all start afresh; a run that never ends is reported as a
 livelock.
+
+What an operation does to memory is the memory model's business
+(``kickmsg.verify.memory``): under sequential consistency the hardware
+operation on the region; under the weak model a load may also read an older
+store. Every decision of an execution is a ``Choice``: which ready actor
+runs next, or which store a load reads when it may read more than one.
 """
 import os
 import sys
@@ -25,6 +31,7 @@ import greenlet
 
 from kickmsg import atomics
 from kickmsg.atomics import Atomics
+from kickmsg.verify.memory import SequentialMemory, WeakMemory
 
 # Every operation of the atomics door, and those that may write memory.
 OPERATIONS = [name for name in vars(Atomics) if not name.startswith("_")]
@@ -45,6 +52,8 @@ class Step:
     address: int
     operands: tuple
     result: int | None
+    stale: tuple[int, int | None] | None = None  # a load of an older store: (value, step) of the newest
+    line: int = 0  # the line of the call, in the file of the innermost function of the package
 
     @property
     def where(self) -> str:
@@ -58,6 +67,7 @@ class Actor:
 
     name: str
     script: object
+    index: int = 0  # its place among the execution's actors (its component of the vector clocks)
     state: str = "new"  # new, waiting (at a scheduling point), running, done
     spinning: bool = False  # set aside until someone writes what it read
     reads: dict = field(default_factory=dict)  # address -> value read since its own last write
@@ -65,58 +75,86 @@ class Actor:
 
 
 @dataclass
+class Choice:
+    """A decision of an execution: which ready actor runs next (a turn), or
+    which store a load reads (a read: the ages it may read, 0 the newest)."""
+
+    kind: str  # "turn" or "read"
+    options: list  # the ready actors' names, or the ages
+    default: str | int  # chosen without a reason to differ: the actor that ran last, the newest store
+    previous: str | None = None  # a turn: the actor that ran last
+    step: int = 0  # index in the steps of the turn's first step, or of the load
+    chosen: str | int | None = None
+
+    @property
+    def preempts(self) -> bool:
+        """A turn that switches away from an actor that could go on."""
+        return self.kind == "turn" and self.previous in self.options and self.chosen != self.previous
+
+    @property
+    def stale(self) -> bool:
+        """A read of another store than the newest."""
+        return self.kind == "read" and self.chosen != 0
+
+
+@dataclass
 class Outcome:
-    """What one execution did: its steps, the scheduling decisions, and the
-    first violation (None if there was none)."""
+    """What one execution did: its steps, its choices, and the first
+    violation (None if there was none)."""
 
     steps: list[Step] = field(default_factory=list)
-    decisions: list[tuple[str, list[str], str | None]] = field(default_factory=list)  # chosen, ready, previous
-    turn_starts: list[int] = field(default_factory=list)  # index in steps where each decision's turn began
+    choices: list[Choice] = field(default_factory=list)
     violation: str | None = None
 
 
-def _package_stack() -> tuple[str, ...]:
+def _package_stack() -> tuple[tuple[str, ...], int]:
     """The functions of the package (outside kickmsg.verify, or mutants of
-    them) on the stack, innermost first."""
+    them) on the stack, innermost first, and the line the innermost is at."""
     names = []
+    line = 0
     frame = sys._getframe(2)
     while frame is not None:
         filename = frame.f_code.co_filename
         ours = f"{os.sep}kickmsg{os.sep}" in filename and f"{os.sep}verify{os.sep}" not in filename
         if ours or filename.startswith("<mutant "):
+            line = line or frame.f_lineno
             names.append(frame.f_code.co_qualname)
         frame = frame.f_back
-    return tuple(names)
+    return tuple(names), line
 
 
 class ScheduledAtomics(Atomics):
-    """The hardware atomics, with a scheduling point before every call made
-    by an actor (calls from anywhere else run directly)."""
+    """The atomics of the door, each call made by an actor a scheduling
+    point, then performed by the execution's memory model (calls from
+    anywhere else run directly on the hardware)."""
 
     def __init__(self, execution: "Execution"):
         self.execution = execution
 
+    def _step(self, name: str, address: int, operands: tuple, newest: bool = False):
+        execution = self.execution
+        actor = execution.current_actor()
+        if actor is None:
+            return getattr(Atomics, name)(address, *operands)
+        execution.wait_for_turn(actor)
+        result, stale = execution.memory.perform(actor.index, name, address, operands, len(execution.outcome.steps), newest)
+        execution.record(actor, name, address, operands, result, stale)
+        return result
+
 
 def _scheduled(name: str):
-    hardware = getattr(Atomics, name)
-
     def operation(self, address, *operands):
-        actor = self.execution.current_actor()
-        if actor is None:
-            return hardware(address, *operands)
-        self.execution.wait_for_turn(actor)
-        result = hardware(address, *operands)
-        self.execution.record(actor, name, address, operands, result)
-        return result
+        return self._step(name, address, operands)
 
     operation.__name__ = name
     return operation
 
 
 def _scheduled_futex_wait(self, address, expected, timeout_ns):
-    """A futex wait is a load: if the word changed, return at once; else
-    return as if woken, the load having marked the actor as spinning."""
-    if self.load_relaxed_u32(address) != expected:
+    """A futex wait is a load of the newest store (the kernel reads the word
+    itself): if the word changed, return at once; else return as if woken,
+    the load having marked the actor as spinning."""
+    if self._step("load_relaxed_u32", address, (), newest=True) != expected:
         return atomics.FUTEX_VALUE_CHANGED
     return atomics.FUTEX_WOKEN
 
@@ -131,18 +169,29 @@ ScheduledAtomics.futex_wake_all = _scheduled("futex_wake_all")
 class Execution:
     """One run of the actors under one schedule.
 
-    ``choose(index, ready, previous)`` picks the next actor among the ready
-    ones; ``check(execution)`` returns a violation (text) or None and is
-    called before every step and once all actors are done.
+    ``choose(index, choice)`` makes the ``index``-th choice of the execution
+    (one of ``choice.options``); ``check(execution)`` returns a violation
+    (text) or None and is called before every step and once all actors are
+    done. ``memory_model`` is "sc" (sequential consistency) or "ra" (the
+    release/acquire/relaxed model, ``kickmsg.verify.memory.WeakMemory``).
     """
 
-    def __init__(self, region, actors: list[Actor], choose, check, max_steps: int = 20_000):
+    def __init__(self, region, actors: list[Actor], choose, check, memory_model: str = "sc", max_steps: int = 20_000):
         self.region = region
         self.actors = actors
         self.choose = choose
         self.check = check
         self.max_steps = max_steps
         self.outcome = Outcome()
+        for index, actor in enumerate(actors):
+            actor.index = index
+        if memory_model == "sc":
+            self.memory = SequentialMemory()
+        elif memory_model == "ra":
+            self.memory = WeakMemory([actor.name for actor in actors], self._choose_read)
+        else:
+            raise ValueError(f"unknown memory model {memory_model!r}; choose sc or ra")
+        self._turns = 0
         self._scheduler = greenlet.getcurrent()
         self._actor_of = {}  # greenlet -> actor
         self._aborting = False
@@ -160,9 +209,10 @@ class Execution:
             raise Aborted
         actor.state = "running"
 
-    def record(self, actor: Actor, operation: str, address: int, operands: tuple, result) -> None:
+    def record(self, actor: Actor, operation: str, address: int, operands: tuple, result, stale=None) -> None:
         """Note the step; notice spinning; wake spinners that a write concerns."""
-        self.outcome.steps.append(Step(actor.name, _package_stack(), operation, address, operands, result))
+        stack, line = _package_stack()
+        self.outcome.steps.append(Step(actor.name, stack, operation, address, operands, result, stale, line))
         failed_cas = operation.startswith("cas_") and result != operands[0]
         if operation.startswith("load_") or failed_cas:  # a failed CAS only read
             if actor.reads.get(address) == result:
@@ -175,6 +225,23 @@ class Execution:
                 if address in other.reads:
                     other.spinning = False
                     other.reads.clear()
+
+    def access_payload(self, kind: str, slot: int, address: int, length: int) -> None:
+        """A plain read or write of a slot's payload by the running actor:
+        a step of the trace (not a scheduling point), checked for races."""
+        actor = self.current_actor()
+        if actor is None:
+            return  # the invariants reading what was committed
+        self.memory.access_payload(actor.index, slot, kind, len(self.outcome.steps))
+        stack, line = _package_stack()
+        self.outcome.steps.append(Step(actor.name, stack, f"{kind}_payload", address, (length,), None, None, line))
+
+    def _choose_read(self, ages: int) -> int:
+        """Which store a load reads, among ``ages`` (0: the newest)."""
+        choice = Choice("read", list(range(ages)), 0, step=len(self.outcome.steps))
+        choice.chosen = self.choose(len(self.outcome.choices), choice)
+        self.outcome.choices.append(choice)
+        return choice.chosen
 
     def _run_actor(self, actor: Actor) -> None:
         actor.state = "running"
@@ -204,13 +271,13 @@ class Execution:
                 if failed is not None:
                     self.outcome.violation = f"{failed.name} raised:\n{failed.error}"
                     return self.outcome
-                self.outcome.violation = self.check(self)
+                self.outcome.violation = self.memory.race or self.check(self)
                 if self.outcome.violation:
                     return self.outcome
                 waiting = [a for a in self.actors if a.state in ("new", "waiting")]
                 if not waiting:
                     return self.outcome
-                if len(self.outcome.decisions) >= self.max_steps:
+                if self._turns >= self.max_steps:
                     spinning = ", ".join(a.name for a in waiting if a.spinning)
                     self.outcome.violation = f"no end after {self.max_steps} steps (livelock; spinning: {spinning})"
                     return self.outcome
@@ -220,9 +287,13 @@ class Execution:
                         actor.spinning = False
                         actor.reads.clear()
                     ready = waiting
-                chosen = self.choose(len(self.outcome.decisions), ready, previous)
-                self.outcome.decisions.append((chosen.name, [a.name for a in ready], previous and previous.name))
-                self.outcome.turn_starts.append(len(self.outcome.steps))
+                default = previous if previous in ready else ready[0]
+                choice = Choice("turn", [a.name for a in ready], default.name, previous and previous.name,
+                                len(self.outcome.steps))
+                choice.chosen = self.choose(len(self.outcome.choices), choice)
+                self.outcome.choices.append(choice)
+                self._turns += 1
+                chosen = next(actor for actor in ready if actor.name == choice.chosen)
                 previous = chosen
                 coroutines[chosen.name].switch()  # back at its next scheduling point, or when done
         finally:

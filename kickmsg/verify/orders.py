@@ -1,0 +1,214 @@
+"""Which memory orders the flows need (``kickmsg verify --orders``).
+
+Every call of the atomics door in the publish, receive, join, leave/drain,
+free-stack and repair flows names its memory order. Each order in turn is
+weakened one step (release and acquire to relaxed, acq_rel to release and
+to acquire, seq_cst to acq_rel, which for a store is release) by a mutant
+that edits that one call, and the flows are explored under the ra model. A
+counter-example shows the order necessary; none within the bounds means a
+weaker order would do there, in this scenario and these bounds.
+
+The flows run amended (``mutants.AMENDMENT``): with the spec's own orders
+the seqlock re-check already fails under ra (the README's finding), and on
+a base that fails, every weakening would seem to fail. An order the
+amendment strengthens is weakened by leaving that one edit out, which gives
+back the spec's order.
+"""
+import ast
+import inspect
+import pathlib
+import textwrap
+from dataclasses import dataclass
+
+from kickmsg import publisher, region, subscriber, treiber
+from kickmsg.verify import Report, Scenario, explore
+from kickmsg.verify.memory import OPERATIONS
+from kickmsg.verify.mutants import AMENDMENT, Edit, Mutant, Patch
+
+# (flow, owner, function): every function of the flows that calls the door.
+FLOWS = (
+    ("publish", publisher.Publisher, "_publish"),
+    ("publish", publisher, "_wait_and_capture_slot"),
+    ("receive", subscriber.Subscriber, "_pin_next"),
+    ("join", subscriber, "_join_ring"),
+    ("leave/drain", region.SharedRegion, "leave_ring"),
+    ("leave/drain", region.SharedRegion, "set_ring_state"),
+    ("leave/drain", region.SharedRegion, "drain_ring"),
+    ("free stack", treiber, "pop"),
+    ("free stack", treiber, "push"),
+    ("free stack", treiber, "release_slot"),
+    ("repair", region.SharedRegion, "_live_window"),
+    ("repair", region.SharedRegion, "repair_locked_entries"),
+)
+SCENARIOS = {"repair": Scenario(repairer=True)}  # the flows' scenario, if not the default one
+
+ONE_STEP_WEAKER = {"relaxed": (), "acquire": ("relaxed",), "release": ("relaxed",),
+                   "acq_rel": ("release", "acquire"), "seq_cst": ("acq_rel",)}
+PACKAGE_ROOT = pathlib.Path(publisher.__file__).parent.parent
+
+
+@dataclass(frozen=True)
+class Site:
+    """One call of the door in a flow."""
+
+    flow: str
+    owner: object
+    attribute: str
+    function: str  # its qualified name
+    path: str  # the file, relative to the package's root
+    line: int
+    operation: str  # e.g. cas_acq_rel_u64
+    source: str  # the line, stripped
+
+    def weaker(self, order: str) -> str:
+        """The operation with ``order`` instead of its own."""
+        kind_and_order, width = self.operation.rsplit("_", 1)
+        return f"{kind_and_order[: -len(OPERATIONS[self.operation].order)]}{order}_{width}"
+
+
+@dataclass
+class Row:
+    """A site, an order one step weaker, and what the exploration found."""
+
+    site: Site
+    order: str  # the order the amended flows use
+    weakened: str | None  # None: relaxed already, nothing weaker
+    amended: bool  # the amendment strengthened this order (weakened, it is the spec's)
+    result: str  # "counter-example", "none within bounds", "not reached", "undecided" or "-"
+    report: Report | None = None
+
+    def to_dict(self) -> dict:
+        report = self.report
+        return {
+            "file": self.site.path, "line": self.site.line, "function": self.site.function, "flow": self.site.flow,
+            "operation": self.site.operation, "order": self.order, "amended": self.amended,
+            "weakened_to": self.weakened, "result": self.result,
+            "schedules": report and report.schedules, "seconds": report and round(report.seconds, 1),
+            "violation": report and report.violation and report.violation.splitlines()[0],
+        }
+
+
+def _door_calls(source: str) -> list[tuple[int, str]]:
+    """(line, operation) of every call of the door in ``source``."""
+    return [(node.lineno, node.func.attr) for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in OPERATIONS]
+
+
+def sites() -> list[Site]:
+    """Every call of the door in the flows, in file order."""
+    found = []
+    for flow, owner, attribute in FLOWS:
+        function = getattr(owner, attribute)
+        lines, first_line = inspect.getsourcelines(function)
+        path = str(pathlib.Path(inspect.getsourcefile(function)).relative_to(PACKAGE_ROOT))
+        for line, operation in _door_calls(textwrap.dedent("".join(lines))):
+            found.append(Site(flow, owner, attribute, function.__qualname__, path, first_line + line - 1, operation,
+                              lines[line - 1].strip()))
+    return sorted(found, key=lambda site: (site.path, site.line))
+
+
+def _amendment_edit(site: Site) -> Edit | None:
+    """The amendment's edit of this site's line, if it has one."""
+    for patch in AMENDMENT.patches:
+        if (patch.owner, patch.attribute) == (site.owner, site.attribute):
+            for edit in patch.edits:
+                if edit.old == (site.source,):
+                    return edit
+    return None
+
+
+def _without(edit: Edit) -> Mutant:
+    """The amendment without one of its edits."""
+    patches = tuple(Patch(patch.owner, patch.attribute, tuple(e for e in patch.edits if e != edit))
+                    for patch in AMENDMENT.patches)
+    return Mutant(f"amended-but-{edit.old[0]}", AMENDMENT.rule, patches, model="ra")
+
+
+def weakening(site: Site, order: str) -> Mutant:
+    """A mutant that calls ``site``'s operation with ``order`` instead; the
+    edit takes the lines above the call that make it unique in its function."""
+    lines, first_line = inspect.getsourcelines(getattr(site.owner, site.attribute))
+    lines = textwrap.dedent("".join(lines)).split("\n")
+    stripped = [line.strip() for line in lines]
+    at = site.line - first_line
+    for start in range(at, -1, -1):
+        context = stripped[start : at + 1]
+        if sum(stripped[i : i + len(context)] == context for i in range(len(lines))) == 1:
+            break
+    indent = len(lines[start]) - len(lines[start].lstrip())
+    if any(line.strip() and len(line) - len(line.lstrip()) < indent for line in lines[start : at + 1]):
+        raise RuntimeError(f"no unique edit for {site.path}:{site.line}")
+    new = [line[indent:] for line in lines[start : at + 1]]
+    new[-1] = new[-1].replace(site.operation + "(", site.weaker(order) + "(")
+    edit = Edit(tuple(context), tuple(new))
+    return Mutant(f"{site.function}:{site.line}:{order}", f"{site.operation} needs its order",
+                  (Patch(site.owner, site.attribute, (edit,)),), model="ra")
+
+
+def check_orders(preemptions: int = 1, stale: int = 2, budget: int | None = 2, progress=None) -> list[Row]:
+    """Weaken every order of the flows one step in turn and explore the
+    amended flows under ra within the bounds; ``progress(row)`` is called
+    as each row is done."""
+    baselines = {}  # flow scenario -> (the amended flows' report, the (function, line) pairs they reached)
+    rows = []
+    for site in sites():
+        scenario = SCENARIOS.get(site.flow, Scenario())
+        if scenario not in baselines:
+            reached = set()
+
+            def observe(outcome, reached=reached):
+                reached.update((step.where, step.line) for step in outcome.steps)
+
+            baseline = explore(scenario, preemptions=preemptions, memory_model="ra", stale=stale, budget=budget,
+                               amended=True, observe=observe)
+            baselines[scenario] = (baseline, reached)
+        baseline, reached = baselines[scenario]
+        amendment_edit = _amendment_edit(site)
+        operation = site.operation if amendment_edit is None else _door_calls(amendment_edit.new[0])[0][1]
+        order = OPERATIONS[operation].order
+        weaker_orders = ONE_STEP_WEAKER[order]
+        if OPERATIONS[site.operation].kind == "store" and order == "seq_cst":
+            weaker_orders = ("release",)  # a store has no acquire part
+        if not weaker_orders:
+            rows.append(Row(site, order, None, False, "-"))
+        for weaker in weaker_orders:
+            row = Row(site, order, weaker, amendment_edit is not None, "undecided", baseline)
+            if baseline.violation is None:
+                if amendment_edit is not None:
+                    row.report = explore(scenario, _without(amendment_edit), preemptions, memory_model="ra",
+                                         stale=stale, budget=budget)
+                else:
+                    row.report = explore(scenario, weakening(site, weaker), preemptions, memory_model="ra",
+                                         stale=stale, budget=budget, amended=True)
+                if row.report.violation:
+                    row.result = "counter-example"
+                elif (site.function, site.line) in reached:
+                    row.result = "none within bounds"
+                else:
+                    row.result = "not reached"
+            rows.append(row)
+            if progress:
+                progress(row)
+    return rows
+
+
+def format_table(rows: list[Row]) -> str:
+    """The rows as a table: site, function, operation, order, weakened to, result."""
+    header = ("site", "function", "operation", "order", "weakened to", "result")
+    table = [header]
+    for row in rows:
+        report = row.report
+        if row.result == "counter-example":
+            result = f"counter-example after {report.schedules} schedules: {report.violation.splitlines()[0]}"
+        elif row.result in ("none within bounds", "not reached"):
+            result = f"{row.result} ({report.schedules} schedules)"
+        elif row.result == "undecided":
+            result = f"undecided: the amended flows already fail here ({report.violation.splitlines()[0]})"
+        else:
+            result = "- (relaxed: nothing weaker)"
+        order = f"{row.order} (amended)" if row.amended else row.order
+        table.append((f"{row.site.path}:{row.site.line}", row.site.function, row.site.operation, order,
+                      row.weakened or "-", result))
+    widths = [max(len(line[column]) for line in table) for column in range(len(header) - 1)]
+    return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(line, widths)) + "  " + line[-1]
+                     for line in table)

@@ -1,0 +1,191 @@
+"""kickmsg.verify under the release/acquire model (memory_model="ra").
+
+With no stale read it explores exactly the schedules of sequential
+consistency; each memory-order mutant is caught under ra and passes under
+sc; the data-race check fires on a payload written after its commit; the
+spec's own orders let a seqlock re-check read a stale sequence (the
+README's finding), the amended orders pass the bounded run; weak
+behaviours the spec accepts are not violations.
+"""
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kickmsg import treiber
+from kickmsg.verify import MUTANT_SCENARIOS, MUTANTS, Scenario, explore, format_trace, orders, run_schedule
+
+RA_MUTANTS = sorted(name for name, mutant in MUTANTS.items() if mutant.model == "ra")
+SC_MUTANTS = sorted(name for name, mutant in MUTANTS.items() if mutant.model == "sc")
+
+
+def test_with_no_stale_read_ra_explores_exactly_the_schedules_of_sc():
+    sc = explore(Scenario(), preemptions=1)
+    ra = explore(Scenario(), preemptions=1, memory_model="ra", stale=0)
+    assert sc.violation is None and ra.violation is None, ra.trace  # and no data race either
+    assert (ra.schedules, ra.complete) == (sc.schedules, sc.complete) == (812, True)
+
+
+@pytest.mark.parametrize("mutant", SC_MUTANTS)
+def test_with_no_stale_read_ra_finds_each_sc_mutant_at_the_same_schedule(mutant):
+    sc = explore(MUTANT_SCENARIOS[mutant], mutant=mutant, preemptions=2)
+    ra = explore(MUTANT_SCENARIOS[mutant], mutant=mutant, preemptions=2, memory_model="ra")
+    assert ra.schedules == sc.schedules
+    # The same violation, or (reading a slot being rewritten) the data race that comes first.
+    assert ra.violation == sc.violation or ra.violation.startswith("data race on slot")
+
+
+@pytest.mark.parametrize("mutant", RA_MUTANTS)
+def test_each_memory_order_mutant_is_caught_under_ra_only(mutant):
+    scenario = MUTANT_SCENARIOS[mutant]
+    # Within these bounds the unmutated code passes under ra too (test below).
+    caught = explore(scenario, mutant=mutant, preemptions=0, memory_model="ra", stale=2)
+    assert caught.violation is not None, caught.summary()
+    lines = caught.trace.splitlines()
+    assert lines[-1] == f"violation: {caught.violation}"
+    assert " ? " not in caught.trace
+    assert "STALE: the newest is" in caught.trace or caught.violation.startswith("data race on slot")
+    assert explore(scenario, mutant=mutant, preemptions=1).violation is None  # sequential consistency
+
+
+def test_the_unmutated_code_passes_the_bounds_that_catch_the_mutants():
+    report = explore(Scenario(), preemptions=0, memory_model="ra", stale=2)
+    assert report.violation is None and report.complete, report.trace
+
+
+def test_a_payload_written_after_its_commit_is_a_data_race_with_both_accesses_in_the_trace():
+    report = explore(Scenario(), mutant="payload-after-commit", preemptions=0, memory_model="ra")
+    match = re.fullmatch(r"data race on slot (\d)'s payload: (sub\d) reads it at step (\d+), "
+                         r"but (pub\d)'s write at step (\d+) does not happen before", report.violation)
+    assert match, report.violation
+    slot, reader, read_at, writer, written_at = match.groups()
+    steps = {line.split(".")[0].strip(): line for line in report.trace.splitlines()[:-1]}
+    assert f"{reader}   " in steps[read_at] and f"read_payload(slot {slot} payload" in steps[read_at]
+    assert f"{writer}   " in steps[written_at] and f"write_payload(slot {slot} payload" in steps[written_at]
+    # The write came right after the writer's commit of that slot.
+    assert writer in steps[str(int(written_at) - 1)] and "store_release_u64" in steps[str(int(written_at) - 1)]
+
+
+def test_the_spec_orders_let_the_seqlock_recheck_read_a_stale_sequence():
+    """The README's finding: with one preemption and one stale read, a
+    subscriber pins a slot a newer writer took and re-checks a sequence
+    that writer already replaced."""
+    report = explore(Scenario(), preemptions=1, memory_model="ra", stale=1)
+    assert report.violation is not None
+    assert report.violation.startswith("data race on slot") or " received " in report.violation
+    stale = [line for line in report.trace.splitlines() if "STALE" in line]
+    assert len(stale) == 1 and "Subscriber._pin_next" in stale[0] and "load_acquire_u64(ring 0 entry 0.sequence)" in stale[0]
+    assert report.trace.count("<< preempts") == 1
+
+
+@pytest.mark.timeout(900)
+def test_the_amended_flows_pass_the_bounded_ra_run():
+    """The clean run: every schedule with at most two preemptions and stale
+    reads together (K + W <= 2), among them the one above where the spec's
+    orders fail."""
+    report = explore(Scenario(), preemptions=2, memory_model="ra", stale=2, budget=2, amended=True)
+    assert report.violation is None and report.complete, report.trace
+    assert report.schedules > 54_520  # more than sequential consistency's 54 520 with K <= 2
+
+
+def test_a_repair_pass_acts_on_a_stale_lock_without_any_preemption():
+    report = explore(Scenario(repairer=True), preemptions=0, memory_model="ra", stale=1, amended=True)
+    assert report.violation is not None
+    stale = [line for line in report.trace.splitlines() if "STALE" in line]
+    assert len(stale) == 1 and stale[0].split()[1] == "repair" and "-> LOCKED" in stale[0]
+    assert "<< preempts" not in report.trace
+
+
+def test_a_stale_pre_check_that_skips_a_live_ring_is_no_violation():
+    """The spec accepts that a publisher's relaxed pre-check may still see a
+    ring that just went Live as Free, and skip it: nothing the subscriber
+    was promised is lost (the invariants ask no message to arrive). In the
+    schedule without preemptions the first load with a choice is that
+    pre-check: the subscriber has just joined, pub0 has not heard of it."""
+    made = []
+
+    def oldest_first(index, choice):
+        if choice.kind == "read" and not made:
+            made.append(index)
+            return choice.options[-1]
+        return choice.default
+
+    world, outcome = run_schedule(Scenario(), oldest_first, "ra")
+    trace = format_trace(world, outcome)
+    assert outcome.violation is None, trace
+    stale = [line for line in trace.splitlines() if "STALE" in line]
+    assert len(stale) == 1 and stale[0].split()[1:3] == ["pub0", "Publisher._publish"]
+    assert "load_relaxed_u32(ring 0.state_flight)" in stale[0] and "-> Free+0" in stale[0]
+
+
+# -- the orders ---------------------------------------------------------------------------
+
+
+def test_every_call_of_the_door_in_the_flows_is_a_site():
+    sites = orders.sites()
+    assert {(site.owner, site.attribute) for site in sites} == {(owner, attribute) for _, owner, attribute in orders.FLOWS}
+    pop = [site.operation for site in sites if site.function == "pop"]
+    assert pop == ["load_acquire_u64", "load_relaxed_u32", "cas_acq_rel_u64"]
+    for site in sites:
+        assert site.operation in site.source
+
+
+def test_a_weakening_edits_exactly_one_call():
+    from kickmsg import publisher
+    from kickmsg.verify import mutants
+
+    commit, self_repair = [site for site in orders.sites() if site.operation == "store_release_u64"
+                           and site.function == "Publisher._publish"]
+    assert commit.source == self_repair.source  # the same text twice in one function
+    with mutants.installed(orders.weakening(commit, "relaxed")):
+        names = publisher.Publisher._publish.__code__.co_names
+    assert "store_relaxed_u64" in names and "store_release_u64" in names  # the self-repair's is untouched
+
+
+def test_the_orders_table_of_the_free_stack_push(monkeypatch):
+    monkeypatch.setattr(orders, "FLOWS", (("free stack", treiber, "push"),))
+    rows = orders.check_orders(preemptions=0, stale=2, budget=2)
+    assert [(row.site.operation, row.weakened) for row in rows] == [
+        ("load_relaxed_u64", None), ("store_relaxed_u32", None), ("cas_release_u64", "relaxed")]
+    assert [row.result for row in rows] == ["-", "-", "counter-example"]  # push must release the slot
+    assert rows[2].report.violation.startswith("data race on slot")
+    table = orders.format_table(rows).splitlines()
+    assert table[0].split()[:3] == ["site", "function", "operation"]
+    assert len(table) == 4 and table[3].startswith("kickmsg/treiber.py:")
+
+
+# -- the command ---------------------------------------------------------------------------
+
+
+KICKMSG = Path(sys.executable).with_name("kickmsg")
+
+
+def run_verify(*args):
+    return subprocess.run([str(KICKMSG), "verify", *args], capture_output=True, text=True, timeout=600,
+                          stdin=subprocess.DEVNULL)
+
+
+def test_cli_ra_prints_the_finding_and_passes_amended():
+    found = run_verify("--memory-model", "ra", "--preemptions", "1", "--stale", "1")
+    assert found.returncode == 1, found.stderr
+    assert "STALE: the newest is" in found.stdout
+    assert "memory model ra, at most 1 stale read(s)" in found.stdout.splitlines()[-1]
+    amended = run_verify("--memory-model", "ra", "--amended", "--preemptions", "0", "--stale", "2")
+    assert amended.returncode == 0, amended.stdout
+    assert amended.stdout.startswith("the amended code: no violation")
+
+
+def test_cli_memory_order_mutant_is_explored_under_ra():
+    result = run_verify("--mutant", "payload-after-commit", "--preemptions", "0", "--json")
+    assert result.returncode == 1, result.stderr
+    data = json.loads(result.stdout)
+    assert data["memory_model"] == "ra" and data["violation"].startswith("data race on slot")
+
+
+def test_cli_stale_needs_ra():
+    result = run_verify("--stale", "1")
+    assert result.returncode == 2
+    assert "--stale and --amended need --memory-model ra" in result.stderr
