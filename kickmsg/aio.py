@@ -131,9 +131,11 @@ class _Waiter:
         self._arm(sleep if sleep.addresses else None)
 
     def _arm(self, sleep) -> None:
-        """Give the thread what to sleep on (None: nothing) and ring the
-        doorbell, which ends the sleep it is in."""
+        """Give the thread what to sleep on (None: nothing, it parks) and
+        ring the doorbell, which ends the sleep it is in."""
         with self._lock:
+            if sleep is None and self._armed is None:
+                return  # parked already
             self._armed = sleep
             self._generation = (self._generation + 1) & U32_MAX
             atomics.HARDWARE.store_release_u32(self._doorbell_address, self._generation)
