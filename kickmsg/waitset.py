@@ -18,12 +18,13 @@ from kickmsg.subscriber import Subscriber, _deadline_ns
 
 class _Member:
     """A subscriber of a WaitSet: the object added (a Subscriber or a
-    TypedSubscriber), what ``spin`` receives with, and its handler."""
+    TypedSubscriber), its handler, and whether ``spin`` hands it only the
+    newest message."""
 
-    def __init__(self, added, receive: Callable, handler: Callable | None):
+    def __init__(self, added, handler: Callable | None, latest: bool):
         self.added = added
-        self.receive = receive
         self.handler = handler
+        self.latest = latest
 
 
 class _Sleep(NamedTuple):
@@ -81,8 +82,7 @@ class WaitSet:
         owner = ring_owner(subscriber)
         if owner in self._members:
             raise ValueError(f"{subscriber!r} is already in this WaitSet")
-        receive = subscriber.try_receive_latest if latest else subscriber.try_receive
-        self._members[owner] = _Member(subscriber, receive, handler)
+        self._members[owner] = _Member(subscriber, handler, latest)
 
     def remove(self, subscriber) -> None:
         """Stop waiting on ``subscriber`` (KeyError if it is not here)."""
@@ -145,7 +145,8 @@ class WaitSet:
     def spin_once(self, timeout=None) -> int:
         """Wait up to ``timeout`` for messages, then call each ready
         subscriber's handler for its messages (at most a ring's worth each,
-        so that a busy channel cannot starve the others). Returns how many
+        so that a busy channel cannot starve the others; the newest one
+        only for a subscriber added with ``latest``). Returns how many
         messages were handled (0 on timeout)."""
         unhandled = [member.added for member in self._members.values() if member.handler is None]
         if unhandled:
@@ -154,8 +155,9 @@ class WaitSet:
         for added in self.wait(timeout):
             owner = ring_owner(added)
             member = self._members[owner]
-            for _ in range(owner.region.geometry.capacity):
-                message = member.receive()
+            receive = added.try_receive_latest if member.latest else added.try_receive
+            for _ in range(1 if member.latest else owner.region.geometry.capacity):
+                message = receive()
                 if message is None:
                     break
                 member.handler(message)
