@@ -263,9 +263,11 @@ def summary(latencies_ns: list, settings: dict) -> dict:
     samples = settings["samples"] // settings["repeats"]
     microseconds = [ns / 1000 for ns in latencies_ns]
     chunks = [microseconds[i : i + samples] for i in range(0, len(microseconds) - samples + 1, samples)]
+    medians = [statistics.median(chunk) for chunk in chunks]
     return {
-        "median_us": statistics.median(statistics.median(chunk) for chunk in chunks),
+        "median_us": statistics.median(medians),
         "p99_us": statistics.median(sorted(chunk)[round(0.99 * (len(chunk) - 1))] for chunk in chunks),
+        "median_us_runs": medians,
         "received": len(microseconds),
         "sent": settings["samples"],
     }
