@@ -81,6 +81,7 @@ def open_receiver(kind: str, prefix: str, count: int):
         sockets = []
         for endpoint in endpoints(prefix, count):
             socket = context.socket(zmq.SUB)
+            socket.setsockopt(zmq.LINGER, 0)
             socket.setsockopt(zmq.SUBSCRIBE, b"")
             socket.bind(endpoint)
             sockets.append(socket)
@@ -208,6 +209,7 @@ def publisher(args: dict) -> None:
         context = zmq.Context()
         sockets = [context.socket(zmq.PUB) for _ in range(count)]
         for socket, endpoint in zip(sockets, endpoints(args["prefix"], count)):
+            socket.setsockopt(zmq.LINGER, 0)  # stop messages the receiver no longer reads: drop them at exit
             socket.connect(endpoint)
         sends = [socket.send for socket in sockets]
     else:
@@ -241,22 +243,23 @@ def child(role: str, args: dict) -> subprocess.Popen:
 def measure(kind: str, channels: int, settings: dict, prefix: str, idle: bool) -> dict:
     """One receiver (and, for latency, one publisher) process; its result."""
     args = dict(settings, kind=kind, channels=channels, prefix=f"{prefix}_{kind}_{channels}", idle=idle)
-    receiving = child("receiver", args)
+    started = [child("receiver", args)]
     try:
-        if receiving.stdout.readline().strip() != "ready":
+        if started[0].stdout.readline().strip() != "ready":
             raise RuntimeError(f"{kind}: the receiver did not start")
         if not idle:
-            sending = child("publisher", args)
-            if sending.wait(timeout=120) != 0:
+            started.append(child("publisher", args))
+            if started[1].wait(timeout=120) != 0:
                 raise RuntimeError(f"{kind}: the publisher failed")
-        stdout, _ = receiving.communicate(timeout=60)
-        if receiving.returncode != 0:
+        stdout, _ = started[0].communicate(timeout=60)
+        if started[0].returncode != 0:
             raise RuntimeError(f"{kind}: the receiver failed")
         return json.loads(stdout.strip().splitlines()[-1])
     finally:
-        if receiving.poll() is None:
-            receiving.kill()
-            receiving.wait()
+        for process in started:
+            if process.poll() is None:
+                process.kill()
+            process.wait()
 
 
 def summary(latencies_ns: list, settings: dict) -> dict:

@@ -44,7 +44,7 @@ def futex_waitv_kernel(addresses, expected_values, timeout_ns: int) -> tuple[int
     """Sleep (without the GIL) until one of the 32-bit words at ``addresses``
     is woken or no longer holds its expected value, or ``timeout_ns`` passes
     (negative: no limit). Returns (FUTEX_* outcome, index of the word that
-    woke it or was seen changed, -1 if not known).
+    woke it or was seen changed; -1 on a timeout or an interruption).
 
     The kernel's futex_waitv (Linux >= 5.16) sleeps on up to
     FUTEX_WAITV_MAX words; words beyond those are compared between slices of
@@ -68,6 +68,8 @@ def futex_waitv_kernel(addresses, expected_values, timeout_ns: int) -> tuple[int
         return futex_waitv_polling(addresses, expected_values, timeout_ns)
     if outcome < 0:
         raise OSError(-outcome, f"futex_waitv: {os.strerror(-outcome)}")
+    if outcome == FUTEX_VALUE_CHANGED:  # the kernel does not say which: look
+        return outcome, _first_changed(addresses, expected_values, 0)
     return outcome, woken_index[0]
 
 
@@ -88,15 +90,24 @@ def _futex_wait_first(addresses, expected_values, timeout_ns: int) -> tuple[int,
     return outcome, 0 if outcome in (FUTEX_WOKEN, FUTEX_VALUE_CHANGED) else -1
 
 
+def _first_changed(addresses, expected_values, start: int) -> int:
+    """The index of the first word from ``start`` on that no longer holds
+    its expected value, or -1."""
+    for index in range(start, len(addresses)):
+        if _lib.km_load_acquire_u32(addresses[index]) != expected_values[index]:
+            return index
+    return -1
+
+
 def _sleep_in_slices(addresses, expected_values, timeout_ns: int, in_kernel: int, kernel_sleep) -> tuple[int, int]:
     """Sleep on the first ``in_kernel`` words with ``kernel_sleep``, in
     slices; between slices, compare the other words with their values."""
     deadline_ns = None if timeout_ns < 0 else time.monotonic_ns() + timeout_ns
     slice_ns = POLL_SLICE_MIN_NS
     while True:
-        for index in range(in_kernel, len(addresses)):
-            if _lib.km_load_acquire_u32(addresses[index]) != expected_values[index]:
-                return FUTEX_VALUE_CHANGED, index
+        changed = _first_changed(addresses, expected_values, in_kernel)
+        if changed >= 0:
+            return FUTEX_VALUE_CHANGED, changed
         if deadline_ns is not None:
             slice_ns = min(slice_ns, deadline_ns - time.monotonic_ns())
             if slice_ns <= 0:

@@ -336,9 +336,9 @@ def test_handler_errors_stop_the_spin_and_lose_nothing(channels):
 # -- other processes -------------------------------------------------------------------
 
 # A publisher process: once the test's main thread has announced itself on
-# the ring (has_waiter, read from /dev/shm) and sleeps in futex_waitv (449)
-# or futex (202), it publishes one message. Ours also counts the waiters
-# its wake-up woke.
+# the ring (has_waiter, read from /dev/shm) and sleeps in the system call
+# given (futex_waitv: 449; futex, for the fallback: 202), it publishes one
+# message. Ours also counts the waiters its wake-up woke.
 PUBLISH_TO_A_SLEEPER = r"""
 import struct, time
 
@@ -348,7 +348,7 @@ def announced_and_asleep():
     rings_offset, = struct.unpack_from("<Q", data, 24)
     has_waiter, = struct.unpack_from("<I", data, rings_offset + 72)  # ring 0
     with open(f"/proc/{P['pid']}/syscall") as syscall:  # the main thread's
-        return has_waiter == 1 and syscall.read().split()[0] in ("449", "202")
+        return has_waiter == 1 and syscall.read().split()[0] == P["syscall"]
 
 region = kickmsg.SharedRegion.open(P["name"])
 if P["count_wakes"]:
@@ -387,7 +387,10 @@ def test_a_hundred_subscribers_woken_by_another_process(channels, monkeypatch, i
     for subscriber in subscribers:
         waitset.add(subscriber)
     start = start_ours if impl == "ours" else start_native
-    params = dict(name=regions[99].name, pid=os.getpid(), message=f"from {impl}", count_wakes=impl == "ours")
+    params = dict(
+        name=regions[99].name, pid=os.getpid(), syscall="449" if path == "kernel" else "202", message=f"from {impl}",
+        count_wakes=impl == "ours",
+    )
     with start(PUBLISH_TO_A_SLEEPER, **params) as publisher:
         publisher.wait_ready()
         ready = waitset.wait(20)

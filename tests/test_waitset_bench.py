@@ -18,7 +18,7 @@ def test_bench_wait_reports_every_row_and_leaves_nothing_behind(tmp_path):
     output = tmp_path / "bench_wait.json"
     done = subprocess.run(
         [sys.executable, "benchmarks/bench_wait.py", "--quick", "--output", str(output)],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        cwd=ROOT, capture_output=True, text=True, timeout=240,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     rows = re.findall(r"^\| (.+?) \| ([\d.]+) (?:µs|ms)", done.stdout, re.MULTILINE)
