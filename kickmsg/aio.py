@@ -7,11 +7,14 @@
 One waiter thread per event loop sleeps, without the GIL, on the rings of
 every subscriber being awaited at once (a WaitSet's futex_waitv) and on a
 doorbell word the loop rings when that set changes; it wakes the loop with
-``call_soon_threadsafe``. No thread per subscriber, no polling. The loop's
-own thread does everything else (announcing on the rings, checking in,
-receiving), so a subscriber is only ever used by the thread running the
-loop. Awaiting never takes a message out of its ring: a cancelled await
-loses nothing. A subscriber is awaited by one task at a time.
+``call_soon_threadsafe``. No thread per subscriber, no polling for
+messages: the thread wakes for a message, for the subscribers' check-ins
+(every 0.1 s) and, at the latest every second, to see whether its loop
+was closed (it then ends). The loop's own thread does everything else
+(announcing on the rings, checking in, receiving), so a subscriber is only
+ever used by the thread running the loop. Awaiting never takes a message
+out of its ring: a cancelled await loses nothing. A subscriber is awaited
+by one task at a time.
 """
 import asyncio
 import ctypes
