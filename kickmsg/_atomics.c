@@ -76,6 +76,17 @@ KM_ALL_OPS(uint64_t, u64)
 #define KM_FUTEX_VALUE_CHANGED 2 /* *addr != expected when the call began */
 #define KM_FUTEX_INTERRUPTED 3   /* a signal arrived; the caller re-checks */
 
+/* The KM_FUTEX_* outcome of a futex call that failed with this errno. */
+static int km_futex_failure(int error)
+{
+    switch (error) {
+    case ETIMEDOUT: return KM_FUTEX_TIMED_OUT;
+    case EAGAIN: return KM_FUTEX_VALUE_CHANGED;
+    case EINTR: return KM_FUTEX_INTERRUPTED;
+    default: return -error;
+    }
+}
+
 /*
  * Sleep while the 32-bit word at addr equals expected, at most timeout_ns
  * (negative: no limit). Shared (not PRIVATE) futex, so waiters and wakers
@@ -93,12 +104,7 @@ int km_futex_wait(uintptr_t addr, uint32_t expected, int64_t timeout_ns)
     if (syscall(SYS_futex, (uint32_t *)addr, FUTEX_WAIT, expected,
                 timeout_or_null, NULL, 0) == 0)
         return KM_FUTEX_WOKEN;
-    switch (errno) {
-    case ETIMEDOUT: return KM_FUTEX_TIMED_OUT;
-    case EAGAIN: return KM_FUTEX_VALUE_CHANGED;
-    case EINTR: return KM_FUTEX_INTERRUPTED;
-    default: return -errno;
-    }
+    return km_futex_failure(errno);
 }
 
 /* Wake every process and thread sleeping on the word at addr; returns how
@@ -170,10 +176,5 @@ int km_futex_waitv(const uintptr_t *addresses, const uint32_t *expected,
         *woken_index = (int32_t)woken;
         return KM_FUTEX_WOKEN;
     }
-    switch (errno) {
-    case ETIMEDOUT: return KM_FUTEX_TIMED_OUT;
-    case EAGAIN: return KM_FUTEX_VALUE_CHANGED;
-    case EINTR: return KM_FUTEX_INTERRUPTED;
-    default: return -errno;
-    }
+    return km_futex_failure(errno);
 }
