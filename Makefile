@@ -27,7 +27,7 @@ bench: $(INSTALLED) $(NATIVE_INSTALLED)
 	$(PY) benchmarks/bench_wait.py $(BENCH_ARGS) || status=$$?; \
 	exit $$status
 
-$(INSTALLED): setup.py pyproject.toml kickmsg/_atomics.c kickmsg/_build.py scripts/find-python.sh
+$(INSTALLED): setup.py pyproject.toml kickmsg/_atomics.c kickmsg/_futex.c kickmsg/_build.py scripts/find-python.sh
 	@python=$$(scripts/find-python.sh) || exit 1; \
 	if ! $(PY) -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null; then \
 		echo "creating $(VENV) with $$python"; rm -rf $(VENV) .native; $$python -m venv $(VENV) || exit 1; \
@@ -57,4 +57,4 @@ check-java:
 	fi
 
 clean:
-	rm -rf $(VENV) build *.egg-info kickmsg/_atomics_cffi*.so .native .pytest_cache
+	rm -rf $(VENV) build *.egg-info kickmsg/_atomics_cffi*.so kickmsg/_futex_cffi*.so .native .pytest_cache

@@ -26,18 +26,19 @@ import os
 import time
 import warnings
 
-from kickmsg._atomics_cffi import ffi as _ffi
-from kickmsg._atomics_cffi import lib as _lib
+from kickmsg._atomics_cffi import lib as _lib  # called holding the GIL: they never block
+from kickmsg._futex_cffi import ffi as _futex_ffi
+from kickmsg._futex_cffi import lib as _futex_lib  # called with the GIL released: they sleep
 
-FUTEX_WOKEN = _lib.KM_FUTEX_WOKEN
-FUTEX_TIMED_OUT = _lib.KM_FUTEX_TIMED_OUT
-FUTEX_VALUE_CHANGED = _lib.KM_FUTEX_VALUE_CHANGED
-FUTEX_INTERRUPTED = _lib.KM_FUTEX_INTERRUPTED
+FUTEX_WOKEN = _futex_lib.KM_FUTEX_WOKEN
+FUTEX_TIMED_OUT = _futex_lib.KM_FUTEX_TIMED_OUT
+FUTEX_VALUE_CHANGED = _futex_lib.KM_FUTEX_VALUE_CHANGED
+FUTEX_INTERRUPTED = _futex_lib.KM_FUTEX_INTERRUPTED
 
 
 # -- Sleeping on many words at once (WaitSet, kickmsg.aio) -------------------
 
-FUTEX_WAITV_MAX = _lib.KM_FUTEX_WAITV_MAX  # words one futex_waitv call can sleep on
+FUTEX_WAITV_MAX = _futex_lib.KM_FUTEX_WAITV_MAX  # words one futex_waitv call can sleep on
 POLL_SLICE_MIN_NS = 50_000  # the polling sleep's first slice...
 POLL_SLICE_MAX_NS = 5_000_000  # ...doubling up to this while nothing changes
 
@@ -54,9 +55,9 @@ def futex_waitv_kernel(addresses, expected_values, timeout_ns: int) -> tuple[int
     futex_waitv, warns once and uses ``futex_waitv_polling`` from then on."""
     if len(addresses) > FUTEX_WAITV_MAX:
         return _sleep_in_slices(addresses, expected_values, timeout_ns, FUTEX_WAITV_MAX, futex_waitv_kernel)
-    woken_index = _ffi.new("int32_t *")
-    outcome = _lib.km_futex_waitv(
-        _ffi.new("uintptr_t[]", addresses), _ffi.new("uint32_t[]", expected_values), len(addresses), timeout_ns,
+    woken_index = _futex_ffi.new("int32_t *")
+    outcome = _futex_lib.km_futex_waitv(
+        _futex_ffi.new("uintptr_t[]", addresses), _futex_ffi.new("uint32_t[]", expected_values), len(addresses), timeout_ns,
         woken_index,
     )
     if outcome == -errno.ENOSYS:
@@ -86,7 +87,7 @@ def futex_waitv_polling(addresses, expected_values, timeout_ns: int) -> tuple[in
 
 def _futex_wait_first(addresses, expected_values, timeout_ns: int) -> tuple[int, int]:
     """futex_wait on the one word given, with futex_waitv's result."""
-    outcome = _lib.km_futex_wait(addresses[0], expected_values[0], timeout_ns)
+    outcome = _futex_lib.km_futex_wait(addresses[0], expected_values[0], timeout_ns)
     if outcome < 0:
         raise OSError(-outcome, f"futex_wait: {os.strerror(-outcome)}")
     return outcome, 0 if outcome in (FUTEX_WOKEN, FUTEX_VALUE_CHANGED) else -1
@@ -163,9 +164,9 @@ class Atomics:
 
     # futex_wait(addr, expected_u32, timeout_ns) -> FUTEX_* outcome or -errno;
     # timeout_ns < 0 waits without limit. The GIL is released while asleep.
-    futex_wait = _lib.km_futex_wait
+    futex_wait = _futex_lib.km_futex_wait
     # futex_wake_all(addr) -> number of waiters woken.
-    futex_wake_all = _lib.km_futex_wake_all
+    futex_wake_all = _futex_lib.km_futex_wake_all
     # futex_waitv(addresses, expected_values, timeout_ns) -> (outcome, index):
     # sleep on many words at once, as above. KICKMSG_FUTEX_WAITV=polling in
     # the environment selects the fallback (what a kernel before 5.16 gets);

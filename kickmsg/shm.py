@@ -170,6 +170,22 @@ class Mapping:
         return f"Mapping(name={self.name!r}, size={self.size}, address=0x{self.address:x})"
 
 
+MADV_POPULATE_WRITE = 23  # <linux/mman.h>, Linux >= 5.14; Python's mmap module does not name it
+
+
+def _map_every_page(memory: mmap.mmap) -> None:
+    """Enter every page of a writable mapping in this process's page tables
+    now, so that the first messages through the pool take no page faults
+    (a fault per 4 KiB page made the first pass of 8 MB frames several times
+    slower than the next). A kernel before 5.14 refuses the advice (EINVAL);
+    its pages fault on first touch instead, as they did before."""
+    try:
+        memory.madvise(MADV_POPULATE_WRITE)
+    except OSError as error:
+        if error.errno != errno.EINVAL:
+            raise
+
+
 def _map(name: str, shared_memory: posix_ipc.SharedMemory, writable: bool) -> Mapping:
     try:
         status = os.fstat(shared_memory.fd)
@@ -177,6 +193,8 @@ def _map(name: str, shared_memory: posix_ipc.SharedMemory, writable: bool) -> Ma
             raise EmptyObjectError(f"shared memory {name} is empty (0 bytes)")
         protection = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
         memory = mmap.mmap(shared_memory.fd, status.st_size, prot=protection)
+        if writable:
+            _map_every_page(memory)
         return Mapping(name, memory, (status.st_dev, status.st_ino), writable, mode=status.st_mode & 0o777)
     finally:
         shared_memory.close_fd()

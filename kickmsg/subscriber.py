@@ -26,6 +26,7 @@ from kickmsg.region import RingAddresses, SharedRegion
 
 MAX_RECEIVE_ATTEMPTS = 64  # entries a single try_receive may skip as lost
 UNCOMMITTED_POLL_NS = 1_000_000  # sleep slice while a claimed entry is not committed yet
+DEFAULT_SPIN_S = 0.0001  # a blocking receive's polling budget before it parks (Subscriber(spin=...))
 
 
 class Subscriber:
@@ -45,9 +46,11 @@ class Subscriber:
     count as lost.
     """
 
-    def __init__(self, region: SharedRegion):
+    def __init__(self, region: SharedRegion, *, spin: datetime.timedelta | float = DEFAULT_SPIN_S):
         if not isinstance(region, SharedRegion):
             raise TypeError(f"Subscriber needs a SharedRegion, got {region!r}")
+        self._spin_ns = to_microseconds(spin, "spin") * 1000
+        self._idle_gap_ns = None  # how long the last wait for a message took (None: no wait yet)
         region.require_writable("subscribe")
         region = region.reopen_if_recreated() or region  # a stale region object: use what the name leads to
         self._lost = 0
@@ -144,7 +147,7 @@ class Subscriber:
         deadline = _deadline_ns(timeout)
         while True:
             data = self.try_receive()
-            if data is not None or not self._sleep_until_written(deadline):
+            if data is not None or not self._wait_for_write(deadline):
                 return data
 
     def receive_view(self, timeout: datetime.timedelta | float | None) -> "SampleView | None":
@@ -152,7 +155,7 @@ class Subscriber:
         deadline = _deadline_ns(timeout)
         while True:
             view = self.try_receive_view()
-            if view is not None or not self._sleep_until_written(deadline):
+            if view is not None or not self._wait_for_write(deadline):
                 return view
 
     def try_receive_latest(self) -> bytes | None:
@@ -166,7 +169,7 @@ class Subscriber:
         deadline = _deadline_ns(timeout)
         while True:
             data = self.try_receive_latest()
-            if data is not None or not self._sleep_until_written(deadline):
+            if data is not None or not self._wait_for_write(deadline):
                 return data
 
     def __iter__(self):
@@ -306,6 +309,37 @@ class Subscriber:
             self._take_ring(new_region, new_ring, start_pos, _record_ownership(new_region, new_ring, start_pos))
             self._lost += unread
         self._rejoined += 1
+
+    def _wait_for_write(self, deadline_ns: int | None) -> bool:
+        """Spin, then park: while the last wait for a message took less than
+        the spin budget, poll write_pos for up to that budget (holding the
+        GIL, no system call); then, or at once, sleep on the futex. A topic
+        slower than the budget never spins. Returns False once the deadline
+        has passed."""
+        began_ns = time.monotonic_ns()
+        if self._idle_gap_ns is not None and self._idle_gap_ns < self._spin_ns:
+            spin_until_ns = began_ns + self._spin_ns
+            if deadline_ns is not None:
+                spin_until_ns = min(spin_until_ns, deadline_ns)
+            if self._spin_until_written(spin_until_ns):
+                self._idle_gap_ns = time.monotonic_ns() - began_ns
+                return True
+        waited = self._sleep_until_written(deadline_ns)
+        self._idle_gap_ns = time.monotonic_ns() - began_ns
+        return waited
+
+    def _spin_until_written(self, until_ns: int) -> bool:
+        """Poll write_pos (acquire) until it moves on from our read position
+        or ``until_ns`` passes; True if it moved. Anything else found at
+        write_pos (a claimed entry not committed yet, a ring reset by a
+        re-create) is left to the sleep, which knows what to do."""
+        ops, write_pos, read_pos = self._region.atomics, self._ring.write_pos, self._read_pos
+        if ops.load_acquire_u64(write_pos) != read_pos:
+            return False
+        while time.monotonic_ns() < until_ns:
+            if ops.load_acquire_u64(write_pos) != read_pos:
+                return True
+        return False
 
     def _sleep_until_written(self, deadline_ns: int | None) -> bool:
         """Sleep on the ring's futex until write_pos moves, or the deadline.

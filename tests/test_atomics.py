@@ -74,3 +74,27 @@ def test_futex_wait_is_woken_and_does_not_hold_the_gil(words):
     sleeper.join(timeout=10)
     assert not sleeper.is_alive()
     assert outcome == [atomics.FUTEX_WOKEN]
+
+
+def test_atomics_are_built_to_keep_the_gil_and_futex_calls_to_release_it():
+    """kickmsg/_build.py turns cffi's GIL release into an empty block for the
+    atomics module only. It relies on the shape of cffi's generated code:
+    its definitions first, our source next, then wrappers bracketing each
+    call with Py_BEGIN/END_ALLOW_THREADS. A cffi that changed that shape
+    would silently release the GIL again (or fail to build); this says so."""
+    from kickmsg import _build
+
+    def generated(builder) -> str:
+        import io
+        code = io.StringIO()
+        builder.emit_c_code(code)
+        return code.getvalue()
+
+    atomics_code = generated(_build.atomics_builder)
+    ours = atomics_code.index("#define Py_BEGIN_ALLOW_THREADS {")
+    assert atomics_code.index("#define _cffi_save_errno") < ours  # after cffi's own definitions
+    first_wrapper = atomics_code.index("{ result = km_load_relaxed_u32(x0); }")
+    assert ours < atomics_code.rindex("Py_BEGIN_ALLOW_THREADS", 0, first_wrapper)  # before its uses
+    futex_code = generated(_build.futex_builder)
+    assert "#define Py_BEGIN_ALLOW_THREADS {" not in futex_code
+    assert "Py_BEGIN_ALLOW_THREADS" in futex_code
