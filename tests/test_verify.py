@@ -105,6 +105,24 @@ def test_mutants_leave_the_package_untouched():
     assert publisher.Publisher._publish is original
 
 
+def test_a_mutant_calls_the_functions_of_its_module_that_a_mutant_installed():
+    """Compiled in a copy of its module's namespace, the mutated _publish
+    would call the original _wait_and_capture_slot, and a weakening of the
+    capture would never run (it hid one in an earlier --orders table)."""
+    from kickmsg import publisher
+    from kickmsg.verify.mutants import Mutant, installed
+
+    original = publisher._wait_and_capture_slot
+    both = Mutant("both", "-", (
+        Patch(publisher.Publisher, "_publish", (Edit(("delivered = 0",), ("delivered = 0  # edited",)),)),
+        Patch(publisher, "_wait_and_capture_slot", (Edit(("spins = 0",), ("spins = 0  # edited",)),)),
+    ))
+    with installed(both):
+        assert publisher._wait_and_capture_slot is not original
+        assert publisher.Publisher._publish.__globals__["_wait_and_capture_slot"] is publisher._wait_and_capture_slot
+    assert publisher._wait_and_capture_slot is original and "_publish" not in vars(publisher)
+
+
 def test_a_stale_mutant_refuses_to_build():
     from kickmsg import publisher
 

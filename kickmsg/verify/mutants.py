@@ -224,18 +224,21 @@ def _apply(source: str, edit: Edit, mutant: str) -> str:
 
 
 def build(patch: Patch, name: str):
-    """The function ``patch`` edits, edited and compiled in the namespace of
-    its module (``name`` labels it in tracebacks and errors), at the lines
-    of the original (exactly so while each edit keeps the number of lines)."""
+    """The function ``patch`` edits, edited and compiled with its module's
+    globals (``name`` labels it in tracebacks and errors), at the lines of
+    the original (exactly so while each edit keeps the number of lines).
+    It looks up the module's other functions when it calls them, so it
+    calls those a mutant has installed, not the originals."""
     original = getattr(patch.owner, patch.attribute)
     lines, first_line = inspect.getsourcelines(original)
     source = textwrap.dedent("".join(lines))
     for edit in patch.edits:
         source = _apply(source, edit, name)
     module = inspect.getmodule(original)
-    namespace = dict(vars(module))
-    exec(compile("\n" * (first_line - 1) + source, f"<mutant {name} of {module.__name__}>", "exec"), namespace)
-    mutated = namespace[original.__name__]
+    defined = {}  # the def binds its name here, not in the module
+    exec(compile("\n" * (first_line - 1) + source, f"<mutant {name} of {module.__name__}>", "exec"), vars(module),
+         defined)
+    mutated = defined[original.__name__]
     mutated.__code__ = mutated.__code__.replace(co_qualname=original.__qualname__)  # named as the original in traces
     return mutated
 
