@@ -179,6 +179,22 @@ def test_a_refcount_that_matches_no_reference_is_a_violation():
     assert invariants.memory_violation(region, ledger) is None
 
 
+def test_the_ledger_takes_the_captured_slot_from_the_slot_index_in_any_order():
+    """A capturing publisher holds the slot it read from the entry's
+    slot_idx, whatever that load's order; the sequence it waited on, even
+    loaded relaxed (an --orders weakening), names no slot."""
+    from kickmsg.verify.scheduler import Step
+
+    region = _private_region(Scenario())
+    ledger = invariants.Ledger(region)
+    entry = region.rings[0].entries[0]
+    wait = ("_wait_and_capture_slot", "Publisher._publish")
+    ledger.follow(Step("pub1", wait, "load_relaxed_u64", entry + layout.SEQUENCE_OFFSET, (), 1))
+    assert ledger.held == {}
+    ledger.follow(Step("pub1", wait, "load_acquire_u32", entry + layout.SLOT_IDX_OFFSET, (), 3))
+    assert ledger.held == {"pub1": {3}}
+
+
 def test_a_slot_that_never_comes_back_is_a_violation_at_the_end():
     region = _private_region(Scenario())
     slot = treiber.pop(region)
