@@ -19,9 +19,13 @@ test: $(INSTALLED) $(NATIVE_INSTALLED) check-java
 	$(PY) -m pytest
 
 # Ours, native 0.1.0, multiprocessing.Pipe/Queue and pyzmq, same run, a few
-# minutes; results in benchmarks/results/. Smoke run: make bench BENCH_ARGS=--quick
+# minutes; then waiting (asyncio, WaitSet) against pyzmq, about a minute;
+# results in benchmarks/results/. Smoke run: make bench BENCH_ARGS=--quick
 bench: $(INSTALLED) $(NATIVE_INSTALLED)
-	$(PY) benchmarks/bench_core.py $(BENCH_ARGS)
+	status=0; \
+	$(PY) benchmarks/bench_core.py $(BENCH_ARGS) || status=$$?; \
+	$(PY) benchmarks/bench_wait.py $(BENCH_ARGS) || status=$$?; \
+	exit $$status
 
 $(INSTALLED): setup.py pyproject.toml kickmsg/_atomics.c kickmsg/_build.py scripts/find-python.sh
 	@python=$$(scripts/find-python.sh) || exit 1; \

@@ -3,7 +3,9 @@
 Byte-compatible with the native ``kickmsg`` 0.1.0 (layout version 4) and
 offering the same Python API: a process using this package and one using the
 native library can share a channel in either direction. Beyond that API, the
-top level adds ``audit(region)``; typed channels are in ``kickmsg.typed``.
+top level adds ``audit(region)`` and ``WaitSet`` (waiting on many
+subscribers at once, handlers); typed channels are in ``kickmsg.typed``,
+asyncio in ``kickmsg.aio``.
 """
 from kickmsg import hash, schema
 from kickmsg.audit import audit
@@ -13,6 +15,7 @@ from kickmsg.node import BroadcastHandle, Node
 from kickmsg.region import HealthReport, SharedRegion, unlink_shm
 from kickmsg.schema import SchemaInfo
 from kickmsg.subscriber import SampleView, Subscriber
+from kickmsg.waitset import WaitSet
 
 __version__ = "0.1.0"
 
@@ -28,6 +31,7 @@ __all__ = [
     "SchemaInfo",
     "SharedRegion",
     "Subscriber",
+    "WaitSet",
     "audit",
     "hash",
     "schema",

@@ -40,12 +40,19 @@ FUTEX_DECLARATIONS = """
     int km_futex_wake_all(uintptr_t addr);
 """
 
+FUTEX_WAITV_DECLARATIONS = """
+    #define KM_FUTEX_WAITV_MAX 128
+    int km_futex_waitv(const uintptr_t *addresses, const uint32_t *expected,
+                       uint32_t count, int64_t timeout_ns, int32_t *woken_index);
+"""
+
 ffibuilder = FFI()
 for c_type, suffix in (("uint32_t", "u32"), ("uint64_t", "u64")):
     ffibuilder.cdef(
         ATOMIC_DECLARATIONS.replace("SUFFIX", suffix).replace("T ", c_type + " ")
     )
 ffibuilder.cdef(FUTEX_DECLARATIONS)
+ffibuilder.cdef(FUTEX_WAITV_DECLARATIONS)
 ffibuilder.set_source(
     "kickmsg._atomics_cffi",
     SHIM_SOURCE.read_text(),

@@ -21,12 +21,103 @@ methods; a test or a verification tool can pass one that observes or
 schedules each step. On the hardware object every method is the compiled C
 function itself, so the hot path pays for no Python layer.
 """
+import errno
+import os
+import time
+import warnings
+
+from kickmsg._atomics_cffi import ffi as _ffi
 from kickmsg._atomics_cffi import lib as _lib
 
 FUTEX_WOKEN = _lib.KM_FUTEX_WOKEN
 FUTEX_TIMED_OUT = _lib.KM_FUTEX_TIMED_OUT
 FUTEX_VALUE_CHANGED = _lib.KM_FUTEX_VALUE_CHANGED
 FUTEX_INTERRUPTED = _lib.KM_FUTEX_INTERRUPTED
+
+
+# -- Sleeping on many words at once (WaitSet, kickmsg.aio) -------------------
+
+FUTEX_WAITV_MAX = _lib.KM_FUTEX_WAITV_MAX  # words one futex_waitv call can sleep on
+POLL_SLICE_MIN_NS = 50_000  # the polling sleep's first slice...
+POLL_SLICE_MAX_NS = 5_000_000  # ...doubling up to this while nothing changes
+
+
+def futex_waitv_kernel(addresses, expected_values, timeout_ns: int) -> tuple[int, int]:
+    """Sleep (without the GIL) until one of the 32-bit words at ``addresses``
+    is woken or no longer holds its expected value, or ``timeout_ns`` passes
+    (negative: no limit). Returns (FUTEX_* outcome, index of the word that
+    woke it or was seen changed; -1 on a timeout or an interruption).
+
+    The kernel's futex_waitv (Linux >= 5.16) sleeps on up to
+    FUTEX_WAITV_MAX words; words beyond those are compared between slices of
+    that sleep, as ``futex_waitv_polling`` does. On a kernel without
+    futex_waitv, warns once and uses ``futex_waitv_polling`` from then on."""
+    if len(addresses) > FUTEX_WAITV_MAX:
+        return _sleep_in_slices(addresses, expected_values, timeout_ns, FUTEX_WAITV_MAX, futex_waitv_kernel)
+    woken_index = _ffi.new("int32_t *")
+    outcome = _lib.km_futex_waitv(
+        _ffi.new("uintptr_t[]", addresses), _ffi.new("uint32_t[]", expected_values), len(addresses), timeout_ns,
+        woken_index,
+    )
+    if outcome == -errno.ENOSYS:
+        warnings.warn(
+            "this kernel has no futex_waitv (Linux < 5.16): WaitSet and kickmsg.aio poll instead "
+            f"(sleeps of {POLL_SLICE_MIN_NS // 1000} us doubling to {POLL_SLICE_MAX_NS // 1_000_000} ms)",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        Atomics.futex_waitv = staticmethod(futex_waitv_polling)
+        return futex_waitv_polling(addresses, expected_values, timeout_ns)
+    if outcome < 0:
+        raise OSError(-outcome, f"futex_waitv: {os.strerror(-outcome)}")
+    if outcome == FUTEX_VALUE_CHANGED:  # the kernel does not say which: look
+        return outcome, _first_changed(addresses, expected_values, 0)
+    return outcome, woken_index[0]
+
+
+def futex_waitv_polling(addresses, expected_values, timeout_ns: int) -> tuple[int, int]:
+    """``futex_waitv_kernel`` without the kernel's futex_waitv: sleep on the
+    first word alone (futex_wait) in slices of 50 us doubling to 5 ms while
+    nothing changes, and compare the other words with their expected values
+    between slices. It never busy-waits; a change of another word is seen
+    within one slice."""
+    return _sleep_in_slices(addresses, expected_values, timeout_ns, 1, _futex_wait_first)
+
+
+def _futex_wait_first(addresses, expected_values, timeout_ns: int) -> tuple[int, int]:
+    """futex_wait on the one word given, with futex_waitv's result."""
+    outcome = _lib.km_futex_wait(addresses[0], expected_values[0], timeout_ns)
+    if outcome < 0:
+        raise OSError(-outcome, f"futex_wait: {os.strerror(-outcome)}")
+    return outcome, 0 if outcome in (FUTEX_WOKEN, FUTEX_VALUE_CHANGED) else -1
+
+
+def _first_changed(addresses, expected_values, start: int) -> int:
+    """The index of the first word from ``start`` on that no longer holds
+    its expected value, or -1."""
+    for index in range(start, len(addresses)):
+        if _lib.km_load_acquire_u32(addresses[index]) != expected_values[index]:
+            return index
+    return -1
+
+
+def _sleep_in_slices(addresses, expected_values, timeout_ns: int, in_kernel: int, kernel_sleep) -> tuple[int, int]:
+    """Sleep on the first ``in_kernel`` words with ``kernel_sleep``, in
+    slices; between slices, compare the other words with their values."""
+    deadline_ns = None if timeout_ns < 0 else time.monotonic_ns() + timeout_ns
+    slice_ns = POLL_SLICE_MIN_NS
+    while True:
+        changed = _first_changed(addresses, expected_values, in_kernel)
+        if changed >= 0:
+            return FUTEX_VALUE_CHANGED, changed
+        if deadline_ns is not None:
+            slice_ns = min(slice_ns, deadline_ns - time.monotonic_ns())
+            if slice_ns <= 0:
+                return FUTEX_TIMED_OUT, -1
+        outcome, index = kernel_sleep(addresses[:in_kernel], expected_values[:in_kernel], slice_ns)
+        if outcome != FUTEX_TIMED_OUT:
+            return outcome, index
+        slice_ns = min(2 * slice_ns, POLL_SLICE_MAX_NS)
 
 
 class Atomics:
@@ -75,6 +166,14 @@ class Atomics:
     futex_wait = _lib.km_futex_wait
     # futex_wake_all(addr) -> number of waiters woken.
     futex_wake_all = _lib.km_futex_wake_all
+    # futex_waitv(addresses, expected_values, timeout_ns) -> (outcome, index):
+    # sleep on many words at once, as above. KICKMSG_FUTEX_WAITV=polling in
+    # the environment selects the fallback (what a kernel before 5.16 gets);
+    # so does assigning futex_waitv_polling here.
+    if os.environ.get("KICKMSG_FUTEX_WAITV") == "polling":
+        futex_waitv = staticmethod(futex_waitv_polling)
+    else:
+        futex_waitv = staticmethod(futex_waitv_kernel)
 
 
 HARDWARE = Atomics()

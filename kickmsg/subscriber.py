@@ -55,6 +55,7 @@ class Subscriber:
         self._drain_timeouts = 0
         self._rejoined = 0
         self._closed = False
+        self._waiting_on = None  # (region, ring) whose has_waiter a WaitSet set for us
         ring, start_pos = _join_or_reclaim(region)
         self._take_ring(region, ring, start_pos, _record_ownership(region, ring, start_pos))
 
@@ -338,6 +339,48 @@ class Subscriber:
         if self._region.mapping.shared:
             self._next_check_in_ns = 0  # check in after the receive a wake-up allows: its record is then exact
         return True
+
+    # -- waiting together with other subscribers (kickmsg.waitset, kickmsg.aio) --
+
+    def _announce_wait(self, check_in: bool) -> tuple[int, int, int] | None:
+        """A blocking receive's steps before it sleeps, for a WaitSet that
+        sleeps on many rings at once: check in first if ``check_in``, then
+        store has_waiter = 1 (relaxed) and read write_pos (acquire). Returns
+        None if a receive has something to do now (a committed entry, the
+        ring lapped us, or a re-create in place reset it); else the futex word,
+        the value seen there, and the longest sleep in ns (-1: no limit; a
+        short nap while a claimed entry is not committed yet). has_waiter
+        stays set until ``_end_wait``."""
+        if self._closed:
+            raise ValueError(f"this subscriber of {self._region.name} is closed")
+        if check_in:
+            self._end_wait()  # checking in may take us to another ring
+            self._check_in()
+        self._report_if_stale()  # going idle: leave the record current
+        region, ring = self._region, self._ring
+        ops = region.atomics
+        ops.store_relaxed_u32(ring.has_waiter, 1)
+        self._waiting_on = (region, ring)
+        write_pos = ops.load_acquire_u64(ring.write_pos)
+        if write_pos == self._read_pos:
+            return ring.write_pos, write_pos & U32_MAX, -1
+        if write_pos < self._read_pos:
+            self._next_check_in_ns = 0  # reset by a re-create in place: the next receive checks in
+            return None
+        if write_pos - self._read_pos > region.geometry.capacity:
+            return None  # lapped: the oldest entry is there to read
+        sequence = ops.load_acquire_u64(ring.entries[self._read_pos & region.geometry.mask] + SEQUENCE_OFFSET)
+        if sequence != LOCKED_SEQUENCE and sequence > self._read_pos:
+            return None  # committed (or overwritten since: receive counts it lost and reads on)
+        # Claimed but not committed yet: its wake-up may come before we sleep.
+        return ring.write_pos, write_pos & U32_MAX, UNCOMMITTED_POLL_NS
+
+    def _end_wait(self) -> None:
+        """After the sleep: has_waiter = 0 on the ring ``_announce_wait`` set it on."""
+        if self._waiting_on is not None:
+            region, ring = self._waiting_on
+            region.atomics.store_relaxed_u32(ring.has_waiter, 0)
+            self._waiting_on = None
 
     # -- leaving --------------------------------------------------------------
 

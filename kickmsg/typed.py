@@ -322,6 +322,12 @@ class TypedSubscriber:
     def receive(self, timeout: datetime.timedelta | float | None) -> np.ndarray | None:
         return self._records(self.subscriber.receive_view(timeout))
 
+    def try_receive_latest(self) -> np.ndarray | None:
+        """The newest message's records, passing over older unread ones
+        (counted in the subscriber's ``skipped``), or None (read-latest)."""
+        self.subscriber._skip_to_newest()
+        return self.try_receive()
+
     def _records(self, view: SampleView | None) -> np.ndarray | None:
         self._check_type()
         if view is None:

@@ -1,0 +1,193 @@
+"""WaitSet: sleep until any of many subscribers has a message; handlers.
+
+A WaitSet sleeps on the futex words of all its subscribers' rings at once
+(``futex_waitv`` through ``kickmsg.atomics``). On each ring it announces
+itself exactly as a blocking receive does: has_waiter = 1, then write_pos
+read again, so a message published meanwhile is seen before it sleeps, and
+publishers (native 0.1.0 included) wake it with the wake-up they already
+make. It never receives: a message stays in its ring until received, and
+has_waiter is cleared on every ring when a wait ends, however it ends.
+"""
+import time
+from typing import Callable, NamedTuple
+
+from kickmsg import atomics
+from kickmsg.region import NEVER
+from kickmsg.subscriber import Subscriber, _deadline_ns
+
+
+class _Member:
+    """A subscriber of a WaitSet: the object added (a Subscriber or a
+    TypedSubscriber), its handler, and whether ``spin`` hands it only the
+    newest message."""
+
+    def __init__(self, added, handler: Callable | None, latest: bool):
+        self.added = added
+        self.handler = handler
+        self.latest = latest
+
+
+class _Sleep(NamedTuple):
+    """What to sleep on: the futex words and the values seen there, for at
+    most ``timeout_ns`` (-1: no limit), and the regions holding the words
+    (kept mapped while another thread sleeps on them)."""
+
+    addresses: list[int]
+    values: list[int]
+    timeout_ns: int
+    regions: list
+
+
+def ring_owner(subscriber) -> Subscriber:
+    """The Subscriber whose ring to sleep on: the object itself, or the
+    one a TypedSubscriber (kickmsg.typed) wraps."""
+    owner = getattr(subscriber, "subscriber", subscriber)
+    if not isinstance(owner, Subscriber):
+        raise TypeError(f"a WaitSet waits on a Subscriber or a TypedSubscriber, not {subscriber!r}")
+    return owner
+
+
+def _sooner(first_ns: int, second_ns: int) -> int:
+    """The shorter of two sleeps (negative: no limit)."""
+    if first_ns < 0:
+        return second_ns
+    return first_ns if second_ns < 0 else min(first_ns, second_ns)
+
+
+class WaitSet:
+    """Waits on many subscribers at once, from one thread.
+
+    ``wait(timeout)`` returns the subscribers with a message ready, in the
+    order they were added; ``spin_once``/``spin`` call the handler given to
+    ``add`` for each message. Subscribers and typed subscribers
+    (``kickmsg.typed``) both fit. While it waits, a WaitSet checks in for
+    its subscribers every 0.1 s, so that they follow a re-created region as
+    a blocking receive does (and it then sleeps on the new ring).
+
+    Up to 128 subscribers (FUTEX_WAITV_MAX) sleep in the kernel; beyond
+    that the others are compared between slices of that sleep (50 us
+    doubling to 5 ms while nothing changes), so a message to one of them is
+    seen within 5 ms.
+    """
+
+    def __init__(self):
+        self._members: dict[Subscriber, _Member] = {}  # keyed by the subscriber owning the ring
+        self._next_check_in_ns = 0  # when to check in for every subscriber: at the first wait
+
+    def add(self, subscriber, handler: Callable | None = None, *, latest: bool = False) -> None:
+        """Wait on ``subscriber`` too. ``handler(message)`` is called by
+        ``spin`` for each message (a copy, or a typed subscriber's records);
+        with ``latest``, only for the newest one ready (read-latest: those
+        passed over count in ``skipped``)."""
+        owner = ring_owner(subscriber)
+        if owner in self._members:
+            raise ValueError(f"{subscriber!r} is already in this WaitSet")
+        self._members[owner] = _Member(subscriber, handler, latest)
+
+    def remove(self, subscriber) -> None:
+        """Stop waiting on ``subscriber`` (KeyError if it is not here)."""
+        owner = ring_owner(subscriber)
+        if owner not in self._members:
+            raise KeyError(f"{subscriber!r} is not in this WaitSet")
+        del self._members[owner]
+        owner._end_wait()
+
+    def __contains__(self, subscriber) -> bool:
+        return ring_owner(subscriber) in self._members
+
+    def __len__(self) -> int:
+        return len(self._members)
+
+    def wait(self, timeout=None) -> list:
+        """Sleep (without the GIL) until a subscriber has a message ready,
+        at most ``timeout`` (a timedelta or seconds; None: no limit).
+        Returns the subscribers with a message ready (empty on timeout);
+        receiving is up to the caller."""
+        if not self._members:
+            raise ValueError("this WaitSet has no subscribers to wait on")
+        deadline_ns = _deadline_ns(timeout)
+        try:
+            while True:
+                ready, sleep = self._look()
+                if ready:
+                    return ready
+                remaining_ns = -1 if deadline_ns is None else deadline_ns - time.monotonic_ns()
+                if deadline_ns is not None and remaining_ns <= 0:
+                    return []
+                atomics.HARDWARE.futex_waitv(sleep.addresses, sleep.values, _sooner(remaining_ns, sleep.timeout_ns))
+        finally:
+            for owner in self._members:
+                owner._end_wait()
+
+    def _look(self) -> tuple[list, _Sleep]:
+        """Check in for every subscriber when due, announce ourselves on
+        every ring, and look: the subscribers with a message ready, and what
+        to sleep on for the others."""
+        check_in = time.monotonic_ns() >= self._next_check_in_ns
+        if check_in:
+            self._next_check_in_ns = min((owner.region.next_check_in_ns() for owner in self._members), default=NEVER)
+        longest_ns = -1 if self._next_check_in_ns == NEVER else max(0, self._next_check_in_ns - time.monotonic_ns())
+        ready, addresses, values, regions = [], [], [], []
+        for owner, member in self._members.items():
+            word = owner._announce_wait(check_in)
+            if word is None:
+                ready.append(member.added)
+                continue
+            address, value, nap_ns = word
+            addresses.append(address)
+            values.append(value)
+            regions.append(owner.region)
+            longest_ns = _sooner(longest_ns, nap_ns)
+        return ready, _Sleep(addresses, values, longest_ns, regions)
+
+    # -- handlers ---------------------------------------------------------------
+
+    def spin_once(self, timeout=None) -> int:
+        """Wait up to ``timeout`` for messages, then call each ready
+        subscriber's handler for its messages (at most a ring's worth each,
+        so that a busy channel cannot starve the others; the newest one
+        only for a subscriber added with ``latest``). Returns how many
+        messages were handled (0 on timeout)."""
+        unhandled = [member.added for member in self._members.values() if member.handler is None]
+        if unhandled:
+            raise ValueError(f"spin needs a handler for every subscriber (add(subscriber, handler)): none for {unhandled[0]!r}")
+        handled = 0
+        for added in self.wait(timeout):
+            owner = ring_owner(added)
+            member = self._members[owner]
+            receive = added.try_receive_latest if member.latest else added.try_receive
+            for _ in range(1 if member.latest else owner.region.geometry.capacity):
+                message = receive()
+                if message is None:
+                    break
+                member.handler(message)
+                handled += 1
+        return handled
+
+    def spin(self, timeout=None) -> int:
+        """``spin_once`` until ``timeout`` has passed (None: for ever; an
+        exception from a handler, or Ctrl-C, ends it too). Returns how many
+        messages were handled."""
+        deadline_ns = _deadline_ns(timeout)
+        handled = 0
+        while deadline_ns is None or (remaining_ns := deadline_ns - time.monotonic_ns()) > 0:
+            handled += self.spin_once(None if deadline_ns is None else remaining_ns / 1e9)
+        return handled
+
+    # -- closing ----------------------------------------------------------------
+
+    def close(self) -> None:
+        """Remove every subscriber (they stay open: they are the caller's)."""
+        for owner in list(self._members):
+            del self._members[owner]
+            owner._end_wait()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.close()
+
+    def __repr__(self):
+        names = ", ".join(owner.region.name for owner in self._members)
+        return f"WaitSet({len(self._members)} subscribers: {names})"
