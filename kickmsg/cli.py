@@ -1119,8 +1119,8 @@ def cmd_verify(args) -> int:
     model = args.memory_model or ("ra" if args.orders else mutant.model if mutant else "sc")  # memory orders: ra
     if args.orders and model != "ra":
         raise CommandError("--orders explores under --memory-model ra")
-    if model == "sc" and (args.stale or args.amended):
-        raise CommandError("--stale and --amended need --memory-model ra")
+    if model == "sc" and args.stale:
+        raise CommandError("--stale needs --memory-model ra")
     stale = args.stale if args.stale is not None else (2 if model == "ra" else 0)
     budget = args.budget if args.budget is not None else (2 if model == "ra" else None)
     if args.orders:
@@ -1132,7 +1132,7 @@ def cmd_verify(args) -> int:
         bounds = f"at most {preemptions} preemption(s), {stale} stale read(s), {budget} in all"
         emit(args, {"bounds": bounds, "seconds": round(time.monotonic() - began), "rows": [r.to_dict() for r in table]},
              f"{orders.format_table(table)}\n{len(table)} rows in {time.monotonic() - began:.0f} s "
-             f"(amended flows under ra, {bounds})")
+             f"(under ra, {bounds})")
         return EXIT_OK
     scenario = verify.MUTANT_SCENARIOS.get(args.mutant, verify.Scenario())
     changes = {field: getattr(args, field) for field in ("publishers", "messages", "subscribers", "capacity", "pool")}
@@ -1141,17 +1141,17 @@ def cmd_verify(args) -> int:
     try:
         if args.seed is not None:
             report = verify.explore_random(scenario, args.mutant, runs=args.runs, seed=args.seed, memory_model=model,
-                                           stale=stale, amended=args.amended)
+                                           stale=stale)
         else:
             report = verify.explore(scenario, args.mutant, preemptions, max_schedules=args.max_schedules,
-                                    memory_model=model, stale=stale, budget=budget, amended=args.amended)
+                                    memory_model=model, stale=stale, budget=budget)
     except ValueError as error:  # the region cannot be laid out (actors' errors are violations)
         raise CommandError(f"bad scenario: {error}") from None
     data = {
         "mutant": report.mutant, "scenario": dataclasses.asdict(scenario), "schedules": report.schedules,
         "exhaustive": report.complete, "seconds": round(report.seconds, 3), "violation": report.violation,
         "trace": report.trace, "memory_model": model, "preemptions": preemptions, "stale": stale,
-        "budget": budget, "amended": args.amended,
+        "budget": budget,
     }
     text = report.summary() if report.trace is None else f"{report.trace}\n{report.summary()}"
     emit(args, data, text)
@@ -1378,7 +1378,7 @@ def build_parser() -> argparse.ArgumentParser:
                   "  kickmsg verify --publishers 3 --capacity 4 --preemptions 1\n"
                   "  kickmsg verify --repair-pass --preemptions 1        # a repair pass racing live traffic\n"
                   "  kickmsg verify --memory-model ra                # C11 release/acquire: <= 2 preemptions + stale reads\n"
-                  "  kickmsg verify --memory-model ra --amended      # with the stronger orders the weak model asks for\n"
+                  "  kickmsg verify --mutant spec-seqlock-orders     # the spec's seqlock orders: a stale re-check (ra)\n"
                   "  kickmsg verify --mutant commit-relaxed          # a memory-order mutant (explored under ra)\n"
                   "  kickmsg verify --orders                         # weaken each order one step: which are needed?",
                   channel=False)
@@ -1394,11 +1394,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="under ra, at most W loads per schedule read an older store than the newest (default 2)")
     sub.add_argument("--budget", type=int, metavar="B",
                      help="at most B preemptions and stale reads together (default: 2 under ra, no limit under sc)")
-    sub.add_argument("--amended", action="store_true",
-                     help="under ra, run the flows with the stronger orders the weak model asks for (see README)")
     sub.add_argument("--orders", action="store_true",
-                     help="weaken every memory order of the flows one step in turn and explore under ra (amended "
-                          "flows, at most 1 preemption); print which orders a counter-example shows necessary")
+                     help="weaken every memory order of the flows one step in turn and explore under ra (at most "
+                          "1 preemption); print which orders a counter-example shows necessary")
     sub.add_argument("--max-schedules", type=int, default=1_000_000, metavar="N",
                      help="stop an exhaustive exploration after N schedules (default 1000000)")
     sub.add_argument("--seed", type=int, help="run seeded random schedules instead of the exhaustive exploration")

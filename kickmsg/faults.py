@@ -65,11 +65,11 @@ class CrashingAtomics(Atomics):
             self._reached("holding_lock")
         return found
 
-    def store_relaxed_u32(self, address, value):
-        Atomics.store_relaxed_u32(address, value)
+    def store_release_u32(self, address, value):
+        Atomics.store_release_u32(address, value)
         start, end = self._pool
         if start <= address < end and (address - start) % self._slot_stride == layout.REFCOUNT_OFFSET:
-            self._reached("after_refcount")  # the publish flow's step 3
+            self._reached("after_refcount")  # the publish flow's step 3 (the pre-set is a release store)
 
     def fetch_add_acq_rel_u64(self, address, operand):
         previous = Atomics.fetch_add_acq_rel_u64(address, operand)

@@ -146,8 +146,8 @@ class Publisher:
         commit_timeout_ns = geometry.commit_timeout_us * 1000
         # 3. Pre-set the refcount to max_subs before touching any ring, so an
         #    eviction in one ring cannot free the slot while we visit the next.
-        #    (Relaxed: each ring's release commit below publishes it.)
-        ops.store_relaxed_u32(region.slot_addresses[slot] + REFCOUNT_OFFSET, geometry.max_subs)
+        #    Release, not the spec's relaxed: a pin must see the lock that freed it (README: "a seqlock re-check that reads the past").
+        ops.store_release_u32(region.slot_addresses[slot] + REFCOUNT_OFFSET, geometry.max_subs)
         delivered = 0
         excess = 0  # references held for rings we did not deliver to
         # 4. For each ring:
@@ -190,8 +190,9 @@ class Publisher:
                 # already did (and marked the entry INVALID_SLOT).
                 if evicted_slot < pool_size and ops.load_relaxed_u32(entry + SLOT_IDX_OFFSET) != INVALID_SLOT:
                     treiber.release_slot(region, evicted_slot)
-                ops.store_relaxed_u32(entry + SLOT_IDX_OFFSET, slot)
-                ops.store_relaxed_u32(entry + PAYLOAD_LEN_OFFSET, payload_len)
+                # Release, not the spec's relaxed: their readers must see our lock (README: "a seqlock re-check that reads the past").
+                ops.store_release_u32(entry + SLOT_IDX_OFFSET, slot)
+                ops.store_release_u32(entry + PAYLOAD_LEN_OFFSET, payload_len)
                 # Phase 2: commit with a release store of the real sequence.
                 ops.store_release_u64(entry + SEQUENCE_OFFSET, sequence)
                 delivered += 1

@@ -212,8 +212,9 @@ class Subscriber:
                 self._read_pos += 1
                 continue
             # 3. Read slot index and length; an impossible entry counts as lost.
-            slot = ops.load_relaxed_u32(entry + SLOT_IDX_OFFSET)
-            length = ops.load_relaxed_u32(entry + PAYLOAD_LEN_OFFSET)
+            #    Acquire, not the spec's relaxed: to see their writer's lock (README: "a seqlock re-check that reads the past").
+            slot = ops.load_acquire_u32(entry + SLOT_IDX_OFFSET)
+            length = ops.load_acquire_u32(entry + PAYLOAD_LEN_OFFSET)
             if slot >= geometry.pool_size or length > geometry.slot_data_size:
                 self._lost += 1
                 self._read_pos += 1

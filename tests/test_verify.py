@@ -105,6 +105,24 @@ def test_mutants_leave_the_package_untouched():
     assert publisher.Publisher._publish is original
 
 
+def test_a_mutant_calls_the_functions_of_its_module_that_a_mutant_installed():
+    """Compiled in a copy of its module's namespace, the mutated _publish
+    would call the original _wait_and_capture_slot, and a weakening of the
+    capture would never run (it hid one in an earlier --orders table)."""
+    from kickmsg import publisher
+    from kickmsg.verify.mutants import Mutant, installed
+
+    original = publisher._wait_and_capture_slot
+    both = Mutant("both", "-", (
+        Patch(publisher.Publisher, "_publish", (Edit(("delivered = 0",), ("delivered = 0  # edited",)),)),
+        Patch(publisher, "_wait_and_capture_slot", (Edit(("spins = 0",), ("spins = 0  # edited",)),)),
+    ))
+    with installed(both):
+        assert publisher._wait_and_capture_slot is not original
+        assert publisher.Publisher._publish.__globals__["_wait_and_capture_slot"] is publisher._wait_and_capture_slot
+    assert publisher._wait_and_capture_slot is original and "_publish" not in vars(publisher)
+
+
 def test_a_stale_mutant_refuses_to_build():
     from kickmsg import publisher
 
@@ -159,6 +177,22 @@ def test_a_refcount_that_matches_no_reference_is_a_violation():
     ledger.held.clear()
     ledger.pins[slot] = 1  # or pinned once by a subscriber
     assert invariants.memory_violation(region, ledger) is None
+
+
+def test_the_ledger_takes_the_captured_slot_from_the_slot_index_in_any_order():
+    """A capturing publisher holds the slot it read from the entry's
+    slot_idx, whatever that load's order; the sequence it waited on, even
+    loaded relaxed (an --orders weakening), names no slot."""
+    from kickmsg.verify.scheduler import Step
+
+    region = _private_region(Scenario())
+    ledger = invariants.Ledger(region)
+    entry = region.rings[0].entries[0]
+    wait = ("_wait_and_capture_slot", "Publisher._publish")
+    ledger.follow(Step("pub1", wait, "load_relaxed_u64", entry + layout.SEQUENCE_OFFSET, (), 1))
+    assert ledger.held == {}
+    ledger.follow(Step("pub1", wait, "load_acquire_u32", entry + layout.SLOT_IDX_OFFSET, (), 3))
+    assert ledger.held == {"pub1": {3}}
 
 
 def test_a_slot_that_never_comes_back_is_a_violation_at_the_end():

@@ -3,10 +3,11 @@
 With no stale read it explores exactly the schedules of sequential
 consistency; each memory-order mutant is caught under ra and passes under
 sc; the data-race check fires on a payload written after its commit; the
-spec's own orders let a seqlock re-check read a stale sequence (the
-README's finding), the amended orders pass the bounded run; weak
-behaviours the spec accepts are not violations.
+spec's own orders (the mutant spec-seqlock-orders) let a seqlock re-check
+read a stale sequence (the README's finding), the code's stronger orders
+pass the bounded run; weak behaviours the spec accepts are not violations.
 """
+import functools
 import json
 import re
 import subprocess
@@ -20,6 +21,16 @@ from kickmsg.verify import MUTANT_SCENARIOS, MUTANTS, Scenario, explore, format_
 
 RA_MUTANTS = sorted(name for name, mutant in MUTANTS.items() if mutant.model == "ra")
 SC_MUTANTS = sorted(name for name, mutant in MUTANTS.items() if mutant.model == "sc")
+# Each is caught with no preemption and at most two stale reads, but the spec's
+# orders, which need one preemption and one stale read. The unmutated code
+# passes both bounds (K + W <= 2, below).
+RA_BOUNDS = {"spec-seqlock-orders": {"preemptions": 1, "stale": 1}}
+NO_PREEMPTION = {"preemptions": 0, "stale": 2}
+
+
+@functools.cache
+def caught_under_ra(mutant: str):
+    return explore(MUTANT_SCENARIOS[mutant], mutant=mutant, memory_model="ra", **RA_BOUNDS.get(mutant, NO_PREEMPTION))
 
 
 def test_with_no_stale_read_ra_explores_exactly_the_schedules_of_sc():
@@ -40,15 +51,13 @@ def test_with_no_stale_read_ra_finds_each_sc_mutant_at_the_same_schedule(mutant)
 
 @pytest.mark.parametrize("mutant", RA_MUTANTS)
 def test_each_memory_order_mutant_is_caught_under_ra_only(mutant):
-    scenario = MUTANT_SCENARIOS[mutant]
-    # Within these bounds the unmutated code passes under ra too (test below).
-    caught = explore(scenario, mutant=mutant, preemptions=0, memory_model="ra", stale=2)
+    caught = caught_under_ra(mutant)
     assert caught.violation is not None, caught.summary()
     lines = caught.trace.splitlines()
     assert lines[-1] == f"violation: {caught.violation}"
     assert " ? " not in caught.trace
     assert "STALE: the newest is" in caught.trace or caught.violation.startswith("data race on slot")
-    assert explore(scenario, mutant=mutant, preemptions=1).violation is None  # sequential consistency
+    assert explore(MUTANT_SCENARIOS[mutant], mutant=mutant, preemptions=1).violation is None  # sequential consistency
 
 
 def test_the_unmutated_code_passes_the_bounds_that_catch_the_mutants():
@@ -70,29 +79,35 @@ def test_a_payload_written_after_its_commit_is_a_data_race_with_both_accesses_in
 
 
 def test_the_spec_orders_let_the_seqlock_recheck_read_a_stale_sequence():
-    """The README's finding: with one preemption and one stale read, a
-    subscriber pins a slot a newer writer took and re-checks a sequence
-    that writer already replaced."""
-    report = explore(Scenario(), preemptions=1, memory_model="ra", stale=1)
-    assert report.violation is not None
-    assert report.violation.startswith("data race on slot") or " received " in report.violation
+    """The README's finding, kept as the mutant spec-seqlock-orders: with one
+    preemption and one stale read, a subscriber pins a slot a newer writer
+    took, re-checks a sequence that writer already replaced, and reads the
+    slot racing that writer's payload write. Under sc it passes (above)."""
+    report = caught_under_ra("spec-seqlock-orders")
+    match = re.fullmatch(r"data race on slot (\d)'s payload: sub0 reads it at step (\d+), "
+                         r"but pub1's write at step (\d+) does not happen before", report.violation)
+    assert match, report.violation
+    slot, read_at, written_at = match.groups()
+    steps = {line.split(".")[0].strip(): line for line in report.trace.splitlines()[:-1]}
+    assert f"read_payload(slot {slot} payload" in steps[read_at] and f"write_payload(slot {slot} payload" in steps[written_at]
     stale = [line for line in report.trace.splitlines() if "STALE" in line]
     assert len(stale) == 1 and "Subscriber._pin_next" in stale[0] and "load_acquire_u64(ring 0 entry 0.sequence)" in stale[0]
+    assert stale[0] == steps[str(int(read_at) - 1)]  # the re-check, right before the read
     assert report.trace.count("<< preempts") == 1
 
 
 @pytest.mark.timeout(900)
-def test_the_amended_flows_pass_the_bounded_ra_run():
+def test_the_unmutated_flows_pass_the_bounded_ra_run():
     """The clean run: every schedule with at most two preemptions and stale
     reads together (K + W <= 2), among them the one above where the spec's
     orders fail."""
-    report = explore(Scenario(), preemptions=2, memory_model="ra", stale=2, budget=2, amended=True)
+    report = explore(Scenario(), preemptions=2, memory_model="ra", stale=2, budget=2)
     assert report.violation is None and report.complete, report.trace
     assert report.schedules > 54_520  # more than sequential consistency's 54 520 with K <= 2
 
 
 def test_a_repair_pass_acts_on_a_stale_lock_without_any_preemption():
-    report = explore(Scenario(repairer=True), preemptions=0, memory_model="ra", stale=1, amended=True)
+    report = explore(Scenario(repairer=True), preemptions=0, memory_model="ra", stale=1)
     assert report.violation is not None
     stale = [line for line in report.trace.splitlines() if "STALE" in line]
     assert len(stale) == 1 and stale[0].split()[1] == "repair" and "-> LOCKED" in stale[0]
@@ -157,6 +172,20 @@ def test_the_orders_table_of_the_free_stack_push(monkeypatch):
     assert len(table) == 4 and table[3].startswith("kickmsg/treiber.py:")
 
 
+def test_a_site_stronger_than_the_spec_says_so_in_the_orders_table(monkeypatch):
+    stronger = [site for site in orders.sites() if orders.spec_order(site)]
+    assert [(site.function, site.operation, orders.spec_order(site)) for site in stronger] == (
+        [("Publisher._publish", "store_release_u32", "relaxed")] * 3
+        + [("Subscriber._pin_next", "load_acquire_u32", "relaxed")] * 2)  # the sites spec-seqlock-orders gives back
+    pre_set = stronger[0]
+    assert "REFCOUNT_OFFSET" in pre_set.source
+    monkeypatch.setattr(orders, "sites", lambda: [pre_set])
+    [row] = orders.check_orders(preemptions=0, stale=2, budget=2)
+    assert (row.order, row.spec_order, row.weakened, row.result) == ("release", "relaxed", "relaxed", "none within bounds")
+    assert row.to_dict()["spec_order"] == "relaxed"
+    assert orders.format_table([row]).splitlines()[1].split("  ")[3] == "release (spec: relaxed)"
+
+
 # -- the command ---------------------------------------------------------------------------
 
 
@@ -168,14 +197,15 @@ def run_verify(*args):
                           stdin=subprocess.DEVNULL)
 
 
-def test_cli_ra_prints_the_finding_and_passes_amended():
-    found = run_verify("--memory-model", "ra", "--preemptions", "1", "--stale", "1")
+def test_cli_ra_passes_and_prints_the_finding_of_the_spec_orders():
+    clean = run_verify("--memory-model", "ra", "--preemptions", "0", "--stale", "2")
+    assert clean.returncode == 0, clean.stdout
+    assert clean.stdout.startswith("the unmutated code: no violation")
+    found = run_verify("--mutant", "spec-seqlock-orders", "--preemptions", "1", "--stale", "1")
     assert found.returncode == 1, found.stderr
     assert "STALE: the newest is" in found.stdout
+    assert "mutant spec-seqlock-orders: VIOLATION: data race on slot" in found.stdout.splitlines()[-1]
     assert "memory model ra, at most 1 stale read(s)" in found.stdout.splitlines()[-1]
-    amended = run_verify("--memory-model", "ra", "--amended", "--preemptions", "0", "--stale", "2")
-    assert amended.returncode == 0, amended.stdout
-    assert amended.stdout.startswith("the amended code: no violation")
 
 
 def test_cli_memory_order_mutant_is_explored_under_ra():
@@ -188,4 +218,4 @@ def test_cli_memory_order_mutant_is_explored_under_ra():
 def test_cli_stale_needs_ra():
     result = run_verify("--stale", "1")
     assert result.returncode == 2
-    assert "--stale and --amended need --memory-model ra" in result.stderr
+    assert "--stale needs --memory-model ra" in result.stderr

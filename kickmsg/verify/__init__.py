@@ -17,9 +17,7 @@ between any two steps and at the end (``kickmsg.verify.invariants``).
 - ``memory_model="ra"`` runs them under the C/C++ release/acquire/relaxed
   model (``kickmsg.verify.memory``) instead of sequential consistency: a load
   may also read an older store, at most ``stale`` times per schedule, and
-  every access to a payload is checked for data races. ``amended=True``
-  runs the flows with the stronger orders that model asks for
-  (``mutants.AMENDMENT``).
+  every access to a payload is checked for data races.
 
 A violation comes with its counter-example: the numbered steps of each actor,
 which function of the package was at work, and where preemptions happened.
@@ -87,6 +85,7 @@ MUTANT_SCENARIOS = {
     "seq-load-relaxed": Scenario(),
     "inflight-release-relaxed": Scenario(),
     "payload-after-commit": Scenario(),
+    "spec-seqlock-orders": Scenario(),
 }
 
 
@@ -104,11 +103,9 @@ class Report:
     memory_model: str = "sc"
     stale: int = 0  # stale reads allowed per schedule (ra)
     budget: int | None = None  # preemptions and stale reads allowed together
-    amended: bool = False  # run with mutants.AMENDMENT
 
     def summary(self) -> str:
-        code = "the amended code" if self.amended else "the unmutated code"
-        what = (f"mutant {self.mutant}" + (" of the amended code" if self.amended else "")) if self.mutant else code
+        what = f"mutant {self.mutant}" if self.mutant else "the unmutated code"
         extent = "all of them" if self.complete else "not exhaustive"
         found = f"VIOLATION: {self.violation.splitlines()[0]}" if self.violation else "no violation"
         model = "" if self.memory_model == "sc" else f"; memory model ra, at most {self.stale} stale read(s)"
@@ -256,7 +253,7 @@ def _spent(choices: list[Choice]) -> list[tuple[int, int]]:
 
 def explore(scenario: Scenario = Scenario(), mutant: str | mutants.Mutant | None = None, preemptions: int = 2,
             max_schedules: int = 1_000_000, memory_model: str = "sc", stale: int = 0, budget: int | None = None,
-            amended: bool = False, observe=None) -> Report:
+            observe=None) -> Report:
     """Every schedule with at most ``preemptions`` preemptions, (under the
     ra model) at most ``stale`` loads reading an older store than the
     newest, and at most ``budget`` of both together (None: no more bound):
@@ -274,7 +271,7 @@ def explore(scenario: Scenario = Scenario(), mutant: str | mutants.Mutant | None
     pending[0].append([])
     schedules = 0
     change = _resolve(mutant)
-    with mutants.installed(mutants.AMENDMENT if amended else None, change):
+    with mutants.installed(change):
         for level in pending:
             while level and schedules < max_schedules:
                 prefix = level.popleft()
@@ -283,8 +280,7 @@ def explore(scenario: Scenario = Scenario(), mutant: str | mutants.Mutant | None
                 if observe:
                     observe(outcome)
                 if outcome.violation:
-                    return _report(scenario, change, schedules, False, began, world, outcome, memory_model, stale, amended,
-                                   budget)
+                    return _report(scenario, change, schedules, False, began, world, outcome, memory_model, stale, budget)
                 spent = _spent(outcome.choices)
                 made = [choice.chosen for choice in outcome.choices]
                 for index in range(len(prefix), len(outcome.choices)):
@@ -300,13 +296,11 @@ def explore(scenario: Scenario = Scenario(), mutant: str | mutants.Mutant | None
                         spent_in_all = used_preemptions + used_stale
                         if used_preemptions <= preemptions and used_stale <= stale and spent_in_all < levels:
                             pending[spent_in_all].append(made[:index] + [alternative])
-    return _report(scenario, change, schedules, not any(pending), began, None, None, memory_model, stale, amended,
-                   budget)
+    return _report(scenario, change, schedules, not any(pending), began, None, None, memory_model, stale, budget)
 
 
 def explore_random(scenario: Scenario = Scenario(), mutant: str | mutants.Mutant | None = None, runs: int = 1000,
-                   seed: int = 0, switch: float = 0.05, memory_model: str = "sc", stale: int = 0,
-                   amended: bool = False) -> Report:
+                   seed: int = 0, switch: float = 0.05, memory_model: str = "sc", stale: int = 0) -> Report:
     """``runs`` seeded random schedules: at each step the running actor goes
     on, except with probability ``switch`` (or when it cannot), when a ready
     actor is picked uniformly. Few switches per run, like the bugs found.
@@ -316,7 +310,7 @@ def explore_random(scenario: Scenario = Scenario(), mutant: str | mutants.Mutant
         raise ValueError("stale reads need the ra memory model")
     began = time.monotonic()
     change = _resolve(mutant)
-    with mutants.installed(mutants.AMENDMENT if amended else None, change):
+    with mutants.installed(change):
         for run in range(runs):
             rng = random.Random(f"{seed}-{run}")
             stale_reads = []
@@ -333,8 +327,8 @@ def explore_random(scenario: Scenario = Scenario(), mutant: str | mutants.Mutant
 
             world, outcome = run_schedule(scenario, choose, memory_model)
             if outcome.violation:
-                return _report(scenario, change, run + 1, False, began, world, outcome, memory_model, stale, amended)
-    return _report(scenario, change, runs, False, began, None, None, memory_model, stale, amended)
+                return _report(scenario, change, run + 1, False, began, world, outcome, memory_model, stale)
+    return _report(scenario, change, runs, False, began, None, None, memory_model, stale)
 
 
 def _resolve(mutant: str | mutants.Mutant | None) -> mutants.Mutant | None:
@@ -342,10 +336,9 @@ def _resolve(mutant: str | mutants.Mutant | None) -> mutants.Mutant | None:
     return mutant if isinstance(mutant, mutants.Mutant) else mutants.lookup(mutant)
 
 
-def _report(scenario, change, schedules, complete, began, world, outcome, memory_model, stale, amended,
-            budget=None) -> Report:
+def _report(scenario, change, schedules, complete, began, world, outcome, memory_model, stale, budget=None) -> Report:
     report = Report(scenario, change and change.name, schedules, complete, time.monotonic() - began,
-                    memory_model=memory_model, stale=stale, budget=budget, amended=amended)
+                    memory_model=memory_model, stale=stale, budget=budget)
     if outcome is not None:
         report.violation = outcome.violation
         report.trace = format_trace(world, outcome)

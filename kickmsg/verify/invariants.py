@@ -84,7 +84,7 @@ class Ledger:
         succeeded = step.operation.startswith("cas_") and step.result == step.operands[0]
         if step.where == "pop" and succeeded:  # a publisher took a slot: a new message
             self.held[step.actor] = {step.operands[0] & layout.U32_MAX}
-        elif step.where == "_wait_and_capture_slot" and step.operation.startswith("load_relaxed"):
+        elif step.where == "_wait_and_capture_slot" and step.operation.endswith("_u32"):  # slot_idx, not the sequence
             if step.result < self.region.geometry.pool_size:  # the slot of the entry it evicts
                 self.held.setdefault(step.actor, set()).add(step.result)
         elif refcount and step.where == "Subscriber._pin_next" and succeeded:

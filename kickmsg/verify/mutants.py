@@ -6,9 +6,10 @@ package's own code is untouched. If the original lines are no longer
 there, the mutant refuses to build, so mutants cannot silently go stale.
 
 The first four break rules that show under sequential consistency. The
-others weaken one memory order (or move a write across one): under
-sequential consistency they change nothing, and only the release/acquire
-model (``memory_model="ra"``) catches them.
+others weaken memory orders (or move a write across one): under sequential
+consistency they change nothing, and only the release/acquire model
+(``memory_model="ra"``) catches them. The last, ``spec-seqlock-orders``,
+gives back the spec's own orders where the code's are stronger.
 """
 import contextlib
 import inspect
@@ -40,7 +41,7 @@ class Patch:
 @dataclass(frozen=True)
 class Mutant:
     name: str
-    rule: str  # the rule of the spec that it breaks
+    rule: str  # the rule of the protocol that it breaks
     patches: tuple[Patch, ...]
     model: str = "sc"  # the memory model that catches it ("ra": only the weak one)
 
@@ -83,8 +84,8 @@ MUTANTS = {
             "the refcount is pre-set to max_subs before the first ring is touched",
             (Patch(publisher.Publisher, "_publish", (
                 Edit(
-                    ("ops.store_relaxed_u32(region.slot_addresses[slot] + REFCOUNT_OFFSET, geometry.max_subs)",),
-                    ("ops.store_relaxed_u32(region.slot_addresses[slot] + REFCOUNT_OFFSET, 0)  # MUTANT: no pre-set",),
+                    ("ops.store_release_u32(region.slot_addresses[slot] + REFCOUNT_OFFSET, geometry.max_subs)",),
+                    ("ops.store_release_u32(region.slot_addresses[slot] + REFCOUNT_OFFSET, 0)  # MUTANT: no pre-set",),
                 ),
                 Edit(
                     ("if not admitted:", "excess += 1", "continue"),
@@ -173,32 +174,42 @@ MUTANTS = {
             ),
             model="ra",
         ),
+        Mutant(
+            "spec-seqlock-orders",
+            "a subscriber that reads an entry field or a refcount a newer writer stored sees that writer's lock at "
+            "its re-check (the spec's orders: entry fields and the refcount pre-set stored relaxed, the fields "
+            "loaded relaxed)",
+            (
+                Patch(publisher.Publisher, "_publish", (
+                    Edit(
+                        ("ops.store_release_u32(region.slot_addresses[slot] + REFCOUNT_OFFSET, geometry.max_subs)",),
+                        ("ops.store_relaxed_u32(region.slot_addresses[slot] + REFCOUNT_OFFSET, geometry.max_subs)"
+                         "  # MUTANT: the spec's relaxed",),
+                    ),
+                    Edit(
+                        ("ops.store_release_u32(entry + SLOT_IDX_OFFSET, slot)",),
+                        ("ops.store_relaxed_u32(entry + SLOT_IDX_OFFSET, slot)  # MUTANT: the spec's relaxed",),
+                    ),
+                    Edit(
+                        ("ops.store_release_u32(entry + PAYLOAD_LEN_OFFSET, payload_len)",),
+                        ("ops.store_relaxed_u32(entry + PAYLOAD_LEN_OFFSET, payload_len)  # MUTANT: the spec's relaxed",),
+                    ),
+                )),
+                Patch(subscriber.Subscriber, "_pin_next", (
+                    Edit(
+                        ("slot = ops.load_acquire_u32(entry + SLOT_IDX_OFFSET)",),
+                        ("slot = ops.load_relaxed_u32(entry + SLOT_IDX_OFFSET)  # MUTANT: the spec's relaxed",),
+                    ),
+                    Edit(
+                        ("length = ops.load_acquire_u32(entry + PAYLOAD_LEN_OFFSET)",),
+                        ("length = ops.load_relaxed_u32(entry + PAYLOAD_LEN_OFFSET)  # MUTANT: the spec's relaxed",),
+                    ),
+                )),
+            ),
+            model="ra",
+        ),
     )
 }
-
-
-# The orders the weak model asks of the receive flow (README, "What the weak
-# model found"): the entry's fields and the refcount pre-set are published
-# with release and read with acquire, so that a subscriber that pins a slot
-# through a newer writer's store also sees that writer's lock at its
-# seqlock re-check. The package keeps the spec's orders, those of the
-# native library (interop); `kickmsg verify --amended` checks these.
-AMENDMENT = Mutant(
-    "amended",
-    "a subscriber that reads an entry field or a refcount a newer writer stored sees that writer's lock",
-    (
-        Patch(publisher.Publisher, "_publish", tuple(
-            Edit((f"ops.store_relaxed_u32({place}, {value})",), (f"ops.store_release_u32({place}, {value})  # AMENDED",))
-            for place, value in (("region.slot_addresses[slot] + REFCOUNT_OFFSET", "geometry.max_subs"),
-                                 ("entry + SLOT_IDX_OFFSET", "slot"),
-                                 ("entry + PAYLOAD_LEN_OFFSET", "payload_len"))
-        )),
-        Patch(subscriber.Subscriber, "_pin_next", tuple(
-            Edit((f"{name} = ops.load_relaxed_u32(entry + {place})",), (f"{name} = ops.load_acquire_u32(entry + {place})  # AMENDED",))
-            for name, place in (("slot", "SLOT_IDX_OFFSET"), ("length", "PAYLOAD_LEN_OFFSET"))
-        )),
-    ),
-)
 
 
 def _apply(source: str, edit: Edit, mutant: str) -> str:
@@ -213,18 +224,21 @@ def _apply(source: str, edit: Edit, mutant: str) -> str:
 
 
 def build(patch: Patch, name: str):
-    """The function ``patch`` edits, edited and compiled in the namespace of
-    its module (``name`` labels it in tracebacks and errors), at the lines
-    of the original (exactly so while each edit keeps the number of lines)."""
+    """The function ``patch`` edits, edited and compiled with its module's
+    globals (``name`` labels it in tracebacks and errors), at the lines of
+    the original (exactly so while each edit keeps the number of lines).
+    It looks up the module's other functions when it calls them, so it
+    calls those a mutant has installed, not the originals."""
     original = getattr(patch.owner, patch.attribute)
     lines, first_line = inspect.getsourcelines(original)
     source = textwrap.dedent("".join(lines))
     for edit in patch.edits:
         source = _apply(source, edit, name)
     module = inspect.getmodule(original)
-    namespace = dict(vars(module))
-    exec(compile("\n" * (first_line - 1) + source, f"<mutant {name} of {module.__name__}>", "exec"), namespace)
-    mutated = namespace[original.__name__]
+    defined = {}  # the def binds its name here, not in the module
+    exec(compile("\n" * (first_line - 1) + source, f"<mutant {name} of {module.__name__}>", "exec"), vars(module),
+         defined)
+    mutated = defined[original.__name__]
     mutated.__code__ = mutated.__code__.replace(co_qualname=original.__qualname__)  # named as the original in traces
     return mutated
 
@@ -237,16 +251,9 @@ def lookup(name: str | None) -> Mutant | None:
 
 
 @contextlib.contextmanager
-def installed(*changes: Mutant | None):
-    """Run the enclosed code with ``changes`` in place (None stands for no
-    change). Edits of one function by several changes apply in turn."""
-    patches = {}  # (owner, attribute) -> edits, in order
-    names = {}
-    for change in changes:
-        for patch in change.patches if change else ():
-            patches.setdefault((patch.owner, patch.attribute), []).extend(patch.edits)
-            names.setdefault((patch.owner, patch.attribute), []).append(change.name)
-    built = {key: build(Patch(*key, tuple(edits)), "+".join(names[key])) for key, edits in patches.items()}
+def installed(mutant: Mutant | None):
+    """Run the enclosed code with ``mutant`` in place (None: the code as it is)."""
+    built = {(patch.owner, patch.attribute): build(patch, mutant.name) for patch in (mutant.patches if mutant else ())}
     originals = {key: vars(key[0])[key[1]] for key in built}
     for (owner, attribute), function in built.items():
         setattr(owner, attribute, function)

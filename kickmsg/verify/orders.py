@@ -8,11 +8,10 @@ that edits that one call, and the flows are explored under the ra model. A
 counter-example shows the order necessary; none within the bounds means a
 weaker order would do there, in this scenario and these bounds.
 
-The flows run amended (``mutants.AMENDMENT``): with the spec's own orders
-the seqlock re-check already fails under ra (the README's finding), and on
-a base that fails, every weakening would seem to fail. An order the
-amendment strengthens is weakened by leaving that one edit out, which gives
-back the spec's order.
+Where the code's order is stronger than the spec's (the sites the mutant
+``spec-seqlock-orders`` gives back, README: "a seqlock re-check that reads
+the past"), the table says so; weakened one step, such an order is the
+spec's.
 """
 import ast
 import inspect
@@ -23,7 +22,7 @@ from dataclasses import dataclass
 from kickmsg import publisher, region, subscriber, treiber
 from kickmsg.verify import Report, Scenario, explore
 from kickmsg.verify.memory import OPERATIONS
-from kickmsg.verify.mutants import AMENDMENT, Edit, Mutant, Patch
+from kickmsg.verify.mutants import MUTANTS, Edit, Mutant, Patch
 
 # (flow, owner, function): every function of the flows that calls the door.
 FLOWS = (
@@ -45,6 +44,7 @@ SCENARIOS = {"repair": Scenario(repairer=True)}  # the flows' scenario, if not t
 ONE_STEP_WEAKER = {"relaxed": (), "acquire": ("relaxed",), "release": ("relaxed",),
                    "acq_rel": ("release", "acquire"), "seq_cst": ("acq_rel",)}
 PACKAGE_ROOT = pathlib.Path(publisher.__file__).parent.parent
+SPEC_ORDERS = MUTANTS["spec-seqlock-orders"]  # the spec's orders, where the code's are stronger
 
 
 @dataclass(frozen=True)
@@ -71,9 +71,9 @@ class Row:
     """A site, an order one step weaker, and what the exploration found."""
 
     site: Site
-    order: str  # the order the amended flows use
+    order: str  # the code's order
+    spec_order: str | None  # the spec's order, where the code's is stronger (else None)
     weakened: str | None  # None: relaxed already, nothing weaker
-    amended: bool  # the amendment strengthened this order (weakened, it is the spec's)
     result: str  # "counter-example", "none within bounds", "not reached", "undecided" or "-"
     report: Report | None = None
 
@@ -81,7 +81,7 @@ class Row:
         report = self.report
         return {
             "file": self.site.path, "line": self.site.line, "function": self.site.function, "flow": self.site.flow,
-            "operation": self.site.operation, "order": self.order, "amended": self.amended,
+            "operation": self.site.operation, "order": self.order, "spec_order": self.spec_order,
             "weakened_to": self.weakened, "result": self.result,
             "schedules": report and report.schedules, "seconds": report and round(report.seconds, 1),
             "violation": report and report.violation and report.violation.splitlines()[0],
@@ -107,21 +107,15 @@ def sites() -> list[Site]:
     return sorted(found, key=lambda site: (site.path, site.line))
 
 
-def _amendment_edit(site: Site) -> Edit | None:
-    """The amendment's edit of this site's line, if it has one."""
-    for patch in AMENDMENT.patches:
+def spec_order(site: Site) -> str | None:
+    """The spec's order of this site, if the code's is stronger (else None):
+    the order of ``SPEC_ORDERS``'s edit of the site's line."""
+    for patch in SPEC_ORDERS.patches:
         if (patch.owner, patch.attribute) == (site.owner, site.attribute):
             for edit in patch.edits:
                 if edit.old == (site.source,):
-                    return edit
+                    return OPERATIONS[_door_calls(edit.new[0])[0][1]].order
     return None
-
-
-def _without(edit: Edit) -> Mutant:
-    """The amendment without one of its edits."""
-    patches = tuple(Patch(patch.owner, patch.attribute, tuple(e for e in patch.edits if e != edit))
-                    for patch in AMENDMENT.patches)
-    return Mutant(f"amended-but-{edit.old[0]}", AMENDMENT.rule, patches, model="ra")
 
 
 def weakening(site: Site, order: str) -> Mutant:
@@ -147,9 +141,9 @@ def weakening(site: Site, order: str) -> Mutant:
 
 def check_orders(preemptions: int = 1, stale: int = 2, budget: int | None = 2, progress=None) -> list[Row]:
     """Weaken every order of the flows one step in turn and explore the
-    amended flows under ra within the bounds; ``progress(row)`` is called
-    as each row is done."""
-    baselines = {}  # flow scenario -> (the amended flows' report, the (function, line) pairs they reached)
+    flows under ra within the bounds; ``progress(row)`` is called as each
+    row is done."""
+    baselines = {}  # flow scenario -> (the unmutated flows' report, the (function, line) pairs they reached)
     rows = []
     for site in sites():
         scenario = SCENARIOS.get(site.flow, Scenario())
@@ -160,26 +154,20 @@ def check_orders(preemptions: int = 1, stale: int = 2, budget: int | None = 2, p
                 reached.update((step.where, step.line) for step in outcome.steps)
 
             baseline = explore(scenario, preemptions=preemptions, memory_model="ra", stale=stale, budget=budget,
-                               amended=True, observe=observe)
+                               observe=observe)
             baselines[scenario] = (baseline, reached)
         baseline, reached = baselines[scenario]
-        amendment_edit = _amendment_edit(site)
-        operation = site.operation if amendment_edit is None else _door_calls(amendment_edit.new[0])[0][1]
-        order = OPERATIONS[operation].order
+        order = OPERATIONS[site.operation].order
         weaker_orders = ONE_STEP_WEAKER[order]
         if OPERATIONS[site.operation].kind == "store" and order == "seq_cst":
             weaker_orders = ("release",)  # a store has no acquire part
         if not weaker_orders:
-            rows.append(Row(site, order, None, False, "-"))
+            rows.append(Row(site, order, spec_order(site), None, "-"))
         for weaker in weaker_orders:
-            row = Row(site, order, weaker, amendment_edit is not None, "undecided", baseline)
+            row = Row(site, order, spec_order(site), weaker, "undecided", baseline)
             if baseline.violation is None:
-                if amendment_edit is not None:
-                    row.report = explore(scenario, _without(amendment_edit), preemptions, memory_model="ra",
-                                         stale=stale, budget=budget)
-                else:
-                    row.report = explore(scenario, weakening(site, weaker), preemptions, memory_model="ra",
-                                         stale=stale, budget=budget, amended=True)
+                row.report = explore(scenario, weakening(site, weaker), preemptions, memory_model="ra", stale=stale,
+                                     budget=budget)
                 if row.report.violation:
                     row.result = "counter-example"
                 elif (site.function, site.line) in reached:
@@ -203,10 +191,10 @@ def format_table(rows: list[Row]) -> str:
         elif row.result in ("none within bounds", "not reached"):
             result = f"{row.result} ({report.schedules} schedules)"
         elif row.result == "undecided":
-            result = f"undecided: the amended flows already fail here ({report.violation.splitlines()[0]})"
+            result = f"undecided: the unmutated flows already fail here ({report.violation.splitlines()[0]})"
         else:
             result = "- (relaxed: nothing weaker)"
-        order = f"{row.order} (amended)" if row.amended else row.order
+        order = f"{row.order} (spec: {row.spec_order})" if row.spec_order else row.order
         table.append((f"{row.site.path}:{row.site.line}", row.site.function, row.site.operation, order,
                       row.weakened or "-", result))
     widths = [max(len(line[column]) for line in table) for column in range(len(header) - 1)]
