@@ -1,9 +1,11 @@
 """Spin, then park: what a blocking receive's polling budget buys and costs.
 
-    .venv/bin/python benchmarks/spin_park.py [--tree DIR ...] [--spin S ...] [--json out.json]
+    .venv/bin/python benchmarks/spin_park.py [--tree DIR ...] [--spin S ...] [--plain DIR ...] [--json out.json]
 
 For each subscriber setting (this package with each ``--spin`` budget,
-default 0 and 100 us, in each ``--tree``; and the native kickmsg 0.1.0),
+default 0 and 100 us, in each ``--tree``; ``Subscriber(region)`` in each
+``--plain`` checkout, e.g. one from before the budget existed; and the
+native kickmsg 0.1.0),
 two processes, each on its own core when the machine has two:
 
   ping-pong   one-way latency, 64 B: process A sends, B receives (blocking
@@ -33,7 +35,7 @@ import json, os, resource, subprocess, sys, time
 import kickmsg
 prefix, role, spin, trips, warmup = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
 def subscriber(region):
-    return kickmsg.Subscriber(region) if spin == "native" else kickmsg.Subscriber(region, spin=float(spin))
+    return kickmsg.Subscriber(region) if spin in ("native", "plain") else kickmsg.Subscriber(region, spin=float(spin))
 def pin(core):
     if os.cpu_count() >= 2:
         os.sched_setaffinity(0, {core})
@@ -115,6 +117,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tree", action="append", type=pathlib.Path, help="a checkout of this package (repeatable)")
     parser.add_argument("--spin", action="append", type=float, help="budgets in seconds (repeatable; default 0 and 0.0001)")
+    parser.add_argument("--plain", action="append", type=pathlib.Path, default=[], help="a checkout to run with Subscriber(region)")
     parser.add_argument("--json", metavar="FILE")
     args = parser.parse_args()
     if not (NATIVE_DIR / "kickmsg.abi3.so").exists():
@@ -122,6 +125,7 @@ def main() -> int:
         return 2
     trees = [tree.resolve() for tree in args.tree or [ROOT]]
     settings = [(f"{tree.name} spin={spin * 1e6:g}us", str(spin), tree) for tree in trees for spin in args.spin or [0.0, 0.0001]]
+    settings += [(f"{tree.resolve().name} Subscriber(region)", "plain", tree.resolve()) for tree in args.plain]
     settings.append(("native", "native", ROOT))
     results = {}
     print(f"{'subscriber':<36}{'one-way median':>16}{'p99':>10}{'CPU 1 kHz':>11}{'CPU idle':>10}")

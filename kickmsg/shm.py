@@ -173,17 +173,23 @@ class Mapping:
 MADV_POPULATE_WRITE = 23  # <linux/mman.h>, Linux >= 5.14; Python's mmap module does not name it
 
 
-def _map_every_page(memory: mmap.mmap) -> None:
+def _map_every_page(name: str, memory: mmap.mmap) -> None:
     """Enter every page of a writable mapping in this process's page tables
     now, so that the first messages through the pool take no page faults
     (a fault per 4 KiB page made the first pass of 8 MB frames several times
     slower than the next). A kernel before 5.14 refuses the advice (EINVAL);
-    its pages fault on first touch instead, as they did before."""
+    its pages fault on first touch instead, as they did before. A sparse
+    object (not made by this package) whose pages cannot all be backed
+    fails here with ``NoRoomError`` rather than with SIGBUS later."""
     try:
         memory.madvise(MADV_POPULATE_WRITE)
     except OSError as error:
-        if error.errno != errno.EINVAL:
-            raise
+        if error.errno == errno.EINVAL:
+            return
+        memory.close()
+        raise NoRoomError(
+            error.errno, f"cannot back every page of shared memory {name}: no room left for it ({error.strerror})"
+        ) from None
 
 
 def _map(name: str, shared_memory: posix_ipc.SharedMemory, writable: bool) -> Mapping:
@@ -194,7 +200,7 @@ def _map(name: str, shared_memory: posix_ipc.SharedMemory, writable: bool) -> Ma
         protection = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
         memory = mmap.mmap(shared_memory.fd, status.st_size, prot=protection)
         if writable:
-            _map_every_page(memory)
+            _map_every_page(name, memory)
         return Mapping(name, memory, (status.st_dev, status.st_ino), writable, mode=status.st_mode & 0o777)
     finally:
         shared_memory.close_fd()

@@ -144,19 +144,11 @@ class Subscriber:
     def receive(self, timeout: datetime.timedelta | float | None) -> bytes | None:
         """Like ``try_receive``, but sleeps (without the GIL) up to ``timeout``
         (a timedelta or seconds; None waits without limit). None on timeout."""
-        deadline = _deadline_ns(timeout)
-        while True:
-            data = self.try_receive()
-            if data is not None or not self._wait_for_write(deadline):
-                return data
+        return self._receive_blocking(self.try_receive, timeout)
 
     def receive_view(self, timeout: datetime.timedelta | float | None) -> "SampleView | None":
         """Like ``try_receive_view``, blocking up to ``timeout``."""
-        deadline = _deadline_ns(timeout)
-        while True:
-            view = self.try_receive_view()
-            if view is not None or not self._wait_for_write(deadline):
-                return view
+        return self._receive_blocking(self.try_receive_view, timeout)
 
     def try_receive_latest(self) -> bytes | None:
         """The newest committed message (a copy), passing over older unread
@@ -166,11 +158,7 @@ class Subscriber:
 
     def receive_latest(self, timeout: datetime.timedelta | float | None) -> bytes | None:
         """Like ``try_receive_latest``, blocking up to ``timeout``."""
-        deadline = _deadline_ns(timeout)
-        while True:
-            data = self.try_receive_latest()
-            if data is not None or not self._wait_for_write(deadline):
-                return data
+        return self._receive_blocking(self.try_receive_latest, timeout)
 
     def __iter__(self):
         """Iterate over the messages available now (copies), then stop."""
@@ -311,43 +299,36 @@ class Subscriber:
             self._lost += unread
         self._rejoined += 1
 
-    def _wait_for_write(self, deadline_ns: int | None) -> bool:
-        """Spin, then park: while the last wait for a message took less than
-        the spin budget, poll write_pos for up to that budget (holding the
-        GIL, no system call); then, or at once, sleep on the futex. A topic
-        slower than the budget never spins. Returns False once the deadline
-        has passed."""
+    def _receive_blocking(self, attempt, timeout):
+        """Spin, then park: call ``attempt`` (a non-blocking receive) until
+        it returns a message or ``timeout`` passes. While the last wait for
+        a message took less than the spin budget, keep trying for up to that
+        budget (holding the GIL, no system call: a message is seen the moment
+        it is committed); then, or at once, sleep on the futex between
+        attempts. A topic slower than the budget never spins."""
+        deadline_ns = _deadline_ns(timeout)
+        message = attempt()
+        if message is not None:
+            return message
         began_ns = time.monotonic_ns()
-        if self._idle_gap_ns is not None and self._idle_gap_ns < self._spin_ns:
-            spin_until_ns = began_ns + self._spin_ns
-            if deadline_ns is not None:
-                spin_until_ns = min(spin_until_ns, deadline_ns)
-            if self._spin_until_written(spin_until_ns):
-                self._idle_gap_ns = time.monotonic_ns() - began_ns
-                return True
-        waited = self._sleep_until_written(deadline_ns)
+        recent = self._idle_gap_ns is not None and self._idle_gap_ns < self._spin_ns
+        spin_until_ns = began_ns + self._spin_ns if recent else began_ns
+        while message is None:
+            now_ns = time.monotonic_ns()
+            if deadline_ns is not None and now_ns >= deadline_ns:
+                break
+            if now_ns >= spin_until_ns:
+                self._sleep_until_written(deadline_ns)
+            message = attempt()
         self._idle_gap_ns = time.monotonic_ns() - began_ns
-        return waited
+        return message
 
-    def _spin_until_written(self, until_ns: int) -> bool:
-        """Poll write_pos (acquire) until it moves on from our read position
-        or ``until_ns`` passes; True if it moved. Anything else found at
-        write_pos (a claimed entry not committed yet, a ring reset by a
-        re-create) is left to the sleep, which knows what to do."""
-        ops, write_pos, read_pos = self._region.atomics, self._ring.write_pos, self._read_pos
-        if ops.load_acquire_u64(write_pos) != read_pos:
-            return False
-        while time.monotonic_ns() < until_ns:
-            if ops.load_acquire_u64(write_pos) != read_pos:
-                return True
-        return False
-
-    def _sleep_until_written(self, deadline_ns: int | None) -> bool:
-        """Sleep on the ring's futex until write_pos moves, or the deadline.
-        Returns False (without sleeping) once the deadline has passed."""
+    def _sleep_until_written(self, deadline_ns: int | None) -> None:
+        """Sleep on the ring's futex until write_pos moves, or the deadline
+        (none at all once it has passed)."""
         remaining_ns = -1 if deadline_ns is None else deadline_ns - time.monotonic_ns()
         if deadline_ns is not None and remaining_ns <= 0:
-            return False
+            return
         self._report_if_stale()  # going idle: leave the record current
         ops = self._region.atomics
         ring = self._ring
@@ -358,7 +339,7 @@ class Subscriber:
             # place. Check in now rather than at the next interval.
             ops.store_relaxed_u32(ring.has_waiter, 0)
             self._next_check_in_ns = 0
-            return True
+            return
         if write_pos != self._read_pos:
             # A publisher claimed a position but has not committed it; its
             # wake-up may come before we sleep, so only nap briefly.
@@ -372,7 +353,6 @@ class Subscriber:
         ops.store_relaxed_u32(ring.has_waiter, 0)
         if self._region.mapping.shared:
             self._next_check_in_ns = 0  # check in after the receive a wake-up allows: its record is then exact
-        return True
 
     # -- waiting together with other subscribers (kickmsg.waitset, kickmsg.aio) --
 

@@ -8,14 +8,12 @@ publishers (native 0.1.0 included) wake it with the wake-up they already
 make. It never receives: a message stays in its ring until received, and
 has_waiter is cleared on every ring when a wait ends, however it ends.
 """
-import datetime
 import time
 from typing import Callable, NamedTuple
 
 from kickmsg import atomics
-from kickmsg.config import to_microseconds
 from kickmsg.region import NEVER
-from kickmsg.subscriber import DEFAULT_SPIN_S, Subscriber, _deadline_ns
+from kickmsg.subscriber import Subscriber, _deadline_ns
 
 
 class _Member:
@@ -56,17 +54,6 @@ def _sooner(first_ns: int, second_ns: int) -> int:
     return first_ns if second_ns < 0 else min(first_ns, second_ns)
 
 
-def _spin_until_changed(sleep: _Sleep, budget_ns: int) -> bool:
-    """Poll the words of ``sleep`` (acquire) for up to ``budget_ns``; True
-    as soon as one no longer holds the value seen."""
-    until_ns = time.monotonic_ns() + budget_ns
-    while time.monotonic_ns() < until_ns:
-        for address, value, region in zip(sleep.addresses, sleep.values, sleep.regions):
-            if region.atomics.load_acquire_u32(address) != value:
-                return True
-    return False
-
-
 class WaitSet:
     """Waits on many subscribers at once, from one thread.
 
@@ -81,17 +68,11 @@ class WaitSet:
     that the others are compared between slices of that sleep (50 us
     doubling to 5 ms while nothing changes), so a message to one of them is
     seen within 5 ms.
-
-    Spin, then park, as a blocking receive: while the last wait lasted less
-    than ``spin`` (a timedelta or seconds; 0: never), the next one first
-    polls the words it would sleep on for up to that long.
     """
 
-    def __init__(self, *, spin: datetime.timedelta | float = DEFAULT_SPIN_S):
+    def __init__(self):
         self._members: dict[Subscriber, _Member] = {}  # keyed by the subscriber owning the ring
         self._next_check_in_ns = 0  # when to check in for every subscriber: at the first wait
-        self._spin_ns = to_microseconds(spin, "spin") * 1000
-        self._idle_gap_ns = None  # how long the last wait took until a message was ready (None: no wait yet)
 
     def add(self, subscriber, handler: Callable | None = None, *, latest: bool = False) -> None:
         """Wait on ``subscriber`` too. ``handler(message)`` is called by
@@ -125,22 +106,14 @@ class WaitSet:
         if not self._members:
             raise ValueError("this WaitSet has no subscribers to wait on")
         deadline_ns = _deadline_ns(timeout)
-        began_ns = time.monotonic_ns()
-        spin = self._idle_gap_ns is not None and self._idle_gap_ns < self._spin_ns
         try:
             while True:
                 ready, sleep = self._look()
                 if ready:
-                    self._idle_gap_ns = time.monotonic_ns() - began_ns
                     return ready
                 remaining_ns = -1 if deadline_ns is None else deadline_ns - time.monotonic_ns()
                 if deadline_ns is not None and remaining_ns <= 0:
-                    self._idle_gap_ns = time.monotonic_ns() - began_ns
                     return []
-                if spin:  # spin (once per wait), then park
-                    spin = False
-                    if _spin_until_changed(sleep, _sooner(remaining_ns, self._spin_ns)):
-                        continue
                 atomics.HARDWARE.futex_waitv(sleep.addresses, sleep.values, _sooner(remaining_ns, sleep.timeout_ns))
         finally:
             for owner in self._members:

@@ -126,6 +126,36 @@ def test_a_region_that_cannot_be_backed_fails_at_create_and_leaves_nothing():
     assert results["fits leaves"] == ["fits", "fits.owners"]
 
 
+SPARSE_OBJECT_CHILD = r"""
+import json, os, sys
+sys.path[:0] = json.loads(sys.argv[1])
+from kickmsg import SharedRegion, shm
+with open("/dev/shm/sparse", "wb") as sparse:  # made elsewhere, never reserved: 2 MiB on a 1 MiB tmpfs
+    sparse.truncate(2 << 20)
+try:
+    SharedRegion.open("/sparse")
+    print(json.dumps(["opened"]))
+except shm.NoRoomError as error:
+    print(json.dumps(["NoRoomError", str(error)]))
+"""
+
+
+def test_a_sparse_region_that_cannot_be_backed_fails_at_open_not_with_sigbus():
+    """Open maps every page of a writable mapping (MADV_POPULATE_WRITE): an
+    object someone else made sparse, larger than its filesystem can back,
+    is refused there with NoRoomError instead of a SIGBUS at first touch."""
+    command = [
+        "unshare", "--mount", "--propagation", "private", "sh", "-c",
+        'mount -t tmpfs -o size=1M tmpfs /dev/shm && exec "$0" -c "$1" "$2"',
+        sys.executable, SPARSE_OBJECT_CHILD, json.dumps([p for p in sys.path if p]),
+    ]
+    done = subprocess.run(command, capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr.decode()
+    outcome, message = json.loads(done.stdout)
+    assert outcome == "NoRoomError"
+    assert "cannot back every page of shared memory /sparse: no room left for it" in message
+
+
 # -- 2. a pool no larger than a ring ---------------------------------------------------------
 
 
