@@ -79,6 +79,19 @@ def test_a_new_region_has_its_memory_reserved(shm_name):
     assert os.stat(f"/dev/shm{shm_name}").st_blocks * 512 >= region.geometry.total_size
 
 
+def run_on_a_tiny_dev_shm(child_code: str):
+    """Run ``child_code`` (given our sys.path as argv[1]) in a child with a
+    private 1 MiB tmpfs on /dev/shm; what it prints, as JSON."""
+    command = [
+        "unshare", "--mount", "--propagation", "private", "sh", "-c",
+        'mount -t tmpfs -o size=1M tmpfs /dev/shm && exec "$0" -c "$1" "$2"',
+        sys.executable, child_code, json.dumps([p for p in sys.path if p]),
+    ]
+    done = subprocess.run(command, capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr.decode()
+    return json.loads(done.stdout)
+
+
 TINY_SHM_CHILD = r"""
 import json, os, sys
 sys.path[:0] = json.loads(sys.argv[1])
@@ -107,14 +120,7 @@ def test_a_region_that_cannot_be_backed_fails_at_create_and_leaves_nothing():
     the room check; with the check pretending there is room, the kernel's
     ENOSPC at the reservation is a ValueError too, and the half-made object
     is removed. A region that fits is created, reserved and usable."""
-    command = [
-        "unshare", "--mount", "--propagation", "private", "sh", "-c",
-        'mount -t tmpfs -o size=1M tmpfs /dev/shm && exec "$0" -c "$1" "$2"',
-        sys.executable, TINY_SHM_CHILD, json.dumps([p for p in sys.path if p]),
-    ]
-    done = subprocess.run(command, capture_output=True, timeout=60)
-    assert done.returncode == 0, done.stderr.decode()
-    results = json.loads(done.stdout)
+    results = run_on_a_tiny_dev_shm(TINY_SHM_CHILD)
     assert results["checked"][0] == "ValueError" and "are free in /dev/shm" in results["checked"][1]
     assert results["checked leaves"] == []
     assert results["reserved"][0] == "ValueError"
@@ -144,14 +150,7 @@ def test_a_sparse_region_that_cannot_be_backed_fails_at_open_not_with_sigbus():
     """Open maps every page of a writable mapping (MADV_POPULATE_WRITE): an
     object someone else made sparse, larger than its filesystem can back,
     is refused there with NoRoomError instead of a SIGBUS at first touch."""
-    command = [
-        "unshare", "--mount", "--propagation", "private", "sh", "-c",
-        'mount -t tmpfs -o size=1M tmpfs /dev/shm && exec "$0" -c "$1" "$2"',
-        sys.executable, SPARSE_OBJECT_CHILD, json.dumps([p for p in sys.path if p]),
-    ]
-    done = subprocess.run(command, capture_output=True, timeout=60)
-    assert done.returncode == 0, done.stderr.decode()
-    outcome, message = json.loads(done.stdout)
+    outcome, message = run_on_a_tiny_dev_shm(SPARSE_OBJECT_CHILD)
     assert outcome == "NoRoomError"
     assert "cannot back every page of shared memory /sparse: no room left for it" in message
 
