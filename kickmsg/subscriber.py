@@ -360,11 +360,10 @@ class Subscriber:
         """A blocking receive's steps before it sleeps, for a WaitSet that
         sleeps on many rings at once: check in first if ``check_in``, then
         store has_waiter = 1 (relaxed) and read write_pos (acquire). Returns
-        None if a receive has something to do now (a committed entry, the
-        ring lapped us, or a re-create in place reset it); else the futex word,
-        the value seen there, and the longest sleep in ns (-1: no limit; a
-        short nap while a claimed entry is not committed yet). has_waiter
-        stays set until ``_end_wait``."""
+        None if a receive has something to do now (``_ready_at``); else the
+        futex word, the value seen there, and the longest sleep in ns (-1: no
+        limit; a short nap while a claimed entry is not committed yet).
+        has_waiter stays set until ``_end_wait``."""
         if self._closed:
             raise ValueError(f"this subscriber of {self._region.name} is closed")
         if check_in:
@@ -376,18 +375,36 @@ class Subscriber:
         ops.store_relaxed_u32(ring.has_waiter, 1)
         self._waiting_on = (region, ring)
         write_pos = ops.load_acquire_u64(ring.write_pos)
+        ready = self._ready_at(write_pos)
+        if ready:
+            return None
+        # Empty: sleep until written. Claimed but not committed yet: its
+        # wake-up may come before we sleep, so only nap.
+        return ring.write_pos, write_pos & U32_MAX, -1 if ready is None else UNCOMMITTED_POLL_NS
+
+    def _has_message_ready(self) -> bool:
+        """Whether a receive has something to do now, looked at without
+        announcing a wait (a WaitSet's spin: publishers make no wake-up call)."""
+        if self._closed:
+            raise ValueError(f"this subscriber of {self._region.name} is closed")
+        return bool(self._ready_at(self._region.atomics.load_acquire_u64(self._ring.write_pos)))
+
+    def _ready_at(self, write_pos: int) -> bool | None:
+        """Given our ring's write_pos (just loaded, acquire): True if a
+        receive has something to do now (a committed entry, the ring lapped
+        us, or a re-create in place reset it), None if the ring is empty,
+        False if the next entry is claimed but not committed yet."""
+        region = self._region
         if write_pos == self._read_pos:
-            return ring.write_pos, write_pos & U32_MAX, -1
+            return None
         if write_pos < self._read_pos:
             self._next_check_in_ns = 0  # reset by a re-create in place: the next receive checks in
-            return None
+            return True
         if write_pos - self._read_pos > region.geometry.capacity:
-            return None  # lapped: the oldest entry is there to read
-        sequence = ops.load_acquire_u64(ring.entries[self._read_pos & region.geometry.mask] + SEQUENCE_OFFSET)
-        if sequence != LOCKED_SEQUENCE and sequence > self._read_pos:
-            return None  # committed (or overwritten since: receive counts it lost and reads on)
-        # Claimed but not committed yet: its wake-up may come before we sleep.
-        return ring.write_pos, write_pos & U32_MAX, UNCOMMITTED_POLL_NS
+            return True  # lapped: the oldest entry is there to read
+        entry = self._ring.entries[self._read_pos & region.geometry.mask]
+        sequence = region.atomics.load_acquire_u64(entry + SEQUENCE_OFFSET)
+        return sequence != LOCKED_SEQUENCE and sequence > self._read_pos  # committed (or overwritten since)
 
     def _end_wait(self) -> None:
         """After the sleep: has_waiter = 0 on the ring ``_announce_wait`` set it on."""

@@ -8,12 +8,14 @@ publishers (native 0.1.0 included) wake it with the wake-up they already
 make. It never receives: a message stays in its ring until received, and
 has_waiter is cleared on every ring when a wait ends, however it ends.
 """
+import datetime
 import time
 from typing import Callable, NamedTuple
 
 from kickmsg import atomics
+from kickmsg.config import to_microseconds
 from kickmsg.region import NEVER
-from kickmsg.subscriber import Subscriber, _deadline_ns
+from kickmsg.subscriber import DEFAULT_SPIN_S, Subscriber, _deadline_ns
 
 
 class _Member:
@@ -68,11 +70,18 @@ class WaitSet:
     that the others are compared between slices of that sleep (50 us
     doubling to 5 ms while nothing changes), so a message to one of them is
     seen within 5 ms.
+
+    Spin, then park, as a blocking receive: while the last wait lasted less
+    than ``spin`` (a timedelta or seconds; 0: never), the next one first
+    looks at its subscribers' rings for up to that long without announcing
+    itself (publishers make no wake-up call meanwhile), then sleeps.
     """
 
-    def __init__(self):
+    def __init__(self, *, spin: datetime.timedelta | float = DEFAULT_SPIN_S):
         self._members: dict[Subscriber, _Member] = {}  # keyed by the subscriber owning the ring
         self._next_check_in_ns = 0  # when to check in for every subscriber: at the first wait
+        self._spin_ns = to_microseconds(spin, "spin") * 1000
+        self._idle_gap_ns = None  # how long the last wait took (None: no wait yet)
 
     def add(self, subscriber, handler: Callable | None = None, *, latest: bool = False) -> None:
         """Wait on ``subscriber`` too. ``handler(message)`` is called by
@@ -106,18 +115,35 @@ class WaitSet:
         if not self._members:
             raise ValueError("this WaitSet has no subscribers to wait on")
         deadline_ns = _deadline_ns(timeout)
+        began_ns = time.monotonic_ns()
+        ready = self._spin(began_ns, deadline_ns)
         try:
-            while True:
+            while not ready:
                 ready, sleep = self._look()
                 if ready:
-                    return ready
+                    break
                 remaining_ns = -1 if deadline_ns is None else deadline_ns - time.monotonic_ns()
                 if deadline_ns is not None and remaining_ns <= 0:
-                    return []
+                    break
                 atomics.HARDWARE.futex_waitv(sleep.addresses, sleep.values, _sooner(remaining_ns, sleep.timeout_ns))
         finally:
             for owner in self._members:
                 owner._end_wait()
+        self._idle_gap_ns = time.monotonic_ns() - began_ns
+        return ready
+
+    def _spin(self, began_ns: int, deadline_ns: int | None) -> list:
+        """While the last wait lasted less than the spin budget: look at every
+        ring (without announcing a wait) for up to that budget, or until the
+        deadline. The subscribers with a message ready, or []."""
+        if self._idle_gap_ns is None or self._idle_gap_ns >= self._spin_ns:
+            return []
+        until_ns = began_ns + self._spin_ns if deadline_ns is None else min(began_ns + self._spin_ns, deadline_ns)
+        while time.monotonic_ns() < until_ns:
+            ready = [member.added for owner, member in self._members.items() if owner._has_message_ready()]
+            if ready:
+                return ready
+        return []
 
     def _look(self) -> tuple[list, _Sleep]:
         """Check in for every subscriber when due, announce ourselves on

@@ -84,6 +84,50 @@ def test_a_bad_budget_is_refused_naming_it(shm_name, spin, error):
     region = kickmsg.SharedRegion.create(shm_name, kickmsg.ChannelType.PubSub, kickmsg.Config(), "t")
     with pytest.raises(error, match="spin"):
         kickmsg.Subscriber(region, spin=spin)
+    with pytest.raises(error, match="spin"):
+        kickmsg.WaitSet(spin=spin)
+
+
+@pytest.mark.parametrize("spin, every_s", [(2.0, 0.01), (0.001, 0.02)])
+def test_a_waitset_spins_then_parks_like_a_receive(prefix, monkeypatch, spin, every_s):
+    """Two channels, messages alternating between them: with a budget longer
+    than the gaps only the first wait sleeps in futex_waitv, the others see
+    their message while spinning; with a shorter one every wait sleeps."""
+    from kickmsg import atomics
+
+    regions = [
+        kickmsg.SharedRegion.create(f"/{prefix}_{index}", kickmsg.ChannelType.PubSub, kickmsg.Config(), "t")
+        for index in range(2)
+    ]
+    subscribers = [kickmsg.Subscriber(region) for region in regions]
+    sleeps = []
+    futex_waitv = atomics.Atomics.futex_waitv
+    monkeypatch.setattr(atomics.Atomics, "futex_waitv", staticmethod(lambda *args: sleeps.append(1) or futex_waitv(*args)))
+    messages = [b"m%d" % index for index in range(6)]
+
+    def publish():
+        publishers = [kickmsg.Publisher(region) for region in regions]
+        for index, message in enumerate(messages):
+            time.sleep(every_s)
+            publishers[index % 2].send(message)
+
+    thread = threading.Thread(target=publish)
+    thread.start()
+    waitset = kickmsg.WaitSet(spin=spin)
+    for subscriber in subscribers:
+        waitset.add(subscriber)
+    received, sleeps_per_wait = [], []
+    while len(received) < len(messages):
+        before = len(sleeps)
+        ready = waitset.wait(timeout=5.0)
+        sleeps_per_wait.append(len(sleeps) - before)
+        received += [subscriber.try_receive() for subscriber in ready]
+    thread.join()
+    assert received == messages
+    if spin > every_s:
+        assert sleeps_per_wait[0] >= 1 and sum(sleeps_per_wait[1:]) == 0
+    else:
+        assert all(sleeps_per_wait)
 
 
 def minor_faults_touching(buffer, start, end) -> int:
