@@ -219,3 +219,18 @@ def test_cli_stale_needs_ra():
     result = run_verify("--stale", "1")
     assert result.returncode == 2
     assert "--stale needs --memory-model ra" in result.stderr
+
+
+def test_the_readme_orders_table_points_at_the_code_as_it_is():
+    """Each row of the README's --orders table names a site by file:line: the
+    rows are the sites orders.sites() finds now (acq_rel ones twice, relaxed
+    ones not at all), in order, and each line still holds that call. Code
+    moved above a site makes this fail until the table follows it."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    rows = re.findall(r"^\| `(kickmsg/[a-z_]+\.py):(\d+)` \| `([^`]+)` \| `([a-z_0-9]+)` \|", readme, re.M)
+    expected = []
+    for site in orders.sites():
+        order = orders.OPERATIONS[site.operation].order
+        if order != "relaxed":
+            expected += [(site.path, str(site.line), site.function, site.operation)] * (2 if order == "acq_rel" else 1)
+    assert rows == expected
