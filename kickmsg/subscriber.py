@@ -44,6 +44,10 @@ class Subscriber:
     re-create in place by this package keeps its ring; otherwise it joins
     a ring of the new region. The messages it had not read in the old ring
     count as lost.
+
+    Beyond 0.1.0, ``spin`` (a timedelta or seconds; 0: never): a blocking
+    receive whose previous wait took less than ``spin`` keeps trying for up
+    to that long, holding the GIL, before it sleeps on the futex.
     """
 
     def __init__(self, region: SharedRegion, *, spin: datetime.timedelta | float = DEFAULT_SPIN_S):
