@@ -49,12 +49,15 @@ Run (from the repository root; ``make bench`` installs what is needed):
     .venv/bin/python benchmarks/bench_core.py --quick   # smoke run, under a minute
 """
 import argparse
+import importlib.metadata
 import json
 import os
 import pathlib
 import platform
 import secrets
+import shutil
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -73,15 +76,17 @@ NATIVE_DIR = ROOT / ".native" / "kickmsg-0.1.0"
 SITE_DIR = sysconfig.get_paths()["purelib"]  # numpy for the native worker (which runs with -S)
 RESULTS_DIR = HERE / "results"
 PREFIX = f"kmbench_{os.getpid()}_{secrets.token_hex(3)}"
-PEERS = ("ours", "native", "mp_pipe", "mp_queue", "zmq")
+PEERS = bench_report.PEERS
 KICKMSG_PEERS = ("ours", "native")
 MB = 1 << 20
 
 SETTINGS = {
     "full": {
         "inproc": {"sizes": [64, 4096], "repeats": 5, "warmup_s": 0.2, "repeat_s": 0.3, "batch": 16},
-        "latency": {"sizes": [64, 65536], "period_s": 0.001, "warmup": 200, "samples": 800, "repeats": 5},
-        "fanout": {"subscribers": [1, 4], "size": 64, "duration_s": 1.0, "warmup_s": 0.3, "repeats": 3},
+        "pingpong": {"size": 64, "warmup": 200, "trips": 2000},
+        "latency": {"sizes": [64], "modes": ["block"], "period_s": 0.001, "warmup": 200, "samples": 600, "repeats": 5},
+        "throughput": {"subscribers": [1], "size": 4096, "duration_s": 1.0, "warmup_s": 0.3, "repeats": 3},
+        "fanout": {"subscribers": [4], "size": 64, "duration_s": 1.0, "warmup_s": 0.3, "repeats": 3},
         "frames": {"sizes": [1 * MB, 8 * MB], "duration_s": 0.6, "warmup_s": 0.3, "repeats": 3},
         "scaling": {
             "rings": [1, 4, 16, 64], "sizes": [64, 1024, 16384, 262144],
@@ -90,8 +95,10 @@ SETTINGS = {
     },
     "quick": {
         "inproc": {"sizes": [64, 4096], "repeats": 3, "warmup_s": 0.03, "repeat_s": 0.05, "batch": 16},
-        "latency": {"sizes": [64, 65536], "period_s": 0.001, "warmup": 20, "samples": 100, "repeats": 3},
-        "fanout": {"subscribers": [1, 4], "size": 64, "duration_s": 0.2, "warmup_s": 0.1, "repeats": 2},
+        "pingpong": {"size": 64, "warmup": 50, "trips": 300},
+        "latency": {"sizes": [64], "modes": ["block"], "period_s": 0.001, "warmup": 20, "samples": 100, "repeats": 3},
+        "throughput": {"subscribers": [1], "size": 4096, "duration_s": 0.2, "warmup_s": 0.1, "repeats": 2},
+        "fanout": {"subscribers": [4], "size": 64, "duration_s": 0.2, "warmup_s": 0.1, "repeats": 2},
         "frames": {"sizes": [1 * MB, 8 * MB], "duration_s": 0.2, "warmup_s": 0.1, "repeats": 2},
         "scaling": {
             "rings": [1, 4, 16, 64], "sizes": [64, 1024, 16384, 262144],
@@ -115,12 +122,29 @@ def worker_command(script: pathlib.Path, peer: str, *args: str) -> list[str]:
     return [sys.executable, str(script), peer, "-", "-", *args]
 
 
+def free_ports(count: int) -> list[int]:
+    """``count`` TCP ports on 127.0.0.1 free right now (zenoh's endpoints)."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for each in sockets:
+            each.bind(("127.0.0.1", 0))
+        return [each.getsockname()[1] for each in sockets]
+    finally:
+        for each in sockets:
+            each.close()
+
+
 def run_worker(peer: str, mode: str, args: dict, timeout_s: float) -> dict:
     """Run one worker (its own session, so its process group can be killed
     with everything it forked) and return its JSON result."""
     if peer in KICKMSG_PEERS:
         args = dict(args, shm_name=f"/{PREFIX}_{mode}_{peer}")
-    args = dict(args, socket_path=f"/tmp/{PREFIX}_{mode}.ipc", idle_s=args.get("idle_s", 1.0))
+    args = dict(
+        args, socket_path=f"/tmp/{PREFIX}_{mode}.ipc", idle_s=args.get("idle_s", 1.0),
+        iox_prefix=f"{PREFIX}_iox_", iox_root=f"/tmp/{PREFIX}_iox2/", ports=free_ports(8),
+    )
+    if peer == "zenoh":
+        return run_zenoh_command(worker_command(WORKER, peer, mode, json.dumps(args)), f"{mode} ({peer})", timeout_s)
     command = worker_command(WORKER, peer, mode, json.dumps(args))
     return run_command(command, f"{mode} ({peer})", timeout_s)
 
@@ -143,6 +167,17 @@ def run_command(command: list[str], what: str, timeout_s: float) -> dict:
     return json.loads(stdout.strip().splitlines()[-1])
 
 
+def run_zenoh_command(command: list[str], what: str, timeout_s: float) -> dict:
+    """zenoh names its shared-memory files itself (``<number>.zenoh``) and
+    leaves them behind: unlink the ones that appeared during this worker."""
+    before = set(pathlib.Path("/dev/shm").glob("*.zenoh"))
+    try:
+        return run_command(command, what, timeout_s)
+    finally:
+        for path in set(pathlib.Path("/dev/shm").glob("*.zenoh")) - before:
+            path.unlink(missing_ok=True)
+
+
 def kill_worker(process: subprocess.Popen) -> None:
     try:
         os.killpg(process.pid, signal.SIGKILL)  # the group of this worker only (start_new_session)
@@ -161,7 +196,10 @@ def remove_leftovers() -> None:
     """Unlink every shared-memory object (and owners sidecar) and ipc socket
     file this run may have left behind."""
     for path in list(pathlib.Path("/dev/shm").glob(f"{PREFIX}_*")) + list(pathlib.Path("/tmp").glob(f"{PREFIX}_*")):
-        path.unlink(missing_ok=True)
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)  # iceoryx2's root directory
+        else:
+            path.unlink(missing_ok=True)
 
 
 # -- statistics ------------------------------------------------------------------
@@ -197,6 +235,7 @@ def bench_inproc(peer: str, settings: dict) -> dict:
 
 
 def bench_latency(peer: str, settings: dict, size: int, spin: bool) -> dict:
+    """Paced one-way latency: one stamped message per ``period_s``."""
     samples, repeats = settings["samples"], settings["repeats"]
     count = settings["warmup"] + samples * repeats
     args = {
@@ -223,6 +262,18 @@ def bench_latency(peer: str, settings: dict, size: int, spin: bool) -> dict:
         "lost_by_sequence": measured["lost_by_sequence"],
         "timeouts": measured["timeouts"],
         "wrong_size": measured["bad_size"],
+    }
+
+
+def bench_pingpong(peer: str, settings: dict) -> dict:
+    args = dict(settings, depth=QUEUE_DEPTH, config={"max_subscribers": 2})
+    raw = run_worker(peer, "pingpong", args, 90 + settings["trips"] * 0.01)["pingpong"]
+    one_way_us = [ns / 1000 for ns in raw["one_way_ns"]]
+    return {
+        "median_us": statistics.median(one_way_us),
+        "p99_us": percentile(one_way_us, 0.99),
+        "max_us": max(one_way_us),
+        "trips": len(one_way_us),
     }
 
 
@@ -267,6 +318,15 @@ def bench_frames(peer: str, settings: dict, size: int) -> dict:
     }
     rounds_total = settings["warmup_s"] + settings["repeats"] * settings["duration_s"]
     raw = run_worker(peer, "frames", args, 120 + 6 * rounds_total)["frames"]
+    first = raw["first_round"]
+    (first_received,) = first["subscribers"]
+    pool = config["pool_size"]
+    # The first pass: the first pool_size frames of round 0, from the start of
+    # the round to the subscriber's clock at the last of them.
+    if first_received["lost_by_sequence"] == 0 and len(first_received["frame_ns"]) >= pool:
+        first_pass_fps = pool * 1e9 / (first_received["frame_ns"][pool - 1] - first["start_ns"])
+    else:
+        first_pass_fps = None  # frames dropped or too few in the first round
     rates, p99s, losses = [], [], []
     for round_ in raw["rounds"]:
         (received,) = round_["subscribers"]
@@ -283,6 +343,7 @@ def bench_frames(peer: str, settings: dict, size: int) -> dict:
         "p99_interval_ms": statistics.median(p99s),
         "loss_fraction": statistics.median(losses),
         "fps_runs": rates,
+        "first_pass_fps": first_pass_fps,
         "allocate_retries": raw["allocate_retries"],
     }
 
@@ -316,48 +377,57 @@ def bench_rss(peer: str) -> dict:
 
 
 def attempt(errors: list, what: str, function, *args):
-    """Run one measurement; a failure is recorded and the suite goes on."""
+    """Run one measurement; a failure (of any kind) is recorded, the result
+    is {"error": ...}, and the suite goes on."""
     print(f"  {what} ...", file=sys.stderr, flush=True)
     try:
         return function(*args)
-    except RuntimeError as error:
+    except Exception as error:  # one failing peer must not stop the run
         errors.append(f"{what}: {error}")
-        print(f"  FAILED {what}: {str(error).splitlines()[0]}", file=sys.stderr, flush=True)
-        return None
+        print(f"  FAILED {what}: {str(error).splitlines()[0] if str(error) else repr(error)}", file=sys.stderr, flush=True)
+        return {"error": (str(error).splitlines() or [repr(error)])[0]}
 
 
-def run_all(settings: dict, errors: list) -> dict:
-    results = {"inproc": {}, "latency": {}, "fanout": {}, "frames": {}, "rss": {}, "scaling": {}}
-    print("1/6 in-process send + receive", file=sys.stderr)
-    for peer in PEERS:
+def run_all(settings: dict, errors: list, peers: tuple) -> dict:
+    results: dict = {key: {} for key in ("inproc", "pingpong", "latency", "throughput", "fanout", "frames", "rss", "scaling")}
+    kickmsg_peers = [peer for peer in KICKMSG_PEERS if peer in peers]
+    print("1/8 in-process send + receive", file=sys.stderr)
+    for peer in peers:
         measured = attempt(errors, f"in-process, {peer}", bench_inproc, peer, settings["inproc"])
         for size in settings["inproc"]["sizes"]:
-            results["inproc"].setdefault(str(size), {})[peer] = measured and measured[str(size)]
-    print("2/6 cross-process one-way latency", file=sys.stderr)
-    for spin in (False, True):
+            results["inproc"].setdefault(str(size), {})[peer] = measured if "error" in measured else measured[str(size)]
+    print("2/8 cross-process ping-pong (one-way latency, blocking receive, pinned)", file=sys.stderr)
+    size = settings["pingpong"]["size"]
+    for peer in peers:
+        results["pingpong"].setdefault(str(size), {})[peer] = attempt(
+            errors, f"ping-pong {size} B, {peer}", bench_pingpong, peer, settings["pingpong"]
+        )
+    print("3/8 cross-process one-way latency, one message per ms", file=sys.stderr)
+    for mode in settings["latency"]["modes"]:
         for size in settings["latency"]["sizes"]:
-            key = f"{size}_{'spin' if spin else 'block'}"
-            for peer in PEERS:
+            key = f"{size}_{mode}"
+            for peer in peers:
                 results["latency"].setdefault(key, {})[peer] = attempt(
-                    errors, f"latency {key}, {peer}", bench_latency, peer, settings["latency"], size, spin
+                    errors, f"latency {key}, {peer}", bench_latency, peer, settings["latency"], size, mode == "spin"
                 )
-    print("3/6 fan-out throughput", file=sys.stderr)
-    for subscribers in settings["fanout"]["subscribers"]:
-        for peer in PEERS:
-            results["fanout"].setdefault(str(subscribers), {})[peer] = attempt(
-                errors, f"fan-out to {subscribers}, {peer}", bench_fanout, peer, settings["fanout"], subscribers
-            )
-    print("4/6 large frames", file=sys.stderr)
+    for step, scenario in (("4/8", "throughput"), ("5/8", "fanout")):
+        print(f"{step} {scenario}", file=sys.stderr)
+        for subscribers in settings[scenario]["subscribers"]:
+            for peer in peers:
+                results[scenario].setdefault(str(subscribers), {})[peer] = attempt(
+                    errors, f"{scenario} to {subscribers}, {peer}", bench_fanout, peer, settings[scenario], subscribers
+                )
+    print("6/8 large frames", file=sys.stderr)
     for size in settings["frames"]["sizes"]:
-        for peer in PEERS:
+        for peer in peers:
             results["frames"].setdefault(str(size), {})[peer] = attempt(
                 errors, f"frames {size // MB} MB, {peer}", bench_frames, peer, settings["frames"], size
             )
-    print("5/6 resident memory", file=sys.stderr)
-    for peer in KICKMSG_PEERS:
+    print("7/8 resident memory", file=sys.stderr)
+    for peer in kickmsg_peers:
         results["rss"][peer] = attempt(errors, f"rss, {peer}", bench_rss, peer)
-    print("6/6 publish scaling", file=sys.stderr)
-    for peer in KICKMSG_PEERS:
+    print("8/8 publish scaling", file=sys.stderr)
+    for peer in kickmsg_peers:
         results["scaling"][peer] = attempt(errors, f"scaling, {peer}", bench_scaling, peer, settings["scaling"])
     return results
 
@@ -378,6 +448,12 @@ def machine_info() -> dict:
     import numpy
     import zmq
 
+    versions = {"numpy": numpy.__version__, "pyzmq": zmq.__version__, "libzmq": zmq.zmq_version()}
+    for package in ("faster-fifo", "iceoryx2", "eclipse-zenoh"):
+        try:
+            versions[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            versions[package] = None
     return {
         "cpu": cpu,
         "cores": os.cpu_count(),
@@ -385,7 +461,7 @@ def machine_info() -> dict:
         "python": f"{platform.python_implementation()} {platform.python_version()}",
         "kernel": f"{platform.system()} {platform.release()}",
         "machine": platform.machine(),
-        "versions": {"numpy": numpy.__version__, "pyzmq": zmq.__version__, "libzmq": zmq.zmq_version()},
+        "versions": versions,
     }
 
 
@@ -413,6 +489,7 @@ def main() -> int:
     parser.add_argument("--output", type=pathlib.Path, help="JSON results file (default: results/bench.json, "
                         "results/bench_quick.json with --quick)")
     parser.add_argument("--chart", type=pathlib.Path, help="PNG chart (default: results/bench.png, bench_quick.png)")
+    parser.add_argument("--peers", help=f"comma-separated subset of {','.join(PEERS)} (default: all)")
     options = parser.parse_args()
     suffix = "_quick" if options.quick else ""
     options.output = options.output or RESULTS_DIR / f"bench{suffix}.json"
@@ -426,6 +503,10 @@ def main() -> int:
         return 2
     # On SIGTERM too: kill the workers and unlink what they created (finally below).
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    peers = tuple(options.peers.split(",")) if options.peers else PEERS
+    unknown = [peer for peer in peers if peer not in PEERS]
+    if unknown:
+        parser.error(f"--peers: unknown peer(s) {', '.join(unknown)}; known: {', '.join(PEERS)}")
     mode = "quick" if options.quick else "full"
     settings = SETTINGS[mode]
     machine = machine_info()
@@ -435,7 +516,7 @@ def main() -> int:
     started, started_at = time.monotonic(), time.strftime("%Y-%m-%dT%H:%M:%S%z")
     errors: list[str] = []
     try:
-        results = run_all(settings, errors)
+        results = run_all(settings, errors, peers)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
@@ -451,11 +532,13 @@ def main() -> int:
         "cpu_busy_after": cpu_busy_fraction(),
         "load_average": load_average,
         "settings": settings,
+        "peers": list(peers),
         "results": results,
         "errors": errors,
     }
     report["targets"] = bench_report.targets(results)
     report["scaling_markdown"] = bench_report.scaling_markdown(results["scaling"], settings["scaling"])
+    report["summary_markdown"] = bench_report.summary_markdown(results, peers)
     print()
     bench_report.print_report(report)
     options.output.parent.mkdir(parents=True, exist_ok=True)

@@ -5,7 +5,8 @@ Run by bench_core.py, never by hand, as
     python    core_worker.py PEER      -          -         MODE JSON-ARGS
     python -S core_worker.py native    NATIVE_DIR SITE_DIR  MODE JSON-ARGS
 
-PEER is ours, native, mp_pipe, mp_queue or zmq (see peers.py). For
+PEER is ours, native, mp_pipe, mp_queue, zmq, faster_fifo, iceoryx2 or
+zenoh (see peers.py). For
 ``native`` the interpreter runs without site-packages (-S); NATIVE_DIR (the
 one holding ``kickmsg.abi3.so``) goes first on sys.path and SITE_DIR (for
 numpy) last, so our package cannot be imported in that process: the import
@@ -33,13 +34,20 @@ Modes and exactly what they time:
             true), computes ``monotonic_ns() - stamp`` as soon as it has the
             message. It also notes whether it was already waiting when the
             message was stamped.
+  pingpong  this process (pinned to core 0) and one forked process (core 1),
+            two channels: this one sends a ``size``-byte message on "there"
+            and waits for it to come back on "back" with the peer's blocking
+            receive; the other receives on "there" and sends what it got on
+            "back". One-way latency = half of each round trip
+            (perf_counter_ns), after ``warmup`` trips.
   fanout    a publisher (this process) and ``subscribers`` processes. Each
             round the publisher sends ``size``-byte messages as fast as it can
             for ``duration_s``, then a short stop message; each subscriber
             counts what it receives (blocking receive) and notes the clock
             every 64 messages and at the stop message. Rate of a subscriber =
             messages counted at its last clock note / (that note - the
-            publisher's start). Round 0 is a warm-up of ``warmup_s``.
+            publisher's start). Round 0 is a warm-up of ``warmup_s``
+            (reported apart as ``first_round``: for frames, the first pass).
   frames    the same with one subscriber and ``size``-byte frames: the
             publisher produces each frame by copying a prepared numpy image
             into the buffer it sends (for kickmsg: the allocated slot, then
@@ -54,6 +62,7 @@ Modes and exactly what they time:
 """
 import json
 import multiprocessing
+import os
 import struct
 import sys
 import time
@@ -86,15 +95,27 @@ STOP_MESSAGE = b"\0"  # fan-out and frames: any message of another length ends a
 NS = 1_000_000_000
 
 
-def make_peer(args: dict):
+def make_peer(args: dict, size: int, channel: str = ""):
+    """The peer of this worker for messages of up to ``size`` bytes;
+    ``channel`` names another channel of the same peer (ping-pong: "_there"
+    and "_back")."""
     if PEER in ("ours", "native"):
-        return peers.KickmsgPeer(PEER, kickmsg, args["shm_name"], args.get("config", {}), args["idle_s"])
+        return peers.KickmsgPeer(PEER, kickmsg, args["shm_name"] + channel, args.get("config", {}), args["idle_s"])
     if PEER == "mp_pipe":
         return peers.PipePeer()
     if PEER == "mp_queue":
         return peers.QueuePeer(args["depth"])
     if PEER == "zmq":
-        return peers.ZmqPeer(args["socket_path"], args["depth"], args["idle_s"])
+        return peers.ZmqPeer(args["socket_path"] + channel, args["depth"], args["idle_s"])
+    if PEER == "faster_fifo":
+        return peers.FasterFifoPeer(args["depth"], size)
+    if PEER == "iceoryx2":
+        return peers.Iceoryx2Peer(
+            f"kmbench/{MODE}{channel}", args["iox_prefix"], args["iox_root"], args["depth"], size, args["idle_s"]
+        )
+    if PEER == "zenoh":
+        ports = args["ports"][4:] if channel == "_back" else args["ports"][:4]
+        return peers.ZenohPeer(f"kmbench/{MODE}{channel}", ports, args["depth"], size)
     raise SystemExit(f"unknown peer {PEER!r}")
 
 
@@ -168,7 +189,7 @@ def timed_batches(send, receive, payload, batches: int, batch: int) -> list:
 
 
 def inproc(sizes: list, repeats: int, warmup_s: float, repeat_s: float, batch: int, **peer_args) -> None:
-    peer = make_peer(peer_args)
+    peer = make_peer(peer_args, max(sizes))
     peer.setup(1)
     try:
         publisher = peer.publisher()  # zmq: bind before the subscriber connects
@@ -247,7 +268,7 @@ def latency_subscriber(peer, index: int, link, size: int, spin: bool) -> None:
 
 
 def latency(size: int, spin: bool, period_s: float, warmup: int, samples: int, **peer_args) -> None:
-    peer = make_peer(peer_args)
+    peer = make_peer(peer_args, size)
     peer.setup(1)
     children = None
     try:
@@ -276,6 +297,72 @@ def latency(size: int, spin: bool, period_s: float, warmup: int, samples: int, *
         if children:
             children.stop()
         peer.teardown()
+
+
+# -- pingpong ------------------------------------------------------------------------
+
+
+def pin(core: int) -> None:
+    """Run this process on ``core`` alone (cores 0 and 1 on a 2-core machine)."""
+    if len(os.sched_getaffinity(0)) >= 2:
+        os.sched_setaffinity(0, {core})
+
+
+def pong(peer, index: int, link, back) -> None:
+    """The far side of the ping-pong: echo every message until one of another size."""
+    pin(1)
+    inbox = peer.subscriber(0)
+    link.send("ready")
+    assert link.recv() == "go"
+    outbox = back.publisher()
+    outbox.wait_for_subscribers(1, 10)
+    link.send("ready")
+    size, echoed = None, 0
+    while (message := inbox.receive()) is not None:
+        if size is not None and len(message) != size:
+            break
+        size = len(message)
+        outbox.send(message)
+        echoed += 1
+    link.send({"echoed": echoed})
+    inbox.close()
+    outbox.close()
+
+
+def pingpong(size: int, warmup: int, trips: int, **peer_args) -> None:
+    there, back = make_peer(peer_args, size, "_there"), make_peer(peer_args, size, "_back")
+    there.setup(1)
+    back.setup(1)
+    children = None
+    try:
+        children = Children(pong, 1, there, {"back": back})
+        children.expect(30, "ready")
+        pin(0)
+        inbox = back.subscriber(0)
+        outbox = there.publisher()
+        children.links[0][1].send("go")  # both subscribers exist: the publishers may connect
+        outbox.wait_for_subscribers(1, 10)
+        children.expect(30, "ready")
+        send, receive, clock = outbox.send, inbox.receive, time.perf_counter_ns
+        message = bytes(size)
+        trips_ns = []
+        for _ in range(warmup + trips):
+            began = clock()
+            send(message)
+            answer = receive()
+            trips_ns.append(clock() - began)
+            if answer is None or len(answer) != size:
+                raise RuntimeError(f"{PEER}: the ping-pong answer was {answer!r:.40}")
+        send(b"\0")
+        (result,) = children.expect(30, "result")
+        inbox.close()
+        outbox.close()
+        emit({"pingpong": {"one_way_ns": [ns / 2 for ns in trips_ns[warmup:]], "echoed": result["echoed"]}})
+    finally:
+        if children:
+            children.stop()
+        there.teardown()
+        back.teardown()
 
 
 # -- fanout and frames --------------------------------------------------------------
@@ -341,7 +428,7 @@ def stream_subscriber(peer, index: int, link, size: int, rounds: int, frames: bo
 
 def stream(kind: str, subscribers: int, size: int, duration_s: float, warmup_s: float, repeats: int, **peer_args):
     frames = kind == "frames"
-    peer = make_peer(peer_args)
+    peer = make_peer(peer_args, size)
     peer.setup(subscribers)
     children = None
     rounds = []
@@ -380,13 +467,11 @@ def stream(kind: str, subscribers: int, size: int, duration_s: float, warmup_s: 
             stopped_ns = clock()
             publisher.send(STOP_MESSAGE)
             received = children.expect(60 + 4 * duration_ns / NS, "round result")
-            if round_index:
-                rounds.append(
-                    {"start_ns": start, "publisher_ns": stopped_ns - start, "sent": sent, "subscribers": received}
-                )
+            rounds.append({"start_ns": start, "publisher_ns": stopped_ns - start, "sent": sent, "subscribers": received})
         retries = getattr(publisher, "allocate_retries", 0)
         publisher.close()
-        emit({kind: {"rounds": rounds, "allocate_retries": retries, "lossy": peer.lossy}})
+        # Round 0, the warm-up, is the first pass over fresh buffers: reported apart.
+        emit({kind: {"first_round": rounds[0], "rounds": rounds[1:], "allocate_retries": retries, "lossy": peer.lossy}})
     finally:
         if children:
             children.stop()
@@ -453,4 +538,4 @@ def scaling(
 
 
 if __name__ == "__main__":
-    {"inproc": inproc, "latency": latency, "fanout": fanout, "frames": frames, "scaling": scaling}[MODE](**ARGS)
+    {"inproc": inproc, "latency": latency, "pingpong": pingpong, "fanout": fanout, "frames": frames, "scaling": scaling}[MODE](**ARGS)

@@ -7,6 +7,9 @@ A peer is one way of moving messages between Python code:
   mp_pipe   multiprocessing.Pipe(duplex=False), one pipe per subscriber
   mp_queue  multiprocessing.Queue, one queue per subscriber
   zmq       pyzmq XPUB -> SUB over the ipc:// transport
+  faster_fifo  faster_fifo.Queue, one per subscriber
+  iceoryx2  iceoryx2's publish-subscribe (Python binding), zero-copy loans
+  zenoh     eclipse-zenoh, peer mode on 127.0.0.1, shared memory for 4 KB+
 
 Life cycle, the same for every peer (see core_worker.py):
 
@@ -42,7 +45,9 @@ where possible so no wrapper call is timed:
                                 frame, release callable), or (None, None);
                                 kickmsg returns a view over the slot (no copy)
 """
+import ctypes
 import functools
+import json
 import multiprocessing
 import os
 import pathlib
@@ -377,3 +382,308 @@ class ZmqSubscriber:
 
     def close(self) -> None:
         self.socket.close(linger=0)
+
+
+class FasterFifoPeer:
+    """``faster_fifo.Queue``: one per subscriber, ``max_size_bytes`` room for
+    ``depth`` messages of ``size`` bytes (pickled, as ``put`` does by default)."""
+
+    name = "faster_fifo"
+    lossy = False  # a full queue blocks put()
+    idle_s = None  # the receive blocks until data comes
+
+    def __init__(self, depth: int, size: int):
+        self.capacity = max(1 << 20, depth * (size + 256))
+
+    def setup(self, subscribers: int) -> None:
+        import faster_fifo
+
+        self.queues = [faster_fifo.Queue(max_size_bytes=self.capacity) for _ in range(subscribers)]
+
+    def teardown(self) -> None:
+        for queue in getattr(self, "queues", []):
+            queue.close()
+
+    def subscriber(self, index: int) -> "FasterFifoSubscriber":
+        return FasterFifoSubscriber(self.queues[index])
+
+    def publisher(self) -> "QueuePublisher":
+        return QueuePublisher(self.queues)  # the same puts as mp.Queue's
+
+
+class FasterFifoSubscriber:
+    lost = 0
+
+    def __init__(self, queue):
+        self.queue = queue
+        self.receive = self.inproc_receive = functools.partial(queue.get, True, 3600.0)
+
+    def try_receive(self):
+        try:
+            return self.queue.get_nowait()
+        except queue_module.Empty:
+            return None
+
+    def receive_frame(self):
+        return self.receive(), None  # unpickled: already a numpy array
+
+    def close(self) -> None:
+        pass
+
+
+class Iceoryx2Peer:
+    """iceoryx2 (Python binding) publish-subscribe of ``Slice[c_uint8]``, with an
+    event service beside it for the blocking receive (the publisher notifies
+    after each send; the subscriber waits on its listener when it finds no
+    sample), as iceoryx2's event-based examples do. Zero-copy both ways: the
+    publisher loans a sample and writes into it, the subscriber reads the
+    sample in place. Subscriber buffer ``depth``, no history, the default
+    safe overflow (a full buffer drops its oldest sample, like a kickmsg
+    ring). Its files carry ``prefix`` (under /dev/shm) and live under
+    ``root`` (/tmp)."""
+
+    name = "iceoryx2"
+    lossy = True
+
+    def __init__(self, service: str, prefix: str, root: str, depth: int, size: int, idle_s: float):
+        self.service, self.prefix, self.root = service, prefix, root
+        self.depth, self.size, self.idle_s = depth, size, idle_s
+
+    def setup(self, subscribers: int) -> None:
+        self.subscribers = subscribers
+
+    def teardown(self) -> None:
+        pass  # bench_core removes the files by prefix
+
+    def _services(self):
+        """The node and both services, made once per process (after any fork)."""
+        if getattr(self, "_pid", None) != os.getpid():
+            import iceoryx2
+
+            config = iceoryx2.config.default()
+            config.global_cfg.prefix = iceoryx2.FileName.new(self.prefix)
+            config.global_cfg.root_path = iceoryx2.Path.new(self.root)
+            node = iceoryx2.NodeBuilder.new().config(config).create(iceoryx2.ServiceType.Ipc)
+            name = iceoryx2.ServiceName.new(self.service)
+            topic = (
+                node.service_builder(name)
+                .publish_subscribe(iceoryx2.Slice[ctypes.c_uint8])
+                .max_subscribers(max(2, self.subscribers))
+                .subscriber_max_buffer_size(self.depth)
+                .history_size(0)
+                .open_or_create()
+            )
+            events = node.service_builder(name).event().open_or_create()
+            self._iceoryx2, self._node, self._topic, self._events = iceoryx2, node, topic, events
+            self._pid = os.getpid()
+        return self._iceoryx2, self._topic, self._events
+
+    def subscriber(self, index: int) -> "Iceoryx2Subscriber":
+        iceoryx2, topic, events = self._services()
+        subscriber = topic.subscriber_builder().buffer_size(self.depth).create()
+        return Iceoryx2Subscriber(iceoryx2, subscriber, events.listener_builder().create(), self.idle_s)
+
+    def publisher(self) -> "Iceoryx2Publisher":
+        iceoryx2, topic, events = self._services()
+        publisher = (
+            topic.publisher_builder()
+            .initial_max_slice_len(self.size)
+            .allocation_strategy(iceoryx2.AllocationStrategy.Static)
+            .create()
+        )
+        return Iceoryx2Publisher(topic, publisher, events.notifier_builder().create())
+
+
+class Iceoryx2Publisher:
+    def __init__(self, topic, publisher, notifier):
+        self.topic, self.publisher, self.notifier = topic, publisher, notifier
+        self._loan, self._notify = publisher.loan_slice_uninit, notifier.notify
+
+    def send(self, data) -> None:
+        sample = self._loan(len(data))
+        ctypes.memmove(sample.payload_ptr, data, len(data))
+        sample.assume_init().send()
+        self._notify()
+
+    def send_frame(self, source: numpy.ndarray, header: bytes) -> None:
+        sample = self._loan(source.nbytes)
+        view = numpy.frombuffer((ctypes.c_uint8 * source.nbytes).from_address(sample.payload_ptr), numpy.uint8)
+        numpy.copyto(view, source)
+        view[: len(header)] = numpy.frombuffer(header, numpy.uint8)
+        del view
+        sample.assume_init().send()
+        self._notify()
+
+    def wait_for_subscribers(self, count: int, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while self.topic.dynamic_config.number_of_subscribers < count:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"iceoryx2: fewer than {count} subscribers after {timeout_s} s")
+            time.sleep(0.01)
+        self.publisher.update_connections()
+
+    def close(self) -> None:
+        self.notifier.delete()
+        self.publisher.delete()
+
+
+class Iceoryx2Subscriber:
+    lost = 0  # iceoryx2 does not tell; the benchmarks count by sequence
+
+    def __init__(self, iceoryx2, subscriber, listener, idle_s: float):
+        self.subscriber, self.listener = subscriber, listener
+        self.wait = iceoryx2.Duration.from_secs_f64(idle_s)
+        self.idle_s = idle_s
+
+    def _sample(self):
+        """The next sample, waiting on the listener up to ``idle_s``; None then."""
+        sample = self.subscriber.receive()
+        deadline = None
+        while sample is None:
+            deadline = deadline or time.monotonic() + self.idle_s
+            if time.monotonic() > deadline:
+                return None
+            self.listener.timed_wait(self.wait)
+            sample = self.subscriber.receive()
+        return sample
+
+    def receive(self):
+        sample = self._sample()
+        if sample is None:
+            return None
+        data = ctypes.string_at(sample.payload_ptr, sample.header.number_of_elements)
+        sample.delete()
+        return data
+
+    def try_receive(self):
+        sample = self.subscriber.receive()
+        if sample is None:
+            return None
+        data = ctypes.string_at(sample.payload_ptr, sample.header.number_of_elements)
+        sample.delete()
+        return data
+
+    inproc_receive = try_receive  # delivery is synchronous (shared memory)
+
+    def receive_frame(self):
+        sample = self._sample()
+        if sample is None:
+            return None, None
+        length = sample.header.number_of_elements
+        view = numpy.frombuffer((ctypes.c_uint8 * length).from_address(sample.payload_ptr), numpy.uint8)
+        return view, sample.delete
+
+    def close(self) -> None:
+        self.listener.delete()
+        self.subscriber.delete()
+
+
+class ZenohPeer:
+    """eclipse-zenoh in peer mode, multicast and gossip scouting off: each
+    subscriber's session listens on its own TCP endpoint on 127.0.0.1
+    (``ports[index]``), the publisher's session connects to all of them (one
+    session per process, shared in-process). Shared memory on: payloads of
+    ``shm_from`` bytes and more are written into a buffer of zenoh's
+    ``ShmProvider`` and travel by shared memory; smaller ones are put as
+    bytes. Reliable with ``CongestionControl.BLOCK`` (a full queue blocks the
+    publisher), subscriber FIFO handler of ``depth``. The Python API has no
+    buffer view of a zenoh buffer: the publisher copies from bytes into its
+    SHM buffer, the subscriber copies out (``to_bytes``)."""
+
+    name = "zenoh"
+    lossy = False
+    idle_s = None  # the receive blocks until data comes
+    shm_from = 4096
+
+    def __init__(self, key: str, ports: list, depth: int, size: int):
+        self.key, self.ports, self.depth, self.size = key, ports, depth, size
+
+    def setup(self, subscribers: int) -> None:
+        self.subscribers = subscribers
+
+    def teardown(self) -> None:
+        pass
+
+    def _session(self, listen: list, connect: list):
+        if getattr(self, "_pid", None) != os.getpid():
+            import zenoh
+
+            config = zenoh.Config()
+            config.insert_json5("mode", '"peer"')
+            config.insert_json5("scouting/multicast/enabled", "false")
+            config.insert_json5("scouting/gossip/enabled", "false")
+            config.insert_json5("listen/endpoints", json.dumps([f"tcp/127.0.0.1:{port}" for port in listen]))
+            config.insert_json5("connect/endpoints", json.dumps([f"tcp/127.0.0.1:{port}" for port in connect]))
+            config.insert_json5("transport/shared_memory/enabled", "true")
+            self._zenoh, self._session_object, self._pid = zenoh, zenoh.open(config), os.getpid()
+        return self._zenoh, self._session_object
+
+    def subscriber(self, index: int) -> "ZenohSubscriber":
+        zenoh, session = self._session([self.ports[index]], [])
+        self.local_subscribers = getattr(self, "local_subscribers", 0) + 1  # in this process
+        return ZenohSubscriber(session.declare_subscriber(self.key, zenoh.handlers.FifoChannel(self.depth)))
+
+    def publisher(self) -> "ZenohPublisher":
+        zenoh, session = self._session([], self.ports[: self.subscribers])
+        publisher = session.declare_publisher(self.key, congestion_control=zenoh.CongestionControl.BLOCK)
+        provider, policy = None, None
+        if self.size >= self.shm_from:
+            # Room for the subscriber's queue and two in flight; a full pool waits for freed buffers.
+            provider = zenoh.shm.ShmProvider.default_backend(max(1 << 20, (self.depth + 2) * self.size))
+            policy = zenoh.shm.BlockOn(zenoh.shm.GarbageCollect())
+        return ZenohPublisher(self, session, publisher, provider, policy)
+
+
+class ZenohPublisher:
+    def __init__(self, peer: ZenohPeer, session, publisher, provider, policy):
+        self.peer, self.session, self.publisher, self.provider, self.policy = peer, session, publisher, provider, policy
+        self._put = publisher.put
+        if provider is None:
+            self.send = self._put
+
+    def send(self, data) -> None:
+        buffer = self.provider.alloc(len(data), self.policy)
+        buffer[0 : len(data)] = data if isinstance(data, (bytes, bytearray)) else bytes(data)
+        self._put(buffer)
+
+    def send_frame(self, source: numpy.ndarray, header: bytes) -> None:
+        frame = bytearray(source.tobytes())  # the buffer takes bytes or bytearray only
+        frame[: len(header)] = header
+        self.send(frame)
+
+    def wait_for_subscribers(self, count: int, timeout_s: float) -> None:
+        """Wait for a session with each subscriber and a matching subscription,
+        then a moment for the other subscriptions to arrive."""
+        deadline = time.monotonic() + timeout_s
+        peers, remote = self.session.info.peers_zid, count - getattr(self.peer, "local_subscribers", 0)
+        while len(list(peers())) < remote or not self.publisher.matching_status.matching:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"zenoh: {count} subscribers did not match within {timeout_s} s")
+            time.sleep(0.01)
+        time.sleep(0.2)
+
+    def close(self) -> None:
+        self.publisher.undeclare()
+
+
+class ZenohSubscriber:
+    lost = 0
+
+    def __init__(self, subscriber):
+        self.subscriber = subscriber
+        self._recv, self._try_recv = subscriber.recv, subscriber.try_recv
+
+    def receive(self):
+        return self._recv().payload.to_bytes()
+
+    inproc_receive = receive  # delivery goes through zenoh's threads
+
+    def try_receive(self):
+        sample = self._try_recv()
+        return None if sample is None else sample.payload.to_bytes()
+
+    def receive_frame(self):
+        return numpy.frombuffer(self._recv().payload.to_bytes(), numpy.uint8), None
+
+    def close(self) -> None:
+        self.subscriber.undeclare()
