@@ -18,8 +18,9 @@ demo: $(INSTALLED) check-java
 test: $(INSTALLED) $(NATIVE_INSTALLED) check-java
 	$(PY) -m pytest
 
-# Ours, native 0.1.0, multiprocessing.Pipe/Queue and pyzmq, same run, a few
-# minutes; then waiting (asyncio, WaitSet) against pyzmq, about a minute;
+# Ours, native 0.1.0, multiprocessing.Pipe/Queue, pyzmq, faster-fifo, iceoryx2
+# and zenoh, same run, about 6 minutes on 2 cores, with issue 17's targets met
+# or missed; then waiting (asyncio, WaitSet) against pyzmq, about a minute;
 # results in benchmarks/results/. Smoke run: make bench BENCH_ARGS=--quick
 bench: $(INSTALLED) $(NATIVE_INSTALLED)
 	status=0; \

@@ -1,52 +1,95 @@
-"""Benchmark suite: this package against the native kickmsg 0.1.0 binding,
-multiprocessing.Pipe, multiprocessing.Queue and pyzmq, in one run on one
-machine.
+"""Benchmark suite: this package against the peers a Python user would pick
+instead, in one run on one machine: the native kickmsg 0.1.0 binding,
+multiprocessing.Pipe and Queue, pyzmq, faster-fifo, iceoryx2 and zenoh.
 
-Peers (benchmarks/peers.py): ``ours`` (this package), ``native`` (kickmsg
-0.1.0 from .native/kickmsg-0.1.0, run with ``python -S`` so only the binding
-is importable), ``mp_pipe`` (multiprocessing.Pipe(duplex=False), one per
-subscriber), ``mp_queue`` (multiprocessing.Queue, one per subscriber) and
-``zmq`` (pyzmq XPUB -> SUB over ipc://). Every measurement runs in a fresh
-worker process tree of one peer (benchmarks/core_worker.py), one at a time.
+Peers (benchmarks/peers.py) and what each needed to be set up fairly:
 
-Benchmarks (exactly what is timed: see core_worker.py):
+  ours         this package, default Subscriber (spins 100 µs, then parks).
+  native       kickmsg 0.1.0 from .native/kickmsg-0.1.0, run with ``python -S``
+               so only the binding is importable; its receive parks at once.
+  mp_pipe      multiprocessing.Pipe(duplex=False), one per subscriber;
+               send_bytes / recv_bytes (no pickling).
+  mp_queue     multiprocessing.Queue(maxsize 1000; 4 for frames), one per
+               subscriber; put / get (pickled by its feeder thread).
+  zmq          pyzmq XPUB -> SUB over ipc://, high-water marks 1000 (4 for
+               frames); the publisher waits for every subscription first.
+  faster_fifo  faster_fifo.Queue, one per subscriber, max_size_bytes room for
+               1000 messages (4 frames), at least 1 MB; put / get with its
+               default pickling; blocking get.
+  iceoryx2     iceoryx2 0.10 Python binding, publish-subscribe service of
+               Slice[c_uint8]: the publisher loans a sample and writes into
+               it (zero-copy), the subscriber reads the sample in place
+               (frames: a numpy view over it, released after use). Blocking
+               receive: an event service beside it, the publisher notifies
+               after each send, the subscriber waits on its listener (the
+               event-based pattern of iceoryx2's examples). Subscriber buffer
+               1000 (4 for frames), no history, safe overflow (drops the
+               oldest, like a kickmsg ring). Its files carry this run's prefix
+               (config: global prefix and root path).
+  zenoh        eclipse-zenoh 1.10, peer mode, multicast and gossip scouting
+               off, each subscriber's session listening on its own
+               tcp/127.0.0.1 port and the publisher's session connecting to
+               them (nothing leaves the host); shared memory transport on,
+               and payloads of 4 KB and more are written into a buffer of its
+               ShmProvider (blocking until a buffer is free) and travel by
+               shared memory; 64 B payloads are put as bytes. Reliable:
+               CongestionControl.BLOCK, subscriber FIFO of 1000 (4 for
+               frames). Its Python API has no buffer view of a zenoh buffer:
+               the publisher copies bytes into its SHM buffer and the
+               subscriber copies out (to_bytes), so frames are not zero-copy
+               from Python. Its SHM files (``N.zenoh``, named by zenoh) that
+               appear during a worker are unlinked after it.
+
+Every measurement runs in a fresh worker process tree of one peer
+(benchmarks/core_worker.py), one at a time; a failing peer is recorded
+({"error": ...} and the errors list) and the run goes on.
+
+Scenarios (exactly what is timed: see core_worker.py):
 
   1. in-process send + receive, 64 B and 4 KB: one process sends a message
-     and receives it (kickmsg: send + try_receive; the others: their blocking
-     receive, as their delivery is asynchronous). ns per pair: median over
-     repeats of the mean; p99 over 16-pair batches.
-  2. cross-process one-way latency, 64 B and 64 KB, with a blocking receive
-     and with a spinning one (non-blocking receive in a loop): one message
-     per millisecond carrying its monotonic_ns send stamp. Median and p99 of
-     each repeat (a block of consecutive messages), medians over repeats.
-  3. fan-out throughput, 64 B messages, one publisher to 1 and to 4
-     subscriber processes, as fast as the publisher can: messages received
-     per second, summed over the subscribers (median over rounds; the worst
-     round too), with the fraction lost (kickmsg rings and 0MQ PUB drop when a
-     subscriber lags; the pipes and queues block the publisher). Queue
-     maxsize and 0MQ high-water marks are 1000.
-  4. large frames, 1 MB and 8 MB, one publisher to one subscriber process, as
+     and receives it (kickmsg and iceoryx2: send + try_receive; the others:
+     their blocking receive, as their delivery is asynchronous). ns per pair:
+     median over repeats of the mean; p99 over 16-pair batches.
+  2. ping-pong, 64 B: two processes pinned to cores 0 and 1, each receiving
+     with the peer's blocking receive; one-way latency = half the round trip,
+     median and p99 over 2000 trips.
+  3. paced one-way latency, 64 B, blocking receive: one message per
+     millisecond carrying its monotonic_ns send stamp (a receiver that has
+     gone to sleep between messages). Median and p99 of each repeat, medians
+     over repeats.
+  4. streaming throughput, 4 KB, one publisher to one subscriber process, and
+  5. fan-out, 64 B, one publisher to 4 subscriber processes: as fast as the
+     publisher can; messages received per second, summed over the
+     subscribers (median over rounds; the worst round too), with the
+     fraction lost (kickmsg rings, iceoryx2 and 0MQ PUB drop when a
+     subscriber lags; the pipes, queues and zenoh block the publisher).
+  6. large frames, 1 MB and 8 MB, one publisher to one subscriber process, as
      fast as possible: each frame produced by copying a prepared image into
      the buffer that is sent (kickmsg: the allocated slot, published in
-     place) and received as a numpy array (kickmsg: a view over the slot).
-     Frames/s and GB/s received (median over rounds), p99 of the time between
-     frames. kickmsg: pool 8, ring 4; Queue maxsize and 0MQ HWM 4.
-  5. resident memory added by ``import kickmsg`` and opening a channel
+     place; iceoryx2: the loaned sample) and received as a numpy array
+     (kickmsg, iceoryx2: a view, no copy). Frames/s and GB/s received
+     (median over rounds), p99 of the time between frames; and the first
+     pass: frames/s until the subscriber has 8 frames (the pool's size) on a
+     fresh channel. kickmsg: pool 8, ring 4; queues and buffers 4.
+  7. resident memory added by ``import kickmsg`` and opening a channel
      (default Config, a Publisher, a Subscriber, one message), in a fresh
      process, ours and native (benchmarks/rss_probe.py).
-  6. scaling, ours and native: the cost of one ``send`` with 1, 4, 16, 64
+  8. scaling, ours and native: the cost of one ``send`` with 1, 4, 16, 64
      subscriber rings (none reading: every ring has wrapped) and 64 B, 1 KB,
      16 KB, 256 KB payloads, printed as a markdown table for the README.
 
-Then the targets of issue 8, as ratios from this run, met or missed. Results
-go to benchmarks/results/bench.json and a chart to benchmarks/results/bench.png
-(bench_quick.json and bench_quick.png for --quick). The machine (CPU model,
-cores, Python, kernel) and how busy it was are printed with the results:
-other work on the machine skews every number, latency tails most.
+Then one summary table of medians with ratios to ours (also printed as
+markdown for the README) and issue 17's targets, met or missed with the
+ratio and by how much. Results go to benchmarks/results/bench.json and a
+chart to benchmarks/results/bench.png (bench_quick.json and bench_quick.png
+for --quick). The machine (CPU model, cores, Python, kernel, peer versions)
+and how busy it was are printed with the results: other work on the machine
+skews every number, latency tails most.
 
 Run (from the repository root; ``make bench`` installs what is needed):
-    .venv/bin/python benchmarks/bench_core.py           # full, 3-4 minutes on 2 cores
-    .venv/bin/python benchmarks/bench_core.py --quick   # smoke run, under a minute
+    .venv/bin/python benchmarks/bench_core.py           # full, about 6 minutes on 2 cores
+    .venv/bin/python benchmarks/bench_core.py --quick   # smoke run, about a minute
+    .venv/bin/python benchmarks/bench_core.py --quick --peers ours,iceoryx2
 """
 import argparse
 import importlib.metadata
@@ -321,12 +364,13 @@ def bench_frames(peer: str, settings: dict, size: int) -> dict:
     first = raw["first_round"]
     (first_received,) = first["subscribers"]
     pool = config["pool_size"]
-    # The first pass: the first pool_size frames of round 0, from the start of
-    # the round to the subscriber's clock at the last of them.
-    if first_received["lost_by_sequence"] == 0 and len(first_received["frame_ns"]) >= pool:
+    # The first pass: from the start of round 0 (a fresh channel) to the
+    # subscriber's clock at the pool_size-th frame it received (a lossy peer
+    # that dropped frames on the way takes longer to get there).
+    if len(first_received["frame_ns"]) >= pool:
         first_pass_fps = pool * 1e9 / (first_received["frame_ns"][pool - 1] - first["start_ns"])
     else:
-        first_pass_fps = None  # frames dropped or too few in the first round
+        first_pass_fps = None  # fewer frames than that in the first round
     rates, p99s, losses = [], [], []
     for round_ in raw["rounds"]:
         (received,) = round_["subscribers"]

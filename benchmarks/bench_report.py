@@ -214,8 +214,8 @@ def frames_table(results: dict) -> None:
         "6. Large frames, one publisher process to one subscriber process, received as numpy arrays (higher is better)",
         "   Each frame copied from a prepared image into the buffer sent (kickmsg: the slot, published in place);\n"
         "   kickmsg subscribers get a view over the slot. Median over rounds; p99 gap: p99 of the time between\n"
-        "   received frames. first pass: frames/s over the first 8 frames of a fresh channel (the pool's first\n"
-        "   pass; n/a when one of them was dropped). vs ours = peer frames/s / ours.",
+        "   received frames. first pass: frames/s until the subscriber has 8 frames, on a fresh channel (the\n"
+        "   pool's first pass). vs ours = peer frames/s / ours.",
         header,
         rows,
     )

@@ -43,3 +43,105 @@ def test_latency_breakdown_splits_each_wake_up_and_leaves_no_region():
     assert list(parts) == ["to wake call", "wake call", "kernel wake-up", "to message", "total"], output
     assert all(float(value) > 0 for value in parts.values()), output
     assert leftovers("km_latency_") == before
+
+
+# -- bench_core / bench_report: issue 17's peers, table and targets ----------------------
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import bench_core  # noqa: E402
+import bench_report  # noqa: E402
+
+
+def a_run(pingpong_us: dict, fanout: dict, throughput: dict, frames_8mb: dict, inproc_ns: dict) -> dict:
+    """A results dictionary as bench_core makes it, with the fields the
+    summary and the targets read."""
+    return {
+        "inproc": {"64": {peer: {"median_ns": ns} for peer, ns in inproc_ns.items()}},
+        "pingpong": {"64": {peer: {"median_us": us} for peer, us in pingpong_us.items()}},
+        "fanout": {"4": {peer: {"median_msgs_s": rate} for peer, rate in fanout.items()}},
+        "throughput": {"1": {peer: {"median_msgs_s": rate} for peer, rate in throughput.items()}},
+        "frames": {str(8 << 20): frames_8mb},
+    }
+
+
+def test_targets_are_judged_on_the_ratios_to_each_peer_and_say_by_how_much_one_is_missed():
+    results = a_run(
+        pingpong_us={"ours": 6.0, "native": 30.0, "mp_pipe": 20.0, "mp_queue": 90.0, "zmq": 80.0,
+                     "faster_fifo": 25.0, "iceoryx2": 4.0, "zenoh": 50.0},
+        fanout={"ours": 100e3, "mp_queue": 80e3, "zmq": 1.6e6, "faster_fifo": 50e3},
+        throughput={"ours": 200e3, "mp_queue": 60e3, "zmq": {"error": "it broke"}, "faster_fifo": 90e3},
+        frames_8mb={"ours": {"median_fps": 1900, "first_pass_fps": 400},
+                    "native": {"median_fps": 2000, "first_pass_fps": 500}},
+        inproc_ns={"ours": 6000.0, "native": 200.0},
+    )
+    results["throughput"]["1"]["zmq"] = {"error": "it broke"}
+    found = {target["target"].split(" (")[0]: target for target in bench_report.targets(results)}
+    verdicts = {name: target["met"] for name, target in found.items()}
+    assert verdicts == {
+        "in-process 64 B send+receive within 25x native": False,
+        "blocking one-way 64 B latency below mp.Pipe": True,
+        "blocking one-way 64 B latency within 1.5x native": True,
+        "8 MB frames >= 0.9x native": True,
+        "8 MB frames, first pass, >= 0.9x native": False,
+        "fan-out 64 B to 4 processes ahead of mp_queue": True,
+        "fan-out 64 B to 4 processes ahead of zmq": False,
+        "fan-out 64 B to 4 processes ahead of faster_fifo": True,
+        "4 KB streaming throughput ahead of mp_queue": True,
+        "4 KB streaming throughput ahead of zmq": None,  # that peer failed: no data, not a verdict
+        "4 KB streaming throughput ahead of faster_fifo": True,
+        "cross-process 64 B latency ahead of mp_pipe": True,
+        "cross-process 64 B latency ahead of mp_queue": True,
+        "cross-process 64 B latency ahead of zmq": True,
+        "cross-process 64 B latency ahead of faster_fifo": True,
+        "cross-process 64 B latency ahead of iceoryx2": False,
+        "cross-process 64 B latency ahead of zenoh": True,
+    }
+    assert found["in-process 64 B send+receive within 25x native"]["value"] == 30.0
+    assert found["in-process 64 B send+receive within 25x native"]["by"] == "20% over"
+    assert found["8 MB frames, first pass, >= 0.9x native"]["by"] == "11% short"
+    assert found["cross-process 64 B latency ahead of iceoryx2"]["by"] == "50% over"
+    assert found["blocking one-way 64 B latency below mp.Pipe"]["by"] == ""
+
+
+def test_the_summary_table_shows_ratios_to_ours_and_marks_failed_and_missing_cells():
+    results = a_run(
+        pingpong_us={"ours": 5.0, "native": 25.0, "zenoh": {"error": "no match"}},
+        fanout={"ours": 100e3, "zmq": 1.5e6}, throughput={}, frames_8mb={}, inproc_ns={"ours": 6000.0, "native": 200.0},
+    )
+    results["pingpong"]["64"]["zenoh"] = {"error": "no match"}
+    lines = bench_report.summary_markdown(results, ("ours", "native", "zmq", "zenoh")).splitlines()
+    assert lines[0] == "| median (× ours) | ours | native | zmq | zenoh |"
+    rows = {line.split(" | ")[0].lstrip("| "): line.strip("| ").split(" | ")[1:] for line in lines[2:]}
+    assert rows["in-process send + receive, 64 B"] == ["6.00 µs", "200 ns (0.0333x)", "n/a", "n/a"]
+    assert rows["one-way latency 64 B, blocking receive, ping-pong pinned"] == ["5.00 µs", "25.00 µs (5x)", "n/a", "failed"]
+    assert rows["fan-out 64 B to 4 subscriber processes, msgs/s received"] == ["100.0 k/s", "n/a", "1.50 M/s (15x)", "n/a"]
+    assert "in-process send + receive, 4 KB" not in rows  # not in this run at all
+
+
+def test_every_peer_makes_a_ping_pong_round_trip_between_two_processes(prefix, monkeypatch):
+    """Each adapter of benchmarks/peers.py, through bench_core as `make bench`
+    runs it: a worker process and its forked partner, 20 trips of 64 B."""
+    monkeypatch.setattr(bench_core, "PREFIX", prefix)
+    try:
+        for peer in bench_report.PEERS:
+            measured = bench_core.bench_pingpong(peer, {"size": 64, "warmup": 2, "trips": 20})
+            assert measured["trips"] == 20, peer
+            assert 0 < measured["median_us"] <= measured["max_us"], peer
+    finally:
+        bench_core.stop_workers()
+        bench_core.remove_leftovers()
+    assert not list(pathlib.Path("/tmp").glob(prefix + "*"))
+
+
+def test_one_failing_peer_is_recorded_and_the_run_goes_on():
+    errors: list = []
+
+    def broken(peer: str) -> dict:
+        raise RuntimeError(f"{peer}: worker exited with status 1\ntraceback")
+
+    assert bench_core.attempt(errors, "ping-pong, zenoh", broken, "zenoh") == {
+        "error": "zenoh: worker exited with status 1"
+    }
+    assert bench_core.attempt(errors, "ping-pong, ours", lambda peer: {"median_us": 5.0}, "ours") == {"median_us": 5.0}
+    assert errors == ["ping-pong, zenoh: zenoh: worker exited with status 1\ntraceback"]
