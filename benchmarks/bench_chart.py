@@ -38,7 +38,7 @@ def grouped_bars(axis, groups: list[str], values: dict, title: str, ylabel: str,
 def pick(table: dict, keys: list, field: str, scale: float = 1.0) -> dict:
     """``values[peer][i]``: ``field`` of ``table[keys[i]][peer]`` times ``scale``,
     None when failed or not measured."""
-    values = {}
+    values: dict[str, list] = {}
     for peer in PEERS:
         values[peer] = []
         for key in keys:
@@ -50,7 +50,8 @@ def pick(table: dict, keys: list, field: str, scale: float = 1.0) -> dict:
 def merged(*parts: tuple) -> tuple[list[str], dict]:
     """Groups of several tables in one panel: ``parts`` are (label, table,
     key, field, scale); returns the labels and ``values[peer][i]``."""
-    labels, values = [], {peer: [] for peer in PEERS}
+    labels: list[str] = []
+    values: dict[str, list] = {peer: [] for peer in PEERS}
     for label, table, key, field, scale in parts:
         labels.append(label)
         picked = pick(table, [key], field, scale)

@@ -106,6 +106,8 @@ import subprocess
 import sys
 import sysconfig
 import time
+from collections.abc import Callable
+from typing import Any
 
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -420,7 +422,7 @@ def bench_rss(peer: str) -> dict:
     }
 
 
-def attempt(errors: list, what: str, function, *args):
+def attempt(errors: list, what: str, function: Callable[..., dict], *args: Any) -> dict:
     """Run one measurement; a failure (of any kind) is recorded, the result
     is {"error": ...}, and the suite goes on."""
     print(f"  {what} ...", file=sys.stderr, flush=True)

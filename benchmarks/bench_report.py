@@ -6,6 +6,8 @@ nothing is measured here.
 A peer's entry in a result table is its measurement, ``{"error": ...}`` when
 it failed (shown "failed"), or absent when not run (shown "n/a")."""
 import operator
+from collections.abc import Callable, Sequence
+from typing import Any
 
 PEERS = ("ours", "native", "mp_pipe", "mp_queue", "zmq", "faster_fifo", "iceoryx2", "zenoh")
 PYTHON_PEERS = ("mp_pipe", "mp_queue", "zmq", "faster_fifo", "iceoryx2", "zenoh")  # all but the two kickmsg
@@ -65,7 +67,7 @@ def machine_line(machine: dict) -> str:
     )
 
 
-def usable(entry):
+def usable(entry: dict | None) -> dict | None:
     """The measurement of a table entry, or None when it failed or was not run."""
     return None if entry is None or "error" in entry else entry
 
@@ -307,7 +309,7 @@ SUMMARY_ROWS = (
 )
 
 
-def summary_cell(results: dict, table: str, key: str, field: str, peer: str, show) -> str:
+def summary_cell(results: dict, table: str, key: str, field: str, peer: str, show: Callable[[float], str]) -> str:
     """``value (ratio to ours)``, "failed" or "n/a"."""
     entries = results.get(table, {}).get(key, {})
     entry = entries.get(peer)
@@ -320,7 +322,7 @@ def summary_cell(results: dict, table: str, key: str, field: str, peer: str, sho
     return show(value) if peer == "ours" or not ours else f"{show(value)} ({format_ratio(value / ours)})"
 
 
-def summary_rows(results: dict, peers) -> list[list[str]]:
+def summary_rows(results: dict, peers: Sequence[str]) -> list[list[str]]:
     return [
         [label] + [summary_cell(results, table, key, field, peer, show) for peer in peers]
         for label, table, key, field, show, _ in SUMMARY_ROWS
@@ -328,7 +330,7 @@ def summary_rows(results: dict, peers) -> list[list[str]]:
     ]
 
 
-def summary_markdown(results: dict, peers=PEERS) -> str:
+def summary_markdown(results: dict, peers: Sequence[str] = PEERS) -> str:
     """The summary table as markdown, for the README."""
     lines = ["| median (× ours) | " + " | ".join(peers) + " |", "|---|" + "---|" * len(peers)]
     lines += ["| " + " | ".join(row) + " |" for row in summary_rows(results, peers)]
@@ -341,7 +343,7 @@ def summary_markdown(results: dict, peers=PEERS) -> str:
 COMPARISONS = {"<": operator.lt, "<=": operator.le, ">=": operator.ge, ">": operator.gt}
 
 
-def _get(results, *path):
+def _get(results: Any, *path: str) -> Any:
     for key in path:
         if not isinstance(results, dict) or "error" in results:
             return None

@@ -67,6 +67,7 @@ import struct
 import sys
 import time
 import traceback
+from typing import Any
 
 PEER, NATIVE_DIR, SITE_DIR, MODE, RAW_ARGS = sys.argv[1:6]
 if PEER == "native":
@@ -95,7 +96,7 @@ STOP_MESSAGE = b"\0"  # fan-out and frames: any message of another length ends a
 NS = 1_000_000_000
 
 
-def make_peer(args: dict, size: int, channel: str = ""):
+def make_peer(args: dict, size: int, channel: str = "") -> Any:
     """The peer of this worker for messages of up to ``size`` bytes;
     ``channel`` names another channel of the same peer (ping-pong: "_there"
     and "_back")."""
@@ -308,7 +309,7 @@ def pin(core: int) -> None:
         os.sched_setaffinity(0, {core})
 
 
-def pong(peer, index: int, link, back) -> None:
+def pong(peer: Any, index: int, link: Any, back: Any) -> None:
     """The far side of the ping-pong: echo every message until one of another size."""
     pin(1)
     inbox = peer.subscriber(0)
@@ -329,7 +330,7 @@ def pong(peer, index: int, link, back) -> None:
     outbox.close()
 
 
-def pingpong(size: int, warmup: int, trips: int, **peer_args) -> None:
+def pingpong(size: int, warmup: int, trips: int, **peer_args: Any) -> None:
     there, back = make_peer(peer_args, size, "_there"), make_peer(peer_args, size, "_back")
     there.setup(1)
     back.setup(1)

@@ -53,6 +53,7 @@ import os
 import pathlib
 import queue as queue_module
 import time
+from typing import Any
 
 import numpy
 
@@ -392,13 +393,13 @@ class FasterFifoPeer:
     lossy = False  # a full queue blocks put()
     idle_s = None  # the receive blocks until data comes
 
-    def __init__(self, depth: int, size: int):
+    def __init__(self, depth: int, size: int) -> None:
         self.capacity = max(1 << 20, depth * (size + 256))
 
     def setup(self, subscribers: int) -> None:
         import faster_fifo
 
-        self.queues = [faster_fifo.Queue(max_size_bytes=self.capacity) for _ in range(subscribers)]
+        self.queues: list[Any] = [faster_fifo.Queue(max_size_bytes=self.capacity) for _ in range(subscribers)]
 
     def teardown(self) -> None:
         for queue in getattr(self, "queues", []):
@@ -414,17 +415,17 @@ class FasterFifoPeer:
 class FasterFifoSubscriber:
     lost = 0
 
-    def __init__(self, queue):
+    def __init__(self, queue: Any) -> None:
         self.queue = queue
         self.receive = self.inproc_receive = functools.partial(queue.get, True, 3600.0)
 
-    def try_receive(self):
+    def try_receive(self) -> Any:
         try:
             return self.queue.get_nowait()
         except queue_module.Empty:
             return None
 
-    def receive_frame(self):
+    def receive_frame(self) -> tuple[Any, None]:
         return self.receive(), None  # unpickled: already a numpy array
 
     def close(self) -> None:
@@ -445,7 +446,7 @@ class Iceoryx2Peer:
     name = "iceoryx2"
     lossy = True
 
-    def __init__(self, service: str, prefix: str, root: str, depth: int, size: int, idle_s: float):
+    def __init__(self, service: str, prefix: str, root: str, depth: int, size: int, idle_s: float) -> None:
         self.service, self.prefix, self.root = service, prefix, root
         self.depth, self.size, self.idle_s = depth, size, idle_s
 
@@ -455,7 +456,7 @@ class Iceoryx2Peer:
     def teardown(self) -> None:
         pass  # bench_core removes the files by prefix
 
-    def _services(self):
+    def _services(self) -> tuple[Any, Any, Any]:
         """The node and both services, made once per process (after any fork)."""
         if getattr(self, "_pid", None) != os.getpid():
             import iceoryx2
@@ -495,11 +496,11 @@ class Iceoryx2Peer:
 
 
 class Iceoryx2Publisher:
-    def __init__(self, topic, publisher, notifier):
+    def __init__(self, topic: Any, publisher: Any, notifier: Any) -> None:
         self.topic, self.publisher, self.notifier = topic, publisher, notifier
         self._loan, self._notify = publisher.loan_slice_uninit, notifier.notify
 
-    def send(self, data) -> None:
+    def send(self, data: bytes) -> None:
         sample = self._loan(len(data))
         ctypes.memmove(sample.payload_ptr, data, len(data))
         sample.assume_init().send()
@@ -530,12 +531,12 @@ class Iceoryx2Publisher:
 class Iceoryx2Subscriber:
     lost = 0  # iceoryx2 does not tell; the benchmarks count by sequence
 
-    def __init__(self, iceoryx2, subscriber, listener, idle_s: float):
+    def __init__(self, iceoryx2: Any, subscriber: Any, listener: Any, idle_s: float) -> None:
         self.subscriber, self.listener = subscriber, listener
         self.wait = iceoryx2.Duration.from_secs_f64(idle_s)
         self.idle_s = idle_s
 
-    def _sample(self):
+    def _sample(self) -> Any:
         """The next sample, waiting on the listener up to ``idle_s``; None then."""
         sample = self.subscriber.receive()
         deadline = None
@@ -547,7 +548,7 @@ class Iceoryx2Subscriber:
             sample = self.subscriber.receive()
         return sample
 
-    def receive(self):
+    def receive(self) -> bytes | None:
         sample = self._sample()
         if sample is None:
             return None
@@ -555,7 +556,7 @@ class Iceoryx2Subscriber:
         sample.delete()
         return data
 
-    def try_receive(self):
+    def try_receive(self) -> bytes | None:
         sample = self.subscriber.receive()
         if sample is None:
             return None
@@ -565,7 +566,7 @@ class Iceoryx2Subscriber:
 
     inproc_receive = try_receive  # delivery is synchronous (shared memory)
 
-    def receive_frame(self):
+    def receive_frame(self) -> tuple[numpy.ndarray | None, Any]:
         sample = self._sample()
         if sample is None:
             return None, None
@@ -595,7 +596,7 @@ class ZenohPeer:
     idle_s = None  # the receive blocks until data comes
     shm_from = 4096
 
-    def __init__(self, key: str, ports: list, depth: int, size: int):
+    def __init__(self, key: str, ports: list[int], depth: int, size: int) -> None:
         self.key, self.ports, self.depth, self.size = key, ports, depth, size
 
     def setup(self, subscribers: int) -> None:
@@ -604,7 +605,7 @@ class ZenohPeer:
     def teardown(self) -> None:
         pass
 
-    def _session(self, listen: list, connect: list):
+    def _session(self, listen: list[int], connect: list[int]) -> tuple[Any, Any]:
         if getattr(self, "_pid", None) != os.getpid():
             import zenoh
 
@@ -635,13 +636,13 @@ class ZenohPeer:
 
 
 class ZenohPublisher:
-    def __init__(self, peer: ZenohPeer, session, publisher, provider, policy):
+    def __init__(self, peer: ZenohPeer, session: Any, publisher: Any, provider: Any, policy: Any) -> None:
         self.peer, self.session, self.publisher, self.provider, self.policy = peer, session, publisher, provider, policy
         self._put = publisher.put
         if provider is None:
-            self.send = self._put
+            self.send = self._put  # type: ignore[method-assign]  # plain bytes: put them as they are
 
-    def send(self, data) -> None:
+    def send(self, data: bytes | bytearray) -> None:
         buffer = self.provider.alloc(len(data), self.policy)
         buffer[0 : len(data)] = data if isinstance(data, (bytes, bytearray)) else bytes(data)
         self._put(buffer)
@@ -669,20 +670,20 @@ class ZenohPublisher:
 class ZenohSubscriber:
     lost = 0
 
-    def __init__(self, subscriber):
+    def __init__(self, subscriber: Any) -> None:
         self.subscriber = subscriber
         self._recv, self._try_recv = subscriber.recv, subscriber.try_recv
 
-    def receive(self):
+    def receive(self) -> bytes:
         return self._recv().payload.to_bytes()
 
     inproc_receive = receive  # delivery goes through zenoh's threads
 
-    def try_receive(self):
+    def try_receive(self) -> bytes | None:
         sample = self._try_recv()
         return None if sample is None else sample.payload.to_bytes()
 
-    def receive_frame(self):
+    def receive_frame(self) -> tuple[numpy.ndarray, None]:
         return numpy.frombuffer(self._recv().payload.to_bytes(), numpy.uint8), None
 
     def close(self) -> None:
