@@ -19,7 +19,7 @@ test: $(INSTALLED) $(NATIVE_INSTALLED) check-java
 	$(PY) -m pytest
 
 # Ours, native 0.1.0, multiprocessing.Pipe/Queue, pyzmq, faster-fifo, iceoryx2
-# and zenoh, same run, about 6 minutes on 2 cores, with issue 17's targets met
+# and zenoh, same run, about 3.5 minutes on 2 cores, with issue 17's targets met
 # or missed; then waiting (asyncio, WaitSet) against pyzmq, about a minute;
 # results in benchmarks/results/. Smoke run: make bench BENCH_ARGS=--quick
 bench: $(INSTALLED) $(NATIVE_INSTALLED)

@@ -87,7 +87,7 @@ and how busy it was are printed with the results: other work on the machine
 skews every number, latency tails most.
 
 Run (from the repository root; ``make bench`` installs what is needed):
-    .venv/bin/python benchmarks/bench_core.py           # full, about 6 minutes on 2 cores
+    .venv/bin/python benchmarks/bench_core.py           # full, about 3.5 minutes on 2 cores
     .venv/bin/python benchmarks/bench_core.py --quick   # smoke run, about a minute
     .venv/bin/python benchmarks/bench_core.py --quick --peers ours,iceoryx2
 """
