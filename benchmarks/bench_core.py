@@ -38,7 +38,8 @@ Peers (benchmarks/peers.py) and what each needed to be set up fairly:
                the publisher copies bytes into its SHM buffer and the
                subscriber copies out (to_bytes), so frames are not zero-copy
                from Python. Its SHM files (``N.zenoh``, named by zenoh) that
-               appear during a worker are unlinked after it.
+               appear during a worker and that no running process holds are
+               unlinked after it.
 
 Every measurement runs in a fresh worker process tree of one peer
 (benchmarks/core_worker.py), one at a time; a failing peer is recorded
@@ -214,13 +215,33 @@ def run_command(command: list[str], what: str, timeout_s: float) -> dict:
 
 def run_zenoh_command(command: list[str], what: str, timeout_s: float) -> dict:
     """zenoh names its shared-memory files itself (``<number>.zenoh``) and
-    leaves them behind: unlink the ones that appeared during this worker."""
+    leaves them behind: unlink those that appeared during this worker and
+    that no running process maps or holds open (another program's zenoh
+    may be running on the machine too)."""
     before = set(pathlib.Path("/dev/shm").glob("*.zenoh"))
     try:
         return run_command(command, what, timeout_s)
     finally:
-        for path in set(pathlib.Path("/dev/shm").glob("*.zenoh")) - before:
+        appeared = set(pathlib.Path("/dev/shm").glob("*.zenoh")) - before
+        for path in appeared - shm_files_in_use():
             path.unlink(missing_ok=True)
+
+
+def shm_files_in_use() -> set[pathlib.Path]:
+    """The /dev/shm files some running process maps or holds open."""
+    used = set()
+    for process in pathlib.Path("/proc").glob("[0-9]*"):
+        try:
+            for line in (process / "maps").read_text().splitlines():
+                if "/dev/shm/" in line:
+                    used.add(pathlib.Path(line[line.index("/dev/shm/"):].removesuffix(" (deleted)")))
+            for descriptor in (process / "fd").iterdir():
+                target = os.readlink(descriptor)
+                if target.startswith("/dev/shm/"):
+                    used.add(pathlib.Path(target))
+        except OSError:
+            continue  # gone, or not ours to read
+    return used
 
 
 def kill_worker(process: subprocess.Popen) -> None:

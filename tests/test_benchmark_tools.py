@@ -145,3 +145,19 @@ def test_one_failing_peer_is_recorded_and_the_run_goes_on():
     }
     assert bench_core.attempt(errors, "ping-pong, ours", lambda peer: {"median_us": 5.0}, "ours") == {"median_us": 5.0}
     assert errors == ["ping-pong, zenoh: zenoh: worker exited with status 1\ntraceback"]
+
+
+def test_a_shared_memory_file_counts_as_in_use_while_a_process_holds_it(prefix):
+    """What keeps the bench from unlinking another program's zenoh files."""
+    path = pathlib.Path(f"/dev/shm/{prefix}_held")
+    path.write_bytes(b"x")
+    holder = subprocess.Popen(
+        [sys.executable, "-c", f"import sys; f = open({str(path)!r}, 'rb'); print('open', flush=True); sys.stdin.read()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert holder.stdout.readline() == "open\n"
+        assert path in bench_core.shm_files_in_use()
+    finally:
+        holder.communicate(timeout=10)
+    assert path not in bench_core.shm_files_in_use()
