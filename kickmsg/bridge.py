@@ -388,6 +388,38 @@ class EpochState:
     source_lost: int
 
 
+class SequenceTracker:
+    """Counts an imported key's messages against the sequence numbers of
+    each exporter run (epoch), the most recent ``EPOCHS_KEPT`` of them."""
+
+    def __init__(self, figures: ChannelFigures):
+        self.figures = figures
+        self.epochs: dict[int, EpochState] = {}
+
+    def admit(self, attachment: bytes | None) -> int | None:
+        """Count one sample; its epoch if it is to be forwarded, None if it is
+        skipped (not from a bridge, or a sequence number already passed)."""
+        figures = self.figures
+        if attachment is None or len(attachment) != ATTACHMENT.size or attachment[:5] != MAGIC + bytes([VERSION]):
+            figures.skipped += 1
+            return None
+        _, _, epoch, sequence, _, _, source_lost = ATTACHMENT.unpack(attachment)
+        figures.messages_in += 1
+        state = self.epochs.get(epoch)
+        if state is None:  # a new run: counted from its first message received
+            state = self.epochs[epoch] = EpochState(sequence, source_lost)
+            figures.epochs += 1
+            if len(self.epochs) > EPOCHS_KEPT:
+                del self.epochs[next(iter(self.epochs))]
+        if sequence < state.next_sequence:
+            figures.skipped += 1
+            return None
+        figures.lost_on_way += sequence - state.next_sequence
+        figures.lost_at_source += max(0, source_lost - state.source_lost)
+        state.next_sequence, state.source_lost = sequence + 1, max(source_lost, state.source_lost)
+        return epoch
+
+
 class Importer:
     """One Zenoh key written into a local channel, by a thread of its own."""
 
@@ -395,7 +427,7 @@ class Importer:
         self.session, self.spec, self.stopping = session, spec, stopping
         self.figures = ChannelFigures("import", spec.name, spec.key)
         self.samples: queue.Queue[Any] = queue.Queue(IMPORT_QUEUE_SIZE)
-        self.epochs: dict[int, EpochState] = {}
+        self.tracker = SequenceTracker(self.figures)
         self.described: set[int] = set()  # epochs whose description was checked against the channel
         self.publisher: Publisher | None = None
         self.last_ask = -DESCRIPTION_RETRY_S
@@ -423,25 +455,9 @@ class Importer:
     def _forward(self, sample: Any) -> None:
         """Count the sample's place in its epoch, then publish it locally."""
         figures = self.figures
-        attachment = None if sample.attachment is None else sample.attachment.to_bytes()
-        if attachment is None or len(attachment) != ATTACHMENT.size or attachment[:5] != MAGIC + bytes([VERSION]):
-            figures.skipped += 1  # not from a kickmsg bridge of this version: not ours to forward
+        epoch = self.tracker.admit(None if sample.attachment is None else sample.attachment.to_bytes())
+        if epoch is None:
             return
-        _, _, epoch, sequence, _, _, source_lost = ATTACHMENT.unpack(attachment)
-        figures.messages_in += 1
-        # Gaps: counted within an epoch, from its first message received.
-        state = self.epochs.get(epoch)
-        if state is None:
-            state = self.epochs[epoch] = EpochState(sequence, source_lost)
-            figures.epochs += 1
-            if len(self.epochs) > EPOCHS_KEPT:
-                del self.epochs[next(iter(self.epochs))]
-        if sequence < state.next_sequence:
-            figures.skipped += 1
-            return
-        figures.lost_on_way += sequence - state.next_sequence
-        figures.lost_at_source += max(0, source_lost - state.source_lost)
-        state.next_sequence, state.source_lost = sequence + 1, max(source_lost, state.source_lost)
         # Publish: the channel as the epoch's description says.
         if not self._channel_ready(epoch):
             figures.lost_locally += 1
