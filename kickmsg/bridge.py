@@ -404,7 +404,6 @@ class SequenceTracker:
             figures.skipped += 1
             return None
         _, _, epoch, sequence, _, _, source_lost = ATTACHMENT.unpack(attachment)
-        figures.messages_in += 1
         state = self.epochs.get(epoch)
         if state is None:  # a new run: counted from its first message received
             state = self.epochs[epoch] = EpochState(sequence, source_lost)
@@ -414,6 +413,7 @@ class SequenceTracker:
         if sequence < state.next_sequence:
             figures.skipped += 1
             return None
+        figures.messages_in += 1
         figures.lost_on_way += sequence - state.next_sequence
         figures.lost_at_source += max(0, source_lost - state.source_lost)
         state.next_sequence, state.source_lost = sequence + 1, max(source_lost, state.source_lost)

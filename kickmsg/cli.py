@@ -930,7 +930,7 @@ def cmd_play(args) -> int:
     return EXIT_OK
 
 
-def cmd_bridge(args) -> int:
+def cmd_bridge(args: argparse.Namespace) -> int:
     return bridge.run_command(args, stop_on_signals())
 
 
