@@ -120,7 +120,6 @@ def publisher(args: dict) -> None:
         pub = zmq.Context().socket(zmq.PUB)
         pub.setsockopt(zmq.LINGER, 0)
         pub.bind(args["endpoint"])
-        time.sleep(0.5)  # the SUB socket connects
         send = pub.send
     else:
         import kickmsg
@@ -133,6 +132,8 @@ def publisher(args: dict) -> None:
     clock, pack, padding = time.monotonic_ns, STAMP.pack, bytes(SIZE - STAMP.size)
     print("ready", flush=True)
     sys.stdin.readline()
+    if args["kind"] == "zmq":
+        time.sleep(0.5)  # the SUB socket, started after "ready", connects
     if args.get("flood"):
         for sequence in range(args["flood"]):
             send(pack(sequence, clock()) + padding)

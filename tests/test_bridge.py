@@ -8,6 +8,8 @@ No timing assertions: the accounting must be exact however the machine runs.
 """
 import json
 import os
+import pathlib
+import re
 import select
 import signal
 import socket
@@ -369,3 +371,21 @@ def test_the_sequence_tracker_keeps_a_bounded_number_of_epochs():
     for epoch in range(1, 100):
         tracker.admit(attachment(epoch, 0))
     assert len(tracker.epochs) == bridge.EPOCHS_KEPT and figures.epochs == 99 and figures.lost_on_way == 0
+
+
+def test_bench_bridge_reports_both_rows_and_leaves_nothing_behind(tmp_path):
+    """benchmarks/bench_bridge.py (part of ``make bench``), smoke run: both
+    rows printed, every latency sample crossed the bridges (its figures are
+    not asserted: tests never assert on time)."""
+    leftovers = lambda: sorted(pathlib.Path("/dev/shm").glob("kmbenchbridge_*"))  # noqa: E731
+    before = leftovers()
+    output = tmp_path / "bench_bridge.json"
+    done = subprocess.run([sys.executable, "benchmarks/bench_bridge.py", "--quick", "--output", str(output)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=170)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = re.findall(r"^\| (one-way latency|throughput)[^|]*\| [\d,]+", done.stdout, re.MULTILINE)
+    assert rows == ["one-way latency", "throughput"], done.stdout
+    results = json.loads(output.read_text())
+    assert results["latency"]["kickmsg"]["received"] == results["latency"]["kickmsg"]["sent"]
+    assert results["throughput"]["kickmsg"]["received"] > 0 and results["throughput"]["zmq"]["received"] > 0
+    assert leftovers() == before
