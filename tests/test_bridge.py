@@ -215,7 +215,7 @@ def test_a_typed_channel_arrives_typed(bridges, prefix):
     with start_ours(TYPED_PUBLISHER, prefix=prefix, count=6000, timeout=90) as pub:
         pub.wait_ready()
         a_name, b_name = f"/{prefix}_imu", f"/{prefix}_imub"
-        _, a, b = two_hosts(bridges, a_name, b_name, json_lines=False)
+        _, _, b = two_hosts(bridges, a_name, b_name, json_lines=False)
         node = Node("planner", prefix=prefix)
         deadline = time.monotonic() + WAIT_S
         while True:
@@ -238,7 +238,7 @@ def test_a_typed_channel_arrives_typed(bridges, prefix):
     a_region, b_region = SharedRegion.inspect(a_name), SharedRegion.inspect(b_name)
     assert b_region.schema() == a_region.schema() and typed.RecordType.from_schema(b_region.schema()) is not None
     assert b_region.geometry.config_hash == a_region.geometry.config_hash
-    text, _ = b.stop(signal.SIGINT)[1], None
+    _, text = b.stop(signal.SIGINT)
     assert "lost_on_way" in text and b_name in text and "hosta/" in text  # the figures, as text
 
 
@@ -320,6 +320,12 @@ def test_an_existing_channel_of_another_geometry_is_a_clear_error(bridges, prefi
 def test_bad_options_are_refused_naming_the_value(capsys, args, message):
     assert cli.main(["bridge", *args]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_exporting_a_channel_that_does_not_exist_is_refused(capsys, prefix):
+    endpoint = f"tcp/127.0.0.1:{free_port()}"
+    assert cli.main(["bridge", "--export", f"/{prefix}_none", "--listen", endpoint]) == 2
+    assert f"cannot export /{prefix}_none: no such channel" in capsys.readouterr().err
 
 
 def test_the_config_file_adds_to_the_command_line(tmp_path):
