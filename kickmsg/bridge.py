@@ -286,10 +286,13 @@ def channel_config(description: dict[str, Any], override: Config | None) -> tupl
 def open_local_channel(name: str, key: str, description: dict[str, Any], override: Config | None) -> SharedRegion:
     """The local channel of an import: created as described unless it exists;
     an existing one must have that geometry and schema."""
-    channel_type, config = channel_config(description, override)
+    try:
+        channel_type, config = channel_config(description, override)
+    except (KeyError, TypeError, ValueError) as error:  # another program answering on the key
+        raise BridgeError(f"cannot import {key} into {name}: the description it sent is invalid ({error!r})") from None
     try:
         region = SharedRegion.create_or_open(name, channel_type, config, f"{CREATOR} {key}"[:60])
-    except RuntimeError as error:
+    except (RuntimeError, ValueError, OSError) as error:
         raise BridgeError(f"cannot import {key} into {name}: {str(error).splitlines()[0]}") from None
     if config.schema is not None:
         region.try_claim_schema(config.schema)

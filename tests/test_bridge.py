@@ -395,3 +395,15 @@ def test_bench_bridge_reports_both_rows_and_leaves_nothing_behind(tmp_path):
     assert results["latency"]["kickmsg"]["received"] == results["latency"]["kickmsg"]["sent"]
     assert results["throughput"]["kickmsg"]["received"] > 0 and results["throughput"]["zmq"]["received"] > 0
     assert leftovers() == before
+
+
+@pytest.mark.parametrize("description", [{}, {"schema": None, "channel_type": 7}, "not a dict",
+                                         {"channel_type": 0, "max_subscribers": 4, "sub_ring_capacity": 3,
+                                          "pool_size": 8, "max_payload_size": 64, "commit_timeout_us": 1000,
+                                          "schema": None}])
+def test_an_invalid_description_is_a_clear_error(prefix, description):
+    """Whatever answers on the description key, the importer gets a
+    BridgeError naming the key and creates nothing."""
+    with pytest.raises(bridge.BridgeError, match=f"cannot import k/x into /{prefix}_x"):
+        bridge.open_local_channel(f"/{prefix}_x", "k/x", description, None)
+    assert not os.path.exists(f"/dev/shm/{prefix}_x")
