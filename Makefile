@@ -21,11 +21,13 @@ test: $(INSTALLED) $(NATIVE_INSTALLED) check-java
 # Ours, native 0.1.0, multiprocessing.Pipe/Queue, pyzmq, faster-fifo, iceoryx2
 # and zenoh, same run, about 3.5 minutes on 2 cores, with issue 17's targets met
 # or missed; then waiting (asyncio, WaitSet) against pyzmq, about a minute;
+# then two Zenoh bridges on loopback against pyzmq PUB/SUB, under a minute;
 # results in benchmarks/results/. Smoke run: make bench BENCH_ARGS=--quick
 bench: $(INSTALLED) $(NATIVE_INSTALLED)
 	status=0; \
 	$(PY) benchmarks/bench_core.py $(BENCH_ARGS) || status=$$?; \
 	$(PY) benchmarks/bench_wait.py $(BENCH_ARGS) || status=$$?; \
+	$(PY) benchmarks/bench_bridge.py $(BENCH_ARGS) || status=$$?; \
 	exit $$status
 
 $(INSTALLED): setup.py pyproject.toml kickmsg/_atomics.c kickmsg/_futex.c kickmsg/_build.py scripts/find-python.sh
@@ -34,7 +36,7 @@ $(INSTALLED): setup.py pyproject.toml kickmsg/_atomics.c kickmsg/_futex.c kickms
 		echo "creating $(VENV) with $$python"; rm -rf $(VENV) .native; $$python -m venv $(VENV) || exit 1; \
 	fi
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet --editable '.[test,spark,bench]'
+	$(PY) -m pip install --quiet --editable '.[test,spark,bench,bridge]'
 	touch $@
 
 # Mixed traffic of both implementations with kills, then recovery and audit.

@@ -38,7 +38,7 @@ import warnings
 import numpy
 
 import kickmsg
-from kickmsg import layout, owners, shm, typed
+from kickmsg import bridge, layout, owners, shm, typed
 from kickmsg.audit import audit
 from kickmsg.config import ChannelType, Config
 from kickmsg.publisher import send_retrying
@@ -930,6 +930,10 @@ def cmd_play(args) -> int:
     return EXIT_OK
 
 
+def cmd_bridge(args: argparse.Namespace) -> int:
+    return bridge.run_command(args, stop_on_signals())
+
+
 def cmd_analyze(args) -> int:
     for path in args.paths:
         check_recording_path(path)
@@ -1349,6 +1353,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--master", default="local[*]", help="Spark master (default local[*])")
     sub.add_argument("--json", dest="json_path", metavar="FILE", help="write the figures as JSON")
     sub.add_argument("--html", dest="html_path", metavar="FILE", help="write an HTML report with plots")
+
+    bridge.add_arguments(command("bridge", cmd_bridge, bridge.SUMMARY, bridge.EXAMPLES, channel=False))
 
     sub = command("clean", cmd_clean, "remove regions whose creator is dead and that no process maps",
                   "  kickmsg clean --dry-run\n  kickmsg clean --prefix kickmsg", channel=False)

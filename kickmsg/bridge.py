@@ -1,0 +1,652 @@
+"""Bridging channels across hosts over Eclipse Zenoh (the ``bridge`` extra).
+
+A bridge process forwards chosen local channels out to Zenoh (exports) and
+chosen Zenoh keys into local channels (imports). Local channel ``/x`` is
+published on key ``P/x`` (``P`` the key prefix, default
+``kickmsg/<hostname>``).
+
+What travels, and where:
+
+- each message is one Zenoh sample: the payload bytes unchanged, and a
+  40-byte attachment (``ATTACHMENT``): the exporter's epoch (a random number
+  drawn when it starts exporting the channel, and again when the channel is
+  re-created), a sequence number it assigns (0, 1, 2... within the epoch),
+  the message's ring position, the wall-clock time it was forwarded, and how
+  many messages the exporter has lost locally so far;
+- the channel's geometry and schema descriptor (which holds the record type
+  of a typed channel) are answered by a queryable on ``P/x/@description``,
+  which an importer asks once per epoch it sees. Per message that costs
+  nothing; a late importer gets it as well as an early one.
+
+Losses: the exporter's own subscriber counts what it lost locally (its ring
+overflowed); an importer counts gaps in the sequence numbers of each epoch
+(lost on the way) and what it could not publish locally. A new epoch (the
+exporter restarted) starts counting afresh at its first message received,
+so a restart is not mistaken for a loss. Delivery is at most once.
+
+Threads: one per exported channel, blocked in ``Subscriber.receive_view``
+(on a futex, without the GIL) and sending with Zenoh's blocking congestion
+control, so a slow link overflows the local ring, where the loss is
+counted; one per imported key, blocked on a bounded queue that Zenoh's
+callback fills (a full queue holds Zenoh back). An idle bridge sleeps.
+"""
+import argparse
+import dataclasses
+import json
+import queue
+import secrets
+import socket
+import struct
+import sys
+import threading
+import time
+import tomllib
+from typing import TYPE_CHECKING, Any, TextIO
+
+from kickmsg.config import ChannelType, Config
+from kickmsg.publisher import Publisher, send_retrying
+from kickmsg.region import SharedRegion
+from kickmsg.schema import SchemaInfo
+from kickmsg.shm import RegionNotFoundError
+from kickmsg.subscriber import Subscriber
+
+if TYPE_CHECKING:
+    import zenoh
+
+EXTRA = "pip install 'kickmsg-py[bridge]'"
+ATTACHMENT = struct.Struct("<4sB3xQQQqQ")  # magic, version, epoch, sequence, ring_pos, forwarded_wall_ns, source_lost
+MAGIC, VERSION = b"KMBR", 1
+DESCRIPTION_CHUNK = "@description"  # a verbatim chunk: wildcards never match it
+RECEIVE_SLICE_S = 0.1  # threads look at the stop flag at least this often
+IMPORT_QUEUE_SIZE = 1024  # samples waiting for an import thread; a full queue holds Zenoh back
+DESCRIPTION_TIMEOUT_S = 2.0
+DESCRIPTION_RETRY_S = 1.0  # an importer without a description asks again at most this often
+SEND_TIMEOUT_S = 0.1  # an importer waits at most this long for a free slot, then counts the message lost
+EPOCHS_KEPT = 16  # per imported key: epochs whose sequence numbers are followed
+MODES = ("peer", "client", "router")
+CREATOR = "kickmsg-bridge"
+
+
+class BridgeError(RuntimeError):
+    """A bridge cannot start or cannot forward a channel as configured."""
+
+
+def zenoh_module() -> Any:
+    """The ``zenoh`` module, or a clear error naming the extra."""
+    try:
+        import zenoh
+    except ImportError as error:
+        raise BridgeError(f"cannot import zenoh ({error}); install the bridge extra: {EXTRA}") from None
+    return zenoh
+
+
+# -- options --------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class ImportSpec:
+    """A Zenoh key written into a local channel; ``config`` (geometry only),
+    when given, replaces the geometry that travels with the messages."""
+
+    key: str
+    name: str
+    config: Config | None = None
+
+
+@dataclasses.dataclass
+class BridgeOptions:
+    exports: list[str] = dataclasses.field(default_factory=list)
+    imports: list[ImportSpec] = dataclasses.field(default_factory=list)
+    key_prefix: str = ""
+    listen: list[str] = dataclasses.field(default_factory=list)
+    connect: list[str] = dataclasses.field(default_factory=list)
+    mode: str = "peer"
+    multicast_scouting: bool = False
+    stats_interval: float | None = None
+    zenoh: dict[str, Any] = dataclasses.field(default_factory=dict)  # JSON5 paths -> values, for zenoh.Config
+
+
+def default_key_prefix() -> str:
+    return f"kickmsg/{socket.gethostname()}"
+
+
+def shm_name(text: str) -> str:
+    """``kickmsg_imu`` or ``/kickmsg_imu`` -> ``/kickmsg_imu``."""
+    name = text if text.startswith("/") else "/" + text
+    if len(name) < 2 or "/" in name[1:]:
+        raise ValueError(f"invalid channel name {text!r}: a shm name such as /kickmsg_imu")
+    return name
+
+
+def check_key(key: str, what: str) -> str:
+    """A Zenoh key usable to publish on: non-empty chunks, no wildcards."""
+    chunks = key.split("/")
+    if not key or any(not chunk for chunk in chunks) or any(c in key for c in "*$?#"):
+        raise ValueError(f"invalid {what} {key!r}: slash-separated chunks without wildcards (* $ ? #)")
+    if any(chunk.startswith("@") for chunk in chunks):
+        raise ValueError(f"invalid {what} {key!r}: chunks starting with @ are reserved")
+    return key
+
+
+def parse_import(text: str) -> ImportSpec:
+    """``KEY=NAME`` of ``--import``."""
+    key, equals, name = text.partition("=")
+    if not equals or not key or not name:
+        raise ValueError(f"invalid --import {text!r}: KEY=NAME, e.g. kickmsg/robot/kickmsg_imu=/kickmsg_imu")
+    return ImportSpec(check_key(key, "import key"), shm_name(name))
+
+
+GEOMETRY_KEYS = ("max_subscribers", "sub_ring_capacity", "pool_size", "max_payload_size", "commit_timeout")
+FILE_KEYS = {"key_prefix", "listen", "connect", "mode", "multicast_scouting", "stats_interval", "export", "import", "zenoh"}
+
+
+def load_file(path: str) -> BridgeOptions:
+    """Options from a TOML file (see the README for its keys)."""
+    try:
+        with open(path, "rb") as file:
+            data = tomllib.load(file)
+    except OSError as error:
+        raise ValueError(f"cannot read bridge config {path}: {error.strerror}") from None
+    except tomllib.TOMLDecodeError as error:
+        raise ValueError(f"invalid TOML in bridge config {path}: {error}") from None
+    unknown = sorted(set(data) - FILE_KEYS)
+    if unknown:
+        raise ValueError(f"unknown key {unknown[0]!r} in bridge config {path} (known: {', '.join(sorted(FILE_KEYS))})")
+    options = BridgeOptions(
+        key_prefix=data.get("key_prefix", ""), listen=list(data.get("listen", [])), connect=list(data.get("connect", [])),
+        mode=data.get("mode", "peer"), multicast_scouting=bool(data.get("multicast_scouting", False)),
+        stats_interval=data.get("stats_interval"), zenoh=dict(data.get("zenoh", {})),
+        exports=[shm_name(name) for name in data.get("export", [])],
+    )
+    for table in data.get("import", []):
+        if "key" not in table or "name" not in table:
+            raise ValueError(f"an [[import]] of bridge config {path} needs 'key' and 'name', got {sorted(table)}")
+        extra = sorted(set(table) - {"key", "name", *GEOMETRY_KEYS})
+        if extra:
+            raise ValueError(f"unknown key {extra[0]!r} in an [[import]] of {path} (known: key, name, {', '.join(GEOMETRY_KEYS)})")
+        geometry = {key: table[key] for key in GEOMETRY_KEYS if key in table}
+        spec = ImportSpec(check_key(table["key"], "import key"), shm_name(table["name"]))
+        spec.config = Config(**geometry) if geometry else None
+        options.imports.append(spec)
+    return options
+
+
+def options_from_args(args: argparse.Namespace) -> BridgeOptions:
+    """The config file's options, with the command line's added (lists) or
+    replacing them (single values)."""
+    options = load_file(args.config) if args.config else BridgeOptions()
+    options.exports += [shm_name(name) for name in args.export]
+    options.imports += [parse_import(text) for text in args.imports]
+    options.listen += args.listen
+    options.connect += args.connect
+    options.key_prefix = args.key_prefix or options.key_prefix or default_key_prefix()
+    options.mode = args.mode or options.mode
+    options.multicast_scouting = args.scout or options.multicast_scouting
+    if args.stats_interval is not None:
+        options.stats_interval = args.stats_interval
+    return options
+
+
+def check_options(options: BridgeOptions) -> None:
+    """Refuse what cannot work, loops first."""
+    check_key(options.key_prefix, "key prefix")
+    if options.mode not in MODES:
+        raise ValueError(f"invalid Zenoh mode {options.mode!r}: one of {', '.join(MODES)}")
+    if not options.exports and not options.imports:
+        raise ValueError("nothing to bridge: give --export NAME or --import KEY=NAME")
+    if not (options.listen or options.connect or options.multicast_scouting or options.mode == "client"):
+        raise ValueError("no way to reach another host: give --listen ENDPOINT, --connect ENDPOINT or --scout")
+    if options.stats_interval is not None and not options.stats_interval > 0:
+        raise ValueError(f"stats_interval must be greater than 0, not {options.stats_interval}")
+    for name in options.exports:
+        if options.exports.count(name) > 1:
+            raise ValueError(f"channel {name} is exported twice")
+    imported = [spec.name for spec in options.imports]
+    export_keys = {export_key(options.key_prefix, name) for name in options.exports}
+    for spec in options.imports:
+        if imported.count(spec.name) > 1:
+            raise ValueError(f"channel {spec.name} is imported twice: one key per local channel")
+        if spec.name in options.exports:
+            raise ValueError(f"channel {spec.name} is both exported and imported: the bridge would forward back what it received")
+        if spec.key in export_keys:
+            raise ValueError(f"key {spec.key} is one this bridge exports: importing it would loop")
+
+
+def export_key(prefix: str, name: str) -> str:
+    return f"{prefix}/{name[1:]}"
+
+
+def zenoh_config(options: BridgeOptions) -> Any:
+    """The Zenoh session's config: mode, endpoints, scouting, then the file's
+    ``[zenoh]`` table (JSON5 paths, e.g. ``"transport/link/tx/lease"``)."""
+    zenoh = zenoh_module()
+    config = zenoh.Config()
+    settings: dict[str, Any] = {
+        "mode": options.mode,
+        "listen/endpoints": options.listen,
+        "connect/endpoints": options.connect,
+        "scouting/multicast/enabled": options.multicast_scouting,
+        **options.zenoh,
+    }
+    for path, value in settings.items():
+        try:
+            config.insert_json5(path, json.dumps(value))
+        except Exception as error:  # zenoh raises its own ZError
+            raise ValueError(f"invalid Zenoh setting {path} = {value!r}: {error}") from None
+    return config
+
+
+# -- descriptions: what an importer needs to create the channel -------------------------
+
+
+def describe(region: SharedRegion, epoch: int) -> dict[str, Any]:
+    """A channel's geometry and schema descriptor, as JSON values."""
+    g = region.geometry
+    schema = region.schema()
+    return {
+        "epoch": epoch,
+        "channel_type": g.channel_type,
+        "max_subscribers": g.max_subs,
+        "sub_ring_capacity": g.capacity,
+        "pool_size": g.pool_size,
+        "max_payload_size": g.slot_data_size,
+        "commit_timeout_us": g.commit_timeout_us,
+        "schema": None if schema is None else {
+            "identity": schema.identity.hex(), "layout": schema.layout.hex(), "name": schema.name,
+            "version": schema.version, "identity_algo": schema.identity_algo, "layout_algo": schema.layout_algo,
+            "flags": schema.flags,
+        },
+    }
+
+
+def channel_config(description: dict[str, Any], override: Config | None) -> tuple[ChannelType, Config]:
+    """The channel type and config a description stands for (the geometry of
+    ``override`` instead, when given; the schema always travels)."""
+    schema = description["schema"]
+    info = None if schema is None else SchemaInfo(
+        identity=bytes.fromhex(schema["identity"]), layout=bytes.fromhex(schema["layout"]), name=schema["name"],
+        version=schema["version"], identity_algo=schema["identity_algo"], layout_algo=schema["layout_algo"],
+        flags=schema["flags"],
+    )
+    if override is not None:
+        config = Config(
+            max_subscribers=override.max_subscribers, sub_ring_capacity=override.sub_ring_capacity,
+            pool_size=override.pool_size, max_payload_size=override.max_payload_size,
+            commit_timeout=override.commit_timeout, schema=info,
+        )
+    else:
+        config = Config(
+            max_subscribers=description["max_subscribers"], sub_ring_capacity=description["sub_ring_capacity"],
+            pool_size=description["pool_size"], max_payload_size=description["max_payload_size"],
+            commit_timeout=description["commit_timeout_us"] / 1e6, schema=info,
+        )
+    return ChannelType(description["channel_type"]), config
+
+
+def open_local_channel(name: str, key: str, description: dict[str, Any], override: Config | None) -> SharedRegion:
+    """The local channel of an import: created as described unless it exists;
+    an existing one must have that geometry and schema."""
+    try:
+        channel_type, config = channel_config(description, override)
+    except (KeyError, TypeError, ValueError) as error:  # another program answering on the key
+        raise BridgeError(f"cannot import {key} into {name}: the description it sent is invalid ({error!r})") from None
+    try:
+        region = SharedRegion.create_or_open(name, channel_type, config, f"{CREATOR} {key}"[:60])
+    except (RuntimeError, ValueError, OSError) as error:
+        raise BridgeError(f"cannot import {key} into {name}: {str(error).splitlines()[0]}") from None
+    if config.schema is not None:
+        region.try_claim_schema(config.schema)
+        if region.schema() != config.schema:
+            raise BridgeError(
+                f"cannot import {key} into {name}: the channel's schema is {region.schema()!r}, "
+                f"{key} carries {config.schema!r}"
+            )
+    return region
+
+
+# -- figures ------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class ChannelFigures:
+    """What one forwarded channel did so far (counters only grow)."""
+
+    direction: str  # "export" or "import"
+    channel: str
+    key: str
+    messages_in: int = 0  # export: received from the ring; import: received from Zenoh
+    messages_out: int = 0  # export: put to Zenoh; import: published into the channel
+    bytes_out: int = 0
+    lost_locally: int = 0  # export: the bridge's subscriber lost them; import: could not be published
+    lost_on_way: int = 0  # import: gaps in the sequence numbers
+    lost_at_source: int = 0  # import: what the exporting bridge reported losing locally meanwhile
+    skipped: int = 0  # import: samples not from a bridge, or with a sequence number already passed
+    epochs: int = 0  # import: exporter runs seen; export: epochs started (1, +1 per re-created channel)
+    matched: bool = False  # export: some Zenoh subscriber matches the key
+    error: str | None = None  # import: why the channel cannot be written
+
+
+# -- exporting --------------------------------------------------------------------
+
+
+class Exporter:
+    """One local channel forwarded to Zenoh, by a thread of its own."""
+
+    def __init__(self, session: Any, name: str, key: str, stopping: threading.Event):
+        zenoh = zenoh_module()
+        self.name, self.key, self.stopping = name, key, stopping
+        try:
+            region = SharedRegion.open(name)
+        except RegionNotFoundError:
+            raise BridgeError(f"cannot export {name}: no such channel (start its publisher first)") from None
+        self.subscriber = Subscriber(region)
+        self.figures = ChannelFigures("export", name, key, epochs=1)
+        self.epoch = secrets.randbits(64)
+        self.description = json.dumps(describe(region, self.epoch)).encode()
+        self.publisher = session.declare_publisher(key, congestion_control=zenoh.CongestionControl.BLOCK)
+        self.queryable = session.declare_queryable(f"{key}/{DESCRIPTION_CHUNK}", self._answer)
+        self.thread = threading.Thread(target=self._run, name=f"export {name}", daemon=True)
+
+    def _answer(self, query: Any) -> None:
+        """The queryable's callback (a Zenoh thread): the current description."""
+        query.reply(query.key_expr, self.description)
+
+    def _run(self) -> None:
+        """Receive from the ring, put to Zenoh with the attachment."""
+        figures, subscriber = self.figures, self.subscriber
+        sequence, rejoined = 0, subscriber.rejoined
+        while not self.stopping.is_set():
+            view = subscriber.receive_view(RECEIVE_SLICE_S)
+            figures.lost_locally = subscriber.lost
+            figures.matched = self.publisher.matching_status.matching
+            if subscriber.rejoined != rejoined:  # the channel was re-created: a new epoch, maybe a new geometry
+                rejoined, sequence = subscriber.rejoined, 0
+                self.epoch = secrets.randbits(64)
+                self.description = json.dumps(describe(subscriber.region, self.epoch)).encode()
+                figures.epochs += 1
+            if view is None:
+                continue
+            with view:
+                payload, ring_pos = bytes(view), view.ring_pos
+            figures.messages_in += 1
+            attachment = ATTACHMENT.pack(MAGIC, VERSION, self.epoch, sequence, ring_pos, time.time_ns(), subscriber.lost)
+            self.publisher.put(payload, attachment=attachment)
+            sequence += 1
+            figures.messages_out += 1
+            figures.bytes_out += len(payload)
+
+    def close(self) -> None:
+        """Leave the ring and withdraw from Zenoh (after the thread ended)."""
+        self.subscriber.close()
+        self.queryable.undeclare()
+        self.publisher.undeclare()
+
+
+# -- importing -------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class EpochState:
+    next_sequence: int
+    source_lost: int
+
+
+class SequenceTracker:
+    """Counts an imported key's messages against the sequence numbers of
+    each exporter run (epoch), the most recent ``EPOCHS_KEPT`` of them."""
+
+    def __init__(self, figures: ChannelFigures):
+        self.figures = figures
+        self.epochs: dict[int, EpochState] = {}
+
+    def admit(self, attachment: bytes | None) -> int | None:
+        """Count one sample; its epoch if it is to be forwarded, None if it is
+        skipped (not from a bridge, or a sequence number already passed)."""
+        figures = self.figures
+        if attachment is None or len(attachment) != ATTACHMENT.size or attachment[:5] != MAGIC + bytes([VERSION]):
+            figures.skipped += 1
+            return None
+        _, _, epoch, sequence, _, _, source_lost = ATTACHMENT.unpack(attachment)
+        state = self.epochs.get(epoch)
+        if state is None:  # a new run: counted from its first message received
+            state = self.epochs[epoch] = EpochState(sequence, source_lost)
+            figures.epochs += 1
+            if len(self.epochs) > EPOCHS_KEPT:
+                del self.epochs[next(iter(self.epochs))]
+        if sequence < state.next_sequence:
+            figures.skipped += 1
+            return None
+        figures.messages_in += 1
+        figures.lost_on_way += sequence - state.next_sequence
+        figures.lost_at_source += max(0, source_lost - state.source_lost)
+        state.next_sequence, state.source_lost = sequence + 1, max(source_lost, state.source_lost)
+        return epoch
+
+
+class Importer:
+    """One Zenoh key written into a local channel, by a thread of its own."""
+
+    def __init__(self, session: Any, spec: ImportSpec, stopping: threading.Event):
+        self.session, self.spec, self.stopping = session, spec, stopping
+        self.figures = ChannelFigures("import", spec.name, spec.key)
+        self.samples: queue.Queue[Any] = queue.Queue(IMPORT_QUEUE_SIZE)
+        self.tracker = SequenceTracker(self.figures)
+        self.described: set[int] = set()  # epochs whose description was checked against the channel
+        self.publisher: Publisher | None = None
+        self.last_ask = -DESCRIPTION_RETRY_S
+        self.subscriber = session.declare_subscriber(spec.key, self._enqueue)
+        self.thread = threading.Thread(target=self._run, name=f"import {spec.name}", daemon=True)
+
+    def _enqueue(self, sample: Any) -> None:
+        """Zenoh's callback: hand the sample to the thread (waiting while the
+        queue is full, which holds Zenoh back, unless the bridge stops)."""
+        while not self.stopping.is_set():
+            try:
+                self.samples.put(sample, timeout=RECEIVE_SLICE_S)
+                return
+            except queue.Full:
+                continue
+
+    def _run(self) -> None:
+        while not self.stopping.is_set():
+            try:
+                sample = self.samples.get(timeout=RECEIVE_SLICE_S)
+            except queue.Empty:
+                continue
+            self._forward(sample)
+
+    def _forward(self, sample: Any) -> None:
+        """Count the sample's place in its epoch, then publish it locally."""
+        figures = self.figures
+        epoch = self.tracker.admit(None if sample.attachment is None else sample.attachment.to_bytes())
+        if epoch is None:
+            return
+        # Publish: the channel as the epoch's description says.
+        if not self._channel_ready(epoch):
+            figures.lost_locally += 1
+            return
+        payload = sample.payload.to_bytes()
+        assert self.publisher is not None
+        try:
+            sent = send_retrying(self.publisher, payload, SEND_TIMEOUT_S)
+        except ValueError:  # larger than the channel's slots (a geometry given in the config)
+            sent = False
+        if sent:
+            figures.messages_out += 1
+            figures.bytes_out += len(payload)
+        else:
+            figures.lost_locally += 1
+
+    def _channel_ready(self, epoch: int) -> bool:
+        """Ask the exporter for the epoch's description (once), and create or
+        check the local channel; False while that is not possible."""
+        if epoch in self.described:
+            return self.figures.error is None
+        now = time.monotonic()
+        if now - self.last_ask < DESCRIPTION_RETRY_S:
+            return False
+        self.last_ask = now
+        description = self._ask_description()
+        if description is None:
+            return False
+        self.described.add(epoch)
+        try:
+            region = open_local_channel(self.spec.name, self.spec.key, description, self.spec.config)
+        except BridgeError as error:
+            if self.figures.error is None:
+                print(f"kickmsg bridge: error: {error}", file=sys.stderr, flush=True)
+            self.figures.error = str(error)
+            return False
+        self.figures.error = None
+        if self.publisher is None:
+            self.publisher = Publisher(region)
+        return True
+
+    def _ask_description(self) -> dict[str, Any] | None:
+        for reply in self.session.get(f"{self.spec.key}/{DESCRIPTION_CHUNK}", timeout=DESCRIPTION_TIMEOUT_S):
+            if reply.ok is not None:
+                try:
+                    description: dict[str, Any] = json.loads(reply.ok.payload.to_bytes())
+                    return description
+                except ValueError:
+                    continue
+        return None
+
+    def close(self) -> None:
+        self.subscriber.undeclare()
+
+
+# -- the bridge ----------------------------------------------------------------------
+
+
+class Bridge:
+    """Exports and imports over one Zenoh session; ``start``, then ``stop``."""
+
+    def __init__(self, options: BridgeOptions):
+        check_options(options)
+        self.options = options
+        self.stopping = threading.Event()
+        self.session: Any = None
+        self.exporters: list[Exporter] = []
+        self.importers: list[Importer] = []
+        self.started = time.monotonic()
+
+    def start(self) -> None:
+        zenoh = zenoh_module()
+        config = zenoh_config(self.options)
+        try:
+            self.session = zenoh.open(config)
+        except Exception as error:  # zenoh's ZError: e.g. an endpoint it cannot listen on
+            raise BridgeError(f"cannot open the Zenoh session: {error}") from None
+        try:
+            for name in self.options.exports:
+                self.exporters.append(Exporter(self.session, name, export_key(self.options.key_prefix, name), self.stopping))
+            for spec in self.options.imports:
+                self.importers.append(Importer(self.session, spec, self.stopping))
+        except BaseException:
+            self.stop()
+            raise
+        for worker in self.workers():
+            worker.thread.start()
+        self.started = time.monotonic()
+
+    def workers(self) -> list[Exporter | Importer]:
+        return [*self.exporters, *self.importers]
+
+    def figures(self) -> list[ChannelFigures]:
+        """A copy of every channel's figures, exports first."""
+        return [dataclasses.replace(worker.figures) for worker in self.workers()]
+
+    def stop(self) -> None:
+        """End the threads, leave the rings, close the session."""
+        self.stopping.set()
+        for worker in self.workers():
+            if worker.thread.is_alive():
+                worker.thread.join()
+            worker.close()
+        if self.session is not None:
+            self.session.close()
+            self.session = None
+
+
+# -- the command ------------------------------------------------------------------------
+
+SUMMARY = "forward channels to and from other hosts over Zenoh (the bridge extra)"
+EXAMPLES = (
+    "  kickmsg bridge --export /kickmsg_imu --listen tcp/0.0.0.0:7447 --key-prefix kickmsg/robot\n"
+    "  kickmsg bridge --import kickmsg/robot/kickmsg_imu=/kickmsg_imu --connect tcp/robot.local:7447\n"
+    "  kickmsg bridge --config bridge.toml --stats-interval 5 --json"
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``kickmsg bridge``."""
+    parser.add_argument("--export", action="append", default=[], metavar="NAME",
+                        help="forward local channel NAME to key PREFIX/NAME (repeatable)")
+    parser.add_argument("--import", dest="imports", action="append", default=[], metavar="KEY=NAME",
+                        help="write Zenoh key KEY into local channel NAME, created as the exporter describes it (repeatable)")
+    parser.add_argument("--key-prefix", metavar="P", help="prefix of exported keys (default kickmsg/<hostname>)")
+    parser.add_argument("--listen", action="append", default=[], metavar="ENDPOINT",
+                        help="Zenoh endpoint to accept other bridges on, e.g. tcp/0.0.0.0:7447 (repeatable)")
+    parser.add_argument("--connect", action="append", default=[], metavar="ENDPOINT",
+                        help="Zenoh endpoint of another bridge or router, e.g. tcp/robot.local:7447 (repeatable)")
+    parser.add_argument("--mode", choices=MODES, help="Zenoh mode (default peer)")
+    parser.add_argument("--scout", action="store_true", help="find peers by multicast scouting (default: off)")
+    parser.add_argument("--config", metavar="FILE.toml", help="options in a TOML file; the command line adds to them")
+    parser.add_argument("--stats-interval", type=float, metavar="S", help="print the figures every S seconds")
+
+
+def figures_table(figures: list[ChannelFigures], elapsed: float, rates: dict[str, float]) -> str:
+    """The figures as aligned text columns."""
+    head = ("direction", "channel", "key", "in", "out", "lost_locally", "lost_on_way", "bytes/s")
+    rows = [head] + [
+        (f.direction, f.channel, f.key, str(f.messages_in), str(f.messages_out), str(f.lost_locally),
+         str(f.lost_on_way) if f.direction == "import" else "-", f"{rates[f.key]:.0f}")
+        for f in figures
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
+    notes = [f"{f.channel}: {f.error}" for f in figures if f.error]
+    return f"after {elapsed:.1f} s:\n" + "\n".join(lines + notes)
+
+
+def report(figures: list[ChannelFigures], elapsed: float, rates: dict[str, float], final: bool, as_json: bool,
+           out: TextIO) -> None:
+    if as_json:
+        channels = [{**dataclasses.asdict(f), "bytes_per_s": rates[f.key]} for f in figures]
+        print(json.dumps({"final": final, "elapsed_s": round(elapsed, 3), "channels": channels}), file=out, flush=True)
+    else:
+        print(figures_table(figures, elapsed, rates), file=out, flush=True)
+
+
+def run(options: BridgeOptions, stop: threading.Event, as_json: bool = False, out: TextIO = sys.stdout) -> list[ChannelFigures]:
+    """Bridge until ``stop`` is set, printing the figures every
+    ``options.stats_interval`` seconds and once more at the end."""
+    bridge = Bridge(options)
+    bridge.start()
+    if not as_json:
+        keys = [f"{f.channel} -> {f.key}" if f.direction == "export" else f"{f.key} -> {f.channel}" for f in bridge.figures()]
+        print(f"bridging {', '.join(keys)} (Ctrl-C stops)", file=out, flush=True)
+    last_time, last_bytes = bridge.started, {f.key: 0 for f in bridge.figures()}
+    try:
+        while not stop.wait(options.stats_interval or 3600.0):
+            if options.stats_interval is None:
+                continue
+            now, figures = time.monotonic(), bridge.figures()
+            rates = {f.key: (f.bytes_out - last_bytes[f.key]) / max(now - last_time, 1e-9) for f in figures}
+            report(figures, now - bridge.started, rates, False, as_json, out)
+            last_time, last_bytes = now, {f.key: f.bytes_out for f in figures}
+    finally:
+        bridge.stop()
+    elapsed, figures = time.monotonic() - bridge.started, bridge.figures()
+    report(figures, elapsed, {f.key: f.bytes_out / max(elapsed, 1e-9) for f in figures}, True, as_json, out)
+    return figures
+
+
+def run_command(args: argparse.Namespace, stop: threading.Event) -> int:
+    """``kickmsg bridge``: run until ``stop`` (SIGINT/SIGTERM) is set."""
+    run(options_from_args(args), stop, as_json=args.json)
+    return 0
+
+
+__all__ = ["Bridge", "BridgeError", "BridgeOptions", "ChannelFigures", "ImportSpec", "run"]

@@ -1,0 +1,409 @@
+"""``kickmsg bridge``: channels across hosts over Zenoh.
+
+Two bridges with different key prefixes stand for two hosts; they talk over
+explicit tcp endpoints on 127.0.0.1 (free ports), multicast scouting off.
+Bridges, publishers and subscribers are real processes; every wait is
+bounded; the channels live under the test's ``prefix`` (removed afterwards).
+No timing assertions: the accounting must be exact however the machine runs.
+"""
+import json
+import os
+import pathlib
+import re
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import ROOT
+from kickmsg import ChannelType, Config, Node, Publisher, SharedRegion, Subscriber, bridge, cli, typed
+from nativepeer import check_payload, start_native, start_ours
+
+pytestmark = pytest.mark.timeout(180)
+
+MESSAGES = 10_000
+GEOMETRY = {"max_subscribers": 4, "sub_ring_capacity": 1024, "pool_size": 2048, "max_payload_size": 256}
+WAIT_S = 60.0  # the longest any one wait may take before the test fails
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class BridgeProcess:
+    """``kickmsg bridge ARGS --json --stats-interval 0.2`` in a subprocess."""
+
+    def __init__(self, *args: str, json_lines: bool = True):
+        extra = ["--json", "--stats-interval", "0.2"] if json_lines else []
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "kickmsg", "bridge", *args, *extra],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT,
+        )
+        self.buffer = b""
+
+    def _fail(self, what: str) -> None:
+        self.proc.kill()
+        out, err = self.proc.communicate(timeout=10)
+        pytest.fail(f"bridge {what}\n--- stdout ---\n{(self.buffer + out).decode()}\n--- stderr ---\n{err.decode()}")
+
+    def next_figures(self, deadline: float) -> dict:
+        """The next JSON figures line."""
+        fd = self.proc.stdout.fileno()
+        while b"\n" not in self.buffer:
+            readable, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+            if not readable:
+                self._fail("printed no figures in time")
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                self._fail("exited")
+            self.buffer += chunk
+        line, self.buffer = self.buffer.split(b"\n", 1)
+        return json.loads(line)
+
+    def wait_for(self, what: str, predicate) -> list[dict]:
+        """Figures lines until ``predicate(channels)`` holds; its channels."""
+        deadline = time.monotonic() + WAIT_S
+        while True:
+            channels = self.next_figures(deadline)["channels"]
+            if predicate(channels):
+                return channels
+            if time.monotonic() > deadline:
+                self._fail(f"never showed {what}: {channels}")
+
+    def stop(self, number: int = signal.SIGTERM) -> tuple[list[dict], str]:
+        """Stop it with a signal; the final figures (or text) and stderr."""
+        self.proc.send_signal(number)
+        try:
+            out, err = self.proc.communicate(timeout=WAIT_S)
+        except subprocess.TimeoutExpired:
+            out = None
+        if out is None:
+            self._fail("did not stop")
+        assert self.proc.returncode == 0, err.decode()
+        text = (self.buffer + out).decode()
+        lines = [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+        finals = [line["channels"] for line in lines if line["final"]]
+        return (finals[-1] if finals else []), (text if not lines else "") + err.decode()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.communicate(timeout=10)
+
+
+@pytest.fixture
+def bridges():
+    """Start bridges with ``bridges(*args)``; whatever still runs is killed."""
+    started = []
+
+    def start(*args: str, json_lines: bool = True) -> BridgeProcess:
+        process = BridgeProcess(*args, json_lines=json_lines)
+        started.append(process)
+        return process
+
+    yield start
+    for process in started:
+        process.kill()
+
+
+def two_hosts(bridges, exported: str, imported: str, *, b_listens: bool = False, json_lines: bool = True):
+    """Host A exports ``exported``; host B imports it into ``imported``.
+    Returns (bridge A's arguments, bridge A, bridge B)."""
+    endpoint = f"tcp/127.0.0.1:{free_port()}"
+    key = f"hosta/{exported[1:]}"
+    a_link, b_link = (["--connect", endpoint], ["--listen", endpoint]) if b_listens else (["--listen", endpoint], ["--connect", endpoint])
+    a_args = ["--export", exported, "--key-prefix", "hosta", *a_link]
+    b = bridges("--import", f"{key}={imported}", "--key-prefix", "hostb", *b_link, json_lines=json_lines)
+    a = bridges(*a_args, json_lines=json_lines)
+    return a_args, a, b
+
+
+PACED_PUBLISHER = r"""
+import time
+region = open_region(P["region"])
+pub = kickmsg.Publisher(region)
+ready()
+wait_go()
+for first in range(0, P["count"], 50):   # bursts of 50, a short pause between them
+    publish(pub, range(first, min(first + 50, P["count"])), how="send")
+    time.sleep(P["pause"])
+done({"published": P["count"]})
+"""
+
+SUBSCRIBER_UNTIL_TOLD = r"""
+import select
+region = open_region(P["region"])
+sub = kickmsg.Subscriber(region)
+ready()
+seqs = []
+while not select.select([sys.stdin], [], [], 0)[0]:
+    data = sub.receive(0.1)
+    if data is not None:
+        seqs.append(check_payload(data))
+while (data := sub.try_receive()) is not None:
+    seqs.append(check_payload(data))
+done({"seqs": seqs, "lost": sub.lost})
+"""
+
+
+@pytest.mark.parametrize("publisher, ring, pause", [
+    ("ours", 1024, 0.002),
+    ("native", 1024, 0.002),
+    ("ours", 16, 0.0),  # a flood into small rings: the bridge's subscriber and B's lose some, all counted
+])
+def test_ten_thousand_messages_cross_in_order_with_exact_accounting(bridges, prefix, publisher, ring, pause):
+    """A publisher on host A (ours, or the native 0.1.0), a subscriber on host
+    B: what B receives is in order and intact, and received + every loss the
+    subscriber and the two bridges count equals what was published."""
+    a_name, b_name = f"/{prefix}_a", f"/{prefix}_b"
+    start = start_native if publisher == "native" else start_ours
+    spec = {"how": "create", "config": {**GEOMETRY, "sub_ring_capacity": ring}, "creator": "test"}
+    with start(PACED_PUBLISHER, region={**spec, "name": a_name}, count=MESSAGES, pause=pause, timeout=150) as pub, \
+            start_ours(SUBSCRIBER_UNTIL_TOLD, region={**spec, "name": b_name}, timeout=150) as sub:
+        pub.wait_ready()
+        sub.wait_ready()  # B's channel exists (as the importer would make it) and has a subscriber
+        _, a, b = two_hosts(bridges, a_name, b_name)
+        a.wait_for("a matching subscriber", lambda channels: channels[0]["matched"])
+        pub.tell()
+        assert pub.result() == {"published": MESSAGES}
+        exported = a.wait_for("every message received or lost",
+                              lambda c: c[0]["messages_in"] + c[0]["lost_locally"] == MESSAGES)[0]
+        b.wait_for("every forwarded message received or counted lost",
+                   lambda c: c[0]["messages_in"] + c[0]["lost_on_way"] == exported["messages_out"]
+                   and c[0]["messages_out"] + c[0]["lost_locally"] == c[0]["messages_in"])
+        sub.tell()
+        received = sub.result()
+    (export,), _ = a.stop(signal.SIGINT)
+    (imported,), _ = b.stop()
+    seqs = received["seqs"]
+    assert seqs and seqs == sorted(set(seqs)), "order kept, nothing twice"
+    assert export["messages_in"] + export["lost_locally"] == MESSAGES
+    assert export["messages_out"] == export["messages_in"]
+    assert imported["messages_in"] + imported["lost_on_way"] == export["messages_out"]
+    assert imported["epochs"] == 1 and imported["skipped"] == 0 and imported["error"] is None
+    assert imported["lost_at_source"] <= export["lost_locally"]
+    assert len(seqs) + received["lost"] == imported["messages_out"]
+    assert (len(seqs) + received["lost"] + imported["lost_locally"] + imported["lost_on_way"]
+            + export["lost_locally"]) == MESSAGES
+    assert export["bytes_out"] == imported["bytes_out"] or imported["lost_locally"] or imported["lost_on_way"]
+
+
+TYPED_PUBLISHER = r"""
+import time
+from kickmsg import typed
+Imu = typed.RecordType("Imu", [("stamp_ns", "<u8"), ("accel", "<f4", (3,))])
+pub = typed.advertise(kickmsg.Node("imu-driver", prefix=P["prefix"]), "imu", Imu)
+ready()
+for seq in range(P["count"]):
+    pub.send((seq, (seq * 0.5, 1.0, 9.75)))
+    time.sleep(0.005)
+done("published")
+"""
+
+
+def test_a_typed_channel_arrives_typed(bridges, prefix):
+    """The importer creates B's channel from the description that travels:
+    a typed subscriber of the same record type joins and reads the records;
+    another record type is refused, as on host A."""
+    Imu = typed.RecordType("Imu", [("stamp_ns", "<u8"), ("accel", "<f4", (3,))])
+    with start_ours(TYPED_PUBLISHER, prefix=prefix, count=6000, timeout=90) as pub:
+        pub.wait_ready()
+        a_name, b_name = f"/{prefix}_imu", f"/{prefix}_imub"
+        _, _, b = two_hosts(bridges, a_name, b_name, json_lines=False)
+        node = Node("planner", prefix=prefix)
+        deadline = time.monotonic() + WAIT_S
+        while True:
+            try:
+                sub = typed.subscribe(node, "imub", Imu)
+                break
+            except FileNotFoundError:
+                assert time.monotonic() < deadline, "the importer never created the channel"
+                time.sleep(0.05)
+        records = [sub.receive(WAIT_S) for _ in range(5)]
+        with pytest.raises(typed.TypeMismatchError, match="gyro"):
+            typed.subscribe(node, "imub", typed.RecordType("Imu", [("stamp_ns", "<u8"), ("gyro", "<f4", (3,))]))
+        sub.close()
+        pub.kill()
+    for record in records:
+        assert record is not None and record.dtype == Imu.dtype and record.shape == (1,)
+        seq = int(record["stamp_ns"][0])
+        assert record["accel"][0].tolist() == [seq * 0.5, 1.0, 9.75]
+    assert [int(r["stamp_ns"][0]) for r in records] == sorted({int(r["stamp_ns"][0]) for r in records})
+    a_region, b_region = SharedRegion.inspect(a_name), SharedRegion.inspect(b_name)
+    assert b_region.schema() == a_region.schema() and typed.RecordType.from_schema(b_region.schema()) is not None
+    assert b_region.geometry.config_hash == a_region.geometry.config_hash
+    _, text = b.stop(signal.SIGINT)
+    assert "lost_on_way" in text and b_name in text and "hosta/" in text  # the figures, as text
+
+
+RESTART_PUBLISHER = r"""
+import time
+region = open_region(P["region"])
+pub = kickmsg.Publisher(region)
+ready()
+wait_go()
+for seq in range(P["count"]):
+    publish(pub, [seq], how="send")
+    time.sleep(0.002)
+done({"published": P["count"]})
+"""
+
+
+def test_a_bridge_killed_and_restarted_resumes_without_a_phantom_loss(bridges, prefix):
+    """Host A's bridge is killed (SIGKILL) and started again: it starts a new
+    epoch, B goes on writing the same channel, and counts no loss for it."""
+    a_name, b_name = f"/{prefix}_a", f"/{prefix}_b"
+    spec = {"how": "create", "config": GEOMETRY, "creator": "test", "name": a_name}
+    with start_ours(RESTART_PUBLISHER, region=spec, count=100_000, timeout=150) as pub:
+        pub.wait_ready()
+        a_args, a, b = two_hosts(bridges, a_name, b_name, b_listens=True)
+        a.wait_for("a matching subscriber", lambda channels: channels[0]["matched"])
+        pub.tell()
+        before = b.wait_for("messages arriving", lambda c: c[0]["messages_out"] >= 200)[0]
+        sub = Subscriber(SharedRegion.open(b_name))
+        a.proc.kill()
+        a.proc.wait(timeout=10)
+        again = bridges(*a_args)
+        again.wait_for("a matching subscriber", lambda channels: channels[0]["matched"])
+        after = b.wait_for("messages of the new run", lambda c: c[0]["epochs"] == 2
+                           and c[0]["messages_out"] >= before["messages_out"] + 400)[0]
+        seqs = []
+        while len(seqs) < 300:
+            data = sub.receive(WAIT_S)
+            assert data is not None, "nothing arrived after the restart"
+            seqs.append(check_payload(data))
+        pub.kill()
+    sub.close()
+    (imported,), _ = b.stop()
+    assert seqs == sorted(set(seqs))
+    assert after["lost_on_way"] == 0 and imported["lost_on_way"] == 0
+    assert imported["epochs"] == 2 and imported["error"] is None
+
+
+def test_an_existing_channel_of_another_geometry_is_a_clear_error(bridges, prefix):
+    """B already has the channel with another pool size: the import names the
+    field, counts what it could not write, and the bridge keeps running."""
+    a_name, b_name = f"/{prefix}_a", f"/{prefix}_b"
+    a_region = SharedRegion.create(a_name, ChannelType.PubSub, Config(**GEOMETRY), "test")
+    SharedRegion.create(b_name, ChannelType.PubSub, Config(**{**GEOMETRY, "pool_size": 4096}), "test")
+    _, a, b = two_hosts(bridges, a_name, b_name)
+    a.wait_for("a matching subscriber", lambda channels: channels[0]["matched"])
+    pub = Publisher(a_region)
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        pub.send(b"x" * 8)
+        channels = b.next_figures(deadline)["channels"]
+        if channels[0]["error"]:
+            break
+    assert "pool_size is 4096 there, 2048 here" in channels[0]["error"]
+    (imported,), err = b.stop()
+    assert imported["messages_out"] == 0 and imported["lost_locally"] == imported["messages_in"] > 0
+    assert "pool_size is 4096 there" in err and err.count("error:") == 1
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--export", "/kmbridge_x", "--import", "k/x=/kmbridge_x", "--listen", "tcp/127.0.0.1:1"],
+     "both exported and imported"),
+    (["--export", "/kmbridge_x", "--import", "p/kmbridge_x=/kmbridge_y", "--key-prefix", "p", "--listen", "tcp/127.0.0.1:1"],
+     "importing it would loop"),
+    (["--import", "k/x", "--listen", "tcp/127.0.0.1:1"], "invalid --import 'k/x'"),
+    (["--import", "k/*=/kmbridge_y", "--listen", "tcp/127.0.0.1:1"], "invalid import key 'k/*'"),
+    (["--export", "/kmbridge_x"], "no way to reach another host"),
+    ([], "nothing to bridge"),
+])
+def test_bad_options_are_refused_naming_the_value(capsys, args, message):
+    assert cli.main(["bridge", *args]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_exporting_a_channel_that_does_not_exist_is_refused(capsys, prefix):
+    endpoint = f"tcp/127.0.0.1:{free_port()}"
+    assert cli.main(["bridge", "--export", f"/{prefix}_none", "--listen", endpoint]) == 2
+    assert f"cannot export /{prefix}_none: no such channel" in capsys.readouterr().err
+
+
+def test_the_config_file_adds_to_the_command_line(tmp_path):
+    path = tmp_path / "bridge.toml"
+    path.write_text(
+        'key_prefix = "robot"\nconnect = ["tcp/127.0.0.1:7447"]\nexport = ["/kmbridge_imu"]\n'
+        '[[import]]\nkey = "base/kmbridge_cmd"\nname = "/kmbridge_cmd"\npool_size = 512\n'
+        '[zenoh]\n"transport/link/tx/lease" = 5000\n'
+    )
+    parser = cli.build_parser()
+    options = bridge.options_from_args(parser.parse_args(["bridge", "--config", str(path), "--export", "kmbridge_cam"]))
+    assert options.exports == ["/kmbridge_imu", "/kmbridge_cam"] and options.key_prefix == "robot"
+    assert options.imports[0].name == "/kmbridge_cmd" and options.imports[0].config.pool_size == 512
+    bridge.check_options(options)
+    bridge.zenoh_config(options)  # every setting accepted by Zenoh
+    path.write_text('exports = ["/kmbridge_imu"]\n')
+    with pytest.raises(ValueError, match="unknown key 'exports'"):
+        bridge.options_from_args(parser.parse_args(["bridge", "--config", str(path)]))
+
+
+def attachment(epoch: int, sequence: int, source_lost: int = 0) -> bytes:
+    return bridge.ATTACHMENT.pack(bridge.MAGIC, bridge.VERSION, epoch, sequence, sequence + 7, 0, source_lost)
+
+
+def test_the_sequence_tracker_counts_gaps_per_epoch_and_no_loss_for_a_restart():
+    """The importer's counting, fed attachments directly: gaps within an
+    epoch are lost on the way; a new epoch starts afresh at whatever number
+    arrives first; an old epoch still in flight is followed on its own; a
+    passed number and a sample without (or with a damaged) attachment are
+    skipped, never forwarded."""
+    figures = bridge.ChannelFigures("import", "/kmbridge_x", "k/x")
+    tracker = bridge.SequenceTracker(figures)
+    assert [tracker.admit(attachment(1, seq)) for seq in (0, 1, 2, 5, 6)] == [1] * 5
+    assert figures.lost_on_way == 2 and figures.messages_in == 5
+    assert tracker.admit(attachment(2, 4000, source_lost=3)) == 2  # restarted (or joined late): not a loss
+    assert figures.lost_on_way == 2 and figures.epochs == 2
+    assert tracker.admit(attachment(2, 4001, source_lost=10)) == 2
+    assert figures.lost_at_source == 7  # what the exporter reported losing since we follow it
+    assert tracker.admit(attachment(1, 7)) == 1 and figures.lost_on_way == 2  # the old run, on its own
+    assert tracker.admit(attachment(2, 4001)) is None  # a duplicate
+    assert tracker.admit(None) is None and tracker.admit(b"KMBR") is None
+    assert tracker.admit(b"XXXX" + attachment(3, 0)[4:]) is None
+    assert figures.skipped == 4 and figures.messages_in == 8
+
+
+def test_the_sequence_tracker_keeps_a_bounded_number_of_epochs():
+    figures = bridge.ChannelFigures("import", "/kmbridge_x", "k/x")
+    tracker = bridge.SequenceTracker(figures)
+    for epoch in range(1, 100):
+        tracker.admit(attachment(epoch, 0))
+    assert len(tracker.epochs) == bridge.EPOCHS_KEPT and figures.epochs == 99 and figures.lost_on_way == 0
+
+
+def test_bench_bridge_reports_both_rows_and_leaves_nothing_behind(tmp_path):
+    """benchmarks/bench_bridge.py (part of ``make bench``), smoke run: both
+    rows printed, every latency sample crossed the bridges (its figures are
+    not asserted: tests never assert on time)."""
+    leftovers = lambda: sorted(pathlib.Path("/dev/shm").glob("kmbenchbridge_*"))  # noqa: E731
+    before = leftovers()
+    output = tmp_path / "bench_bridge.json"
+    done = subprocess.run([sys.executable, "benchmarks/bench_bridge.py", "--quick", "--output", str(output)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=170)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = re.findall(r"^\| (one-way latency|throughput)[^|]*\| [\d,]+", done.stdout, re.MULTILINE)
+    assert rows == ["one-way latency", "throughput"], done.stdout
+    results = json.loads(output.read_text())
+    assert results["latency"]["kickmsg"]["received"] == results["latency"]["kickmsg"]["sent"]
+    assert results["throughput"]["kickmsg"]["received"] > 0 and results["throughput"]["zmq"]["received"] > 0
+    assert leftovers() == before
+
+
+@pytest.mark.parametrize("description", [{}, {"schema": None, "channel_type": 7}, "not a dict",
+                                         {"channel_type": 0, "max_subscribers": 4, "sub_ring_capacity": 3,
+                                          "pool_size": 8, "max_payload_size": 64, "commit_timeout_us": 1000,
+                                          "schema": None}])
+def test_an_invalid_description_is_a_clear_error(prefix, description):
+    """Whatever answers on the description key, the importer gets a
+    BridgeError naming the key and creates nothing."""
+    with pytest.raises(bridge.BridgeError, match=f"cannot import k/x into /{prefix}_x"):
+        bridge.open_local_channel(f"/{prefix}_x", "k/x", description, None)
+    assert not os.path.exists(f"/dev/shm/{prefix}_x")
