@@ -241,7 +241,7 @@ def test_record_cli_errors(tmp_path):
                             capture_output=True, text=True, timeout=30)
     assert result.returncode == 2 and result.stderr.count("\n") == 1 and "no shared memory" in result.stderr
     result = subprocess.run([KICKMSG, "play", str(tmp_path)], capture_output=True, text=True, timeout=30)
-    assert result.returncode == 2 and "no .parquet files" in result.stderr
+    assert result.returncode == 2 and "no .parquet or .mcap files" in result.stderr
     assert os.listdir(tmp_path) == []
 
 
