@@ -36,6 +36,7 @@ from typing import IO, Any
 
 import numpy as np
 import pyarrow.parquet
+import zstandard
 from mcap.exceptions import McapError
 from mcap.reader import SeekingReader
 from mcap.well_known import MessageEncoding, SchemaEncoding
@@ -198,7 +199,7 @@ class McapRecordingWriter:
         ``channels``: shm name -> description (geometry and schema descriptor)."""
         self.path = path
         self.stream: IO[bytes] = open(path, "wb")
-        self.writer = Writer(self.stream, compression=CompressionType.ZSTD)
+        self.writer = Writer(self.stream, compression=CompressionType.ZSTD, enable_data_crcs=True)
         self.writer.start(library=f"kickmsg-py {kickmsg.__version__} (mcap-python)")
         self.channels: dict[str, _Channel] = {}
         for recording in recordings:
@@ -285,8 +286,10 @@ def _unreadable(path: str, error: Exception) -> ValueError:
 
 
 # What the mcap library (and zstandard, struct, json underneath) raise on a
-# damaged or truncated file: turned into one ValueError naming the file.
-_READ_ERRORS = (McapError, ValueError, KeyError, IndexError, struct.error, EOFError, OSError, TypeError)
+# damaged or truncated file: turned into one ValueError naming the file. (A
+# chunk that claims a huge uncompressed size fails to allocate: MemoryError.)
+_READ_ERRORS = (McapError, ValueError, KeyError, IndexError, struct.error, EOFError, OSError, TypeError,
+                zstandard.ZstdError, MemoryError)
 
 
 def read_recording(path: str) -> McapRecording:
