@@ -10,20 +10,24 @@ schema):
   one that is not a whole number of records ``{"_payload": BASE64}``. A
   record type that is not a struct is the field ``value``. Byte strings
   (``|S``) are base64, non-finite floats the strings ``NaN``,
-  ``Infinity``, ``-Infinity`` (JSON has no such numbers);
+  ``Infinity``, ``-Infinity`` (JSON has no such numbers). A record type
+  with a field JSON has no form for here (complex, datetime, void) or a
+  field named ``_records`` or ``_payload`` is recorded as untyped;
 - any other channel: ``{"payload": BASE64}``. JSON cannot hold raw bytes;
   base64 (``contentEncoding: base64``) is how JSON Schema, and so Foxglove,
   marks binary data, and it costs 4/3 of the size before compression.
 
 Message fields: ``log_time`` = receive time (wall clock, ns since the
-epoch); ``publish_time`` = the payload's stamp (``kickmsg.stamp``, CLOCK_MONOTONIC)
-moved to the wall clock, ``recv_wall - (recv_mono - stamp)``, when the stamp
-is 0 to 60 s before receipt, else the receive time; ``sequence`` = the ring
-position (mod 2**32: the field is 32 bits). Metadata records (every value
-is JSON text): ``kickmsg.recording`` (the recorder run), ``kickmsg.channel``
-(one per channel: geometry and schema descriptor, what ``play`` needs to
-re-create it) and ``kickmsg.losses`` (one per channel: messages, lost, and
-``[ring_pos, lost]`` for each message the recorder lost messages before).
+epoch); ``publish_time`` = the payload's stamp (``kickmsg.stamp``,
+CLOCK_MONOTONIC) moved to the wall clock, ``recv_wall - (recv_mono -
+stamp)``, when the stamp is 0 to 60 s before receipt, else the receive time;
+``sequence`` = the ring position (mod 2**32: the field is 32 bits).
+Metadata records: ``kickmsg.recording`` (the recorder run),
+``kickmsg.channel`` (one per channel: geometry and schema descriptor, what
+``play`` needs to re-create it) and ``kickmsg.losses`` (one per channel:
+messages, lost, and ``[ring_pos, lost]`` for each message the recorder lost
+messages before); their values are JSON text, but for the plain texts
+``recording``, ``host`` and ``channel``.
 """
 import base64
 import json
@@ -51,6 +55,7 @@ MAPPING_KEY = "kickmsg.mapping"  # channel metadata: "fields" (typed records) or
 STAMP_WINDOW_NS = 60 * 10**9  # a stamp this far before receipt at most is a publish time (as the analysis)
 SEQUENCE_MASK = 0xFFFFFFFF
 RESERVED_KEYS = ("_records", "_payload")
+TEXT_KEYS = ("recording", "host", "channel")  # metadata values kept as text; the others are JSON
 NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
 
@@ -260,8 +265,12 @@ class McapRecordingWriter:
 
 
 def _json_values(values: dict[str, Any]) -> dict[str, str]:
-    """MCAP metadata holds strings: every value as JSON text."""
-    return {key: json.dumps(value) for key, value in values.items()}
+    """MCAP metadata holds strings: text as it is, other values as JSON text."""
+    return {key: value if key in TEXT_KEYS else json.dumps(value) for key, value in values.items()}
+
+
+def _from_json_values(values: dict[str, str]) -> dict[str, Any]:
+    return {key: value if key in TEXT_KEYS else json.loads(value) for key, value in values.items()}
 
 
 # -- reading --------------------------------------------------------------------
@@ -300,8 +309,7 @@ def read_recording(path: str) -> McapRecording:
             reader = _reader(file, path)
             if reader.get_summary() is None:
                 raise McapError("no summary section")
-            found = [(record.name, {key: json.loads(value) for key, value in record.metadata.items()})
-                     for record in reader.iter_metadata()]
+            found = [(record.name, _from_json_values(record.metadata)) for record in reader.iter_metadata()]
     except _READ_ERRORS as error:
         raise _unreadable(path, error) from None
     recording = McapRecording(

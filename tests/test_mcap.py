@@ -20,7 +20,7 @@ from mcap.writer import Writer
 
 import kickmsg
 from kickmsg import stamp, typed
-from kickmsg.mcap_file import encode_records, decode_records
+from kickmsg.mcap_file import channel_record_type, decode_records, encode_records
 from kickmsg.record import Recorder
 
 PYTHON = sys.executable
@@ -98,7 +98,8 @@ def read_mcap(path):
         reader = make_reader(file, validate_crcs=True)
         summary = reader.get_summary()
         messages = [(channel.topic, message, json.loads(message.data)) for _, channel, message in reader.iter_messages()]
-        metadata = [(record.name, {k: json.loads(v) for k, v in record.metadata.items()}) for record in reader.iter_metadata()]
+        metadata = [(record.name, {k: v if k in ("recording", "host", "channel") else json.loads(v)
+                                   for k, v in record.metadata.items()}) for record in reader.iter_metadata()]
     with open(path, "rb") as file:
         records = list(NonSeekingReader(file, validate_crcs=True)._stream_reader.records)
     assert type(records[-1]).__name__ == "Footer"
@@ -413,3 +414,16 @@ def test_without_the_mcap_extra_one_line_names_it(channels, tmp_path):
     (tmp_path / "a.mcap").write_bytes(b"\x89MCAP0\r\n")
     assert_one_line_error(cli("play", tmp_path / "a.mcap"), extra)
     assert_one_line_error(cli("convert", tmp_path, tmp_path / "b.mcap"), extra)
+
+
+def test_record_types_without_a_json_form_are_recorded_as_payloads():
+    def described(fields):
+        schema = typed.RecordType("T", fields).schema
+        return {"schema": {"identity": schema.identity.hex(), "layout": schema.layout.hex(), "name": schema.name,
+                           "version": 0, "identity_algo": schema.identity_algo, "layout_algo": schema.layout_algo,
+                           "flags": 0}}
+
+    assert channel_record_type(described([("x", "<f4"), ("n", "<i8")])).name == "T"
+    assert channel_record_type(described([("x", "<f4"), ("z", "<c8")])) is None
+    assert channel_record_type(described([("x", "<f4"), ("_records", "<i4")])) is None
+    assert channel_record_type({"schema": None}) is None
