@@ -931,7 +931,7 @@ def cmd_play(args) -> int:
     return EXIT_OK
 
 
-def cmd_convert(args) -> int:
+def cmd_convert(args: argparse.Namespace) -> int:
     record = import_extra("kickmsg.record")
     summary = record.mcap_module().convert(args.path, args.out, overwrite=args.force)
     emit(args, vars(summary), f"wrote {summary.messages} messages of {', '.join(summary.channels)} to {summary.out}")
