@@ -340,6 +340,9 @@ def test_typed_round_trip_every_kind_of_field(shm_name, tmp_path):
     for payload in payloads:  # the mapping itself: fields, _records, _payload
         assert decode_records(json.loads(json.dumps(encode_records(payload, kind))), kind) == payload
     assert set(encode_records(payloads[1], kind)) == {"_records"} and set(encode_records(payloads[2], kind)) == {"_payload"}
+    padded = typed.RecordType("Padded", {"names": ["a", "b"], "formats": ["u1", "<u4"], "offsets": [0, 4], "itemsize": 8})
+    with_padding = bytes([7, 0xAA, 0xBB, 0xCC, 1, 0, 0, 0])
+    assert decode_records(encode_records(with_padding, padded), padded) == bytes([7, 0, 0, 0, 1, 0, 0, 0])
 
     def publish():
         publisher = kickmsg.Publisher(region)
