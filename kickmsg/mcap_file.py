@@ -54,6 +54,7 @@ PAYLOAD_SCHEMA_NAME = "kickmsg.Payload"
 MAPPING_KEY = "kickmsg.mapping"  # channel metadata: "fields" (typed records) or "payload" (base64)
 STAMP_WINDOW_NS = 60 * 10**9  # a stamp this far before receipt at most is a publish time (as the analysis)
 SEQUENCE_MASK = 0xFFFFFFFF
+CHUNK_BYTES = 1024 * 1024  # the mcap library's default chunk size
 RESERVED_KEYS = ("_records", "_payload")
 TEXT_KEYS = ("recording", "host", "channel")  # metadata values kept as text; the others are JSON
 NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
@@ -199,12 +200,14 @@ class McapRecordingWriter:
     """Writes one MCAP file of a recording: schemas, channels and metadata
     up front, then messages (``write_message``), losses at ``close``."""
 
-    def __init__(self, path: str, recordings: list[dict[str, Any]], channels: dict[str, dict[str, Any]]):
+    def __init__(self, path: str, recordings: list[dict[str, Any]], channels: dict[str, dict[str, Any]],
+                 chunk_bytes: int = CHUNK_BYTES):
         """``recordings``: the recorder runs (recording id, host, start);
-        ``channels``: shm name -> description (geometry and schema descriptor)."""
+        ``channels``: shm name -> description (geometry and schema descriptor);
+        ``chunk_bytes``: uncompressed size past which a chunk is written."""
         self.path = path
         self.stream: IO[bytes] = open(path, "wb")
-        self.writer = Writer(self.stream, compression=CompressionType.ZSTD, enable_data_crcs=True)
+        self.writer = Writer(self.stream, chunk_size=chunk_bytes, compression=CompressionType.ZSTD, enable_data_crcs=True)
         self.writer.start(library=f"kickmsg-py {kickmsg.__version__} (mcap-python)")
         self.channels: dict[str, _Channel] = {}
         for recording in recordings:
@@ -251,7 +254,7 @@ class McapRecordingWriter:
             target.losses.append([ring_pos, lost])
 
     def size(self) -> int:
-        """Bytes written to the file so far (compressed chunks)."""
+        """Bytes written to the file so far (complete, compressed chunks)."""
         return self.stream.tell()
 
     def close(self) -> None:

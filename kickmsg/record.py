@@ -136,9 +136,12 @@ class _ParquetFile:
 class _McapFile:
     """One MCAP file of a recording (the same rows as the Parquet columns)."""
 
-    def __init__(self, path: str, metadata: dict):
+    def __init__(self, path: str, metadata: dict, rotate_bytes: int):
+        """Chunks no larger than the rotation size, so that a file can rotate."""
         recording = {key: metadata[key] for key in ("recording", "host", "started_wall_ns")}
-        self.writer = mcap_module().McapRecordingWriter(path, [recording], metadata["channels"])
+        mcap_file = mcap_module()
+        chunk_bytes = max(1, min(mcap_file.CHUNK_BYTES, rotate_bytes))
+        self.writer = mcap_file.McapRecordingWriter(path, [recording], metadata["channels"], chunk_bytes)
 
     def write(self, rows: list[list]) -> None:
         for _, channel, ring_pos, recv_mono, recv_wall, _, lost, stamp_ns, payload in rows:
@@ -231,7 +234,7 @@ class Recorder:
         if self.writer is None:
             path = os.path.join(self.out_dir, f"{self.recording}-{len(self.summary.files):04d}.{self.format}")
             if self.format == "mcap":
-                self.writer = _McapFile(path + ".partial", self.metadata)
+                self.writer = _McapFile(path + ".partial", self.metadata, self.rotate_bytes)
             else:
                 self.writer = _ParquetFile(path + ".partial", self.schema)
             self.summary.files.append(path)

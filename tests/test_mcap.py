@@ -430,3 +430,22 @@ def test_record_types_without_a_json_form_are_recorded_as_payloads():
     assert channel_record_type(described([("x", "<f4"), ("z", "<c8")])) is None
     assert channel_record_type(described([("x", "<f4"), ("_records", "<i4")])) is None
     assert channel_record_type({"schema": None}) is None
+
+
+def test_mcap_files_rotate_by_size(shm_name, tmp_path):
+    """Past --rotate-mb a new file starts; each is a complete MCAP file, and
+    together they hold every message once, in order."""
+    kickmsg.SharedRegion.create(shm_name, kickmsg.ChannelType.PubSub, CONFIG, "test")
+
+    def publish():
+        publisher = kickmsg.Publisher(kickmsg.SharedRegion.open(shm_name))
+        for burst in range(6):
+            for i in range(100):
+                publisher.send(bytes([burst, i]) * 50)
+            time.sleep(0.6)  # one flush per burst
+
+    summary = record_in_thread([shm_name], tmp_path, publish, rotate_mb=0.002)
+    files = sorted(str(path) for path in tmp_path.iterdir())
+    assert files == sorted(summary.files) and len(files) >= 3
+    payloads = [base64.b64decode(data["payload"]) for file in files for _, _, data in read_mcap(file)[0]]
+    assert payloads == [bytes([burst, i]) * 50 for burst in range(6) for i in range(100)]
