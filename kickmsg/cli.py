@@ -907,7 +907,8 @@ def cmd_record(args) -> int:
         tell_rejoined("record", name, subscriber.lost - recorder.summary.channels[name].lost)
 
     try:
-        recorder = record.Recorder(names, args.out, rotate_mb=args.rotate_mb, payload=not args.no_payload, on_rejoin=tell_rejoin)
+        recorder = record.Recorder(names, args.out, rotate_mb=args.rotate_mb, payload=not args.no_payload,
+                                   on_rejoin=tell_rejoin, format=args.format)
     except shm.RegionNotFoundError as error:
         raise CommandError(str(error)) from None
     if not args.json:
@@ -932,6 +933,13 @@ def cmd_play(args) -> int:
 
 def cmd_bridge(args: argparse.Namespace) -> int:
     return bridge.run_command(args, stop_on_signals())
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    record = import_extra("kickmsg.record")
+    summary = record.mcap_module().convert(args.path, args.out, overwrite=args.force)
+    emit(args, vars(summary), f"wrote {summary.messages} messages of {', '.join(summary.channels)} to {summary.out}")
+    return EXIT_OK
 
 
 def cmd_analyze(args) -> int:
@@ -1327,18 +1335,28 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--orphans", action="store_true", help="reclaim unreferenced slots (needs quiescence)")
     sub.add_argument("--yes", action="store_true", help="do not ask for confirmation")
 
-    sub = command("record", cmd_record, "record channels to Parquet files (SIGINT/SIGTERM/SIGHUP close them cleanly)",
+    sub = command("record", cmd_record, "record channels to Parquet (or MCAP) files (SIGINT/SIGTERM/SIGHUP close them cleanly)",
                   "  kickmsg record /kickmsg_imu /kickmsg_camera --out rec/ --duration 60\n"
-                  "  kickmsg record /kickmsg_camera --out rec/ --no-payload --rotate-mb 256", channel=False)
+                  "  kickmsg record /kickmsg_camera --out rec/ --no-payload --rotate-mb 256\n"
+                  "  kickmsg record /kickmsg_imu --out rec/ --format mcap", channel=False)
     sub.add_argument("names", nargs="+", metavar="NAME", help="shm names of the channels")
-    sub.add_argument("--out", required=True, metavar="DIR", help="directory for the Parquet files")
+    sub.add_argument("--out", required=True, metavar="DIR", help="directory for the recording's files")
     sub.add_argument("--duration", type=positive_number, help="stop after this many seconds")
     sub.add_argument("--rotate-mb", type=positive_number, default=64, help="start a new file past this size (default 64)")
     sub.add_argument("--no-payload", action="store_true", help="keep sizes and stamps, not the payloads")
+    sub.add_argument("--format", choices=("parquet", "mcap"), default="parquet",
+                     help="parquet (default; for Spark) or mcap (for Foxglove; needs the payloads)")
+
+    sub = command("convert", cmd_convert, "convert a Parquet recording to one MCAP file (open it in Foxglove)",
+                  "  kickmsg convert rec/ rec.mcap\n  kickmsg convert rec/ rec.mcap --force   # overwrite rec.mcap",
+                  channel=False)
+    sub.add_argument("path", metavar="REC_DIR", help="a Parquet recording directory (or one .parquet file)")
+    sub.add_argument("out", metavar="OUT.mcap", help="the MCAP file to write (refused if it exists, unless --force)")
+    sub.add_argument("--force", action="store_true", help="overwrite OUT.mcap if it exists")
 
     sub = command("play", cmd_play, "republish a recording with its original timing",
-                  "  kickmsg play rec/\n  kickmsg play rec/ --rate 2 --loop", channel=False)
-    sub.add_argument("path", metavar="DIR", help="a recording directory (or one .parquet file)")
+                  "  kickmsg play rec/\n  kickmsg play rec/ --rate 2 --loop\n  kickmsg play rec.mcap", channel=False)
+    sub.add_argument("path", metavar="PATH", help="a recording directory, or one .parquet or .mcap file")
     sub.add_argument("--rate", type=positive_number, default=1.0, help="speed factor (default 1: real time)")
     sub.add_argument("--loop", action="store_true", help="start over at the end, until interrupted")
 

@@ -1,4 +1,4 @@
-"""Recording channels to Parquet, and playing recordings back.
+"""Recording channels to Parquet (or MCAP), and playing recordings back.
 
 A recording is a directory of Parquet files (pyarrow), one row per message:
 
@@ -26,13 +26,18 @@ recording and each channel's geometry and schema descriptor, so that a
 player can re-create the channels. The recorder subscribes like any other
 subscriber: it never slows publishers down, and when it falls behind its own
 losses are in the ``lost`` column.
+
+With ``format="mcap"`` the same rows go to MCAP files instead
+(``kickmsg.mcap_file``: Foxglove opens them); ``play`` plays both.
 """
 import json
 import os
 import socket
 import threading
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from types import ModuleType
 
 import pyarrow
 import pyarrow.parquet
@@ -57,6 +62,18 @@ COLUMNS = [
     ("payload", pyarrow.binary()),
 ]
 FLUSH_INTERVAL_S = 0.5  # buffered rows reach the file at least this often
+FORMATS = ("parquet", "mcap")
+MCAP_MAGIC = b"\x89MCAP0\r\n"  # the first 8 bytes of an MCAP file
+MCAP_EXTRA = "pip install 'kickmsg-py[mcap]'"
+
+
+def mcap_module() -> ModuleType:
+    """The MCAP module, or a one-line error naming the extra it needs."""
+    try:
+        from kickmsg import mcap_file
+    except ImportError as error:
+        raise RuntimeError(f"MCAP needs the mcap extra ({error}): {MCAP_EXTRA}") from None
+    return mcap_file
 
 
 def _channel_description(region: SharedRegion) -> dict:
@@ -93,19 +110,72 @@ class RecordingSummary:
     channels: dict[str, ChannelCounts] = field(default_factory=dict)
 
 
+class _ParquetFile:
+    """One Parquet file of a recording."""
+
+    def __init__(self, path: str, schema: pyarrow.Schema):
+        self.writer = pyarrow.parquet.ParquetWriter(path, schema)
+        self.schema = schema
+        self.bytes = 0
+
+    def write(self, rows: list[list]) -> None:
+        columns = list(zip(*rows))
+        table = pyarrow.Table.from_arrays(
+            [pyarrow.array(values, type=column.type) for values, column in zip(columns, self.schema)], schema=self.schema
+        )
+        self.writer.write_table(table)
+        self.bytes += table.nbytes  # uncompressed: rotation errs on the small side
+
+    def size(self) -> int:
+        return self.bytes
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class _McapFile:
+    """One MCAP file of a recording (the same rows as the Parquet columns)."""
+
+    def __init__(self, path: str, metadata: dict, rotate_bytes: int):
+        """Chunks no larger than the rotation size, so that a file can rotate."""
+        recording = {key: metadata[key] for key in ("recording", "host", "started_wall_ns")}
+        mcap_file = mcap_module()
+        chunk_bytes = max(1, min(mcap_file.CHUNK_BYTES, rotate_bytes))
+        self.writer = mcap_file.McapRecordingWriter(path, [recording], metadata["channels"], chunk_bytes)
+
+    def write(self, rows: list[list]) -> None:
+        for _, channel, ring_pos, recv_mono, recv_wall, _, lost, stamp_ns, payload in rows:
+            self.writer.write_message(channel, ring_pos, recv_mono, recv_wall, lost, stamp_ns, payload)
+
+    def size(self) -> int:
+        return self.writer.size()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
 class Recorder:
-    """Subscribes to channels and writes every message to Parquet.
+    """Subscribes to channels and writes every message to Parquet (or MCAP).
 
     One receiving thread per channel (blocking zero-copy receives, without
     the GIL while waiting); the calling thread writes buffered rows every
     ``FLUSH_INTERVAL_S`` and rotates files past ``rotate_mb``.
     """
 
-    def __init__(self, names: list[str], out_dir: str, rotate_mb: float = 64, payload: bool = True, on_rejoin=None):
+    def __init__(self, names: list[str], out_dir: str, rotate_mb: float = 64, payload: bool = True,
+                 on_rejoin: Callable[[str, Subscriber], None] | None = None, format: str = "parquet"):
         """``on_rejoin(name, subscriber)`` is called (from that channel's
-        thread) when a channel is re-created and the recorder follows it."""
+        thread) when a channel is re-created and the recorder follows it.
+        ``format``: ``parquet`` or ``mcap`` (which needs the payloads)."""
         if not names:
             raise ValueError("the recorder needs at least one channel")
+        if format not in FORMATS:
+            raise ValueError(f"unknown recording format {format!r}: one of {', '.join(FORMATS)}")
+        if format == "mcap" and not payload:
+            raise ValueError("an MCAP recording needs the payloads (its messages carry them): drop --no-payload")
+        if format == "mcap":
+            mcap_module()  # the extra is there, before anything is subscribed
+        self.format = format
         self.out_dir = out_dir
         self.rotate_bytes = int(rotate_mb * 1024 * 1024)
         self.payload = payload
@@ -122,11 +192,10 @@ class Recorder:
         }
         columns = COLUMNS if payload else COLUMNS[:-1]
         self.schema = pyarrow.schema(columns, metadata={SCHEMA_KEY: json.dumps(self.metadata).encode()})
-        self.rows = []  # buffered rows, in arrival order
+        self.rows: list[list] = []  # buffered rows, in arrival order
         self.lock = threading.Lock()
         self.stopping = threading.Event()
-        self.writer = None
-        self.file_bytes = 0  # written to the current file
+        self.writer: _ParquetFile | _McapFile | None = None  # the file being written
         os.makedirs(out_dir, exist_ok=True)
 
     def _receive(self, name: str, subscriber: Subscriber) -> None:
@@ -144,16 +213,17 @@ class Recorder:
             with view:
                 received_mono, received_wall = time.monotonic_ns(), time.time_ns()
                 head = stamp.read(view)
-                row = [self.recording, name, view.ring_pos, received_mono, received_wall, len(view),
-                       subscriber.lost - lost, head if head is not None and head < 2**63 else None]
+                size, lost_before = len(view), subscriber.lost - lost
+                row = [self.recording, name, view.ring_pos, received_mono, received_wall, size, lost_before,
+                       head if head is not None and head < 2**63 else None]
                 if self.payload:
                     row.append(bytes(view))
             lost = subscriber.lost
             with self.lock:
                 self.rows.append(row)
             counts.messages += 1
-            counts.lost += row[6]
-            counts.bytes += row[5]
+            counts.lost += lost_before
+            counts.bytes += size
 
     def _flush(self) -> None:
         """Write the buffered rows; start a new file past the rotation size."""
@@ -162,24 +232,23 @@ class Recorder:
         if not rows:
             return
         if self.writer is None:
-            path = os.path.join(self.out_dir, f"{self.recording}-{len(self.summary.files):04d}.parquet")
-            self.writer = pyarrow.parquet.ParquetWriter(path + ".partial", self.schema)
+            path = os.path.join(self.out_dir, f"{self.recording}-{len(self.summary.files):04d}.{self.format}")
+            if self.format == "mcap":
+                self.writer = _McapFile(path + ".partial", self.metadata, self.rotate_bytes)
+            else:
+                self.writer = _ParquetFile(path + ".partial", self.schema)
             self.summary.files.append(path)
-            self.file_bytes = 0
-        columns = list(zip(*rows))
-        table = pyarrow.Table.from_arrays(
-            [pyarrow.array(values, type=column.type) for values, column in zip(columns, self.schema)], schema=self.schema
-        )
-        self.writer.write_table(table)
-        self.file_bytes += table.nbytes  # uncompressed: rotation errs on the small side
-        if self.file_bytes >= self.rotate_bytes:
+        self.writer.write(rows)
+        if self.writer.size() >= self.rotate_bytes:
             self._close_file()
 
     def _close_file(self) -> None:
         """Finish the current file and give it its name (a file being written
-        is ``*.parquet.partial``, so readers never see a half-written one)."""
-        self.writer.close()
-        self.writer = None
+        is ``*.parquet.partial`` or ``*.mcap.partial``, so readers never see a
+        half-written one)."""
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
         os.rename(self.summary.files[-1] + ".partial", self.summary.files[-1])
 
     def run(self, duration: float | None = None, stop: threading.Event | None = None) -> RecordingSummary:
@@ -216,13 +285,45 @@ class Recorder:
 
 
 def recording_files(path: str) -> list[str]:
-    """The Parquet files of a recording directory (or a single file), in order."""
+    """The Parquet or MCAP files of a recording directory (or a single file), in order."""
     if os.path.isfile(path):
         return [path]
-    files = sorted(os.path.join(path, name) for name in os.listdir(path) if name.endswith(".parquet"))
+    if not os.path.isdir(path):
+        raise ValueError(f"no such file or directory: {path}")
+    files = sorted(os.path.join(path, name) for name in os.listdir(path) if name.endswith((".parquet", ".mcap")))
     if not files:
-        raise ValueError(f"no .parquet files in {path}")
+        raise ValueError(f"no .parquet or .mcap files in {path}")
     return files
+
+
+def _parquet_messages(file: str) -> tuple[dict, list[tuple[str, str, int, bytes]]]:
+    """A Parquet file's channel descriptions and its messages in receive order
+    as (recording, channel, receive time ns, payload)."""
+    table = pyarrow.parquet.read_table(file)
+    if "payload" not in table.column_names:
+        raise ValueError(f"{file} was recorded without payloads: nothing to play")
+    metadata = json.loads(table.schema.metadata[SCHEMA_KEY])
+    rows = table.sort_by([("recording", "ascending"), ("recv_mono_ns", "ascending")]).to_pydict()
+    return metadata["channels"], list(zip(rows["recording"], rows["channel"], rows["recv_mono_ns"], rows["payload"]))
+
+
+def _played_file(file: str) -> tuple[dict, Iterable[tuple[str, str, int, bytes]]]:
+    """Channel descriptions and messages of one recording file, either format."""
+    with open(file, "rb") as head:
+        magic = head.read(8)
+    if magic == MCAP_MAGIC:
+        recording, messages = mcap_module().played_messages(file)
+        return recording.channels, messages
+    return _parquet_messages(file)
+
+
+def schema_info(schema: dict) -> SchemaInfo:
+    """A schema descriptor from its recorded (JSON) form."""
+    return SchemaInfo(
+        identity=bytes.fromhex(schema["identity"]), layout=bytes.fromhex(schema["layout"]), name=schema["name"],
+        version=schema["version"], identity_algo=schema["identity_algo"], layout_algo=schema["layout_algo"],
+        flags=schema["flags"],
+    )
 
 
 def _open_or_create(name: str, description: dict) -> SharedRegion:
@@ -237,11 +338,7 @@ def _open_or_create(name: str, description: dict) -> SharedRegion:
             pool_size=description["pool_size"],
             max_payload_size=description["max_payload_size"],
             commit_timeout=description["commit_timeout_us"] / 1e6,
-            schema=None if schema is None else SchemaInfo(
-                identity=bytes.fromhex(schema["identity"]), layout=bytes.fromhex(schema["layout"]),
-                name=schema["name"], version=schema["version"], identity_algo=schema["identity_algo"],
-                layout_algo=schema["layout_algo"], flags=schema["flags"],
-            ),
+            schema=None if schema is None else schema_info(schema),
         )
         return SharedRegion.create_or_open(name, ChannelType(description["channel_type"]), config, "kickmsg-play")
 
@@ -254,28 +351,23 @@ class PlaySummary:
 
 
 def play(path: str, rate: float = 1.0, loop: bool = False, stop: threading.Event | None = None) -> PlaySummary:
-    """Republish a recording into its channels with the original timing
-    (intervals divided by ``rate``). Channels that do not exist are created
-    as recorded. With ``loop``, starts over until ``stop`` is set."""
+    """Republish a recording (Parquet or MCAP files, or a directory of them)
+    into its channels with the original timing (intervals divided by
+    ``rate``). Channels that do not exist are created as recorded. With
+    ``loop``, starts over until ``stop`` is set."""
     if rate <= 0:
         raise ValueError(f"rate must be positive, got {rate}")
     summary = PlaySummary()
     publishers = {}
     stop = stop or threading.Event()
     while True:
-        clocks = {}  # recording -> (our monotonic start, its first receive time)
+        clocks: dict[str, tuple[float, int]] = {}  # recording -> (our monotonic start, its first receive time)
         for file in recording_files(path):
-            table = pyarrow.parquet.read_table(file)
-            if "payload" not in table.column_names:
-                raise ValueError(f"{file} was recorded without payloads: nothing to play")
-            metadata = json.loads(table.schema.metadata[SCHEMA_KEY])
-            for name, description in metadata["channels"].items():
+            channels, messages = _played_file(file)
+            for name, description in channels.items():
                 if name not in publishers:
                     publishers[name] = Publisher(_open_or_create(name, description))
-            rows = table.sort_by([("recording", "ascending"), ("recv_mono_ns", "ascending")]).to_pydict()
-            for recording, channel, received, payload in zip(
-                rows["recording"], rows["channel"], rows["recv_mono_ns"], rows["payload"]
-            ):
+            for recording, channel, received, payload in messages:
                 began, first = clocks.setdefault(recording, (time.monotonic(), received))
                 if stop.wait(max(0.0, began + (received - first) / 1e9 / rate - time.monotonic())):
                     return summary
