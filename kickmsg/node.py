@@ -32,7 +32,7 @@ class BroadcastHandle:
         self.pub = pub
         self.sub = sub
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"BroadcastHandle(pub={self.pub!r}, sub={self.sub!r})"
 
 
@@ -147,5 +147,5 @@ class Node:
         region = self._regions.get(self._topic_name(topic))
         return region.try_claim_schema(info) if region is not None else False
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"Node(name={self._name!r}, prefix={self._prefix!r}, regions={sorted(self._regions)})"

@@ -166,7 +166,7 @@ class Mapping:
             return False
         return (status.st_dev, status.st_ino) != self.identity
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"Mapping(name={self.name!r}, size={self.size}, address=0x{self.address:x})"
 
 

@@ -214,6 +214,6 @@ class WaitSet:
     def __exit__(self, *exc_info):
         self.close()
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         names = ", ".join(owner.region.name for owner in self._members)
         return f"WaitSet({len(self._members)} subscribers: {names})"
