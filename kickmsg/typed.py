@@ -126,7 +126,7 @@ class RecordType:
 
     def __init__(self, name: str, dtype: npt.DTypeLike, version: int = 0) -> None:
         self.name = name
-        self.dtype = np.dtype(dtype)
+        self.dtype: np.dtype = np.dtype(dtype)
         self.version = version
         if self.dtype.hasobject or self.dtype.itemsize == 0:
             raise ValueError(f"RecordType {name!r} needs a fixed-size dtype without Python objects, got {self.dtype}")
