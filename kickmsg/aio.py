@@ -24,15 +24,15 @@ import weakref
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING, Any, overload
 
-import numpy.typing as npt
-
 from kickmsg import atomics
 from kickmsg.config import to_microseconds
 from kickmsg.layout import U32_MAX
 from kickmsg.subscriber import SampleView, Subscriber
 from kickmsg.waitset import WaitSet, Waitable, _Sleep, _sooner, ring_owner
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # not imported at run time: numpy is only needed by typed channels
+    import numpy.typing as npt
+
     from kickmsg.typed import TypedSubscriber
 
 type Timeout = datetime.timedelta | float | None
@@ -44,7 +44,7 @@ LOOP_CHECK_NS = 1_000_000_000  # the waiter thread looks this often whether its 
 @overload
 async def receive(subscriber: Subscriber, timeout: Timeout = None) -> bytes | None: ...
 @overload
-async def receive(subscriber: "TypedSubscriber", timeout: Timeout = None) -> npt.NDArray[Any] | None: ...
+async def receive(subscriber: "TypedSubscriber", timeout: Timeout = None) -> "npt.NDArray[Any] | None": ...
 async def receive(subscriber: Waitable, timeout: Timeout = None) -> Message | None:
     """The next message, awaited up to ``timeout`` (a timedelta or seconds;
     None: no limit); None on timeout. A copy (bytes) from a Subscriber, the
@@ -60,7 +60,7 @@ async def receive_view(subscriber: Subscriber, timeout: Timeout = None) -> Sampl
 @overload
 async def receive_latest(subscriber: Subscriber, timeout: Timeout = None) -> bytes | None: ...
 @overload
-async def receive_latest(subscriber: "TypedSubscriber", timeout: Timeout = None) -> npt.NDArray[Any] | None: ...
+async def receive_latest(subscriber: "TypedSubscriber", timeout: Timeout = None) -> "npt.NDArray[Any] | None": ...
 async def receive_latest(subscriber: Waitable, timeout: Timeout = None) -> Message | None:
     """Like ``receive``, but the newest message, passing over older unread
     ones (read-latest: they count in ``skipped``)."""

@@ -40,6 +40,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy
+from pyspark.sql import Row
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
@@ -64,7 +65,6 @@ from pyspark.sql.types import (
     StructType,
     TimestampType,
 )
-from pyspark.sql import Row
 
 from kickmsg.config import ChannelType, Config
 from kickmsg.publisher import Publisher, send_retrying
