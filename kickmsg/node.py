@@ -28,7 +28,7 @@ from kickmsg.subscriber import Subscriber
 class BroadcastHandle:
     """A node's two ends of a broadcast channel: ``pub`` and ``sub``."""
 
-    def __init__(self, pub: Publisher, sub: Subscriber):
+    def __init__(self, pub: Publisher, sub: Subscriber) -> None:
         self.pub = pub
         self.sub = sub
 
@@ -39,7 +39,7 @@ class BroadcastHandle:
 class Node:
     """A named participant: creates and opens channels by topic name."""
 
-    def __init__(self, name: str, prefix: str = "kickmsg"):
+    def __init__(self, name: str, prefix: str = "kickmsg") -> None:
         if not isinstance(name, str) or not isinstance(prefix, str):
             raise TypeError(f"Node name and prefix must be str, got {name!r} and {prefix!r}")
         self._name = name

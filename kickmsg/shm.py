@@ -140,7 +140,7 @@ class Mapping:
 
     def __init__(
         self, name: str, memory: mmap.mmap, identity: tuple[int, int], writable: bool, shared: bool = True, mode: int = 0o600
-    ):
+    ) -> None:
         self.name = name
         self.identity = identity  # (st_dev, st_ino) of the object mapped
         self.mode = mode  # its permission bits when mapped
