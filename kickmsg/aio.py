@@ -113,7 +113,7 @@ class _Waiter:
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = weakref.ref(loop)  # the thread must not keep the loop alive
         self._awaited = WaitSet()  # used by the loop's thread only
-        self._futures: dict[Subscriber, asyncio.Future[None]] = {}  # ring owner -> the future its awaiting task waits for
+        self._futures: dict[Subscriber, asyncio.Future[None]] = {}  # ring owner -> the future its task awaits
         self._lock = threading.Lock()  # guards the next two, shared with the thread
         self._armed: _Sleep | None = None  # the _Sleep the thread is to sleep on; None: it parks
         self._generation = 0  # bumped at each arming; the doorbell word holds it

@@ -38,7 +38,9 @@ def _print_to_stderr(point: str) -> None:
 class CrashingAtomics(Atomics):
     """Hardware atomics that stop the process at one crash point."""
 
-    def __init__(self, region: SharedRegion, point: str, skip: int = 0, notify: Callable[[str], object] = _print_to_stderr) -> None:
+    def __init__(
+        self, region: SharedRegion, point: str, skip: int = 0, notify: Callable[[str], object] = _print_to_stderr
+    ) -> None:
         if point not in CRASH_POINTS:
             raise ValueError(f"unknown crash point {point!r}; choose one of {', '.join(CRASH_POINTS)}")
         self.point = point
@@ -86,6 +88,8 @@ class CrashingAtomics(Atomics):
         return previous
 
 
-def crash_at(region: SharedRegion, point: str, skip: int = 0, notify: Callable[[str], object] = _print_to_stderr) -> None:
+def crash_at(
+    region: SharedRegion, point: str, skip: int = 0, notify: Callable[[str], object] = _print_to_stderr
+) -> None:
     """Arm ``point`` on ``region`` (test-only; see the module docstring)."""
     region.atomics = CrashingAtomics(region, point, skip, notify)

@@ -270,7 +270,8 @@ def explore(scenario: Scenario = Scenario(), mutant: str | mutants.Mutant | None
         raise ValueError("stale reads need the ra memory model")
     began = time.monotonic()
     levels = preemptions + stale + 1 if budget is None else min(preemptions + stale, budget) + 1
-    pending: list[collections.deque[list[Any]]] = [collections.deque() for _ in range(levels)]  # prefixes still to run, by choices spent
+    # The prefixes still to run, by choices spent.
+    pending: list[collections.deque[list[Any]]] = [collections.deque() for _ in range(levels)]
     pending[0].append([])
     schedules = 0
     change = _resolve(mutant)

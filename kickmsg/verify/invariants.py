@@ -86,13 +86,14 @@ class Ledger:
 
     def follow(self, step: Step) -> None:
         slot_word = self._slot_word(step.address)
-        refcount_of = slot_word[0] if slot_word is not None and slot_word[1] == layout.REFCOUNT_OFFSET else None
+        refcount_of = slot_word[0] if slot_word is not None and slot_word[1] == layout.REFCOUNT_OFFSET else None  # its slot
         succeeded = step.operation.startswith("cas_") and step.result == step.operands[0]
         if step.where == "pop" and succeeded:  # a publisher took a slot: a new message
             self.held[step.actor] = {step.operands[0] & layout.U32_MAX}
         elif step.where == "_wait_and_capture_slot" and step.operation.endswith("_u32"):  # slot_idx, not the sequence
-            if step.result is not None and step.result < self.region.geometry.pool_size:  # the slot of the entry it evicts
-                self.held.setdefault(step.actor, set()).add(step.result)
+            evicted = step.result  # the slot of the entry it evicts
+            if evicted is not None and evicted < self.region.geometry.pool_size:
+                self.held.setdefault(step.actor, set()).add(evicted)
         elif refcount_of is not None and step.where == "Subscriber._pin_next" and succeeded:
             self.pins[refcount_of] += 1
         elif refcount_of is not None and step.actor.startswith("sub") and step.operation.startswith("fetch_sub"):
