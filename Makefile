@@ -15,7 +15,9 @@ NATIVE_INSTALLED := $(NATIVE)/.installed
 demo: $(INSTALLED) check-java
 	$(PY) examples/demo.py
 
+# The type checker first (settings: [tool.mypy] in pyproject.toml), then the tests.
 test: $(INSTALLED) $(NATIVE_INSTALLED) check-java
+	$(PY) -m mypy
 	$(PY) -m pytest
 
 # Ours, native 0.1.0, multiprocessing.Pipe/Queue, pyzmq, faster-fifo, iceoryx2
@@ -60,4 +62,4 @@ check-java:
 	fi
 
 clean:
-	rm -rf $(VENV) build *.egg-info kickmsg/_atomics_cffi*.so kickmsg/_futex_cffi*.so .native .pytest_cache
+	rm -rf $(VENV) build *.egg-info kickmsg/_atomics_cffi*.so kickmsg/_futex_cffi*.so .native .pytest_cache .mypy_cache

@@ -18,37 +18,56 @@ by one task at a time.
 """
 import asyncio
 import ctypes
+import datetime
 import threading
 import weakref
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import TYPE_CHECKING, Any, overload
 
 from kickmsg import atomics
 from kickmsg.config import to_microseconds
 from kickmsg.layout import U32_MAX
-from kickmsg.subscriber import SampleView
-from kickmsg.waitset import WaitSet, _sooner, ring_owner
+from kickmsg.subscriber import SampleView, Subscriber
+from kickmsg.waitset import WaitSet, Waitable, _Sleep, _sooner, ring_owner
+
+if TYPE_CHECKING:  # not imported at run time: numpy is only needed by typed channels
+    import numpy.typing as npt
+
+    from kickmsg.typed import TypedSubscriber
+
+type Timeout = datetime.timedelta | float | None
+type Message = bytes | npt.NDArray[Any]  # a copy from a Subscriber, records from a TypedSubscriber
 
 LOOP_CHECK_NS = 1_000_000_000  # the waiter thread looks this often whether its loop was closed
 
 
-async def receive(subscriber, timeout=None):
+@overload
+async def receive(subscriber: Subscriber, timeout: Timeout = None) -> bytes | None: ...
+@overload
+async def receive(subscriber: "TypedSubscriber", timeout: Timeout = None) -> "npt.NDArray[Any] | None": ...
+async def receive(subscriber: Waitable, timeout: Timeout = None) -> Message | None:
     """The next message, awaited up to ``timeout`` (a timedelta or seconds;
     None: no limit); None on timeout. A copy (bytes) from a Subscriber, the
     records (a numpy array over the slot) from a TypedSubscriber."""
     return await _receive(subscriber, subscriber.try_receive, timeout)
 
 
-async def receive_view(subscriber, timeout=None) -> SampleView | None:
+async def receive_view(subscriber: Subscriber, timeout: Timeout = None) -> SampleView | None:
     """Like ``receive``, zero-copy: a SampleView over the slot."""
     return await _receive(subscriber, subscriber.try_receive_view, timeout)
 
 
-async def receive_latest(subscriber, timeout=None):
+@overload
+async def receive_latest(subscriber: Subscriber, timeout: Timeout = None) -> bytes | None: ...
+@overload
+async def receive_latest(subscriber: "TypedSubscriber", timeout: Timeout = None) -> "npt.NDArray[Any] | None": ...
+async def receive_latest(subscriber: Waitable, timeout: Timeout = None) -> Message | None:
     """Like ``receive``, but the newest message, passing over older unread
     ones (read-latest: they count in ``skipped``)."""
     return await _receive(subscriber, subscriber.try_receive_latest, timeout)
 
 
-async def messages(*subscribers):
+async def messages(*subscribers: Waitable) -> AsyncIterator[tuple[Waitable, Message]]:
     """An async iterator of (subscriber, message) for every message of
     ``subscribers`` (copies; records from a TypedSubscriber), in arrival
     order per subscriber, taking turns between those with messages ready.
@@ -64,7 +83,7 @@ async def messages(*subscribers):
             await _waiter().until_ready(subscribers)
 
 
-async def _receive(subscriber, try_receive, timeout):
+async def _receive[T](subscriber: Waitable, try_receive: Callable[[], T | None], timeout: Timeout) -> T | None:
     seconds = None if timeout is None else to_microseconds(timeout, "timeout") / 1e6
     try:
         async with asyncio.timeout(seconds):
@@ -75,7 +94,7 @@ async def _receive(subscriber, try_receive, timeout):
         return None
 
 
-_WAITERS = weakref.WeakKeyDictionary()  # event loop -> its _Waiter
+_WAITERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, "_Waiter"] = weakref.WeakKeyDictionary()
 
 
 def _waiter() -> "_Waiter":
@@ -91,19 +110,19 @@ class _Waiter:
     """The waiter of one event loop: a WaitSet of the subscribers being
     awaited, whose sleep runs in a thread of its own."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop):
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = weakref.ref(loop)  # the thread must not keep the loop alive
         self._awaited = WaitSet()  # used by the loop's thread only
-        self._futures = {}  # ring owner -> the future its awaiting task waits for
+        self._futures: dict[Subscriber, asyncio.Future[None]] = {}  # ring owner -> the future its task awaits
         self._lock = threading.Lock()  # guards the next two, shared with the thread
-        self._armed = None  # the _Sleep the thread is to sleep on; None: it parks
+        self._armed: _Sleep | None = None  # the _Sleep the thread is to sleep on; None: it parks
         self._generation = 0  # bumped at each arming; the doorbell word holds it
         self._doorbell = ctypes.c_uint32(0)
         self._doorbell_address = ctypes.addressof(self._doorbell)
-        self._thread = None
+        self._thread: threading.Thread | None = None
         self.stopped = False  # the thread has ended (its loop was closed, or it failed)
 
-    async def until_ready(self, subscribers) -> None:
+    async def until_ready(self, subscribers: Sequence[Waitable]) -> None:
         """Return once one of ``subscribers`` has a message ready (at once if
         one has)."""
         owners = [ring_owner(subscriber) for subscriber in subscribers]
@@ -133,7 +152,7 @@ class _Waiter:
                 future.set_result(None)
         self._arm(sleep if sleep.addresses else None)
 
-    def _arm(self, sleep) -> None:
+    def _arm(self, sleep: _Sleep | None) -> None:
         """Give the thread what to sleep on (None: nothing, it parks) and
         ring the doorbell, which ends the sleep it is in."""
         with self._lock:
@@ -194,7 +213,7 @@ class _Waiter:
         loop = self._loop()
         return loop is not None and not loop.is_closed()
 
-    def _tell_loop(self, callback, *args) -> bool:
+    def _tell_loop(self, callback: Callable[..., object], *args: object) -> bool:
         """Have the loop call ``callback``; False if the loop is closed."""
         loop = self._loop()
         if loop is None:

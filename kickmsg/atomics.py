@@ -25,6 +25,7 @@ import errno
 import os
 import time
 import warnings
+from collections.abc import Callable, Sequence
 
 from kickmsg._atomics_cffi import lib as _lib  # called holding the GIL: they never block
 from kickmsg._futex_cffi import ffi as _futex_ffi
@@ -42,8 +43,11 @@ FUTEX_WAITV_MAX = _futex_lib.KM_FUTEX_WAITV_MAX  # words one futex_waitv call ca
 POLL_SLICE_MIN_NS = 50_000  # the polling sleep's first slice...
 POLL_SLICE_MAX_NS = 5_000_000  # ...doubling up to this while nothing changes
 
+# futex_waitv's signature: (addresses, expected values, timeout_ns) -> (outcome, index)
+FutexWaitv = Callable[[Sequence[int], Sequence[int], int], tuple[int, int]]
 
-def futex_waitv_kernel(addresses, expected_values, timeout_ns: int) -> tuple[int, int]:
+
+def futex_waitv_kernel(addresses: Sequence[int], expected_values: Sequence[int], timeout_ns: int) -> tuple[int, int]:
     """Sleep (without the GIL) until one of the 32-bit words at ``addresses``
     is woken or no longer holds its expected value, or ``timeout_ns`` passes
     (negative: no limit). Returns (FUTEX_* outcome, index of the word that
@@ -76,7 +80,7 @@ def futex_waitv_kernel(addresses, expected_values, timeout_ns: int) -> tuple[int
     return outcome, woken_index[0]
 
 
-def futex_waitv_polling(addresses, expected_values, timeout_ns: int) -> tuple[int, int]:
+def futex_waitv_polling(addresses: Sequence[int], expected_values: Sequence[int], timeout_ns: int) -> tuple[int, int]:
     """``futex_waitv_kernel`` without the kernel's futex_waitv: sleep on the
     first word alone (futex_wait) in slices of 50 us doubling to 5 ms while
     nothing changes, and compare the other words with their expected values
@@ -85,7 +89,7 @@ def futex_waitv_polling(addresses, expected_values, timeout_ns: int) -> tuple[in
     return _sleep_in_slices(addresses, expected_values, timeout_ns, 1, _futex_wait_first)
 
 
-def _futex_wait_first(addresses, expected_values, timeout_ns: int) -> tuple[int, int]:
+def _futex_wait_first(addresses: Sequence[int], expected_values: Sequence[int], timeout_ns: int) -> tuple[int, int]:
     """futex_wait on the one word given, with futex_waitv's result."""
     outcome = _futex_lib.km_futex_wait(addresses[0], expected_values[0], timeout_ns)
     if outcome < 0:
@@ -93,7 +97,7 @@ def _futex_wait_first(addresses, expected_values, timeout_ns: int) -> tuple[int,
     return outcome, 0 if outcome in (FUTEX_WOKEN, FUTEX_VALUE_CHANGED) else -1
 
 
-def _first_changed(addresses, expected_values, start: int) -> int:
+def _first_changed(addresses: Sequence[int], expected_values: Sequence[int], start: int) -> int:
     """The index of the first word from ``start`` on that no longer holds
     its expected value, or -1."""
     for index in range(start, len(addresses)):
@@ -102,7 +106,9 @@ def _first_changed(addresses, expected_values, start: int) -> int:
     return -1
 
 
-def _sleep_in_slices(addresses, expected_values, timeout_ns: int, in_kernel: int, kernel_sleep) -> tuple[int, int]:
+def _sleep_in_slices(
+    addresses: Sequence[int], expected_values: Sequence[int], timeout_ns: int, in_kernel: int, kernel_sleep: FutexWaitv
+) -> tuple[int, int]:
     """Sleep on the first ``in_kernel`` words with ``kernel_sleep``, in
     slices; between slices, compare the other words with their values."""
     deadline_ns = None if timeout_ns < 0 else time.monotonic_ns() + timeout_ns
@@ -121,52 +127,59 @@ def _sleep_in_slices(addresses, expected_values, timeout_ns: int, in_kernel: int
         slice_ns = min(2 * slice_ns, POLL_SLICE_MAX_NS)
 
 
+# The operations' signatures (addresses and values are plain integers).
+Load = Callable[[int], int]  # (address) -> value
+Store = Callable[[int, int], None]  # (address, value)
+Cas = Callable[[int, int, int], int]  # (address, expected, desired) -> value found
+ReadModifyWrite = Callable[[int, int], int]  # (address, operand) -> previous value
+
+
 class Atomics:
     """Hardware atomics on the current process's memory (C11 builtins)."""
 
-    load_relaxed_u32 = _lib.km_load_relaxed_u32
-    load_acquire_u32 = _lib.km_load_acquire_u32
-    store_relaxed_u32 = _lib.km_store_relaxed_u32
-    store_release_u32 = _lib.km_store_release_u32
-    store_seq_cst_u32 = _lib.km_store_seq_cst_u32
-    cas_relaxed_u32 = _lib.km_cas_relaxed_u32
-    cas_acquire_u32 = _lib.km_cas_acquire_u32
-    cas_release_u32 = _lib.km_cas_release_u32
-    cas_acq_rel_u32 = _lib.km_cas_acq_rel_u32
-    cas_seq_cst_u32 = _lib.km_cas_seq_cst_u32
-    fetch_add_relaxed_u32 = _lib.km_fetch_add_relaxed_u32
-    fetch_add_acquire_u32 = _lib.km_fetch_add_acquire_u32
-    fetch_add_release_u32 = _lib.km_fetch_add_release_u32
-    fetch_add_acq_rel_u32 = _lib.km_fetch_add_acq_rel_u32
-    fetch_sub_relaxed_u32 = _lib.km_fetch_sub_relaxed_u32
-    fetch_sub_acquire_u32 = _lib.km_fetch_sub_acquire_u32
-    fetch_sub_release_u32 = _lib.km_fetch_sub_release_u32
-    fetch_sub_acq_rel_u32 = _lib.km_fetch_sub_acq_rel_u32
+    load_relaxed_u32: Load = _lib.km_load_relaxed_u32
+    load_acquire_u32: Load = _lib.km_load_acquire_u32
+    store_relaxed_u32: Store = _lib.km_store_relaxed_u32
+    store_release_u32: Store = _lib.km_store_release_u32
+    store_seq_cst_u32: Store = _lib.km_store_seq_cst_u32
+    cas_relaxed_u32: Cas = _lib.km_cas_relaxed_u32
+    cas_acquire_u32: Cas = _lib.km_cas_acquire_u32
+    cas_release_u32: Cas = _lib.km_cas_release_u32
+    cas_acq_rel_u32: Cas = _lib.km_cas_acq_rel_u32
+    cas_seq_cst_u32: Cas = _lib.km_cas_seq_cst_u32
+    fetch_add_relaxed_u32: ReadModifyWrite = _lib.km_fetch_add_relaxed_u32
+    fetch_add_acquire_u32: ReadModifyWrite = _lib.km_fetch_add_acquire_u32
+    fetch_add_release_u32: ReadModifyWrite = _lib.km_fetch_add_release_u32
+    fetch_add_acq_rel_u32: ReadModifyWrite = _lib.km_fetch_add_acq_rel_u32
+    fetch_sub_relaxed_u32: ReadModifyWrite = _lib.km_fetch_sub_relaxed_u32
+    fetch_sub_acquire_u32: ReadModifyWrite = _lib.km_fetch_sub_acquire_u32
+    fetch_sub_release_u32: ReadModifyWrite = _lib.km_fetch_sub_release_u32
+    fetch_sub_acq_rel_u32: ReadModifyWrite = _lib.km_fetch_sub_acq_rel_u32
 
-    load_relaxed_u64 = _lib.km_load_relaxed_u64
-    load_acquire_u64 = _lib.km_load_acquire_u64
-    store_relaxed_u64 = _lib.km_store_relaxed_u64
-    store_release_u64 = _lib.km_store_release_u64
-    store_seq_cst_u64 = _lib.km_store_seq_cst_u64
-    cas_relaxed_u64 = _lib.km_cas_relaxed_u64
-    cas_acquire_u64 = _lib.km_cas_acquire_u64
-    cas_release_u64 = _lib.km_cas_release_u64
-    cas_acq_rel_u64 = _lib.km_cas_acq_rel_u64
-    cas_seq_cst_u64 = _lib.km_cas_seq_cst_u64
-    fetch_add_relaxed_u64 = _lib.km_fetch_add_relaxed_u64
-    fetch_add_acquire_u64 = _lib.km_fetch_add_acquire_u64
-    fetch_add_release_u64 = _lib.km_fetch_add_release_u64
-    fetch_add_acq_rel_u64 = _lib.km_fetch_add_acq_rel_u64
-    fetch_sub_relaxed_u64 = _lib.km_fetch_sub_relaxed_u64
-    fetch_sub_acquire_u64 = _lib.km_fetch_sub_acquire_u64
-    fetch_sub_release_u64 = _lib.km_fetch_sub_release_u64
-    fetch_sub_acq_rel_u64 = _lib.km_fetch_sub_acq_rel_u64
+    load_relaxed_u64: Load = _lib.km_load_relaxed_u64
+    load_acquire_u64: Load = _lib.km_load_acquire_u64
+    store_relaxed_u64: Store = _lib.km_store_relaxed_u64
+    store_release_u64: Store = _lib.km_store_release_u64
+    store_seq_cst_u64: Store = _lib.km_store_seq_cst_u64
+    cas_relaxed_u64: Cas = _lib.km_cas_relaxed_u64
+    cas_acquire_u64: Cas = _lib.km_cas_acquire_u64
+    cas_release_u64: Cas = _lib.km_cas_release_u64
+    cas_acq_rel_u64: Cas = _lib.km_cas_acq_rel_u64
+    cas_seq_cst_u64: Cas = _lib.km_cas_seq_cst_u64
+    fetch_add_relaxed_u64: ReadModifyWrite = _lib.km_fetch_add_relaxed_u64
+    fetch_add_acquire_u64: ReadModifyWrite = _lib.km_fetch_add_acquire_u64
+    fetch_add_release_u64: ReadModifyWrite = _lib.km_fetch_add_release_u64
+    fetch_add_acq_rel_u64: ReadModifyWrite = _lib.km_fetch_add_acq_rel_u64
+    fetch_sub_relaxed_u64: ReadModifyWrite = _lib.km_fetch_sub_relaxed_u64
+    fetch_sub_acquire_u64: ReadModifyWrite = _lib.km_fetch_sub_acquire_u64
+    fetch_sub_release_u64: ReadModifyWrite = _lib.km_fetch_sub_release_u64
+    fetch_sub_acq_rel_u64: ReadModifyWrite = _lib.km_fetch_sub_acq_rel_u64
 
     # futex_wait(addr, expected_u32, timeout_ns) -> FUTEX_* outcome or -errno;
     # timeout_ns < 0 waits without limit. The GIL is released while asleep.
-    futex_wait = _futex_lib.km_futex_wait
+    futex_wait: Callable[[int, int, int], int] = _futex_lib.km_futex_wait
     # futex_wake_all(addr) -> number of waiters woken.
-    futex_wake_all = _futex_lib.km_futex_wake_all
+    futex_wake_all: Callable[[int], int] = _futex_lib.km_futex_wake_all
     # futex_waitv(addresses, expected_values, timeout_ns) -> (outcome, index):
     # sleep on many words at once, as above. KICKMSG_FUTEX_WAITV=polling in
     # the environment selects the fallback (what a kernel before 5.16 gets);

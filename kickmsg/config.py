@@ -1,6 +1,7 @@
 """Channel configuration: ChannelType and Config, as the native binding has them."""
 import datetime
 import enum
+from typing import Any
 
 from kickmsg import layout
 from kickmsg.schema import SchemaInfo
@@ -37,6 +38,7 @@ class Config:
     float seconds. Counts are checked when a region is created.
     """
 
+    commit_timeout_us: int  # stored by the commit_timeout setter
     _COUNT_FIELDS = ("max_subscribers", "sub_ring_capacity", "pool_size", "max_payload_size")
 
     def __init__(
@@ -50,7 +52,7 @@ class Config:
             microseconds=layout.DEFAULT_COMMIT_TIMEOUT_US
         ),
         schema: SchemaInfo | None = None,
-    ):
+    ) -> None:
         self.max_subscribers = max_subscribers
         self.sub_ring_capacity = sub_ring_capacity
         self.pool_size = pool_size
@@ -58,14 +60,14 @@ class Config:
         self.commit_timeout = commit_timeout
         self.schema = schema
 
-    def __setattr__(self, name, value):
+    def __setattr__(self, name: str, value: Any) -> None:
         if name in self._COUNT_FIELDS:
             if not isinstance(value, int) or isinstance(value, bool):
                 raise TypeError(f"Config.{name} must be an int, got {value!r}")
             if not 0 <= value <= layout.U64_MAX:
                 raise ValueError(f"Config.{name} must be an unsigned 64-bit integer, got {value}")
         elif name == "commit_timeout":
-            name, value = "commit_timeout_us", to_microseconds(value, "Config.commit_timeout")
+            pass  # the property's setter converts it
         elif name == "schema":
             if value is not None and not isinstance(value, SchemaInfo):
                 raise TypeError(f"Config.schema must be a SchemaInfo or None, got {value!r}")
@@ -76,6 +78,10 @@ class Config:
     @property
     def commit_timeout(self) -> datetime.timedelta:
         return datetime.timedelta(microseconds=self.commit_timeout_us)
+
+    @commit_timeout.setter
+    def commit_timeout(self, duration: datetime.timedelta | float) -> None:
+        object.__setattr__(self, "commit_timeout_us", to_microseconds(duration, "Config.commit_timeout"))
 
     def validation_error(self) -> str | None:
         """Why a region cannot be created with this config, or None (0.1.0's
@@ -98,12 +104,12 @@ class Config:
             return f"commit_timeout must be at most 1 day, got {self.commit_timeout_us} us"
         return None
 
-    def __eq__(self, other):
+    def __eq__(self, other: object) -> bool:
         if not isinstance(other, Config):
             return NotImplemented
         return vars(self) == vars(other)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         schema = f", schema={self.schema!r}" if self.schema is not None else ""
         return (
             f"Config(max_subscribers={self.max_subscribers}, sub_ring_capacity={self.sub_ring_capacity}, "

@@ -42,7 +42,9 @@ import shlex
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import kickmsg
 from kickmsg import crossdriver, layout
@@ -82,6 +84,9 @@ WEIGHTS = {
 POKES = {"poke_admit", "poke_claim", "poke_lock"}
 MAX_PUBLISHERS = 3
 
+Operation = list[Any]  # [kind, *args], JSON values
+Difference = dict[str, str | int]  # a region field that differs: field, offset, ours, other
+
 
 class SetupError(RuntimeError):
     """The cross-check could not run: bad input, or the other implementation
@@ -95,22 +100,22 @@ class Generator:
     """Yields random operations that make sense in the current state; it
     learns the state from this package's results (``observe``)."""
 
-    def __init__(self, seed: int, count: int):
+    def __init__(self, seed: int, count: int) -> None:
         self.random = random.Random(seed)
         self.count = count
         self.next_id = 0
         self.reset(None)
 
-    def reset(self, geometry: tuple | None) -> None:
+    def reset(self, geometry: tuple[Any, ...] | None) -> None:
         """A new region (or none): no handles yet."""
         self.geometry = geometry  # (type, max_subs, capacity, pool, payload)
-        self.publishers = {}  # id -> its unpublished slot id, or None
-        self.slot_owner = {}  # slot id -> publisher id, for slot handles held
-        self.published = set()  # slot handles already published
-        self.subscribers = set()
-        self.views = {}  # view id -> subscriber id
+        self.publishers: dict[int, int | None] = {}  # id -> its unpublished slot id, or None
+        self.slot_owner: dict[int, int] = {}  # slot id -> publisher id, for slot handles held
+        self.published: set[int] = set()  # slot handles already published
+        self.subscribers: set[int] = set()
+        self.views: dict[int, int] = {}  # view id -> subscriber id
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Operation]:
         for _ in range(self.count):
             yield self.next_operation()
 
@@ -139,16 +144,15 @@ class Generator:
             return not self.views  # its contract: no view alive
         return True
 
-    def pending_slots(self) -> list:
+    def pending_slots(self) -> list[int]:
         return [s for s in self.publishers.values() if s is not None]
 
-    def idle_publishers(self) -> list:
+    def idle_publishers(self) -> list[int]:
         """Publishers without an unpublished slot."""
         return [p for p, pending in self.publishers.items() if pending is None]
 
-    def length(self) -> int:
+    def length(self, payload: int) -> int:
         """A payload length: mostly fitting, sometimes exactly full or too long."""
-        payload = self.geometry[4]
         roll = self.random.random()
         if roll < 0.1:
             return payload
@@ -156,37 +160,41 @@ class Generator:
             return payload + self.random.randint(1, 8)
         return self.random.randint(0, payload)
 
-    def pick(self, items) -> int:
+    def pick(self, items: Iterable[int]) -> int:
         return self.random.choice(sorted(items))
 
-    def next_operation(self) -> list:
+    def create_operation(self) -> Operation:
+        r = self.random
+        capacity = r.choice([2, 4, 8])
+        return [
+            "create",
+            r.choice(["PubSub", "Broadcast"]),
+            r.randint(1, 4),
+            capacity,
+            r.randint(capacity + 1, 16),  # this package refuses a pool no larger than a ring (0.1.0 does not)
+            r.randint(8, 64),
+        ]
+
+    def next_operation(self) -> Operation:
         if self.geometry is None:
-            kind = "create"
-        else:
-            kinds = [kind for kind in WEIGHTS if self.possible(kind)]
-            weights = [WEIGHTS[kind] for kind in kinds]
-            if len(self.subscribers) >= self.geometry[1]:  # every ring taken: joins mostly fail
-                weights[kinds.index("join")] /= 4
-            kind = self.random.choices(kinds, weights)[0]
+            return self.create_operation()
+        _, max_subs, _, _, payload = self.geometry
+        kinds = [kind for kind in WEIGHTS if self.possible(kind)]
+        weights = [WEIGHTS[kind] for kind in kinds]
+        if len(self.subscribers) >= max_subs:  # every ring taken: joins mostly fail
+            weights[kinds.index("join")] /= 4
+        kind = self.random.choices(kinds, weights)[0]
         r = self.random
         if kind == "create":
-            capacity = r.choice([2, 4, 8])
-            return [
-                kind,
-                r.choice(["PubSub", "Broadcast"]),
-                r.randint(1, 4),
-                capacity,
-                r.randint(capacity + 1, 16),  # this package refuses a pool no larger than a ring (0.1.0 does not)
-                r.randint(8, 64),
-            ]
+            return self.create_operation()
         if kind in ("publisher", "join"):
             return [kind, self.new_id()]
         if kind in ("drop_publisher", "dropped"):
             return [kind, self.pick(self.publishers)]
         if kind == "send":
-            return [kind, self.pick(self.idle_publishers()), self.length(), r.randrange(256)]
+            return [kind, self.pick(self.idle_publishers()), self.length(payload), r.randrange(256)]
         if kind == "allocate":
-            return [kind, self.pick(self.publishers), self.length(), self.new_id()]
+            return [kind, self.pick(self.publishers), self.length(payload), self.new_id()]
         if kind in ("fill", "publish"):
             # An unpublished slot; sometimes a published one (refused).
             slot = self.pick(self.published) if self.published and r.random() < 0.1 else self.pick(self.pending_slots())
@@ -202,10 +210,10 @@ class Generator:
         if kind == "release":
             return [kind, self.pick(self.views)]
         if kind in POKES:
-            return [kind, r.randrange(self.geometry[1])]
+            return [kind, r.randrange(max_subs)]
         return [kind]
 
-    def observe(self, op: list, result) -> None:
+    def observe(self, op: Operation, result: object) -> None:
         """Track the handles that exist after ``op`` returned ``result`` here."""
         kind, *args = op
         if kind == "create":
@@ -219,7 +227,9 @@ class Generator:
                 self.published.discard(slot)
         elif kind == "allocate" and isinstance(result, int):
             publisher, _, slot = args
-            self.slot_owner.pop(self.publishers[publisher], None)  # replaced: its handle is dropped
+            replaced = self.publishers[publisher]
+            if replaced is not None:
+                self.slot_owner.pop(replaced, None)  # replaced: its handle is dropped
             self.publishers[publisher] = slot
             self.slot_owner[slot] = publisher
         elif kind == "publish" and isinstance(result, int):
@@ -243,13 +253,13 @@ class Generator:
 class Replay:
     """A fixed sequence, as ``replay`` runs it."""
 
-    def __init__(self, operations: list):
+    def __init__(self, operations: list[Operation]) -> None:
         self.operations = operations
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Operation]:
         return iter(self.operations)
 
-    def observe(self, op, result) -> None:
+    def observe(self, op: Operation, result: object) -> None:
         pass
 
 
@@ -263,7 +273,7 @@ class OtherFailed(Exception):
 class OtherSide:
     """The other implementation running ``kickmsg.crossdriver`` in a child."""
 
-    def __init__(self, python: str, path: str | None):
+    def __init__(self, python: str, path: str | None) -> None:
         with open(crossdriver.__file__, encoding="utf-8") as file:
             source = file.read()
         if path:
@@ -276,6 +286,8 @@ class OtherSide:
         except OSError as error:
             self.stderr.close()
             raise SetupError(f"cannot run the other Python {python!r}: {error}") from None
+        assert self.proc.stdin is not None and self.proc.stdout is not None  # both are pipes
+        self.requests, self.answers = self.proc.stdin, self.proc.stdout
         try:
             hello = self.read_line(START_TIMEOUT_S)
         except OtherFailed as failure:
@@ -294,14 +306,14 @@ class OtherSide:
         lines = self.stderr.read().decode(errors="replace").strip().splitlines()
         return " | ".join(lines[-5:]) or "no output on stderr"
 
-    def read_line(self, timeout: float):
+    def read_line(self, timeout: float) -> Any:
         """The child's next JSON line, or OtherFailed."""
-        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        ready, _, _ = select.select([self.answers], [], [], timeout)
         if not ready:
             self.proc.kill()
             self.proc.wait()
             raise OtherFailed(f"no answer within {timeout:g} s (killed)")
-        line = self.proc.stdout.readline()
+        line = self.answers.readline()
         if not line:
             code = self.proc.wait()
             raise OtherFailed(f"it exited with status {code}: {self.stderr_tail()}")
@@ -310,10 +322,10 @@ class OtherSide:
         except ValueError:
             raise OtherFailed(f"it printed {line[:200]!r}") from None
 
-    def run(self, op: list, name: str):
+    def run(self, op: Operation, name: str | None) -> Any:
         try:
-            self.proc.stdin.write(json.dumps({"op": op, "name": name}).encode() + b"\n")
-            self.proc.stdin.flush()
+            self.requests.write(json.dumps({"op": op, "name": name}).encode() + b"\n")
+            self.requests.flush()
         except BrokenPipeError:
             code = self.proc.wait()
             raise OtherFailed(f"it exited with status {code}: {self.stderr_tail()}") from None
@@ -322,7 +334,7 @@ class OtherSide:
     def close(self) -> None:
         """End the child: close its stdin, then kill it if it lingers."""
         try:
-            self.proc.stdin.close()
+            self.requests.close()
         except OSError:
             pass
         try:
@@ -330,14 +342,14 @@ class OtherSide:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
-        self.proc.stdout.close()
+        self.answers.close()
         self.stderr.close()
 
 
 # -- damage, poked into the bytes ----------------------------------------------------
 
 
-def poke(op: list, name: str, geometry: layout.Geometry):
+def poke(op: Operation, name: str, geometry: layout.Geometry) -> str | None:
     """Leave what a publisher that crashed in ring ``op[1]`` leaves:
     ``poke_admit`` died admitted (in_flight + 1), ``poke_claim`` died after
     claiming a position (write_pos + 1), ``poke_lock`` died holding the lock
@@ -394,7 +406,7 @@ def describe_value(label: str, value: int) -> str:
     return str(value)
 
 
-def compare_regions(ours: bytes | None, other: bytes | None, geometry: layout.Geometry) -> list[dict]:
+def compare_regions(ours: bytes | None, other: bytes | None, geometry: layout.Geometry) -> list[Difference]:
     """The fields in which two regions differ (creator_pid and
     created_at_ns ignored), each with both values."""
     if ours is None or other is None:
@@ -402,24 +414,24 @@ def compare_regions(ours: bytes | None, other: bytes | None, geometry: layout.Ge
                  "other": "present" if other is not None else "missing"}]
     if len(ours) != len(other):
         return [{"field": "object size", "offset": 0, "ours": str(len(ours)), "other": str(len(other))}]
-    ours, other = bytearray(ours), bytearray(other)
-    ours[IGNORED.start : IGNORED.stop] = other[IGNORED.start : IGNORED.stop] = bytes(len(IGNORED))
-    if ours == other:
+    ours_bytes, other_bytes = bytearray(ours), bytearray(other)
+    ours_bytes[IGNORED.start : IGNORED.stop] = other_bytes[IGNORED.start : IGNORED.stop] = bytes(len(IGNORED))
+    if ours_bytes == other_bytes:
         return []
-    found = {}  # field start -> (field, first differing offset, last differing offset)
-    for offset in (i for i in range(len(ours)) if ours[i] != other[i]):
+    found: dict[int, tuple[layout.Field, int, int]] = {}  # field start -> (field, first and last differing offsets)
+    for offset in (i for i in range(len(ours_bytes)) if ours_bytes[i] != other_bytes[i]):
         where = field_at(geometry, offset)
         first = found.get(where.start, (where, offset, offset))[1]
         found[where.start] = (where, first, offset)
-    differences = []
+    differences: list[Difference] = []
     for where, first, last in found.values():
         if where.scalar:
             span = slice(where.start, where.start + where.size)
-            values = [describe_value(where.label, int.from_bytes(side[span], "little")) for side in (ours, other)]
+            values = [describe_value(where.label, int.from_bytes(side[span], "little")) for side in (ours_bytes, other_bytes)]
             label = where.label
         else:
             span = slice(first, last + 1)
-            values = [side[span].hex() for side in (ours, other)]
+            values = [side[span].hex() for side in (ours_bytes, other_bytes)]
             label = f"{where.label}[{first - where.start}:{last + 1 - where.start}]"
         differences.append({"field": label, "offset": span.start, "ours": values[0], "other": values[1]})
     return differences
@@ -433,11 +445,11 @@ class Divergence:
     """The first operation after which the implementations differed."""
 
     index: int  # in the sequence run
-    operation: list
+    operation: Operation
     ours: object  # this package's result
     other: object  # the other implementation's result
-    differences: list  # region fields that differ (dicts: field, offset, ours, other)
-    reproducer: list  # from the last create up to this operation: replays the divergence
+    differences: list[Difference]  # region fields that differ
+    reproducer: list[Operation]  # from the last create up to this operation: replays the divergence
     failure: str = ""  # set when the other side died or hung
 
 
@@ -452,15 +464,15 @@ class Result:
     ours: str  # this package's kickmsg file
     other: str  # the other side's kickmsg file and Python version
     divergence: Divergence | None = None
-    replay_command: list = field(default_factory=list)  # argv of ``kickmsg crosscheck`` without --replay
+    replay_command: list[str] = field(default_factory=list)  # argv of ``kickmsg crosscheck`` without --replay
 
     def report(self) -> str:
         """A readable summary, or the divergence with its reproducer."""
         where = f"seed {self.seed}" if self.seed is not None else "replay"
         head = f"ours:  {self.ours}\nother: {self.other}\n"
-        if self.agreed:
-            return head + f"agreed: {self.compared} operations ({where}), return values and region bytes identical, {self.elapsed_s:.1f} s"
         d = self.divergence
+        if d is None:  # agreed
+            return head + f"agreed: {self.compared} operations ({where}), return values and region bytes identical, {self.elapsed_s:.1f} s"
         lines = [head + f"DIVERGENCE at operation {d.index} ({where}, after {self.elapsed_s:.1f} s): {json.dumps(d.operation)}"]
         if d.failure:
             lines.append(f"  the other implementation failed: {d.failure}")
@@ -480,8 +492,8 @@ class Result:
         lines += [json.dumps(op) for op in d.reproducer]
         return "\n".join(lines)
 
-    def to_dict(self) -> dict:
-        data = {
+    def to_dict(self) -> dict[str, object]:
+        data: dict[str, object] = {
             "agreed": self.agreed,
             "compared": self.compared,
             "seed": self.seed,
@@ -508,7 +520,7 @@ def crosscheck(other_python: str, other_path: str | None = None, ops: int = 1000
     return _run(Generator(seed, ops), other_python, other_path, seed)
 
 
-def replay(other_python: str, operations: list, other_path: str | None = None) -> Result:
+def replay(other_python: str, operations: list[Operation], other_path: str | None = None) -> Result:
     """Run a given operation sequence (e.g. a divergence's reproducer)."""
     for op in operations:
         if not (isinstance(op, list) and op and isinstance(op[0], str)):
@@ -516,7 +528,7 @@ def replay(other_python: str, operations: list, other_path: str | None = None) -
     return _run(Replay(operations), other_python, other_path, None)
 
 
-def load_operations(path: str) -> list:
+def load_operations(path: str) -> list[Operation]:
     """Read a sequence: one JSON list per line (as a report prints them; blank
     lines and lines starting with # are skipped), or one JSON list of them."""
     try:
@@ -532,7 +544,7 @@ def load_operations(path: str) -> list:
         raise SetupError(f"{path} is not a sequence of JSON operations: {error}") from None
 
 
-def _run(source, other_python: str, other_path: str | None, seed: int | None) -> Result:
+def _run(source: Generator | Replay, other_python: str, other_path: str | None, seed: int | None) -> Result:
     ours = crossdriver.Driver(kickmsg)
     other = OtherSide(other_python, other_path)
     replay_command = ["kickmsg", "crosscheck", "--other-python", other_python]
@@ -543,8 +555,12 @@ def _run(source, other_python: str, other_path: str | None, seed: int | None) ->
         other=f"{other.kickmsg_file} (Python {other.python_version})", replay_command=replay_command,
     )
     stem = f"/kmcc_{os.getpid()}_{secrets.token_hex(3)}"
-    names, made, last_create = None, [], 0
+    names: tuple[str, str] | None = None  # (ours, other) of the region in use
+    made: list[str] = []
+    last_create = 0
     executed = []
+    ours_result: object  # JSON values
+    other_result: object
     start = time.monotonic()
     try:
         for index, op in enumerate(source):
@@ -554,9 +570,11 @@ def _run(source, other_python: str, other_path: str | None, seed: int | None) ->
                 previous, names = made[:], (f"{stem}_{index}_ours", f"{stem}_{index}_other")
                 made += names
             if op[0] in POKES:
-                geometry = ours.region.geometry if ours.region is not None else None
-                ours_result = poke(op, names[0], geometry) if geometry else "no region"
-                other_result = poke(op, names[1], geometry) if geometry else "no region"
+                if ours.region is None or names is None:
+                    ours_result = other_result = "no region"
+                else:
+                    ours_result = poke(op, names[0], ours.region.geometry)
+                    other_result = poke(op, names[1], ours.region.geometry)
             else:
                 ours_result = json.loads(json.dumps(ours.run(op, names and names[0])))
                 try:
@@ -570,7 +588,7 @@ def _run(source, other_python: str, other_path: str | None, seed: int | None) ->
             source.observe(op, ours_result)
             result.compared += 1
             differences = []
-            if ours.region is not None:
+            if ours.region is not None and names is not None:
                 differences = compare_regions(read_region(names[0]), read_region(names[1]), ours.region.geometry)
             if ours_result != other_result or differences:
                 result.divergence = Divergence(index, op, ours_result, other_result, differences, executed[last_create:])

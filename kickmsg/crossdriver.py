@@ -16,6 +16,8 @@ import gc
 import json
 import os
 import sys
+from types import ModuleType
+from typing import Any
 
 CREATOR = "crosscheck"
 
@@ -25,7 +27,7 @@ def pattern(length: int, fill: int) -> bytes:
     return bytes((fill + 7 * i) & 0xFF for i in range(length))
 
 
-def error_result(error: BaseException) -> dict:
+def error_result(error: BaseException) -> dict[str, str]:
     """An exception as a result: its nearest built-in class (implementations
     may raise subclasses of their own)."""
     for cls in type(error).__mro__:
@@ -41,17 +43,17 @@ class Absent(Exception):
 class Driver:
     """One side of a cross-check: a region and the handles made on it."""
 
-    def __init__(self, kickmsg):
-        self.kickmsg = kickmsg
-        self.region = None
-        self.publishers = {}
-        self.slots = {}  # AllocatedSlot handles
-        self.slot_owner = {}  # slot id -> publisher id
-        self.pending = {}  # publisher id -> its unpublished slot id
-        self.subscribers = {}
-        self.views = {}
+    def __init__(self, kickmsg: ModuleType) -> None:
+        self.kickmsg = kickmsg  # either implementation: its objects are typed Any here
+        self.region: Any = None
+        self.publishers: dict[int, Any] = {}
+        self.slots: dict[int, Any] = {}  # AllocatedSlot handles
+        self.slot_owner: dict[int, int] = {}  # slot id -> publisher id
+        self.pending: dict[int, int] = {}  # publisher id -> its unpublished slot id
+        self.subscribers: dict[int, Any] = {}
+        self.views: dict[int, Any] = {}
 
-    def run(self, op: list, name: str | None = None):
+    def run(self, op: list[Any], name: str | None = None) -> Any:
         """Run one operation (``name``: the shm name for ``create``)."""
         kind, *args = op
         method = getattr(self, "op_" + kind, None)
@@ -76,14 +78,16 @@ class Driver:
         gc.collect()
 
     @staticmethod
-    def get(table: dict, key):
+    def get(table: dict[int, Any], key: int) -> Any:
         if key not in table:
             raise Absent
         return table[key]
 
     # -- region -------------------------------------------------------------
 
-    def op_create(self, name, channel_type, max_subscribers, capacity, pool_size, max_payload):
+    def op_create(
+        self, name: str, channel_type: str, max_subscribers: int, capacity: int, pool_size: int, max_payload: int
+    ) -> None:
         self.drop_all()
         cfg = self.kickmsg.Config()
         cfg.max_subscribers = max_subscribers
@@ -93,25 +97,25 @@ class Driver:
         kind = getattr(self.kickmsg.ChannelType, channel_type)
         self.region = self.kickmsg.SharedRegion.create(name, kind, cfg, CREATOR)
 
-    def op_diagnose(self):
+    def op_diagnose(self) -> list[int]:
         h = self.region.diagnose()
         return [h.locked_entries, h.retired_rings, h.draining_rings, h.live_rings, bool(h.schema_stuck)]
 
-    def op_repair_locked_entries(self):
+    def op_repair_locked_entries(self) -> int:
         return self.region.repair_locked_entries()
 
-    def op_reset_retired_rings(self):
+    def op_reset_retired_rings(self) -> int:
         return self.region.reset_retired_rings()  # the no-drain form: 0.1.0's only one
 
-    def op_reclaim_orphaned_slots(self):
+    def op_reclaim_orphaned_slots(self) -> int:
         return self.region.reclaim_orphaned_slots()
 
     # -- publishing ---------------------------------------------------------
 
-    def op_publisher(self, p):
+    def op_publisher(self, p: int) -> None:
         self.publishers[p] = self.kickmsg.Publisher(self.region)
 
-    def op_drop_publisher(self, p):
+    def op_drop_publisher(self, p: int) -> None:
         """Drop the publisher and every slot handle it made: its unpublished
         slot goes back to the pool then in both implementations (0.1.0 gives
         it back when the publisher goes, which its slot handles keep alive)."""
@@ -123,10 +127,10 @@ class Driver:
             del self.slot_owner[s]
         gc.collect()
 
-    def op_send(self, p, length, fill):
+    def op_send(self, p: int, length: int, fill: int) -> int:
         return self.get(self.publishers, p).send(pattern(length, fill))
 
-    def op_allocate(self, p, length, s):
+    def op_allocate(self, p: int, length: int, s: int) -> int | None:
         """A successful allocate replaces the publisher's unpublished slot;
         that handle is dropped (0.1.0 lets it alias the new slot)."""
         slot = self.get(self.publishers, p).allocate(length)
@@ -138,19 +142,19 @@ class Driver:
         self.slots[s], self.slot_owner[s], self.pending[p] = slot, p, s
         return len(slot)
 
-    def op_fill(self, s, fill):
+    def op_fill(self, s: int, fill: int) -> None:
         slot = self.get(self.slots, s)
         with memoryview(slot) as view:
             view[:] = pattern(len(view), fill)
 
-    def op_publish(self, s):
+    def op_publish(self, s: int) -> int:
         delivered = self.get(self.slots, s).publish()
         owner = self.slot_owner[s]
         if self.pending.get(owner) == s:
             del self.pending[owner]
         return delivered
 
-    def op_drop_slot(self, s):
+    def op_drop_slot(self, s: int) -> None:
         self.get(self.slots, s)
         del self.slots[s]
         owner = self.slot_owner.pop(s)
@@ -158,35 +162,35 @@ class Driver:
             del self.pending[owner]
         gc.collect()
 
-    def op_dropped(self, p):
+    def op_dropped(self, p: int) -> int:
         return self.get(self.publishers, p).dropped
 
     # -- subscribing --------------------------------------------------------
 
-    def op_join(self, u):
+    def op_join(self, u: int) -> None:
         self.subscribers[u] = self.kickmsg.Subscriber(self.region)
 
-    def op_leave(self, u):
+    def op_leave(self, u: int) -> None:
         self.get(self.subscribers, u)
         del self.subscribers[u]
         gc.collect()
 
-    def op_recv(self, u):
+    def op_recv(self, u: int) -> str | None:
         data = self.get(self.subscribers, u).try_receive()
         return None if data is None else bytes(data).hex()
 
-    def op_recv_view(self, u, v):
+    def op_recv_view(self, u: int, v: int) -> list[int | str] | None:
         view = self.get(self.subscribers, u).try_receive_view()
         if view is None:
             return None
         self.views[v] = view
         return [len(view), view.ring_pos, bytes(view).hex()]
 
-    def op_release(self, v):
+    def op_release(self, v: int) -> None:
         self.get(self.views, v).release()
         del self.views[v]
 
-    def op_lost(self, u):
+    def op_lost(self, u: int) -> int:
         return self.get(self.subscribers, u).lost
 
 

@@ -22,9 +22,11 @@ Crash points (spec, "Crash scenarios"):
 import os
 import signal
 import sys
+from collections.abc import Callable
 
 from kickmsg import layout
 from kickmsg.atomics import Atomics
+from kickmsg.region import SharedRegion
 
 CRASH_POINTS = ("after_pop", "after_refcount", "mid_ring_loop", "after_claim", "holding_lock")
 
@@ -36,7 +38,9 @@ def _print_to_stderr(point: str) -> None:
 class CrashingAtomics(Atomics):
     """Hardware atomics that stop the process at one crash point."""
 
-    def __init__(self, region, point: str, skip: int = 0, notify=_print_to_stderr):
+    def __init__(
+        self, region: SharedRegion, point: str, skip: int = 0, notify: Callable[[str], object] = _print_to_stderr
+    ) -> None:
         if point not in CRASH_POINTS:
             raise ValueError(f"unknown crash point {point!r}; choose one of {', '.join(CRASH_POINTS)}")
         self.point = point
@@ -57,7 +61,7 @@ class CrashingAtomics(Atomics):
         self.notify(point)
         os.kill(os.getpid(), signal.SIGSTOP)
 
-    def cas_acq_rel_u64(self, address, expected, desired):
+    def cas_acq_rel_u64(self, address: int, expected: int, desired: int) -> int:
         found = Atomics.cas_acq_rel_u64(address, expected, desired)
         if found == expected and address == self._free_top:
             self._reached("after_pop")  # pops use cas_acq_rel; pushes use cas_release
@@ -65,25 +69,27 @@ class CrashingAtomics(Atomics):
             self._reached("holding_lock")
         return found
 
-    def store_release_u32(self, address, value):
+    def store_release_u32(self, address: int, value: int) -> None:
         Atomics.store_release_u32(address, value)
         start, end = self._pool
         if start <= address < end and (address - start) % self._slot_stride == layout.REFCOUNT_OFFSET:
             self._reached("after_refcount")  # the publish flow's step 3 (the pre-set is a release store)
 
-    def fetch_add_acq_rel_u64(self, address, operand):
+    def fetch_add_acq_rel_u64(self, address: int, operand: int) -> int:
         previous = Atomics.fetch_add_acq_rel_u64(address, operand)
         if address in self._write_positions:
             self._reached("after_claim")
         return previous
 
-    def fetch_sub_release_u32(self, address, operand):
+    def fetch_sub_release_u32(self, address: int, operand: int) -> int:
         previous = Atomics.fetch_sub_release_u32(address, operand)
         if address in self._state_flights:
             self._reached("mid_ring_loop")  # one ring done, admission released
         return previous
 
 
-def crash_at(region, point: str, skip: int = 0, notify=_print_to_stderr) -> None:
+def crash_at(
+    region: SharedRegion, point: str, skip: int = 0, notify: Callable[[str], object] = _print_to_stderr
+) -> None:
     """Arm ``point`` on ``region`` (test-only; see the module docstring)."""
     region.atomics = CrashingAtomics(region, point, skip, notify)

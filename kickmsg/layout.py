@@ -367,9 +367,9 @@ class Field:
     scalar: bool  # a little-endian integer (else bytes)
 
 
-def _struct_field(struct_type, base: int, rel: int, prefix: str) -> Field:
+def _struct_field(struct_type: type[ctypes.Structure], base: int, rel: int, prefix: str) -> Field:
     """The field of a ctypes structure at ``base`` containing ``base + rel``."""
-    for name, ctype in struct_type._fields_:
+    for name, ctype, *_ in struct_type._fields_:  # (name, type[, bit width])
         info = getattr(struct_type, name)
         if info.offset <= rel < info.offset + info.size:
             if name == "schema_data":

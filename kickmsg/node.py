@@ -28,18 +28,18 @@ from kickmsg.subscriber import Subscriber
 class BroadcastHandle:
     """A node's two ends of a broadcast channel: ``pub`` and ``sub``."""
 
-    def __init__(self, pub: Publisher, sub: Subscriber):
+    def __init__(self, pub: Publisher, sub: Subscriber) -> None:
         self.pub = pub
         self.sub = sub
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"BroadcastHandle(pub={self.pub!r}, sub={self.sub!r})"
 
 
 class Node:
     """A named participant: creates and opens channels by topic name."""
 
-    def __init__(self, name: str, prefix: str = "kickmsg"):
+    def __init__(self, name: str, prefix: str = "kickmsg") -> None:
         if not isinstance(name, str) or not isinstance(prefix, str):
             raise TypeError(f"Node name and prefix must be str, got {name!r} and {prefix!r}")
         self._name = name
@@ -147,5 +147,5 @@ class Node:
         region = self._regions.get(self._topic_name(topic))
         return region.try_claim_schema(info) if region is not None else False
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"Node(name={self._name!r}, prefix={self._prefix!r}, regions={sorted(self._regions)})"

@@ -3,11 +3,12 @@ import ctypes
 import os
 import time
 import warnings
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
 from kickmsg import layout, owners, shm, treiber
-from kickmsg.atomics import HARDWARE
+from kickmsg.atomics import HARDWARE, Atomics
 from kickmsg.config import ChannelType, Config
 from kickmsg.layout import CorruptRegionError, Geometry, Header
 from kickmsg.schema import SchemaInfo
@@ -23,7 +24,7 @@ NEVER = 1 << 63  # a region in private memory is never re-created
 class RingAddresses(NamedTuple):
     """Addresses of one subscriber ring's atomic words."""
 
-    index: int
+    index: int  # type: ignore[assignment]  # the ring's number, shadowing tuple.index on purpose
     state_flight: int
     write_pos: int  # its low 32 bits are the futex word
     has_waiter: int
@@ -53,7 +54,7 @@ class HealthReport:
             or self.dead_subscriber_rings or self.pool_too_small
         )
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return (
             f"HealthReport(locked={self.locked_entries}, retired={self.retired_rings}, "
             f"draining={self.draining_rings}, live={self.live_rings}, schema_stuck={self.schema_stuck}, "
@@ -69,7 +70,7 @@ class DeadSubscriberReport:
     unrecorded: list[int]  # Live or Draining rings with no owner record (e.g. native subscribers): left alone
     timed_out: list[int]  # dead owner, but publishers stayed in flight: left retired
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return (
             f"DeadSubscriberReport(reclaimed={self.reclaimed}, unrecorded={self.unrecorded}, "
             f"timed_out={self.timed_out})"
@@ -84,7 +85,7 @@ class SharedRegion:
     region object may be dropped while they are in use.
     """
 
-    def __init__(self, mapping: shm.Mapping, geometry: Geometry, atomics=HARDWARE):
+    def __init__(self, mapping: shm.Mapping, geometry: Geometry, atomics: Atomics = HARDWARE) -> None:
         """Wrap a mapping whose geometry is already known to fit (internal)."""
         self.mapping = mapping
         self.geometry = geometry
@@ -147,7 +148,7 @@ class SharedRegion:
         _check_room(name, geometry, reusable)
         for _ in range(CREATE_ATTEMPTS):
             mapping, created = _create_or_map(name, geometry, permissions)
-            if created:
+            if mapping is not None and created:
                 owners.unlink(name)  # ring owners of a region removed without its sidecar
                 return _initialise(mapping, geometry, creator_bytes, cfg.schema, in_place=False)
             if mapping is not None and _has_layout(mapping, geometry):
@@ -192,7 +193,7 @@ class SharedRegion:
             _check_room(name, geometry, 0)  # only a region we may have to create must fit
         for _ in range(INIT_POLL_ATTEMPTS):
             mapping, created = _create_or_map(name, geometry, permissions)
-            if created:
+            if mapping is not None and created:
                 owners.unlink(name)  # a sidecar left by a region removed without it
                 return _initialise(mapping, geometry, creator_bytes, cfg.schema, in_place=False)
             # Not ours: wait until its creator has stored magic (None: it was
@@ -262,7 +263,7 @@ class SharedRegion:
         """Remove the region's name; attached processes keep their mapping."""
         unlink_shm(self.name)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         g = self.geometry
         return (
             f"SharedRegion(name={self.name!r}, type={self.channel_type.name}, max_subscribers={g.max_subs}, "
@@ -311,7 +312,7 @@ class SharedRegion:
 
     # -- health and repair --------------------------------------------------
 
-    def _live_window(self, ring: RingAddresses):
+    def _live_window(self, ring: RingAddresses) -> Iterator[tuple[int, int, int]]:
         """(position, entry address, sequence) for every position of the ring's
         live window [max(0, write_pos - capacity), write_pos)."""
         ops = self.atomics
@@ -345,9 +346,10 @@ class SharedRegion:
         records = owners.read_owners(self.name, self.geometry.max_subs) or []
         dead = []
         for ring, (record, held) in zip(self.rings, records):
+            if record is None or record.region_created_at_ns != self.created_at_ns:
+                continue  # no record of a subscriber of this region
             state = self.atomics.load_acquire_u32(ring.state_flight) & layout.RING_STATE_MASK
-            ours = record is not None and record.region_created_at_ns == self.created_at_ns
-            if state in (layout.RING_LIVE, layout.RING_DRAINING) and ours and not held:
+            if state in (layout.RING_LIVE, layout.RING_DRAINING) and not held:
                 dead.append((ring.index, record.pid))
         return dead
 
@@ -463,7 +465,7 @@ class SharedRegion:
             owner = sidecar.owner_if_dead(ring.index, self.header.created_at_ns) if sidecar else "unrecorded"
             if owner == "unrecorded":
                 unrecorded.append(ring.index)
-            elif owner != "alive":
+            elif isinstance(owner, owners.OwnerRecord):  # dead (else "alive")
                 if self.leave_ring(ring, owner.start_pos, sidecar):
                     reclaimed.append((ring.index, owner.pid))
                 else:
@@ -652,7 +654,7 @@ def _initialise(
     creator: bytes,
     schema: SchemaInfo | None,
     in_place: bool,
-    kept_rings: list[tuple[int, int, int]] = (),
+    kept_rings: Sequence[tuple[int, int, int]] = (),
 ) -> SharedRegion:
     """Lay out a region in the mapping; publish it by storing magic last.
 

@@ -4,6 +4,7 @@ The library stores and compares descriptors; what the fingerprints mean, and
 what counts as a mismatch, is the caller's policy.
 """
 import enum
+from typing import Any
 
 from kickmsg import layout
 
@@ -51,7 +52,7 @@ class SchemaInfo:
         identity_algo: int = 0,
         layout_algo: int = 0,
         flags: int = 0,
-    ):
+    ) -> None:
         self.identity = identity
         self.layout = layout
         self.name = name
@@ -60,7 +61,7 @@ class SchemaInfo:
         self.layout_algo = layout_algo
         self.flags = flags
 
-    def __setattr__(self, field, value):
+    def __setattr__(self, field: str, value: Any) -> None:
         if field in ("identity", "layout"):
             value = bytes(value)
             if len(value) != FINGERPRINT_SIZE:
@@ -104,14 +105,14 @@ class SchemaInfo:
             flags=source.flags,
         )
 
-    def __eq__(self, other):
+    def __eq__(self, other: object) -> bool:
         if not isinstance(other, SchemaInfo):
             return NotImplemented
         return vars(self) == vars(other)
 
-    __hash__ = None
+    __hash__ = None  # type: ignore[assignment]  # unhashable: fields are mutable and compared by value
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return (
             f"SchemaInfo(name={self.name!r}, version={self.version}, "
             f"identity={self.identity[:8].hex()}…, layout={self.layout[:8].hex()}…, "

@@ -140,7 +140,7 @@ class Mapping:
 
     def __init__(
         self, name: str, memory: mmap.mmap, identity: tuple[int, int], writable: bool, shared: bool = True, mode: int = 0o600
-    ):
+    ) -> None:
         self.name = name
         self.identity = identity  # (st_dev, st_ino) of the object mapped
         self.mode = mode  # its permission bits when mapped
@@ -166,7 +166,7 @@ class Mapping:
             return False
         return (status.st_dev, status.st_ino) != self.identity
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"Mapping(name={self.name!r}, size={self.size}, address=0x{self.address:x})"
 
 

@@ -22,13 +22,16 @@ pinned while the array is alive).
 """
 import copy
 import datetime
+from typing import Any, Self
 
 import numpy as np
+import numpy.typing as npt
 
 from kickmsg.config import Config
 from kickmsg.hash import identity_from_fnv1a
 from kickmsg.node import Node
-from kickmsg.publisher import Publisher
+from kickmsg.publisher import AllocatedSlot, Publisher
+from kickmsg.region import SharedRegion
 from kickmsg.schema import SchemaInfo
 from kickmsg.subscriber import SampleView, Subscriber
 
@@ -39,13 +42,22 @@ class TypeMismatchError(RuntimeError):
     """A channel carries another record type than the one we join with."""
 
 
+def _fields(dtype: np.dtype) -> list[tuple[str, np.dtype, int]]:
+    """(name, dtype, offset) of each field of a structured dtype, in order;
+    none for a plain one."""
+    fields = dtype.fields
+    if fields is None:
+        return []
+    return [(name, fields[name][0], fields[name][1]) for name in dtype.names or ()]
+
+
 def _kind(dtype: np.dtype) -> str:
     """A field's kind: ``<f4``, ``|S16``, ``<f4[3]``, ``{x:<f8,y:<f8}``."""
     if dtype.subdtype is not None:
         base, shape = dtype.subdtype
         return f"{_kind(base)}[{','.join(map(str, shape))}]"
     if dtype.names:
-        return "{" + ",".join(f"{name}:{_kind(dtype.fields[name][0])}" for name in dtype.names) + "}"
+        return "{" + ",".join(f"{name}:{_kind(field)}" for name, field, _ in _fields(dtype)) + "}"
     return dtype.str
 
 
@@ -53,7 +65,7 @@ def _layout(dtype: np.dtype) -> str:
     """Itemsize and each field's offset and size: ``24{0+4,4+4,...}``."""
     if not dtype.names:
         return str(dtype.itemsize)
-    fields = (f"{dtype.fields[name][1]}+{_layout(dtype.fields[name][0])}" for name in dtype.names)
+    fields = (f"{offset}+{_layout(field)}" for _, field, offset in _fields(dtype))
     return f"{dtype.itemsize}{{{','.join(fields)}}}"
 
 
@@ -81,7 +93,7 @@ def _dtype_of_kind(kind: str) -> np.dtype:
     return np.dtype(kind)
 
 
-def _parse_description(description: str) -> tuple[str, str, str, dict | None, bool]:
+def _parse_description(description: str) -> tuple[str, str, str, dict[str, tuple[str, str]] | None, bool]:
     """Read back ``Name:itemsize{field:kind@offset,...}`` or ``Name:itemsize<kind>``.
 
     Returns (type name, itemsize, plain kind, fields as name -> (kind,
@@ -97,7 +109,7 @@ def _parse_description(description: str) -> tuple[str, str, str, dict | None, bo
     parts = _split_fields(body.removesuffix("}"))
     if not complete:
         parts = parts[:-1]
-    fields = {}
+    fields: dict[str, tuple[str, str]] = {}
     for part in parts:
         field, _, kind_at_offset = part.partition(":")
         kind, _, offset = kind_at_offset.rpartition("@")
@@ -112,9 +124,9 @@ class RecordType:
     (``{}@,`` in the type name; ``:{}@,[]`` in field names).
     """
 
-    def __init__(self, name: str, dtype, version: int = 0):
+    def __init__(self, name: str, dtype: npt.DTypeLike, version: int = 0) -> None:
         self.name = name
-        self.dtype = np.dtype(dtype)
+        self.dtype: np.dtype = np.dtype(dtype)
         self.version = version
         if self.dtype.hasobject or self.dtype.itemsize == 0:
             raise ValueError(f"RecordType {name!r} needs a fixed-size dtype without Python objects, got {self.dtype}")
@@ -123,9 +135,7 @@ class RecordType:
         for field in self.dtype.names or ():
             if any(char in field for char in ":{}@,[]"):
                 raise ValueError(f"RecordType {name!r}: field name {field!r} contains one of :{{}}@,[]")
-        self.fields = [
-            (field, _kind(self.dtype.fields[field][0]), self.dtype.fields[field][1]) for field in self.dtype.names or ()
-        ]
+        self.fields = [(field, _kind(field_dtype), offset) for field, field_dtype, offset in _fields(self.dtype)]
         if self.dtype.names:
             identity_text = f"{name}{_kind(self.dtype)}"
             body = "{" + ",".join(f"{field}:{kind}@{offset}" for field, kind, offset in self.fields) + "}"
@@ -207,11 +217,11 @@ class RecordType:
             found.append("the fingerprints differ although the descriptions agree")
         return found
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"RecordType({self.description!r}, version={self.version})"
 
 
-def join_check(region, record_type: RecordType) -> None:
+def join_check(region: SharedRegion, record_type: RecordType) -> None:
     """Type validation on join: claim the descriptor if none is set yet,
     else compare; raise ``TypeMismatchError`` listing every difference."""
     if record_type.dtype.itemsize > region.geometry.slot_data_size:
@@ -236,7 +246,7 @@ class TypedPublisher:
     """Publishes records of one ``RecordType``; checks the channel's type on
     construction, and again if the region is re-created under it."""
 
-    def __init__(self, publisher: Publisher, record_type: RecordType):
+    def __init__(self, publisher: Publisher, record_type: RecordType) -> None:
         join_check(publisher.region, record_type)
         self.publisher = publisher
         self.record_type = record_type
@@ -248,7 +258,7 @@ class TypedPublisher:
             join_check(self.publisher.region, self.record_type)
             self._checked_region = self.publisher.region
 
-    def send(self, records) -> int:
+    def send(self, records: npt.ArrayLike) -> int:
         """Publish one record (a tuple or numpy record) or an array of them
         as one message; returns the number of records."""
         self._check_type_if_rejoined()
@@ -271,7 +281,7 @@ class TypedPublisher:
     def dropped(self) -> int:
         return self.publisher.dropped
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"TypedPublisher({self.record_type.description!r}, region={self.publisher.region.name!r})"
 
 
@@ -279,28 +289,28 @@ class TypedSlot:
     """An allocated message seen as a writable record array: fill
     ``records``, then ``publish()``."""
 
-    def __init__(self, slot, dtype: np.dtype):
+    def __init__(self, slot: AllocatedSlot, dtype: np.dtype) -> None:
         self.slot = slot
-        self.records = np.frombuffer(memoryview(slot), dtype=dtype)
+        self.records: npt.NDArray[Any] = np.frombuffer(memoryview(slot), dtype=dtype)
 
     def publish(self) -> int:
         """Drop our array (the buffer must be released first) and publish."""
-        self.records = None
+        del self.records
         return self.slot.publish()
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"TypedSlot({self.slot!r})"
 
 
 class TypedSubscriber:
     """Receives records of one ``RecordType`` as zero-copy arrays over the slots."""
 
-    def __init__(self, subscriber: Subscriber, record_type: RecordType):
+    def __init__(self, subscriber: Subscriber, record_type: RecordType) -> None:
         """Wrap a subscriber; if the channel's type differs, the subscriber is
         closed (its ring freed) and ``TypeMismatchError`` raised."""
         self.subscriber = subscriber
         self.record_type = record_type
-        self._checked_region = None
+        self._checked_region: SharedRegion | None = None
         self._check_type()
 
     def _check_type(self) -> None:
@@ -315,20 +325,20 @@ class TypedSubscriber:
             raise
         self._checked_region = self.subscriber.region
 
-    def try_receive(self) -> np.ndarray | None:
+    def try_receive(self) -> npt.NDArray[Any] | None:
         """The next message's records (read-only, over the slot), or None."""
         return self._records(self.subscriber.try_receive_view())
 
-    def receive(self, timeout: datetime.timedelta | float | None) -> np.ndarray | None:
+    def receive(self, timeout: datetime.timedelta | float | None) -> npt.NDArray[Any] | None:
         return self._records(self.subscriber.receive_view(timeout))
 
-    def try_receive_latest(self) -> np.ndarray | None:
+    def try_receive_latest(self) -> npt.NDArray[Any] | None:
         """The newest message's records, passing over older unread ones
         (counted in the subscriber's ``skipped``), or None (read-latest)."""
         self.subscriber._skip_to_newest()
         return self.try_receive()
 
-    def _records(self, view: SampleView | None) -> np.ndarray | None:
+    def _records(self, view: SampleView | None) -> npt.NDArray[Any] | None:
         self._check_type()
         if view is None:
             return None
@@ -350,13 +360,13 @@ class TypedSubscriber:
     def close(self) -> None:
         self.subscriber.close()
 
-    def __enter__(self):
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc_info):
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"TypedSubscriber({self.record_type.description!r}, region={self.subscriber.region.name!r})"
 
 

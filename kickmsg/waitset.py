@@ -10,12 +10,19 @@ has_waiter is cleared on every ring when a wait ends, however it ends.
 """
 import datetime
 import time
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NamedTuple, Self
 
 from kickmsg import atomics
 from kickmsg.config import to_microseconds
-from kickmsg.region import NEVER
+from kickmsg.region import NEVER, SharedRegion
 from kickmsg.subscriber import DEFAULT_SPIN_S, Subscriber, _deadline_ns
+
+if TYPE_CHECKING:
+    from kickmsg.typed import TypedSubscriber  # not imported at run time: typed needs numpy
+
+type Waitable = Subscriber | TypedSubscriber  # what a WaitSet (and kickmsg.aio) waits on
+Handler = Callable[[Any], object]  # handler(message): bytes from a Subscriber, records from a TypedSubscriber
 
 
 class _Member:
@@ -23,7 +30,7 @@ class _Member:
     TypedSubscriber), its handler, and whether ``spin`` hands it only the
     newest message."""
 
-    def __init__(self, added, handler: Callable | None, latest: bool):
+    def __init__(self, added: Waitable, handler: Handler | None, latest: bool) -> None:
         self.added = added
         self.handler = handler
         self.latest = latest
@@ -37,10 +44,10 @@ class _Sleep(NamedTuple):
     addresses: list[int]
     values: list[int]
     timeout_ns: int
-    regions: list
+    regions: list[SharedRegion]
 
 
-def ring_owner(subscriber) -> Subscriber:
+def ring_owner(subscriber: Waitable) -> Subscriber:
     """The Subscriber whose ring to sleep on: the object itself, or the
     one a TypedSubscriber (kickmsg.typed) wraps."""
     owner = getattr(subscriber, "subscriber", subscriber)
@@ -77,13 +84,13 @@ class WaitSet:
     itself (publishers make no wake-up call meanwhile), then sleeps.
     """
 
-    def __init__(self, *, spin: datetime.timedelta | float = DEFAULT_SPIN_S):
+    def __init__(self, *, spin: datetime.timedelta | float = DEFAULT_SPIN_S) -> None:
         self._members: dict[Subscriber, _Member] = {}  # keyed by the subscriber owning the ring
         self._next_check_in_ns = 0  # when to check in for every subscriber: at the first wait
         self._spin_ns = to_microseconds(spin, "spin") * 1000
-        self._idle_gap_ns = None  # how long the last wait took (None: no wait yet)
+        self._idle_gap_ns: int | None = None  # how long the last wait took (None: no wait yet)
 
-    def add(self, subscriber, handler: Callable | None = None, *, latest: bool = False) -> None:
+    def add(self, subscriber: Waitable, handler: Handler | None = None, *, latest: bool = False) -> None:
         """Wait on ``subscriber`` too. ``handler(message)`` is called by
         ``spin`` for each message (a copy, or a typed subscriber's records);
         with ``latest``, only for the newest one ready (read-latest: those
@@ -93,7 +100,7 @@ class WaitSet:
             raise ValueError(f"{subscriber!r} is already in this WaitSet")
         self._members[owner] = _Member(subscriber, handler, latest)
 
-    def remove(self, subscriber) -> None:
+    def remove(self, subscriber: Waitable) -> None:
         """Stop waiting on ``subscriber`` (KeyError if it is not here)."""
         owner = ring_owner(subscriber)
         if owner not in self._members:
@@ -101,13 +108,13 @@ class WaitSet:
         del self._members[owner]
         owner._end_wait()
 
-    def __contains__(self, subscriber) -> bool:
+    def __contains__(self, subscriber: Waitable) -> bool:
         return ring_owner(subscriber) in self._members
 
     def __len__(self) -> int:
         return len(self._members)
 
-    def wait(self, timeout=None) -> list:
+    def wait(self, timeout: datetime.timedelta | float | None = None) -> list[Waitable]:
         """Sleep (without the GIL) until a subscriber has a message ready,
         at most ``timeout`` (a timedelta or seconds; None: no limit).
         Returns the subscribers with a message ready (empty on timeout);
@@ -132,7 +139,7 @@ class WaitSet:
         self._idle_gap_ns = time.monotonic_ns() - began_ns
         return ready
 
-    def _spin(self, began_ns: int, deadline_ns: int | None) -> list:
+    def _spin(self, began_ns: int, deadline_ns: int | None) -> list[Waitable]:
         """While the last wait lasted less than the spin budget: look at every
         ring (without announcing a wait) for up to that budget, or until the
         deadline. The subscribers with a message ready, or []."""
@@ -145,7 +152,7 @@ class WaitSet:
                 return ready
         return []
 
-    def _look(self) -> tuple[list, _Sleep]:
+    def _look(self) -> tuple[list[Waitable], _Sleep]:
         """Check in for every subscriber when due, announce ourselves on
         every ring, and look: the subscribers with a message ready, and what
         to sleep on for the others."""
@@ -153,7 +160,8 @@ class WaitSet:
         if check_in:
             self._next_check_in_ns = min((owner.region.next_check_in_ns() for owner in self._members), default=NEVER)
         longest_ns = -1 if self._next_check_in_ns == NEVER else max(0, self._next_check_in_ns - time.monotonic_ns())
-        ready, addresses, values, regions = [], [], [], []
+        ready: list[Waitable] = []
+        addresses, values, regions = [], [], []
         for owner, member in self._members.items():
             word = owner._announce_wait(check_in)
             if word is None:
@@ -168,7 +176,7 @@ class WaitSet:
 
     # -- handlers ---------------------------------------------------------------
 
-    def spin_once(self, timeout=None) -> int:
+    def spin_once(self, timeout: datetime.timedelta | float | None = None) -> int:
         """Wait up to ``timeout`` for messages, then call each ready
         subscriber's handler for its messages (at most a ring's worth each,
         so that a busy channel cannot starve the others; the newest one
@@ -181,16 +189,18 @@ class WaitSet:
         for added in self.wait(timeout):
             owner = ring_owner(added)
             member = self._members[owner]
+            handler = member.handler
+            assert handler is not None  # checked above
             receive = added.try_receive_latest if member.latest else added.try_receive
             for _ in range(1 if member.latest else owner.region.geometry.capacity):
                 message = receive()
                 if message is None:
                     break
-                member.handler(message)
+                handler(message)
                 handled += 1
         return handled
 
-    def spin(self, timeout=None) -> int:
+    def spin(self, timeout: datetime.timedelta | float | None = None) -> int:
         """``spin_once`` until ``timeout`` has passed (None: for ever; an
         exception from a handler, or Ctrl-C, ends it too). Returns how many
         messages were handled."""
@@ -208,12 +218,12 @@ class WaitSet:
             del self._members[owner]
             owner._end_wait()
 
-    def __enter__(self):
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc_info):
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         names = ", ".join(owner.region.name for owner in self._members)
         return f"WaitSet({len(self._members)} subscribers: {names})"

@@ -5,6 +5,8 @@ Needs the ``spark`` extra (pyspark 4, pyarrow, pandas < 3) and Java 17+.
 import os
 import sys
 
+from pyspark.sql import SparkSession
+
 from kickmsg.spark.source import KickmsgDataSource
 from kickmsg.spark.telemetry import DriverTelemetry
 
@@ -13,17 +15,15 @@ __all__ = ["DriverTelemetry", "KickmsgDataSource", "register", "session"]
 LOG_CONFIG = os.path.join(os.path.dirname(__file__), "log4j2.properties")  # errors only
 
 
-def register(spark) -> None:
+def register(spark: SparkSession) -> None:
     """Make ``format("kickmsg")`` available on ``spark``."""
     spark.dataSource.register(KickmsgDataSource)
 
 
-def session(master: str = "local[*]", app_name: str = "kickmsg"):
+def session(master: str = "local[*]", app_name: str = "kickmsg") -> SparkSession:
     """A SparkSession whose Python workers run this interpreter (so they can
     import kickmsg), with the data source registered. On a cluster, build
     your own session and call ``register``."""
-    from pyspark.sql import SparkSession
-
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # read when the JVM starts Python workers
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # one host: no need to look for a public interface
     spark = (

@@ -33,10 +33,16 @@ import io
 import json
 import os
 import sys
+from collections.abc import Sequence
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
-from pyspark.sql import SparkSession, Window
+from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import DoubleType, StringType, StructField, StructType
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure  # imported when a report is written
 
 COLUMNS = ["recording", "channel", "ring_pos", "recv_mono_ns", "size", "lost", "stamp_ns"]
 ACCURACY = 100_000          # percentile_approx: rank error at most 1/ACCURACY of the rows
@@ -44,8 +50,10 @@ STAMP_WINDOW_NS = 60 * 10**9  # a latency outside [0, 60 s] is not a stamp
 STAMPED_PERCENT = 99          # of the rows, for a channel to count as stamped
 HISTOGRAM_BINS = 50
 
+Figures = dict[str, Any]  # one channel's figures (or Spark aggregates), JSON values
 
-def read_recordings(spark, paths):
+
+def read_recordings(spark: SparkSession, paths: Sequence[str]) -> DataFrame:
     """The recording rows of ``paths`` (directories, files or globs), with
     the columns the analysis uses (``payload`` is never read)."""
     frame = (
@@ -56,7 +64,7 @@ def read_recordings(spark, paths):
     return frame.select(*COLUMNS)
 
 
-def analyze(spark, paths):
+def analyze(spark: SparkSession, paths: str | Sequence[str]) -> dict[str, Figures]:
     """Figures of the recordings under ``paths``, ``{channel: {figure: value}}``
     in channel order, as plain JSON-serialisable values."""
     if isinstance(paths, str):
@@ -75,7 +83,7 @@ def analyze(spark, paths):
         spans = _spans(rows)
         figures = _channel_figures(rows)
         per_second = _per_second(rows)
-        channels = {}
+        channels: dict[str, Figures] = {}
         for name in sorted(figures):
             channel = _finish(figures[name], spans[name])
             channel["per_second"] = per_second.get(name, [])
@@ -86,7 +94,7 @@ def analyze(spark, paths):
     return channels
 
 
-def _spans(rows):
+def _spans(rows: DataFrame) -> dict[str, Figures]:
     """Per channel: summed duration (ns), intervals and ring gaps over recordings."""
     per_run = rows.groupBy("recording", "channel").agg(
         (F.max("recv_mono_ns") - F.min("recv_mono_ns")).alias("duration_ns"),
@@ -103,7 +111,7 @@ def _spans(rows):
     return {r["channel"]: r.asDict() for r in totals.collect()}
 
 
-def _channel_figures(rows):
+def _channel_figures(rows: DataFrame) -> dict[str, Figures]:
     """Per channel: the aggregates computed over all its rows."""
     quantiles = [0.5, 0.95, 0.99]
     totals = rows.groupBy("channel").agg(
@@ -124,7 +132,7 @@ def _channel_figures(rows):
     return {r["channel"]: r.asDict() for r in totals.collect()}
 
 
-def _per_second(rows):
+def _per_second(rows: DataFrame) -> dict[str, list[dict[str, int]]]:
     """Per channel: [{second, messages, bytes}] for every second from 0 to
     the last one with a message (seconds without messages count 0)."""
     starts = rows.groupBy("recording").agg(F.min("recv_mono_ns").alias("start_ns"))
@@ -134,7 +142,7 @@ def _per_second(rows):
         .groupBy("channel", "second")
         .agg(F.count("*").alias("messages"), F.sum("size").alias("bytes"))
     )
-    found = {}
+    found: dict[str, dict[int, tuple[int, int]]] = {}  # channel -> second -> (messages, bytes)
     for r in counts.collect():
         found.setdefault(r["channel"], {})[r["second"]] = (r["messages"], r["bytes"])
     result = {}
@@ -146,7 +154,7 @@ def _per_second(rows):
     return result
 
 
-def _finish(agg, span):
+def _finish(agg: Figures, span: Figures) -> Figures:
     """The published figures of one channel from its Spark aggregates."""
     messages, lost = agg["messages"], agg["lost"] or 0
     duration_ns = span["duration_ns"]
@@ -174,7 +182,7 @@ def _finish(agg, span):
     }
 
 
-def _stats(quantiles, maximum, unit_ns):
+def _stats(quantiles: Sequence[float], maximum: float | None, unit_ns: float) -> dict[str, float] | None:
     """{p50, p95, p99, max} in units of ``unit_ns`` nanoseconds, or None without values."""
     if maximum is None:
         return None
@@ -182,14 +190,16 @@ def _stats(quantiles, maximum, unit_ns):
     return {"p50": p50 / unit_ns, "p95": p95 / unit_ns, "p99": p99 / unit_ns, "max": maximum / unit_ns}
 
 
-def _add_histograms(spark, rows, figures, channels):
+def _add_histograms(
+    spark: SparkSession, rows: DataFrame, figures: dict[str, Figures], channels: dict[str, Figures]
+) -> None:
     """Add ``histograms`` to each channel: bucketed counts (computed by
     Spark) of inter-arrival and latency times for the plots, in
     HISTOGRAM_BINS equal bins over [0, min(max, 2 * p99)], plus the number
     of values above; None where a channel has no such values."""
     kinds = [("interarrival_ms", "interarrival_ns", 1e6), ("latency_us", "latency_ns", 1e3)]
     for key, column, unit_ns in kinds:
-        upper_ns = {}
+        upper_ns: dict[str, float] = {}
         for name, channel in channels.items():
             channel.setdefault("histograms", {})[key] = None
             if channel[key] is not None:
@@ -228,7 +238,7 @@ def _add_histograms(spark, rows, figures, channels):
 
 # ---------------------------------------------------------------- report
 
-def write_html(result, path):
+def write_html(result: dict[str, Figures], path: str) -> None:
     """Write a one-file HTML report: per channel a table of the figures and
     PNG plots (rate over time, inter-arrival and latency histograms)."""
     import matplotlib
@@ -260,7 +270,7 @@ def write_html(result, path):
         out.write("\n".join(parts))
 
 
-def _figure_table(channel):
+def _figure_table(channel: Figures) -> str:
     """The figures of one channel as an HTML table (one row per figure)."""
     lines = ["<table>"]
     for key, value in channel.items():
@@ -275,7 +285,7 @@ def _figure_table(channel):
     return "\n".join(lines)
 
 
-def _png(pyplot, figure):
+def _png(pyplot: ModuleType, figure: "Figure") -> str:
     """``figure`` as base64 PNG text; the figure is closed."""
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=80, bbox_inches="tight")
@@ -283,7 +293,7 @@ def _png(pyplot, figure):
     return base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
-def _rate_plot(pyplot, name, per_second):
+def _rate_plot(pyplot: ModuleType, name: str, per_second: list[dict[str, int]]) -> str:
     figure, axes = pyplot.subplots(figsize=(5, 3))
     axes.stairs([s["messages"] for s in per_second], range(len(per_second) + 1))   # second k spans [k, k+1)
     axes.set(title=f"{name}: rate", xlabel="second of recording", ylabel="messages per second")
@@ -291,7 +301,7 @@ def _rate_plot(pyplot, name, per_second):
     return _png(pyplot, figure)
 
 
-def _histogram_plot(pyplot, title, unit, histogram):
+def _histogram_plot(pyplot: ModuleType, title: str, unit: str, histogram: dict[str, Any]) -> str:
     figure, axes = pyplot.subplots(figsize=(5, 3))
     width = histogram["width"]
     lefts = [i * width for i in range(len(histogram["counts"]))]
@@ -303,7 +313,7 @@ def _histogram_plot(pyplot, title, unit, histogram):
     return _png(pyplot, figure)
 
 
-def _fmt(value):
+def _fmt(value: object) -> str:
     if value is None:
         return "-"
     if isinstance(value, float):
@@ -311,7 +321,7 @@ def _fmt(value):
     return str(value)
 
 
-def format_table(result):
+def format_table(result: dict[str, Figures]) -> str:
     """A plain-text table of the main figures, one line per channel."""
     header = ["channel", "messages", "rate Hz", "p50 ms", "p99 ms", "lost", "loss",
               "bytes/s", "lat p50 us", "lat p99 us"]
@@ -332,13 +342,13 @@ def format_table(result):
 
 # ---------------------------------------------------------------- entry points
 
-def _under_spark_submit():
+def _under_spark_submit() -> bool:
     """True when this Python process was started by spark-submit (or the
     pyspark shell): a JVM with its configured session is already waiting."""
     return "PYSPARK_GATEWAY_PORT" in os.environ
 
 
-def _local_session(master):
+def _local_session(master: str) -> SparkSession:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     log_config = os.path.join(os.path.dirname(os.path.abspath(__file__)), "log4j2.properties")
@@ -356,7 +366,10 @@ def _local_session(master):
     return spark
 
 
-def run(paths, master="local[*]", json_path=None, html_path=None, spark=None):
+def run(
+    paths: str | Sequence[str], master: str | None = "local[*]", json_path: str | None = None,
+    html_path: str | None = None, spark: SparkSession | None = None,
+) -> dict[str, Figures]:
     """Analyse ``paths``, write the JSON and HTML reports if asked, and
     return the result. Without ``spark``: the session of spark-submit when
     run by it, else a local session on ``master`` (stopped at the end if
@@ -377,7 +390,7 @@ def run(paths, master="local[*]", json_path=None, html_path=None, spark=None):
     return result
 
 
-def main(argv=None):
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="analysis.py", description="Rates, gaps, losses, sizes and latency of Kickmsg recordings."
     )

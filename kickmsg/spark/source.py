@@ -36,8 +36,11 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 import numpy
+from pyspark.sql import Row
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
@@ -92,7 +95,7 @@ NUMPY_TO_SPARK = {
 }
 
 
-def channel_name(options: dict) -> str:
+def channel_name(options: Mapping[str, str]) -> str:
     """The shm name the options designate."""
     if "name" in options:
         return options["name"]
@@ -110,7 +113,7 @@ def spark_type(dtype: numpy.dtype) -> DataType:
             element = ArrayType(element, False)
         return element
     if dtype.names:
-        return StructType([StructField(name, spark_type(dtype.fields[name][0])) for name in dtype.names])
+        return StructType([StructField(name, spark_type(dtype[name])) for name in dtype.names])
     if dtype.kind == "S" or dtype.kind == "V":
         return BinaryType()
     if dtype.kind == "U":
@@ -149,7 +152,7 @@ class KickmsgDataSource(DataSource):
         dtype = record_type.dtype
         if not dtype.names:
             return StructType(BASE_FIELDS + [StructField("value", spark_type(dtype))])
-        return StructType(BASE_FIELDS + [StructField(n, spark_type(dtype.fields[n][0])) for n in dtype.names])
+        return StructType(BASE_FIELDS + [StructField(n, spark_type(dtype[n])) for n in dtype.names])
 
     def reader(self, schema: StructType) -> "BatchReader":
         return BatchReader(self.options, self._decode())
@@ -164,11 +167,11 @@ class KickmsgDataSource(DataSource):
 class RowMaker:
     """Turns received messages into rows of the source's schema."""
 
-    def __init__(self, options: dict, record_type: RecordType | None):
+    def __init__(self, options: Mapping[str, str], record_type: RecordType | None) -> None:
         self.topic = options.get("topic", channel_name(options))
         self.record_type = record_type
 
-    def rows(self, payload: bytes, ring_pos: int, received_at: datetime.datetime, lost: int) -> list[tuple]:
+    def rows(self, payload: bytes, ring_pos: int, received_at: datetime.datetime, lost: int) -> list[tuple[Any, ...]]:
         head = (self.topic, ring_pos, received_at, lost)
         if self.record_type is None:
             return [head + (payload,)]
@@ -181,7 +184,7 @@ class RowMaker:
         return [head + tuple(record[name].tolist() for name in dtype.names) for record in records]
 
 
-def subscribe(options: dict) -> Subscriber:
+def subscribe(options: Mapping[str, str]) -> Subscriber:
     name = channel_name(options)
     try:
         return Subscriber(SharedRegion.open(name))
@@ -192,14 +195,14 @@ def subscribe(options: dict) -> Subscriber:
 class BatchReader(DataSourceReader):
     """``spark.read``: what arrives within waitMs, at most maxMessages."""
 
-    def __init__(self, options: dict, record_type: RecordType | None):
+    def __init__(self, options: Mapping[str, str], record_type: RecordType | None) -> None:
         self.options = options  # Spark's CaseInsensitiveDict: maxMessages == maxmessages
         self.record_type = record_type
 
-    def partitions(self):
+    def partitions(self) -> list[InputPartition]:
         return [InputPartition(0)]
 
-    def read(self, partition):
+    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
         maker = RowMaker(self.options, self.record_type)
         deadline = time.monotonic() + int(self.options.get("waitMs", 1000)) / 1000
         remaining = int(self.options.get("maxMessages", 10_000))
@@ -216,12 +219,15 @@ class BatchReader(DataSourceReader):
                 remaining -= 1
 
 
+Message = tuple[bytes, int, datetime.datetime, int]  # RowMaker.rows' arguments: payload, ring_pos, received_at, lost
+
+
 class Receiver:
     """A subscriber and a background thread that receives continuously into
     a bounded buffer, for the stream reader."""
 
-    def __init__(self, options: dict):
-        self.buffer = collections.deque()
+    def __init__(self, options: Mapping[str, str]) -> None:
+        self.buffer: collections.deque[Message] = collections.deque()
         self.buffer_limit = int(options.get("maxBufferedMessages", 100_000))
         self.overflow = 0  # messages dropped because the buffer was full
         self.lock = threading.Lock()
@@ -250,7 +256,7 @@ class Receiver:
                 self.buffer.append((payload, ring_pos, datetime.datetime.now(), missed + self.overflow))
                 self.overflow = 0
 
-    def take(self, limit: int) -> list:
+    def take(self, limit: int) -> list[Message]:
         """Up to ``limit`` buffered messages, oldest first."""
         with self.lock:
             return [self.buffer.popleft() for _ in range(min(len(self.buffer), limit))]
@@ -269,27 +275,27 @@ class StreamReader(SimpleDataSourceStreamReader):
     ring when the query asks for its first offset (Spark pickles the reader
     before that, so the live part is created then, and never pickled)."""
 
-    def __init__(self, options: dict, record_type: RecordType | None):
+    def __init__(self, options: Mapping[str, str], record_type: RecordType | None) -> None:
         self.options = options  # Spark's CaseInsensitiveDict: maxMessages == maxmessages
         self.maker = RowMaker(options, record_type)
         self.max_per_batch = int(options.get("maxMessagesPerBatch", 10_000))
-        self.receiver = None
+        self.receiver: Receiver | None = None
 
-    def __getstate__(self):
+    def __getstate__(self) -> dict[str, Any]:
         return dict(self.__dict__, receiver=None)
 
     def initialOffset(self) -> dict:
         self.receiver = self.receiver or Receiver(self.options)
         return {"received": 0}
 
-    def read(self, start: dict):
+    def read(self, start: dict) -> tuple[Iterator[tuple[Any, ...]], dict]:
         """What arrived since the previous micro-batch (at most maxMessagesPerBatch)."""
         self.receiver = self.receiver or Receiver(self.options)
         taken = self.receiver.take(self.max_per_batch)
         rows = [row for message in taken for row in self.maker.rows(*message)]
         return iter(rows), {"received": start["received"] + len(taken)}
 
-    def readBetweenOffsets(self, start: dict, end: dict):
+    def readBetweenOffsets(self, start: dict, end: dict) -> Iterator[tuple[Any, ...]]:
         """A batch replayed after a failure: Kickmsg keeps no history, so
         nothing (delivery is at most once)."""
         return iter([])
@@ -298,7 +304,7 @@ class StreamReader(SimpleDataSourceStreamReader):
         pass
 
 
-def _json_value(value):
+def _json_value(value: object) -> str:
     """JSON for the column types json does not know: binary as base64,
     dates and times in ISO 8601, decimals and the rest as text."""
     if isinstance(value, (bytes, bytearray)):
@@ -309,14 +315,14 @@ def _json_value(value):
 
 
 class Commit(WriterCommitMessage):
-    def __init__(self, published: int):
+    def __init__(self, published: int) -> None:
         self.published = published
 
 
 class Writer(DataSourceWriter):
     """``df.write``: one message per row, every task a publisher."""
 
-    def __init__(self, options: dict, schema: StructType):
+    def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
         self.options = options  # Spark's CaseInsensitiveDict: maxMessages == maxmessages
         self.name = channel_name(options)
         self.payload_column = any(f.name == "payload" and isinstance(f.dataType, BinaryType) for f in schema.fields)
@@ -331,7 +337,7 @@ class Writer(DataSourceWriter):
             max_payload_size=int(self.options.get("maxPayloadSize", defaults.max_payload_size)),
         )
 
-    def write(self, iterator) -> Commit:
+    def write(self, iterator: Iterator[Row]) -> Commit:
         try:  # an existing channel is joined as it is
             region = SharedRegion.open(self.name)
         except RuntimeError:  # missing, or another task is creating it: as advertise_or_join does
@@ -354,6 +360,6 @@ class Writer(DataSourceWriter):
             published += 1
         return Commit(published)
 
-    def commit(self, messages) -> None:
-        total = sum(message.published for message in messages if message is not None)
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        total = sum(message.published for message in messages if isinstance(message, Commit))
         print(f"kickmsg: published {total} message(s) to {self.name} from {len(messages)} task(s)", flush=True)

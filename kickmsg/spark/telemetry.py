@@ -22,7 +22,17 @@ import json
 import threading
 import time
 
+from collections.abc import Hashable
+from typing import Any
+
+from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQueryListener
+from pyspark.sql.streaming.listener import (
+    QueryIdleEvent,
+    QueryProgressEvent,
+    QueryStartedEvent,
+    QueryTerminatedEvent,
+)
 
 from kickmsg.config import Config
 from kickmsg.node import Node
@@ -34,13 +44,13 @@ FINISHED = ("SUCCEEDED", "FAILED")
 class _QueryListener(StreamingQueryListener):
     """Forwards streaming query events to the telemetry."""
 
-    def __init__(self, telemetry: "DriverTelemetry"):
+    def __init__(self, telemetry: "DriverTelemetry") -> None:
         self.telemetry = telemetry
 
-    def onQueryStarted(self, event):
+    def onQueryStarted(self, event: QueryStartedEvent) -> None:
         self.telemetry.publish({"kind": "query_start", "query": str(event.id), "name": event.name})
 
-    def onQueryProgress(self, event):
+    def onQueryProgress(self, event: QueryProgressEvent) -> None:
         progress = event.progress
         self.telemetry.publish(
             {
@@ -56,10 +66,10 @@ class _QueryListener(StreamingQueryListener):
             throttle_key=("query", str(progress.id)),
         )
 
-    def onQueryIdle(self, event):
+    def onQueryIdle(self, event: QueryIdleEvent) -> None:
         pass
 
-    def onQueryTerminated(self, event):
+    def onQueryTerminated(self, event: QueryTerminatedEvent) -> None:
         self.telemetry.publish({"kind": "query_end", "query": str(event.id), "exception": event.exception})
 
 
@@ -67,8 +77,8 @@ class DriverTelemetry:
     """``with DriverTelemetry(spark):`` publishes job, stage and streaming
     progress into ``/{prefix}_{topic}`` (Node naming) while the block runs."""
 
-    def __init__(self, spark, topic: str = "spark.telemetry", prefix: str = "kickmsg", interval: float = 0.25,
-                 cfg: Config | None = None):
+    def __init__(self, spark: SparkSession, topic: str = "spark.telemetry", prefix: str = "kickmsg",
+                 interval: float = 0.25, cfg: Config | None = None) -> None:
         self.spark = spark
         self.topic = topic
         self.prefix = prefix
@@ -77,10 +87,10 @@ class DriverTelemetry:
         self.published = 0
         self.dropped = 0
         self._lock = threading.Lock()  # the listener and the poller both publish
-        self._last_sent = {}  # throttle key -> monotonic time of the last message
+        self._last_sent: dict[Hashable, float] = {}  # throttle key -> monotonic time of the last message
         self._jobs_seen = 0  # job ids below this have been announced
-        self._running_jobs = {}  # job id -> stage ids
-        self._stages = {}  # stage id -> last published counters
+        self._running_jobs: dict[int, list[int]] = {}  # job id -> stage ids
+        self._stages: dict[int, tuple[tuple[int, int, int, int], bool]] = {}  # stage id -> last published counters
         self._stopping = threading.Event()
 
     def __enter__(self) -> "DriverTelemetry":
@@ -99,14 +109,14 @@ class DriverTelemetry:
         self._poller.start()
         return self
 
-    def __exit__(self, *exc_info) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self._stopping.set()
         self._poller.join()
         self._poll_once()  # what finished since the last poll
         self.spark.streams.removeListener(self._listener)
         self.publish({"kind": "telemetry_end", "published": self.published + 1, "dropped": self.dropped})
 
-    def publish(self, event: dict, throttle_key=None) -> None:
+    def publish(self, event: dict[str, Any], throttle_key: Hashable | None = None) -> None:
         """Send one event (skipped if ``throttle_key`` sent one less than an
         interval ago)."""
         now = time.monotonic()
@@ -154,7 +164,7 @@ class DriverTelemetry:
         skipped = job_finished and active == 0 and completed + failed < tasks
         if self._stages.get(stage) != (counters, skipped):
             self._stages[stage] = (counters, skipped)
-            event = {"kind": "stage", "stage": stage, "job": job, "tasks": tasks, "active": active,
+            event: dict[str, Any] = {"kind": "stage", "stage": stage, "job": job, "tasks": tasks, "active": active,
                      "completed": completed, "failed": failed}
             if skipped:
                 event["skipped"] = True

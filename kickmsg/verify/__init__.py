@@ -25,7 +25,9 @@ which function of the package was at work, and where preemptions happened.
 import collections
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from kickmsg import layout, region as region_module, shm
 from kickmsg.atomics import HARDWARE
@@ -35,7 +37,8 @@ from kickmsg.subscriber import Subscriber
 from kickmsg.verify import invariants, mutants
 from kickmsg.verify.mutants import MUTANTS
 from kickmsg.verify.memory import PayloadBuffer
-from kickmsg.verify.scheduler import Actor, Choice, Execution, Outcome, ScheduledAtomics
+from kickmsg.region import SharedRegion
+from kickmsg.verify.scheduler import Actor, Checker, Choice, Chooser, Execution, Outcome, ScheduledAtomics, Step
 
 __all__ = ["MUTANTS", "MUTANT_SCENARIOS", "Report", "Scenario", "explore", "explore_random"]
 
@@ -118,14 +121,14 @@ class Report:
 class World:
     """One execution's region, actors and what the subscribers received."""
 
-    region: object
+    region: SharedRegion
     actors: list[Actor]
     ledger: invariants.Ledger
-    received: dict[str, list] = field(default_factory=dict)  # subscription -> [(ring, position, bytes)]
+    received: invariants.Received = field(default_factory=dict)  # subscription -> [(ring, position, bytes)]
     checked_steps: int = 0
 
 
-def _private_region(scenario: Scenario):
+def _private_region(scenario: Scenario) -> SharedRegion:
     """A region laid out exactly as in shared memory, in private memory."""
     geometry, creator = region_module._new_geometry("/kickmsg_verify", ChannelType.PubSub, scenario.config(), "verify")
     mapping = shm.Mapping.private("/kickmsg_verify", geometry.total_size)
@@ -135,15 +138,15 @@ def _private_region(scenario: Scenario):
 def _world(scenario: Scenario) -> World:
     region = _private_region(scenario)
     world = World(region, [], invariants.Ledger(region))
-    publishers = []
+    publishers: list[Actor] = []
 
     def publishers_done() -> bool:
         return all(actor.state == "done" for actor in publishers)
 
-    def publisher(index: int):
+    def publisher(index: int) -> Callable[[SharedRegion], None]:
         # Even publishers copy their messages in (send), odd ones fill a slot
         # in place (allocate, publish): the same atomic steps, both paths.
-        def publish(region):
+        def publish(region: SharedRegion) -> None:
             sender = Publisher(region)
             for sequence in range(scenario.messages):
                 data = invariants.message(index, sequence)
@@ -160,10 +163,10 @@ def _world(scenario: Scenario) -> World:
                         slot.publish()
         return publish
 
-    def subscriber(name: str):
+    def subscriber(name: str) -> Callable[[SharedRegion], None]:
         # The first session receives a view, the others copies: the same
         # atomic steps, both paths.
-        def subscribe(region):
+        def subscribe(region: SharedRegion) -> None:
             for session in ("first", "second") if scenario.rejoin else ("only",):
                 # Each subscription receives a message at most once: joined
                 # again (maybe on another ring), it may receive one it had.
@@ -186,7 +189,7 @@ def _world(scenario: Scenario) -> World:
                             break
         return subscribe
 
-    def repair(region):
+    def repair(region: SharedRegion) -> None:
         region.repair_locked_entries()
 
     for index in range(scenario.subscribers):
@@ -200,7 +203,7 @@ def _world(scenario: Scenario) -> World:
     return world
 
 
-def _check(world: World, scenario: Scenario):
+def _check(world: World, scenario: Scenario) -> Checker:
     def check(execution: Execution) -> str | None:
         for step in execution.outcome.steps[world.checked_steps :]:
             world.ledger.follow(step)
@@ -216,7 +219,7 @@ def _check(world: World, scenario: Scenario):
     return check
 
 
-def run_schedule(scenario: Scenario, choose, memory_model: str = "sc") -> tuple[World, Outcome]:
+def run_schedule(scenario: Scenario, choose: Chooser, memory_model: str = "sc") -> tuple[World, Outcome]:
     """Run every actor once, under the choices ``choose`` makes."""
     world = _world(scenario)
     region = world.region
@@ -224,7 +227,7 @@ def run_schedule(scenario: Scenario, choose, memory_model: str = "sc") -> tuple[
     region.atomics = ScheduledAtomics(execution)
     plain_bytes = region.mapping.buffer
     if memory_model == "ra":
-        region.mapping.buffer = PayloadBuffer(region, execution)
+        region.mapping.buffer = PayloadBuffer(region, execution)  # type: ignore[assignment]  # a memoryview stand-in
     try:
         return world, execution.run()
     finally:
@@ -232,10 +235,10 @@ def run_schedule(scenario: Scenario, choose, memory_model: str = "sc") -> tuple[
         region.mapping.buffer = plain_bytes
 
 
-def _follow(prefix: list):
+def _follow(prefix: list[Any]) -> Chooser:
     """A chooser that replays ``prefix``, then makes the default choices:
     the running actor goes on, a load reads the newest store."""
-    def choose(index: int, choice: Choice):
+    def choose(index: int, choice: Choice) -> Any:
         return prefix[index] if index < len(prefix) else choice.default
     return choose
 
@@ -253,7 +256,7 @@ def _spent(choices: list[Choice]) -> list[tuple[int, int]]:
 
 def explore(scenario: Scenario = Scenario(), mutant: str | mutants.Mutant | None = None, preemptions: int = 2,
             max_schedules: int = 1_000_000, memory_model: str = "sc", stale: int = 0, budget: int | None = None,
-            observe=None) -> Report:
+            observe: Callable[[Outcome], object] | None = None) -> Report:
     """Every schedule with at most ``preemptions`` preemptions, (under the
     ra model) at most ``stale`` loads reading an older store than the
     newest, and at most ``budget`` of both together (None: no more bound):
@@ -267,7 +270,8 @@ def explore(scenario: Scenario = Scenario(), mutant: str | mutants.Mutant | None
         raise ValueError("stale reads need the ra memory model")
     began = time.monotonic()
     levels = preemptions + stale + 1 if budget is None else min(preemptions + stale, budget) + 1
-    pending = [collections.deque() for _ in range(levels)]  # prefixes still to run, by choices spent
+    # The prefixes still to run, by choices spent.
+    pending: list[collections.deque[list[Any]]] = [collections.deque() for _ in range(levels)]
     pending[0].append([])
     schedules = 0
     change = _resolve(mutant)
@@ -313,9 +317,9 @@ def explore_random(scenario: Scenario = Scenario(), mutant: str | mutants.Mutant
     with mutants.installed(change):
         for run in range(runs):
             rng = random.Random(f"{seed}-{run}")
-            stale_reads = []
+            stale_reads: list[int] = []
 
-            def choose(index: int, choice: Choice):
+            def choose(index: int, choice: Choice) -> Any:
                 if choice.kind == "turn":
                     if choice.previous in choice.options and rng.random() >= switch:
                         return choice.previous
@@ -336,10 +340,13 @@ def _resolve(mutant: str | mutants.Mutant | None) -> mutants.Mutant | None:
     return mutant if isinstance(mutant, mutants.Mutant) else mutants.lookup(mutant)
 
 
-def _report(scenario, change, schedules, complete, began, world, outcome, memory_model, stale, budget=None) -> Report:
-    report = Report(scenario, change and change.name, schedules, complete, time.monotonic() - began,
+def _report(
+    scenario: Scenario, change: mutants.Mutant | None, schedules: int, complete: bool, began: float, world: World | None,
+    outcome: Outcome | None, memory_model: str, stale: int, budget: int | None = None,
+) -> Report:
+    report = Report(scenario, change.name if change else None, schedules, complete, time.monotonic() - began,
                     memory_model=memory_model, stale=stale, budget=budget)
-    if outcome is not None:
+    if world is not None and outcome is not None:
         report.violation = outcome.violation
         report.trace = format_trace(world, outcome)
     return report
@@ -348,13 +355,13 @@ def _report(scenario, change, schedules, complete, began, world, outcome, memory
 # -- the counter-example, readable -------------------------------------------------------------
 
 
-def describe_address(region, address: int) -> str:
+def describe_address(region: SharedRegion, address: int) -> str:
     """The region word at ``address``, by name: header.free_top, ring 0
     entry 1.sequence, slot 3.refcount, ..."""
     return layout.field_at(region.geometry, address - region.mapping.address).label
 
 
-def describe_value(place: str, value) -> str:
+def describe_value(place: str, value: int | None) -> str:
     if value is None:
         return "-"
     if value == layout.LOCKED_SEQUENCE and place.endswith(".sequence"):
@@ -370,7 +377,7 @@ def describe_value(place: str, value) -> str:
     return str(value)
 
 
-def format_step(region, number: int, step, preempted: str | None) -> str:
+def format_step(region: SharedRegion, number: int, step: Step, preempted: str | None) -> str:
     place = describe_address(region, step.address)
     if step.operation.startswith("fetch_"):
         operands = ", ".join(str(operand) for operand in step.operands)  # an amount, not a value of the word
@@ -389,7 +396,7 @@ def format_step(region, number: int, step, preempted: str | None) -> str:
 
 def format_trace(world: World, outcome: Outcome) -> str:
     """Every step, numbered, with the preemptions and stale reads marked."""
-    preempting = {}  # step index -> the actor it preempted
+    preempting: dict[int, str | None] = {}  # step index -> the actor it preempted
     for choice in outcome.choices:
         if choice.preempts and choice.step < len(outcome.steps):
             preempting[choice.step] = choice.previous

@@ -31,9 +31,14 @@ import struct
 
 from kickmsg import layout
 from kickmsg.atomics import HARDWARE as ops
+from kickmsg.region import SharedRegion
+from kickmsg.verify.scheduler import Step
 
 MESSAGE = struct.Struct("<HHI")  # publisher, sequence, check
 MESSAGE_SIZES = (MESSAGE.size, MESSAGE.size + 4)  # lengths differ, so that a slot read with another message's length shows
+
+Received = dict[str, list[tuple[int, int, bytes]]]  # subscription -> (ring, position, bytes) of each message
+Committed = dict[tuple[int, int], list[bytes | None]]  # (ring, position) -> the messages committed there, in turn
 
 
 def message(publisher: int, sequence: int) -> bytes:
@@ -43,8 +48,9 @@ def message(publisher: int, sequence: int) -> bytes:
     return MESSAGE.pack(publisher, sequence, check).ljust(size, bytes([sequence & 0xFF]))
 
 
-def _free_stack(region) -> tuple[list[int], str | None]:
-    slots, seen = [], set()
+def _free_stack(region: SharedRegion) -> tuple[list[int], str | None]:
+    slots: list[int] = []
+    seen: set[int] = set()
     slot = ops.load_acquire_u64(region.free_top_address) & layout.U32_MAX
     while slot != layout.INVALID_SLOT:
         if slot >= region.geometry.pool_size:
@@ -57,18 +63,18 @@ def _free_stack(region) -> tuple[list[int], str | None]:
     return slots, None
 
 
-def _refcount(region, slot: int) -> int:
+def _refcount(region: SharedRegion, slot: int) -> int:
     return ops.load_acquire_u32(region.slot_addresses[slot] + layout.REFCOUNT_OFFSET)
 
 
 class Ledger:
     """Pins, slots held by publishers and commits, followed step by step."""
 
-    def __init__(self, region):
+    def __init__(self, region: SharedRegion) -> None:
         self.region = region
-        self.pins = collections.Counter()  # slot -> pins subscribers hold
-        self.held = {}  # publisher -> slots it is writing or captured from an evicted entry
-        self.committed = collections.defaultdict(list)  # (ring, position) -> the messages committed there, in turn
+        self.pins: collections.Counter[int] = collections.Counter()  # slot -> pins subscribers hold
+        self.held: dict[str, set[int]] = {}  # publisher -> slots it is writing or captured from an evicted entry
+        self.committed: Committed = collections.defaultdict(list)
 
     def _slot_word(self, address: int) -> tuple[int, int] | None:
         """(slot, offset in its header) if ``address`` is in the pool."""
@@ -78,20 +84,21 @@ class Ledger:
             return None
         return divmod(offset, g.slot_stride)
 
-    def follow(self, step) -> None:
+    def follow(self, step: Step) -> None:
         slot_word = self._slot_word(step.address)
-        refcount = slot_word is not None and slot_word[1] == layout.REFCOUNT_OFFSET
+        refcount_of = slot_word[0] if slot_word is not None and slot_word[1] == layout.REFCOUNT_OFFSET else None  # its slot
         succeeded = step.operation.startswith("cas_") and step.result == step.operands[0]
         if step.where == "pop" and succeeded:  # a publisher took a slot: a new message
             self.held[step.actor] = {step.operands[0] & layout.U32_MAX}
         elif step.where == "_wait_and_capture_slot" and step.operation.endswith("_u32"):  # slot_idx, not the sequence
-            if step.result < self.region.geometry.pool_size:  # the slot of the entry it evicts
-                self.held.setdefault(step.actor, set()).add(step.result)
-        elif refcount and step.where == "Subscriber._pin_next" and succeeded:
-            self.pins[slot_word[0]] += 1
-        elif refcount and step.actor.startswith("sub") and step.operation.startswith("fetch_sub"):
+            evicted = step.result  # the slot of the entry it evicts
+            if evicted is not None and evicted < self.region.geometry.pool_size:
+                self.held.setdefault(step.actor, set()).add(evicted)
+        elif refcount_of is not None and step.where == "Subscriber._pin_next" and succeeded:
+            self.pins[refcount_of] += 1
+        elif refcount_of is not None and step.actor.startswith("sub") and step.operation.startswith("fetch_sub"):
             if "SharedRegion.drain_ring" not in step.stack:  # else the ring's reference, not a pin
-                self.pins[slot_word[0]] -= step.operands[0]
+                self.pins[refcount_of] -= step.operands[0]
         elif step.operation.startswith("store_") and step.operation.endswith("_u64"):  # in any order
             found = committed_message(self.region, step.address, step.operands[0])
             if found is not None:
@@ -101,9 +108,9 @@ class Ledger:
         self.held.pop(actor, None)
 
 
-def _entries_naming(region, state: int) -> collections.Counter:
+def _entries_naming(region: SharedRegion, state: int) -> collections.Counter[int]:
     """Slot -> committed entries naming it, over the rings in ``state``."""
-    named = collections.Counter()
+    named: collections.Counter[int] = collections.Counter()
     for ring in region.rings:
         if ops.load_acquire_u32(ring.state_flight) & layout.RING_STATE_MASK != state:
             continue
@@ -115,7 +122,7 @@ def _entries_naming(region, state: int) -> collections.Counter:
     return named
 
 
-def memory_violation(region, ledger: Ledger) -> str | None:
+def memory_violation(region: SharedRegion, ledger: Ledger) -> str | None:
     """Invariants 1 and 2, between any two steps."""
     free, problem = _free_stack(region)
     if problem:
@@ -138,7 +145,7 @@ def memory_violation(region, ledger: Ledger) -> str | None:
     return None
 
 
-def committed_message(region, address: int, value: int) -> tuple[tuple[int, int], bytes | None] | None:
+def committed_message(region: SharedRegion, address: int, value: int) -> tuple[tuple[int, int], bytes | None] | None:
     """If a store of ``value`` at ``address`` committed an entry, its (ring,
     position) and the message then in its slot (None for an empty commit)."""
     g = region.geometry
@@ -167,13 +174,14 @@ def _name(data: bytes | None) -> str:
     return f"{len(data)} bytes" + (f" ({data.hex()})" if data else "")
 
 
-def delivery_violation(received: dict[str, list], committed: dict) -> str | None:
+def delivery_violation(received: Received, committed: Committed) -> str | None:
     """Invariant 3: ``received`` maps each subscriber to (ring, position,
     bytes) it received; ``committed`` maps (ring, position) to the messages
     committed there, in turn (more than one when a repair pass commits over
     a writer)."""
     for subscriber, messages in received.items():
-        last, seen = {}, set()
+        last: dict[int, int] = {}  # publisher -> the last sequence received
+        seen: set[tuple[int, int]] = set()
         for ring, position, data in messages:
             there = committed.get((ring, position), [])
             if data not in there:
@@ -191,7 +199,7 @@ def delivery_violation(received: dict[str, list], committed: dict) -> str | None
     return None
 
 
-def end_violation(region) -> str | None:
+def end_violation(region: SharedRegion) -> str | None:
     """Invariant 4, once every actor is done."""
     for ring in region.rings:
         state_flight = ops.load_acquire_u32(ring.state_flight)

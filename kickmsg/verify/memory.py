@@ -42,15 +42,23 @@ under ``SequentialMemory``. The bounded history under-approximates: a load
 never reads a store more than ``HISTORY - 1`` stores old.
 """
 import sys
+from collections.abc import Buffer, Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from kickmsg.atomics import HARDWARE
+from kickmsg.region import SharedRegion
+
+if TYPE_CHECKING:
+    from kickmsg.verify.scheduler import Execution  # which imports this module
 
 ORDERS = ("relaxed", "acquire", "release", "acq_rel", "seq_cst")
 ACQUIRING = frozenset(("acquire", "acq_rel", "seq_cst"))  # a read that synchronizes with a release it reads
 RELEASING = frozenset(("release", "acq_rel", "seq_cst"))  # a store that carries its writer's clock
 MASKS = {"u32": 0xFFFF_FFFF, "u64": 0xFFFF_FFFF_FFFF_FFFF}
 HISTORY = 4  # stores kept per atomic word
+
+Stale = tuple[int, int | None]  # a load of an older store: (value, step) of the newest store
 
 
 @dataclass(frozen=True)
@@ -76,9 +84,11 @@ OPERATIONS = {name: Operation.named(name) for name in HARDWARE_OPERATIONS if not
 class SequentialMemory:
     """Sequential consistency: the hardware operation on the region's memory."""
 
-    race = None  # plain memory is not watched
+    race: str | None = None  # plain memory is not watched
 
-    def perform(self, actor: int, name: str, address: int, operands: tuple, step: int, newest: bool = False):
+    def perform(
+        self, actor: int, name: str, address: int, operands: tuple[int, ...], step: int, newest: bool = False
+    ) -> tuple[int | None, Stale | None]:
         """(result, None): nothing is ever read stale."""
         return HARDWARE_OPERATIONS[name](address, *operands), None
 
@@ -117,7 +127,7 @@ class WeakMemory:
     may read (0: the newest); it is only asked when there is a choice.
     """
 
-    def __init__(self, actors: list[str], choose_read):
+    def __init__(self, actors: list[str], choose_read: Callable[[int], int]) -> None:
         self.actors = actors
         self.choose_read = choose_read
         self.clocks = [[0] * len(actors) for _ in actors]
@@ -125,7 +135,9 @@ class WeakMemory:
         self.payloads: dict[int, PayloadAccesses] = {}  # slot -> accesses to its payload
         self.race: str | None = None  # the first data race, described
 
-    def perform(self, actor: int, name: str, address: int, operands: tuple, step: int, newest: bool = False):
+    def perform(
+        self, actor: int, name: str, address: int, operands: tuple[int, ...], step: int, newest: bool = False
+    ) -> tuple[int | None, Stale | None]:
         """Run operation ``name`` for ``actor``: (result, stale), where stale
         is (value, step) of the newest store when the load read an older one."""
         if name not in OPERATIONS:  # futex_wake_all: reads and writes no memory
@@ -157,7 +169,9 @@ class WeakMemory:
             return True
         return any(tick <= clock[reader] for reader, tick in store.loaded.items())
 
-    def _load(self, actor: int, clock: list[int], stores: list[Store], operation: Operation, newest: bool):
+    def _load(
+        self, actor: int, clock: list[int], stores: list[Store], operation: Operation, newest: bool
+    ) -> tuple[int, Stale | None]:
         # Coherence: nothing older than the newest store the actor knows of.
         oldest = len(stores) - 1
         while oldest > 0 and not self._known(stores[oldest], clock):
@@ -172,7 +186,10 @@ class WeakMemory:
         stale = None if age == 0 else (stores[-1].value, stores[-1].step)
         return value, stale
 
-    def _read_modify_write(self, actor, clock, stores, operation, name, address, operands, step) -> int:
+    def _read_modify_write(
+        self, actor: int, clock: list[int], stores: list[Store], operation: Operation, name: str, address: int,
+        operands: tuple[int, ...], step: int,
+    ) -> int:
         read = stores[-1]  # atomicity: a read-modify-write reads the newest store
         read.loaded.setdefault(actor, clock[actor])
         if operation.order in ACQUIRING:  # a failed CAS too: acq_rel and seq_cst fail acquire
@@ -184,7 +201,10 @@ class WeakMemory:
             self._append(stores, value, actor, clock, step, operation.order in RELEASING, read.release)
         return result
 
-    def _append(self, stores, value, actor, clock, step, releases: bool, continued: list[int] | None) -> None:
+    def _append(
+        self, stores: list[Store], value: int, actor: int, clock: list[int], step: int, releases: bool,
+        continued: list[int] | None,
+    ) -> None:
         """A new store, last in modification order. It carries the writer's
         clock if it releases, and the clock of the release sequence it
         continues (read-modify-writes only)."""
@@ -228,7 +248,7 @@ class PayloadBuffer:
     a write.
     """
 
-    def __init__(self, region, execution):
+    def __init__(self, region: SharedRegion, execution: "Execution") -> None:
         self.view = region.mapping.buffer
         self.base = region.mapping.address
         self.execution = execution
@@ -237,15 +257,15 @@ class PayloadBuffer:
     def __len__(self) -> int:
         return len(self.view)
 
-    def __getitem__(self, key):
+    def __getitem__(self, key: int | slice) -> int | memoryview:
         filled_in_place = sys._getframe(1).f_code.co_qualname == "AllocatedSlot.__buffer__"
         self._report(key, "write" if filled_in_place else "read")
         return self.view[key]
 
-    def __setitem__(self, key, value) -> None:
+    def __setitem__(self, key: slice, value: Buffer) -> None:
         self._report(key, "write")
         self.view[key] = value
 
-    def _report(self, key, kind: str) -> None:
+    def _report(self, key: int | slice, kind: str) -> None:
         if isinstance(key, slice) and key.start in self.slot_at and key.stop > key.start:
             self.execution.access_payload(kind, self.slot_at[key.start], self.base + key.start, key.stop - key.start)

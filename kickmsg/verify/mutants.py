@@ -13,8 +13,11 @@ gives back the spec's own orders where the code's are stronger.
 """
 import contextlib
 import inspect
+import sys
 import textwrap
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from kickmsg import publisher, subscriber
 
@@ -223,7 +226,7 @@ def _apply(source: str, edit: Edit, mutant: str) -> str:
     return "\n".join(lines[:start] + [indent + line for line in edit.new] + lines[start + len(edit.old) :])
 
 
-def build(patch: Patch, name: str):
+def build(patch: Patch, name: str) -> Callable[..., Any]:
     """The function ``patch`` edits, edited and compiled with its module's
     globals (``name`` labels it in tracebacks and errors), at the lines of
     the original (exactly so while each edit keeps the number of lines).
@@ -234,8 +237,8 @@ def build(patch: Patch, name: str):
     source = textwrap.dedent("".join(lines))
     for edit in patch.edits:
         source = _apply(source, edit, name)
-    module = inspect.getmodule(original)
-    defined = {}  # the def binds its name here, not in the module
+    module = sys.modules[original.__module__]
+    defined: dict[str, Any] = {}  # the def binds its name here, not in the module
     exec(compile("\n" * (first_line - 1) + source, f"<mutant {name} of {module.__name__}>", "exec"), vars(module),
          defined)
     mutated = defined[original.__name__]
@@ -245,15 +248,18 @@ def build(patch: Patch, name: str):
 
 def lookup(name: str | None) -> Mutant | None:
     """The mutant called ``name`` (None: none)."""
-    if name is not None and name not in MUTANTS:
+    if name is None:
+        return None
+    if name not in MUTANTS:
         raise ValueError(f"unknown mutant {name!r}; choose one of {', '.join(MUTANTS)}")
-    return MUTANTS.get(name)
+    return MUTANTS[name]
 
 
 @contextlib.contextmanager
-def installed(mutant: Mutant | None):
+def installed(mutant: Mutant | None) -> Iterator[None]:
     """Run the enclosed code with ``mutant`` in place (None: the code as it is)."""
-    built = {(patch.owner, patch.attribute): build(patch, mutant.name) for patch in (mutant.patches if mutant else ())}
+    patches, name = (mutant.patches, mutant.name) if mutant else ((), "")
+    built = {(patch.owner, patch.attribute): build(patch, name) for patch in patches}
     originals = {key: vars(key[0])[key[1]] for key in built}
     for (owner, attribute), function in built.items():
         setattr(owner, attribute, function)

@@ -17,10 +17,12 @@ import ast
 import inspect
 import pathlib
 import textwrap
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from kickmsg import publisher, region, subscriber, treiber
 from kickmsg.verify import Report, Scenario, explore
+from kickmsg.verify.scheduler import Outcome
 from kickmsg.verify.memory import OPERATIONS
 from kickmsg.verify.mutants import MUTANTS, Edit, Mutant, Patch
 
@@ -77,7 +79,7 @@ class Row:
     result: str  # "counter-example", "none within bounds", "not reached", "undecided" or "-"
     report: Report | None = None
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, object]:
         report = self.report
         return {
             "file": self.site.path, "line": self.site.line, "function": self.site.function, "flow": self.site.flow,
@@ -100,7 +102,7 @@ def sites() -> list[Site]:
     for flow, owner, attribute in FLOWS:
         function = getattr(owner, attribute)
         lines, first_line = inspect.getsourcelines(function)
-        path = str(pathlib.Path(inspect.getsourcefile(function)).relative_to(PACKAGE_ROOT))
+        path = str(pathlib.Path(inspect.getfile(function)).relative_to(PACKAGE_ROOT))
         for line, operation in _door_calls(textwrap.dedent("".join(lines))):
             found.append(Site(flow, owner, attribute, function.__qualname__, path, first_line + line - 1, operation,
                               lines[line - 1].strip()))
@@ -139,18 +141,21 @@ def weakening(site: Site, order: str) -> Mutant:
                   (Patch(site.owner, site.attribute, (edit,)),), model="ra")
 
 
-def check_orders(preemptions: int = 1, stale: int = 2, budget: int | None = 2, progress=None) -> list[Row]:
+def check_orders(
+    preemptions: int = 1, stale: int = 2, budget: int | None = 2, progress: Callable[[Row], object] | None = None
+) -> list[Row]:
     """Weaken every order of the flows one step in turn and explore the
     flows under ra within the bounds; ``progress(row)`` is called as each
     row is done."""
-    baselines = {}  # flow scenario -> (the unmutated flows' report, the (function, line) pairs they reached)
+    baselines: dict[Scenario, tuple[Report, set[tuple[str, int]]]] = {}  # flow scenario -> (the unmutated
+    # flows' report, the (function, line) pairs they reached)
     rows = []
     for site in sites():
         scenario = SCENARIOS.get(site.flow, Scenario())
         if scenario not in baselines:
-            reached = set()
+            reached: set[tuple[str, int]] = set()
 
-            def observe(outcome, reached=reached):
+            def observe(outcome: Outcome, reached: set[tuple[str, int]] = reached) -> None:
                 reached.update((step.where, step.line) for step in outcome.steps)
 
             baseline = explore(scenario, preemptions=preemptions, memory_model="ra", stale=stale, budget=budget,
@@ -180,20 +185,24 @@ def check_orders(preemptions: int = 1, stale: int = 2, budget: int | None = 2, p
     return rows
 
 
+def _first_line(violation: str | None) -> str:
+    return violation.splitlines()[0] if violation else ""
+
+
 def format_table(rows: list[Row]) -> str:
     """The rows as a table: site, function, operation, order, weakened to, result."""
     header = ("site", "function", "operation", "order", "weakened to", "result")
     table = [header]
     for row in rows:
         report = row.report
-        if row.result == "counter-example":
-            result = f"counter-example after {report.schedules} schedules: {report.violation.splitlines()[0]}"
+        if report is None:  # "-"
+            result = "- (relaxed: nothing weaker)"
+        elif row.result == "counter-example":
+            result = f"counter-example after {report.schedules} schedules: {_first_line(report.violation)}"
         elif row.result in ("none within bounds", "not reached"):
             result = f"{row.result} ({report.schedules} schedules)"
-        elif row.result == "undecided":
-            result = f"undecided: the unmutated flows already fail here ({report.violation.splitlines()[0]})"
-        else:
-            result = "- (relaxed: nothing weaker)"
+        else:  # "undecided"
+            result = f"undecided: the unmutated flows already fail here ({_first_line(report.violation)})"
         order = f"{row.order} (spec: {row.spec_order})" if row.spec_order else row.order
         table.append((f"{row.site.path}:{row.site.line}", row.site.function, row.site.operation, order,
                       row.weakened or "-", result))

@@ -25,13 +25,17 @@ runs next, or which store a load reads when it may read more than one.
 import os
 import sys
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import FrameType
+from typing import Any
 
 import greenlet
 
 from kickmsg import atomics
 from kickmsg.atomics import Atomics
-from kickmsg.verify.memory import SequentialMemory, WeakMemory
+from kickmsg.region import SharedRegion
+from kickmsg.verify.memory import SequentialMemory, Stale, WeakMemory
 
 # Every operation of the atomics door, and those that may write memory.
 OPERATIONS = [name for name in vars(Atomics) if not name.startswith("_")]
@@ -50,9 +54,9 @@ class Step:
     stack: tuple[str, ...]  # the functions of the package at work, innermost first
     operation: str
     address: int
-    operands: tuple
+    operands: tuple[int, ...]
     result: int | None
-    stale: tuple[int, int | None] | None = None  # a load of an older store: (value, step) of the newest
+    stale: Stale | None = None  # a load of an older store: (value, step) of the newest
     line: int = 0  # the line of the call, in the file of the innermost function of the package
 
     @property
@@ -66,11 +70,11 @@ class Actor:
     """A named script ``script(region)`` run as one coroutine of an execution."""
 
     name: str
-    script: object
+    script: Callable[[SharedRegion], object]
     index: int = 0  # its place among the execution's actors (its component of the vector clocks)
     state: str = "new"  # new, waiting (at a scheduling point), running, done
     spinning: bool = False  # set aside until someone writes what it read
-    reads: dict = field(default_factory=dict)  # address -> value read since its own last write
+    reads: dict[int, int | None] = field(default_factory=dict)  # address -> value read since its own last write
     error: str | None = None  # the traceback, if its script raised
 
 
@@ -80,7 +84,7 @@ class Choice:
     which store a load reads (a read: the ages it may read, 0 the newest)."""
 
     kind: str  # "turn" or "read"
-    options: list  # the ready actors' names, or the ages
+    options: list[Any]  # the ready actors' names, or the ages
     default: str | int  # chosen without a reason to differ: the actor that ran last, the newest store
     previous: str | None = None  # a turn: the actor that ran last
     step: int = 0  # index in the steps of the turn's first step, or of the load
@@ -112,7 +116,7 @@ def _package_stack() -> tuple[tuple[str, ...], int]:
     them) on the stack, innermost first, and the line the innermost is at."""
     names = []
     line = 0
-    frame = sys._getframe(2)
+    frame: FrameType | None = sys._getframe(2)
     while frame is not None:
         filename = frame.f_code.co_filename
         ours = f"{os.sep}kickmsg{os.sep}" in filename and f"{os.sep}verify{os.sep}" not in filename
@@ -128,10 +132,10 @@ class ScheduledAtomics(Atomics):
     point, then performed by the execution's memory model (calls from
     anywhere else run directly on the hardware)."""
 
-    def __init__(self, execution: "Execution"):
+    def __init__(self, execution: "Execution") -> None:
         self.execution = execution
 
-    def _step(self, name: str, address: int, operands: tuple, newest: bool = False):
+    def _step(self, name: str, address: int, operands: tuple[int, ...], newest: bool = False) -> Any:
         execution = self.execution
         actor = execution.current_actor()
         if actor is None:
@@ -141,29 +145,30 @@ class ScheduledAtomics(Atomics):
         execution.record(actor, name, address, operands, result, stale)
         return result
 
+    def futex_wait(self, address: int, expected: int, timeout_ns: int) -> int:
+        """A futex wait is a load of the newest store (the kernel reads the word
+        itself): if the word changed, return at once; else return as if woken,
+        the load having marked the actor as spinning."""
+        if self._step("load_relaxed_u32", address, (), newest=True) != expected:
+            return atomics.FUTEX_VALUE_CHANGED
+        return atomics.FUTEX_WOKEN
 
-def _scheduled(name: str):
-    def operation(self, address, *operands):
+
+def _scheduled(name: str) -> Callable[..., Any]:
+    def operation(self: ScheduledAtomics, address: int, *operands: int) -> Any:
         return self._step(name, address, operands)
 
     operation.__name__ = name
     return operation
 
 
-def _scheduled_futex_wait(self, address, expected, timeout_ns):
-    """A futex wait is a load of the newest store (the kernel reads the word
-    itself): if the word changed, return at once; else return as if woken,
-    the load having marked the actor as spinning."""
-    if self._step("load_relaxed_u32", address, (), newest=True) != expected:
-        return atomics.FUTEX_VALUE_CHANGED
-    return atomics.FUTEX_WOKEN
-
-
 for _name in OPERATIONS:
-    if _name not in ("futex_wait", "futex_wake_all"):
+    if _name != "futex_wait":
         setattr(ScheduledAtomics, _name, _scheduled(_name))
-ScheduledAtomics.futex_wait = _scheduled_futex_wait
-ScheduledAtomics.futex_wake_all = _scheduled("futex_wake_all")
+
+
+Chooser = Callable[[int, Choice], Any]  # (index, choice) -> one of choice.options
+Checker = Callable[["Execution"], str | None]  # a violation, described, or None
 
 
 class Execution:
@@ -176,7 +181,10 @@ class Execution:
     release/acquire/relaxed model, ``kickmsg.verify.memory.WeakMemory``).
     """
 
-    def __init__(self, region, actors: list[Actor], choose, check, memory_model: str = "sc", max_steps: int = 20_000):
+    def __init__(
+        self, region: SharedRegion, actors: list[Actor], choose: Chooser, check: Checker, memory_model: str = "sc",
+        max_steps: int = 20_000,
+    ) -> None:
         self.region = region
         self.actors = actors
         self.choose = choose
@@ -185,6 +193,7 @@ class Execution:
         self.outcome = Outcome()
         for index, actor in enumerate(actors):
             actor.index = index
+        self.memory: SequentialMemory | WeakMemory
         if memory_model == "sc":
             self.memory = SequentialMemory()
         elif memory_model == "ra":
@@ -193,7 +202,7 @@ class Execution:
             raise ValueError(f"unknown memory model {memory_model!r}; choose sc or ra")
         self._turns = 0
         self._scheduler = greenlet.getcurrent()
-        self._actor_of = {}  # greenlet -> actor
+        self._actor_of: dict[greenlet.greenlet, Actor] = {}
         self._aborting = False
 
     # -- called from actors -------------------------------------------------------------------
@@ -209,7 +218,10 @@ class Execution:
             raise Aborted
         actor.state = "running"
 
-    def record(self, actor: Actor, operation: str, address: int, operands: tuple, result, stale=None) -> None:
+    def record(
+        self, actor: Actor, operation: str, address: int, operands: tuple[int, ...], result: int | None,
+        stale: Stale | None = None,
+    ) -> None:
         """Note the step; notice spinning; wake spinners that a write concerns."""
         stack, line = _package_stack()
         self.outcome.steps.append(Step(actor.name, stack, operation, address, operands, result, stale, line))
@@ -232,6 +244,8 @@ class Execution:
         actor = self.current_actor()
         if actor is None:
             return  # the invariants reading what was committed
+        if not isinstance(self.memory, WeakMemory):
+            return  # sequential consistency watches no plain memory
         self.memory.access_payload(actor.index, slot, kind, len(self.outcome.steps))
         stack, line = _package_stack()
         self.outcome.steps.append(Step(actor.name, stack, f"{kind}_payload", address, (length,), None, None, line))
@@ -239,9 +253,10 @@ class Execution:
     def _choose_read(self, ages: int) -> int:
         """Which store a load reads, among ``ages`` (0: the newest)."""
         choice = Choice("read", list(range(ages)), 0, step=len(self.outcome.steps))
-        choice.chosen = self.choose(len(self.outcome.choices), choice)
+        age: int = self.choose(len(self.outcome.choices), choice)
+        choice.chosen = age
         self.outcome.choices.append(choice)
-        return choice.chosen
+        return age
 
     def _run_actor(self, actor: Actor) -> None:
         actor.state = "running"
@@ -260,11 +275,11 @@ class Execution:
     # -- the scheduler ------------------------------------------------------------------------
 
     def run(self) -> Outcome:
-        coroutines = {}
+        coroutines: dict[str, greenlet.greenlet] = {}
         for actor in self.actors:
             coroutines[actor.name] = greenlet.greenlet(lambda actor=actor: self._run_actor(actor), parent=self._scheduler)
             self._actor_of[coroutines[actor.name]] = actor
-        previous = None
+        previous: Actor | None = None
         try:
             while True:
                 failed = next((a for a in self.actors if a.error), None)
@@ -288,7 +303,7 @@ class Execution:
                         actor.reads.clear()
                     ready = waiting
                 default = previous if previous in ready else ready[0]
-                choice = Choice("turn", [a.name for a in ready], default.name, previous and previous.name,
+                choice = Choice("turn", [a.name for a in ready], default.name, previous.name if previous else None,
                                 len(self.outcome.steps))
                 choice.chosen = self.choose(len(self.outcome.choices), choice)
                 self.outcome.choices.append(choice)
