@@ -26,7 +26,6 @@ import importlib
 import json
 import math
 import os
-import pwd
 import re
 import signal
 import statistics
@@ -38,8 +37,9 @@ import warnings
 import numpy
 
 import kickmsg
-from kickmsg import layout, owners, shm, typed
+from kickmsg import diagnostics, layout, owners, shm, typed
 from kickmsg.audit import audit
+from kickmsg.diagnostics import is_kickmsg, is_orphan_sidecar, is_sidecar, pid_alive, read_magic_and_version, shm_objects
 from kickmsg.config import ChannelType, Config
 from kickmsg.publisher import send_retrying
 from kickmsg.region import SharedRegion
@@ -48,12 +48,13 @@ from kickmsg.schema import Diff, diff
 EXIT_OK, EXIT_FOUND, EXIT_ERROR = 0, 1, 2
 EXIT_FORCED = 130  # a second stop signal (or Ctrl-C) forced the command out
 LIST_COLUMNS = (
-    "name", "type", "version", "creator", "pid", "alive", "subs", "capacity", "pool", "payload", "schema", "mode",
-    "owner", "problem",
+    "name", "type", "version", "creator", "pid", "alive", "subs", "pubs", "capacity", "pool", "payload", "schema",
+    "health", "mode", "owner", "problem",
 )
 TABLE_COLUMNS = LIST_COLUMNS[:-1]  # the text table tells problems in a footer
-JSON_FIELDS = {"subs": ("subs_live", "subs_max"), "pool": ("pool_free", "pool_size")}  # list --json: numbers apart
-CHANNEL_TYPES = {layout.CHANNEL_PUBSUB: "PubSub", layout.CHANNEL_BROADCAST: "Broadcast"}
+JSON_FIELDS = {  # list --json: numbers apart
+    "subs": ("subs_live", "subs_max"), "pubs": ("pubs_live", "pubs_stall"), "pool": ("pool_free", "pool_size"),
+}
 NODE_NAMING = "NAME, --topic T, --broadcast CH or --mailbox OWNER TAG"
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 RECEIVE_SLICE_S = 0.1  # a receive waits at most this long, so that a stop signal is seen soon
@@ -124,23 +125,6 @@ def import_extra(module: str):
         return importlib.import_module(module)
     except ImportError as error:
         raise CommandError(f"cannot import {error.name or module} ({error}); install the spark extra: {SPARK_EXTRA}") from None
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return pid > 0
-
-
-def user_name(uid: int) -> str:
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return str(uid)
 
 
 def emit(args, data, text: str) -> None:
@@ -214,110 +198,6 @@ def schema_dict(info) -> dict | None:
     }
 
 
-def header_fields(region: SharedRegion) -> dict:
-    """Every header field, decoded."""
-    h = region.header
-    ops = region.atomics
-    free_top = ops.load_acquire_u64(region.free_top_address)
-    schema_state = ops.load_acquire_u32(region.schema_state_address)
-    creator = bytes(region.mapping.buffer[layout.HEADER_SIZE : layout.HEADER_SIZE + h.creator_name_len])
-    return {
-        "name": region.name,
-        "magic": f"0x{ops.load_acquire_u64(region.mapping.address):016x}",
-        "version": h.version,
-        "channel_type": CHANNEL_TYPES.get(h.channel_type, h.channel_type),
-        "total_size": h.total_size,
-        "sub_rings_offset": h.sub_rings_offset,
-        "pool_offset": h.pool_offset,
-        "max_subs": h.max_subs,
-        "sub_ring_capacity": h.sub_ring_capacity,
-        "sub_ring_mask": h.sub_ring_mask,
-        "pool_size": h.pool_size,
-        "slot_data_size": h.slot_data_size,
-        "slot_stride": h.slot_stride,
-        "sub_ring_stride": h.sub_ring_stride,
-        "commit_timeout_us": h.commit_timeout_us,
-        "config_hash": f"0x{h.config_hash:016x}",
-        "creator_pid": h.creator_pid,
-        "creator_alive": pid_alive(h.creator_pid),
-        "created_at_ns": h.created_at_ns,
-        "age_s": round((time.monotonic_ns() - h.created_at_ns) / 1e9, 3),  # CLOCK_MONOTONIC, as written
-        "creator_name": creator.decode("utf-8", errors="replace"),
-        "creator_name_len": h.creator_name_len,
-        "schema_state": {0: "Unset", 1: "Claiming", 2: "Set"}.get(schema_state, schema_state),
-        "schema": schema_dict(region.schema()),
-        "free_top": {"generation": free_top >> 32, "slot": free_top & layout.U32_MAX},
-    }
-
-
-def ring_rows(region: SharedRegion) -> list[dict]:
-    """Per ring: state, in-flight publishers, write position, entries still
-    holding a slot, and for our subscribers (from the owner records, updated
-    at most every 0.1 s) their pid, read position, pending messages (at most
-    a ring's worth: older ones will count as lost) and losses."""
-    report = audit(region)
-    records = owners.read_owners(region.name, region.geometry.max_subs) or [(None, False)] * region.geometry.max_subs
-    created = region.header.created_at_ns
-    rows = []
-    for ring, (record, held) in zip(report.rings, records):
-        row = {
-            "ring": ring.index,
-            "state": ring.state,
-            "in_flight": ring.in_flight,
-            "write_pos": ring.write_pos,
-            "held": ring.references,
-            "locked": len(ring.locked_entries),
-            "owner_pid": None,
-            "owner_alive": None,
-            "read_pos": None,
-            "pending": None,
-            "lost": None,
-        }
-        if ring.state == "Live" and record is not None and record.region_created_at_ns == created:
-            row.update(
-                owner_pid=record.pid,
-                owner_alive=held,
-                read_pos=record.read_pos,
-                pending=min(max(0, ring.write_pos - record.read_pos), region.geometry.capacity),
-                lost=record.lost,
-            )
-        rows.append(row)
-    return rows
-
-
-def shm_objects(prefix: str | None):
-    """The regular files in /dev/shm (regions, sidecars, anything else),
-    sorted by name, optionally only those whose name starts with /PREFIX."""
-    prefix = prefix.lstrip("/") if prefix else ""
-    for entry in sorted(os.scandir(shm.SHM_DIRECTORY), key=lambda e: e.name):
-        if entry.is_file(follow_symlinks=False) and entry.name.startswith(prefix):
-            yield entry
-
-
-def is_sidecar(entry) -> bool:
-    return entry.name.endswith(owners.SUFFIX)
-
-
-def is_orphan_sidecar(entry) -> bool:
-    """A ring-owner sidecar whose region is gone (removed by the native
-    unlink_shm, by rm, ...)."""
-    return is_sidecar(entry) and not os.path.exists(entry.path.removesuffix(owners.SUFFIX))
-
-
-def read_magic_and_version(path: str) -> tuple[int, int] | None:
-    """The first 12 bytes as (magic, version); None if the object is
-    shorter. OSError (e.g. PermissionError) if it cannot be read."""
-    with open(path, "rb") as file:
-        head = file.read(12)
-    if len(head) < 12:
-        return None
-    return int.from_bytes(head[:8], "little"), int.from_bytes(head[8:12], "little")
-
-
-def is_kickmsg(found: tuple[int, int] | None) -> bool:
-    return found is not None and found[0] == layout.MAGIC
-
-
 def geometry_fields(region: SharedRegion) -> dict:
     """The channel type and the Config fields a region was made with."""
     g = region.geometry
@@ -339,17 +219,9 @@ def cmd_list(args) -> int:
     unknown = [c for c in columns if c not in LIST_COLUMNS]
     if unknown:
         raise CommandError(f"unknown column(s) {', '.join(unknown)}; choose from {','.join(LIST_COLUMNS)}")
-    rows, denied = [], 0
-    for entry in shm_objects(args.prefix):
-        try:
-            row = list_row(entry, args.all)
-        except PermissionError:
-            denied += 1
-            continue
-        except FileNotFoundError:  # removed meanwhile
-            continue
-        if row is not None:
-            rows.append(row)
+    found = diagnostics.list_regions(args.prefix, everything=args.all)
+    rows = [row for row in found if row.type != "unreadable"]
+    denied = len(found) - len(rows)
     unreadable = f"{counted(denied, 'object', 'objects')} could not be read: permission denied"
     if args.json:
         print(json.dumps([json_list_row(row, columns) for row in rows], indent=2), flush=True)
@@ -358,135 +230,106 @@ def cmd_list(args) -> int:
         return EXIT_OK
     lines = [table([text_list_row(row) for row in rows], columns) if rows else
              "no shared-memory objects" if args.all else "no Kickmsg regions"]
-    if any(row["type"] == "damaged" or row["type"].startswith("unsupported") for row in rows):
+    if any(row.type == "damaged" or row.type.startswith("unsupported") for row in rows):
         lines.append("kickmsg info NAME for details on damaged or unsupported regions")
+    if "pubs" in columns and any(row.pubs_live is not None for row in rows):
+        lines.append(f"PUBS: live publishers of this package ({diagnostics.UNRECORDED_PUBLISHERS})")
     if denied:
         lines.append(unreadable)
     print("\n".join(lines), flush=True)
     return EXIT_OK
 
 
-def list_row(entry, everything: bool) -> dict | None:
-    """The row of ``list`` for one /dev/shm object; None if it is not listed
-    (not a region, a sidecar of a region, unless --all shows it).
-    PermissionError if this user cannot read it."""
-    status = entry.stat(follow_symlinks=False)
-    row = {"name": "/" + entry.name, "mode": f"{status.st_mode & 0o777:04o}", "owner": user_name(status.st_uid)}
-    if is_sidecar(entry):
-        if not (everything and is_orphan_sidecar(entry)):
-            return None
-        region = row["name"].removesuffix(owners.SUFFIX)
-        return dict(row, type="orphan sidecar", problem=f"ring-owner records of {region}, which is gone (kickmsg clean removes it)")
-    found = read_magic_and_version(entry.path)
-    if not is_kickmsg(found):
-        return dict(row, type="not Kickmsg", problem="no Kickmsg magic") if everything else None
-    row["version"] = found[1]
-    if found[1] != layout.VERSION:
-        return dict(row, type=f"unsupported (v{found[1]})", problem=f"layout version {found[1]}; this tool reads {layout.VERSION}")
-    try:
-        region = SharedRegion.inspect(row["name"])
-    except (RuntimeError, ValueError) as error:
-        return dict(row, type="damaged", problem=str(error).splitlines()[0])
-    g, h = region.geometry, region.header
-    report = audit(region)
-    schema = region.schema()
-    return dict(
-        row,
-        type=region.channel_type.name,
-        creator=header_fields(region)["creator_name"],
-        pid=h.creator_pid,
-        alive=pid_alive(h.creator_pid),
-        subs_live=sum(r.state == "Live" for r in report.rings),
-        subs_max=g.max_subs,
-        capacity=g.capacity,
-        pool_free=report.free_slots,
-        pool_size=g.pool_size,
-        payload=g.slot_data_size,
-        schema=schema.name if schema else "",
-    )
+def json_list_row(row: diagnostics.RegionSummary, columns: list[str]) -> dict:
+    """A list row for --json: the chosen columns, ``subs``, ``pubs`` and
+    ``pool`` as two numbers each (``subs_live``, ``subs_max``, ``pubs_live``,
+    ``pubs_stall``, ``pool_free``, ``pool_size``)."""
+    fields = vars(row)
+    return {name: fields[name] for column in columns for name in JSON_FIELDS.get(column, (column,))}
 
 
-def json_list_row(row: dict, columns) -> dict:
-    """A list row for --json: the chosen columns, ``subs`` and ``pool`` as
-    two numbers each (``subs_live``, ``subs_max``, ``pool_free``, ``pool_size``)."""
-    return {field: row.get(field) for column in columns for field in JSON_FIELDS.get(column, (column,))}
-
-
-def text_list_row(row: dict) -> dict:
-    """A list row for the table: ``subs`` and ``pool`` as ``live/max``, ``free/size``."""
-    if "subs_live" not in row:
-        return row
-    return dict(row, subs=f"{row['subs_live']}/{row['subs_max']}", pool=f"{row['pool_free']}/{row['pool_size']}")
+def text_list_row(row: diagnostics.RegionSummary) -> dict:
+    """A list row for the table: ``subs`` and ``pool`` as ``live/max``,
+    ``free/size``, ``pubs`` as ``live`` (``+N stall``), health as its first word."""
+    cells = vars(row)
+    if row.subs_live is None:
+        return cells
+    stall = f"+{row.pubs_stall}stall" if row.pubs_stall else ""
+    return dict(cells, subs=f"{row.subs_live}/{row.subs_max}", pool=f"{row.pool_free}/{row.pool_size}",
+                pubs=f"{row.pubs_live}{stall}", health=(row.health or "").split(":")[0])
 
 
 def cmd_info(args) -> int:
-    region = inspect(channel_name(args))
-    fields = header_fields(region)
-    hazards = region.geometry.hazards()
+    found = diagnostics.region_info(inspect(channel_name(args)))
+    data = diagnostics.to_json(found)
     lines = []
-    for key, value in fields.items():
+    for key, value in data.items():
+        if key == "hazards":
+            continue
         if isinstance(value, dict):
             value = ", ".join(f"{k}={v}" for k, v in value.items())
         lines.append(f"{key:<18} {value}")
-    lines += [f"{'warning':<18} {hazard}" for hazard in hazards]
-    emit(args, dict(fields, hazards=hazards), "\n".join(lines))
+    lines += [f"{'warning':<18} {hazard}" for hazard in found.hazards]
+    emit(args, data, "\n".join(lines))
     return EXIT_OK
 
 
 def cmd_stats(args) -> int:
     region = inspect(channel_name(args))
-    rows = ring_rows(region)
-    free = audit(region).free_slots
-    data = {"name": region.name, "pool_size": region.geometry.pool_size, "pool_free": free, "rings": rows}
-    shown = [dict(row, owner_pid=owner_cell(row)) for row in rows]
-    lines = [f"{region.name}: pool {free}/{region.geometry.pool_size} slots free", table(
+    found = diagnostics.region_stats(region, audit(region))
+    shown = [dict(vars(row), owner_pid=owner_cell(row)) for row in found.rings]
+    lines = [f"{region.name}: pool {found.pool_free}/{found.pool_size} slots free", table(
         shown, ["ring", "state", "in_flight", "write_pos", "held", "locked", "owner_pid", "read_pos", "pending", "lost"]
     )]
     lines += [
-        f"ring {row['ring']}: its subscriber (pid {row['owner_pid']}) died; kickmsg repair {region.name} reclaims it"
-        for row in rows if row["owner_alive"] is False
+        f"ring {row.ring}: its subscriber (pid {row.owner_pid}) died; kickmsg repair {region.name} reclaims it"
+        for row in found.rings if row.owner_alive is False
     ]
-    emit(args, data, "\n".join(lines))
+    lines += publisher_lines(region.name, found.publishers)
+    emit(args, diagnostics.to_json(found), "\n".join(lines))
     return EXIT_OK
 
 
-def owner_cell(row: dict) -> str | None:
+def publisher_lines(name: str, publishers: list[diagnostics.Participant]) -> list[str]:
+    """The recorded publishers as a table (a dead one as ``stall``), and
+    the reminder that native publishers are not recorded."""
+    if not publishers:
+        return [f"publishers: none recorded ({diagnostics.UNRECORDED_PUBLISHERS})"]
+    rows = [dict(vars(p), state="live" if p.alive else "stall") for p in publishers]
+    lines = [f"publishers ({diagnostics.UNRECORDED_PUBLISHERS}):",
+             table(rows, ["pid", "node_name", "state", "sent", "dropped"])]
+    lines += [f"publisher {p.pid} died without leaving (stall); kickmsg repair {name} reclaims its record"
+              for p in publishers if not p.alive]
+    return lines
+
+
+def owner_cell(row: diagnostics.RingStats) -> str | None:
     """A ring's owner pid for the text table, marked if that process died."""
-    if row["owner_pid"] is None:
+    if row.owner_pid is None:
         return None
-    return f"{row['owner_pid']} (dead)" if row["owner_alive"] is False else str(row["owner_pid"])
+    return f"{row.owner_pid} (dead)" if row.owner_alive is False else str(row.owner_pid)
 
 
 def cmd_watch(args) -> int:
     stop = stop_on_signals()
-    region = inspect(channel_name(args))
+    name = channel_name(args)
+    inspect(name)  # a one-line error before anything else
     args.json_lines = True
-    previous = None
-    refreshes = 0
-    while args.count is None or refreshes < args.count:
-        now = time.monotonic()
-        rows = ring_rows(region)
-        report = audit(region)
-        if previous is not None:
-            elapsed = now - previous[0]
-            for row, before in zip(rows, previous[1]):
-                row["msgs_per_s"] = round((row["write_pos"] - before["write_pos"]) / elapsed, 1)
-                row["new_lost"] = None if row["lost"] is None or before["lost"] is None else row["lost"] - before["lost"]
-        pool_used = region.geometry.pool_size - report.free_slots
-        data = {"name": region.name, "time": time.time(), "pool_used": pool_used, "verdict": report.verdict, "rings": rows}
+    for refreshes, snapshot in enumerate(diagnostics.watch(name, args.interval, stop), 1):
         if args.json:
-            emit(args, data, "")
+            emit(args, diagnostics.to_json(snapshot), "")
         else:
-            shown = [row for row in rows if row["state"] != "Free" or row["in_flight"]]
+            shown = [vars(row) for row in snapshot.rings if row.state != "Free" or row.in_flight]
+            live = sum(p.alive for p in snapshot.publishers)
+            stalled = len(snapshot.publishers) - live
             screen = (
-                f"{region.name}  {datetime.datetime.now():%H:%M:%S}  pool {pool_used}/{region.geometry.pool_size} in use\n"
-                f"{report.verdict}\n"
+                f"{snapshot.name}  {datetime.datetime.now():%H:%M:%S}  pool {snapshot.pool_used}/{snapshot.pool_size} in use\n"
+                f"{snapshot.verdict}\n"
+                f"publishers: {live} live, {stalled} stall ({diagnostics.UNRECORDED_PUBLISHERS})\n"
                 + (table(shown, ["ring", "state", "in_flight", "write_pos", "msgs_per_s", "pending", "lost", "new_lost"]) if shown else "no active rings")
             )
             print(("\x1b[H\x1b[2J" if sys.stdout.isatty() else "") + screen + "\n", flush=True)
-        previous = (now, rows)
-        refreshes += 1
-        if (args.count is None or refreshes < args.count) and stop.wait(args.interval):
+        if args.count is not None and refreshes >= args.count:
             break
     return EXIT_OK
 
@@ -866,6 +709,8 @@ def cmd_repair(args) -> int:
         report = region.reclaim_dead_subscribers()
         done["dead_subscribers"] = {"reclaimed": report.reclaimed, "unrecorded": report.unrecorded, "timed_out": report.timed_out}
         lines += dead_subscriber_sentences(report)
+        done["dead_publishers_reclaimed"] = owners.reclaim_dead_publishers(region.name)
+        lines += [f"reclaimed the record of dead publisher {pid}" for pid in done["dead_publishers_reclaimed"]]
     if args.locked:
         done["locked_entries_repaired"] = region.repair_locked_entries()
         lines.append(f"repaired {counted(done['locked_entries_repaired'], 'locked entry', 'locked entries')}")
@@ -1318,7 +1163,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = command("repair", cmd_repair, "repair a channel (without options: the repairs safe under traffic)",
                   "  kickmsg repair --topic imu\n  kickmsg repair --topic imu --retired --orphans --yes")
     sub.add_argument("--locked", action="store_true", help="commit entries left locked by crashed publishers (safe)")
-    sub.add_argument("--dead-subscribers", action="store_true", help="free rings of subscribers that died (safe)")
+    sub.add_argument("--dead-subscribers", action="store_true",
+                     help="free rings of subscribers that died, and clear records of publishers that died (safe)")
     sub.add_argument("--retired", action="store_true", help="reset and drain rings left by crashed publishers (unsafe)")
     sub.add_argument("--orphans", action="store_true", help="reclaim unreferenced slots (needs quiescence)")
     sub.add_argument("--yes", action="store_true", help="do not ask for confirmation")
