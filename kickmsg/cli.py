@@ -33,6 +33,8 @@ import sys
 import threading
 import time
 import warnings
+from types import ModuleType
+from typing import Any
 
 import numpy
 
@@ -60,7 +62,6 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 RECEIVE_SLICE_S = 0.1  # a receive waits at most this long, so that a stop signal is seen soon
 DEFAULT_SILENCE_S = 10.0  # hz/bw --count without --timeout give up after this long without a message
 GEOMETRY_OPTIONS = ("max_subscribers", "ring", "pool", "payload", "commit_timeout")  # of create and pub --create
-SPARK_EXTRA = "pip install 'kickmsg-py[spark]'"
 URI_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")  # hdfs://, s3a://, file://: Spark's to resolve
 GLOB_CHARACTERS = "*?["
 PARQUET_MAGIC = b"PAR1"
@@ -118,13 +119,21 @@ def _attach(how, name: str) -> SharedRegion:
         raise CommandError(text.splitlines()[0]) from None
 
 
-def import_extra(module: str):
+def import_extra(module: str) -> ModuleType:
     """Import a module that needs the ``spark`` extra (pyarrow, pyspark,
     matplotlib); if it cannot be imported, a one-line error naming the extra."""
+    return import_module_of_extra(module, "spark")
+
+
+def import_module_of_extra(module: str, extra: str) -> ModuleType:
+    """Import a module that needs an extra; if it cannot be imported, a
+    one-line error naming the extra."""
     try:
         return importlib.import_module(module)
     except ImportError as error:
-        raise CommandError(f"cannot import {error.name or module} ({error}); install the spark extra: {SPARK_EXTRA}") from None
+        raise CommandError(
+            f"cannot import {error.name or module} ({error}); install the {extra} extra: pip install 'kickmsg-py[{extra}]'"
+        ) from None
 
 
 def emit(args, data, text: str) -> None:
@@ -214,7 +223,7 @@ def geometry_fields(region: SharedRegion) -> dict:
 # -- subcommands ---------------------------------------------------------------------
 
 
-def cmd_list(args) -> int:
+def cmd_list(args: argparse.Namespace) -> int:
     columns = args.columns.split(",") if args.columns else list(LIST_COLUMNS if args.json else TABLE_COLUMNS)
     unknown = [c for c in columns if c not in LIST_COLUMNS]
     if unknown:
@@ -240,7 +249,7 @@ def cmd_list(args) -> int:
     return EXIT_OK
 
 
-def json_list_row(row: diagnostics.RegionSummary, columns: list[str]) -> dict:
+def json_list_row(row: diagnostics.RegionSummary, columns: list[str]) -> dict[str, Any]:
     """A list row for --json: the chosen columns, ``subs``, ``pubs`` and
     ``pool`` as two numbers each (``subs_live``, ``subs_max``, ``pubs_live``,
     ``pubs_stall``, ``pool_free``, ``pool_size``)."""
@@ -248,7 +257,7 @@ def json_list_row(row: diagnostics.RegionSummary, columns: list[str]) -> dict:
     return {name: fields[name] for column in columns for name in JSON_FIELDS.get(column, (column,))}
 
 
-def text_list_row(row: diagnostics.RegionSummary) -> dict:
+def text_list_row(row: diagnostics.RegionSummary) -> dict[str, Any]:
     """A list row for the table: ``subs`` and ``pool`` as ``live/max``,
     ``free/size``, ``pubs`` as ``live`` (``+N stall``), health as its first word."""
     cells = vars(row)
@@ -259,7 +268,7 @@ def text_list_row(row: diagnostics.RegionSummary) -> dict:
                 pubs=f"{row.pubs_live}{stall}", health=(row.health or "").split(":")[0])
 
 
-def cmd_info(args) -> int:
+def cmd_info(args: argparse.Namespace) -> int:
     found = diagnostics.region_info(inspect(channel_name(args)))
     data = diagnostics.to_json(found)
     lines = []
@@ -274,7 +283,7 @@ def cmd_info(args) -> int:
     return EXIT_OK
 
 
-def cmd_stats(args) -> int:
+def cmd_stats(args: argparse.Namespace) -> int:
     region = inspect(channel_name(args))
     found = diagnostics.region_stats(region, audit(region))
     shown = [dict(vars(row), owner_pid=owner_cell(row)) for row in found.rings]
@@ -310,7 +319,7 @@ def owner_cell(row: diagnostics.RingStats) -> str | None:
     return f"{row.owner_pid} (dead)" if row.owner_alive is False else str(row.owner_pid)
 
 
-def cmd_watch(args) -> int:
+def cmd_watch(args: argparse.Namespace) -> int:
     stop = stop_on_signals()
     name = channel_name(args)
     inspect(name)  # a one-line error before anything else
@@ -695,7 +704,7 @@ def confirm(args, question: str) -> None:
         raise CommandError("cancelled")
 
 
-def cmd_repair(args) -> int:
+def cmd_repair(args: argparse.Namespace) -> int:
     chosen = [args.locked, args.retired, args.orphans, args.dead_subscribers]
     if not any(chosen):
         args.locked = args.dead_subscribers = True  # the repairs that are safe under traffic
@@ -704,7 +713,8 @@ def cmd_repair(args) -> int:
         confirm(args, "--retired resets rings left by a crashed publisher: only safe once it is known to be gone.")
     if args.orphans:
         confirm(args, "--orphans reclaims unreferenced slots: only safe with every publisher paused and no view alive.")
-    done, lines = {}, []
+    done: dict[str, Any] = {}
+    lines: list[str] = []
     if args.dead_subscribers:
         report = region.reclaim_dead_subscribers()
         done["dead_subscribers"] = {"reclaimed": report.reclaimed, "unrecorded": report.unrecorded, "timed_out": report.timed_out}
@@ -936,6 +946,18 @@ def remove_region(name: str, force: bool) -> None:
     kickmsg.unlink_shm(name)
 
 
+def cmd_exporter(args: argparse.Namespace) -> int:
+    stop = stop_on_signals()
+    exporter = import_module_of_extra("kickmsg.exporter", "metrics")
+
+    def tell(url: str) -> None:
+        print(f"serving {url} (channels {'/' + args.prefix.lstrip('/') + '*' if args.prefix else 'all'}, "
+              f"every {args.interval:g} s; Ctrl-C stops)", flush=True)
+
+    exporter.serve(args.port, args.bind, args.prefix, args.interval, stop, on_ready=tell)
+    return EXIT_OK
+
+
 def cmd_crosscheck(args) -> int:
     from kickmsg import crosscheck
 
@@ -1025,6 +1047,17 @@ def positive_number(text: str) -> float:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
     if not (math.isfinite(value) and value > 0):
         raise argparse.ArgumentTypeError(f"must be a finite number greater than 0, not {text}")
+    return value
+
+
+def port_number(text: str) -> int:
+    """An argparse type: a TCP port, 0 to 65535."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port number from 0 to 65535, not {text}")
     return value
 
 
@@ -1200,6 +1233,14 @@ def build_parser() -> argparse.ArgumentParser:
                   "  kickmsg clean --dry-run\n  kickmsg clean --prefix kickmsg", channel=False)
     sub.add_argument("--dry-run", action="store_true", help="only list what would be removed")
     sub.add_argument("--prefix", help="only names starting with /PREFIX")
+
+    sub = command("exporter", cmd_exporter, "serve Prometheus metrics of every channel on /metrics (read-only)",
+                  "  kickmsg exporter\n  kickmsg exporter --port 9464 --bind 127.0.0.1 --prefix kickmsg --interval 5",
+                  channel=False, json_flag=False)
+    sub.add_argument("--port", type=port_number, default=9464, help="TCP port (default 9464; 0: any free port)")
+    sub.add_argument("--bind", default="127.0.0.1", metavar="ADDRESS", help="address to listen on (default 127.0.0.1)")
+    sub.add_argument("--prefix", help="only channels whose name starts with /PREFIX")
+    sub.add_argument("--interval", type=positive_number, default=5.0, help="seconds between readings (default 5)")
 
     sub = command("crosscheck", cmd_crosscheck,
                   "run random operations on this package and another implementation, compare results and region "

@@ -286,10 +286,9 @@ def summarize(entry: os.DirEntry[str], everything: bool) -> RegionSummary | None
     if is_sidecar(entry):
         if not (everything and is_orphan_sidecar(entry)):
             return None
-        region = owners.region_of_sidecar(entry.name)
         records = "publisher" if entry.name.endswith(owners.PUBLISHERS_SUFFIX) else "ring-owner"
-        return dataclasses.replace(row, type="orphan sidecar",
-                                   problem=f"{records} records of {region}, which is gone (kickmsg clean removes it)")
+        return dataclasses.replace(row, type="orphan sidecar", problem=f"{records} records of "
+                                   f"{owners.region_of_sidecar(entry.name)}, which is gone (kickmsg clean removes it)")
     found = read_magic_and_version(entry.path)
     if found is None or not is_kickmsg(found):
         return dataclasses.replace(row, type="not Kickmsg", problem="no Kickmsg magic") if everything else None
