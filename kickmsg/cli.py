@@ -598,7 +598,7 @@ def cmd_pub(args) -> int:
     payload = payload_of(args)
     if len(payload) > region.geometry.slot_data_size:
         raise CommandError(f"{len(payload)} bytes exceed max_payload_size {region.geometry.slot_data_size} of {region.name}")
-    publisher = kickmsg.Publisher(region)
+    publisher = kickmsg.Publisher(region, name="kickmsg-pub")  # its record names it
     published = 0
     began = time.monotonic()
     while published < args.count and not stop.is_set():
