@@ -31,6 +31,7 @@ import ctypes
 import errno
 import fcntl
 import os
+import stat
 import struct
 import time
 
@@ -246,10 +247,12 @@ def read_owners(region_name: str, rings: int) -> list[tuple[OwnerRecord | None, 
     there is none) and whether a live process holds its lock. None if the
     region has no sidecar."""
     try:
-        fd = os.open(sidecar_path(region_name), os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(sidecar_path(region_name), os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)  # a FIFO planted there: no hang
     except OSError:
         return None
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
         return [(_read_record(fd, ring), _is_locked(fd, ring, RECORD_SIZE)) for ring in range(rings)]
     finally:
         os.close(fd)
@@ -272,13 +275,15 @@ def _read_publisher(fd: int, index: int) -> PublisherRecord | None:
 class PublisherEntry:
     """The record of one live Publisher: claimed when it starts, counters
     written at its check-ins, cleared when it is released (or by whoever
-    reuses it once its process died)."""
+    reuses it once its process died). A forked child that goes on
+    publishing records itself anew."""
 
     def __init__(self, region_name: str, mode: int, name: str):
         self._region_name, self._mode = region_name, mode
         self._name = name.encode("utf-8")[:PUBLISHER_NAME_SIZE]
         self._fd: int | None = None
         self._index = 0
+        self._pid = 0  # the process that claimed the record
         self._claim()
 
     @property
@@ -298,14 +303,14 @@ class PublisherEntry:
                 pid, now = os.getpid(), time.time_ns()
                 record = PublisherRecord(pid, process_start_time(pid), now, now, 0, 0, self._name)
                 os.pwrite(fd, bytes(record), index * PUBLISHER_RECORD_SIZE)
-                self._fd, self._index = fd, index
+                self._fd, self._index, self._pid = fd, index, pid
                 return
         os.close(fd)
 
     def check_in(self, sent: int, dropped: int) -> None:
         """Write the counters; first record anew if the file was removed
-        (its region was unlinked and made again)."""
-        if self._fd is not None and os.fstat(self._fd).st_nlink == 0:
+        (its region was unlinked and made again) or we are a forked child."""
+        if self._fd is not None and (self._pid != os.getpid() or os.fstat(self._fd).st_nlink == 0):
             self.release()
             self._claim()
         if self._fd is not None:
@@ -313,12 +318,14 @@ class PublisherEntry:
                       self._index * PUBLISHER_RECORD_SIZE + CHECK_IN_OFFSET)
 
     def release(self) -> None:
-        """Clear our record and drop its lock (idempotent)."""
+        """Clear our record and drop its lock (idempotent). In a forked
+        child, only close our copy: the record is the parent's."""
         if self._fd is None:
             return
         fd, self._fd = self._fd, None
         try:
-            os.pwrite(fd, bytes(PUBLISHER_RECORD_SIZE), self._index * PUBLISHER_RECORD_SIZE)
+            if self._pid == os.getpid():
+                os.pwrite(fd, bytes(PUBLISHER_RECORD_SIZE), self._index * PUBLISHER_RECORD_SIZE)
         finally:
             os.close(fd)
 
@@ -327,12 +334,15 @@ def read_publishers(region_name: str) -> list[tuple[PublisherRecord, bool]]:
     """For tools, without writing anything: each publisher record and
     whether a live process holds its lock (False: it died, a "stall")."""
     try:
-        fd = os.open(publishers_path(region_name), os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(publishers_path(region_name), os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)  # a FIFO planted there: no hang
     except OSError:
         return []
     try:
+        status = os.fstat(fd)
+        if not stat.S_ISREG(status.st_mode):
+            return []
         found = []
-        for index in range(min(MAX_PUBLISHER_RECORDS, os.fstat(fd).st_size // PUBLISHER_RECORD_SIZE)):
+        for index in range(min(MAX_PUBLISHER_RECORDS, status.st_size // PUBLISHER_RECORD_SIZE)):
             record = _read_publisher(fd, index)
             if record is not None:
                 found.append((record, _is_locked(fd, index, PUBLISHER_RECORD_SIZE)))

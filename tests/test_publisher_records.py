@@ -159,3 +159,44 @@ def test_clean_removes_publisher_records_whose_region_is_gone(prefix):
     del publisher  # its record is cleared; the file stays
     assert name + ".owners.owners" in cli_json("clean", "--prefix", prefix)["sidecars"]
     assert not os.path.exists(owners.publishers_path(name))
+
+
+def test_a_forked_child_that_publishes_records_itself_and_leaves_the_parents_record(shm_name):
+    make(shm_name)
+    publisher = Publisher(SharedRegion.open(shm_name), name="parent")
+    ready_read, ready_write = os.pipe()
+    go_read, go_write = os.pipe()
+    child = os.fork()
+    if child == 0:  # the child: publish past a check-in, say so, wait, leave without cleanup handlers
+        try:
+            publisher.send(b"a")
+            time.sleep(0.15)
+            publisher.send(b"b")
+            os.write(ready_write, b"r")
+            os.read(go_read, 1)
+            del publisher  # closes its copy only
+            os.write(ready_write, b"d")
+            os.read(go_read, 1)
+        finally:
+            os._exit(0)
+    try:
+        assert os.read(ready_read, 1) == b"r"
+        seen = {(p.pid, p.node_name, p.alive, p.sent) for p in diagnostics.stats(shm_name).publishers}
+        assert seen == {(os.getpid(), "parent", True, 0), (child, "parent", True, 1)}
+        os.write(go_write, b"g")
+        assert os.read(ready_read, 1) == b"d"
+        assert [(p.pid, p.alive) for p in diagnostics.stats(shm_name).publishers] == [(os.getpid(), True)]
+        os.write(go_write, b"g")
+    finally:
+        os.waitpid(child, 0)
+        for fd in (ready_read, ready_write, go_read, go_write):
+            os.close(fd)
+    del publisher
+
+
+def test_a_fifo_planted_as_the_records_file_does_not_hang_the_tools(shm_name):
+    make(shm_name)
+    os.mkfifo(owners.publishers_path(shm_name))
+    os.mkfifo(owners.sidecar_path(shm_name))
+    found = diagnostics.stats(shm_name)
+    assert found.publishers == [] and found.rings[0].owner_pid is None
