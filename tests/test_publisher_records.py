@@ -161,37 +161,50 @@ def test_clean_removes_publisher_records_whose_region_is_gone(prefix):
     assert not os.path.exists(owners.publishers_path(name))
 
 
+FORKING_PUBLISHER = r"""
+import os
+import time
+publisher = kickmsg.Publisher(kickmsg.SharedRegion.open(P["name"]), name="parent")
+ready_read, ready_write = os.pipe()
+go_read, go_write = os.pipe()
+child = os.fork()
+if child == 0:  # publish past a check-in, say so, drop the publisher when told, leave without cleanup handlers
+    try:
+        publisher.send(b"a")
+        time.sleep(0.15)
+        publisher.send(b"b")
+        os.write(ready_write, b"r")
+        os.read(go_read, 1)
+        del publisher
+        os.write(ready_write, b"d")
+        os.read(go_read, 1)
+    finally:
+        os._exit(0)
+os.read(ready_read, 1)
+ready()
+wait_go()
+os.write(go_write, b"g")
+os.read(ready_read, 1)
+ready()
+wait_go()
+os.write(go_write, b"g")
+os.waitpid(child, 0)
+done("ok")
+"""
+
+
 def test_a_forked_child_that_publishes_records_itself_and_leaves_the_parents_record(shm_name):
     make(shm_name)
-    publisher = Publisher(SharedRegion.open(shm_name), name="parent")
-    ready_read, ready_write = os.pipe()
-    go_read, go_write = os.pipe()
-    child = os.fork()
-    if child == 0:  # the child: publish past a check-in, say so, wait, leave without cleanup handlers
-        try:
-            publisher.send(b"a")
-            time.sleep(0.15)
-            publisher.send(b"b")
-            os.write(ready_write, b"r")
-            os.read(go_read, 1)
-            del publisher  # closes its copy only
-            os.write(ready_write, b"d")
-            os.read(go_read, 1)
-        finally:
-            os._exit(0)
-    try:
-        assert os.read(ready_read, 1) == b"r"
-        seen = {(p.pid, p.node_name, p.alive, p.sent) for p in diagnostics.stats(shm_name).publishers}
-        assert seen == {(os.getpid(), "parent", True, 0), (child, "parent", True, 1)}
-        os.write(go_write, b"g")
-        assert os.read(ready_read, 1) == b"d"
-        assert [(p.pid, p.alive) for p in diagnostics.stats(shm_name).publishers] == [(os.getpid(), True)]
-        os.write(go_write, b"g")
-    finally:
-        os.waitpid(child, 0)
-        for fd in (ready_read, ready_write, go_read, go_write):
-            os.close(fd)
-    del publisher
+    with start_ours(FORKING_PUBLISHER, name=shm_name) as parent:
+        parent.wait_ready()  # its forked child has sent past a check-in
+        seen = sorted((p.pid == parent.proc.pid, p.node_name, p.alive, p.sent)
+                      for p in diagnostics.stats(shm_name).publishers)
+        assert seen == [(False, "parent", True, 1), (True, "parent", True, 0)]
+        parent.tell()
+        parent.wait_ready()  # the child dropped its publisher: its copy of the parent's record stays
+        assert [(p.pid, p.alive) for p in diagnostics.stats(shm_name).publishers] == [(parent.proc.pid, True)]
+        parent.tell()
+        assert parent.result() == "ok"
 
 
 def test_a_fifo_planted_as_the_records_file_does_not_hang_the_tools(shm_name):
