@@ -38,7 +38,7 @@ $(INSTALLED): setup.py pyproject.toml kickmsg/_atomics.c kickmsg/_futex.c kickms
 		echo "creating $(VENV) with $$python"; rm -rf $(VENV) .native; $$python -m venv $(VENV) || exit 1; \
 	fi
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet --editable '.[test,spark,bench,bridge,mcap]'
+	$(PY) -m pip install --quiet --editable '.[test,spark,bench,bridge,mcap,metrics]'
 	touch $@
 
 # Mixed traffic of both implementations with kills, then recovery and audit.

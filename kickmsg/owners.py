@@ -16,17 +16,31 @@ which only the subscriber knows, so that tools (``kickmsg stats``,
 ``kickmsg watch``) can show pending messages and losses per ring. The file
 is only ever read and written with pread/pwrite, never mapped, so whatever
 another process does to it cannot fault a subscriber.
+
+Publishers of this package record themselves too, in a second file,
+``/dev/shm/<name>.owners.owners`` (no region can have that name, nor that
+sidecar: region names never end in ``.owners``): one ``PublisherRecord``
+per live ``Publisher``, locked the same way, with the messages it sent and
+the deliveries it dropped as of its last check-in (every 0.1 s while it
+sends, never per message). A record nobody holds the lock of is a dead
+publisher's ("stall"); the next publisher to record itself, or
+``reclaim_dead_publishers``, takes its place. Native publishers record
+nothing and cannot be seen.
 """
 import ctypes
 import errno
 import fcntl
 import os
+import stat
 import struct
 import time
 
 from kickmsg import shm
 
 SUFFIX = shm.SIDECAR_SUFFIX
+PUBLISHERS_SUFFIX = SUFFIX + SUFFIX  # stripped of one SUFFIX, still not a valid region name
+MAX_PUBLISHER_RECORDS = 1024  # a publisher that finds no free record among these goes unrecorded
+PUBLISHER_NAME_SIZE = 32
 FLOCK = struct.Struct("hhqqi4x")  # struct flock: type, whence, start, length, pid (0 for OFD locks)
 CLAIM_ATTEMPTS = 100  # a reclaimer holds a record's lock only briefly: retry 1 ms apart
 CLAIM_RETRY_S = 0.001
@@ -49,6 +63,24 @@ RECORD_SIZE = ctypes.sizeof(OwnerRecord)
 PROGRESS_OFFSET = OwnerRecord.read_pos.offset  # read_pos and lost, written together
 
 
+class PublisherRecord(ctypes.Structure):
+    """One live publisher, as written by the publisher that holds its lock."""
+
+    _fields_ = [
+        ("pid", ctypes.c_uint64),
+        ("process_start", ctypes.c_uint64),  # clock ticks after boot (/proc/<pid>/stat field 22)
+        ("started_at_ns", ctypes.c_uint64),  # time.time_ns() when it recorded itself
+        ("checked_in_at_ns", ctypes.c_uint64),  # time.time_ns() of its last check-in
+        ("sent", ctypes.c_uint64),  # messages sent, as of that check-in
+        ("dropped", ctypes.c_uint64),  # deliveries dropped, likewise
+        ("name", ctypes.c_char * PUBLISHER_NAME_SIZE),  # its node or program name, UTF-8, NUL-padded
+    ]
+
+
+PUBLISHER_RECORD_SIZE = ctypes.sizeof(PublisherRecord)
+CHECK_IN_OFFSET = PublisherRecord.checked_in_at_ns.offset  # checked_in_at_ns, sent and dropped, written together
+
+
 def process_start_time(pid: int) -> int:
     """When process ``pid`` started, in clock ticks after boot (0 if unknown)."""
     try:
@@ -63,17 +95,64 @@ def sidecar_path(region_name: str) -> str:
     return shm.SHM_DIRECTORY + region_name + SUFFIX
 
 
+def publishers_path(region_name: str) -> str:
+    return shm.SHM_DIRECTORY + region_name + PUBLISHERS_SUFFIX
+
+
+def region_of_sidecar(file_name: str) -> str:
+    """The region name (``/x``) a sidecar file name (``x.owners`` or
+    ``x.owners.owners``) belongs to."""
+    suffix = PUBLISHERS_SUFFIX if file_name.endswith(PUBLISHERS_SUFFIX) else SUFFIX
+    return "/" + file_name.removesuffix(suffix)
+
+
 def unlink(region_name: str) -> None:
-    """Remove the region's sidecar, if any."""
+    """Remove the region's sidecars (ring owners, publishers), if any."""
+    for path in (sidecar_path(region_name), publishers_path(region_name)):
+        try:
+            os.unlink(path)
+        except OSError as error:
+            if error.errno not in (errno.ENOENT, errno.ENAMETOOLONG):  # too long a name never has one
+                raise
+
+
+def _open_file(path: str, create_with_mode: int | None) -> int | None:
+    """Open a sidecar read-write; None if it does not exist or cannot be
+    opened. With ``create_with_mode``, create it if need be, with exactly
+    those permission bits (whatever the umask)."""
     try:
-        os.unlink(sidecar_path(region_name))
+        if create_with_mode is not None:
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_CREAT | os.O_EXCL, create_with_mode)
+                os.fchmod(fd, create_with_mode)
+                return fd
+            except FileExistsError:
+                pass
+        return os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    except OSError:
+        return None
+
+
+def _lock_request(lock_type: int, ring: int, size: int = RECORD_SIZE) -> bytes:
+    return FLOCK.pack(lock_type, os.SEEK_SET, ring * size, size, 0)
+
+
+def _try_lock(fd: int, lock_type: int, index: int, size: int) -> bool:
+    """Set or clear our lock on record ``index`` without waiting; False if
+    another open file description holds it."""
+    try:
+        fcntl.fcntl(fd, fcntl.F_OFD_SETLK, _lock_request(lock_type, index, size))
     except OSError as error:
-        if error.errno not in (errno.ENOENT, errno.ENAMETOOLONG):  # too long a name never has one
-            raise
+        if error.errno in (errno.EAGAIN, errno.EACCES):
+            return False
+        raise
+    return True
 
 
-def _lock_request(lock_type: int, ring: int) -> bytes:
-    return FLOCK.pack(lock_type, os.SEEK_SET, ring * RECORD_SIZE, RECORD_SIZE, 0)
+def _is_locked(fd: int, index: int, size: int) -> bool:
+    """Whether another open file description holds record ``index``'s lock."""
+    probe = fcntl.fcntl(fd, fcntl.F_OFD_GETLK, _lock_request(fcntl.F_WRLCK, index, size))
+    return FLOCK.unpack(probe)[0] != fcntl.F_UNLCK
 
 
 def _read_record(fd: int, ring: int) -> OwnerRecord | None:
@@ -93,29 +172,13 @@ class Sidecar:
         With ``create_with_mode`` (the region's permission bits), create it
         if it does not exist yet, with exactly those bits (whatever the
         umask), so whoever may use the region may also record themselves."""
-        path = sidecar_path(region_name)
-        try:
-            if create_with_mode is not None:
-                try:
-                    fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_CREAT | os.O_EXCL, create_with_mode)
-                    os.fchmod(fd, create_with_mode)
-                    return cls(fd)
-                except FileExistsError:
-                    pass
-            return cls(os.open(path, os.O_RDWR | os.O_CLOEXEC))
-        except OSError:
-            return None
+        fd = _open_file(sidecar_path(region_name), create_with_mode)
+        return None if fd is None else cls(fd)
 
     def _lock(self, ring: int, lock_type: int) -> bool:
         """Set or clear our lock on ring's record without waiting; False if
         another description holds it."""
-        try:
-            fcntl.fcntl(self._fd, fcntl.F_OFD_SETLK, _lock_request(lock_type, ring))
-        except OSError as error:
-            if error.errno in (errno.EAGAIN, errno.EACCES):
-                return False
-            raise
-        return True
+        return _try_lock(self._fd, lock_type, ring, RECORD_SIZE)
 
     def claim(self, ring: int, start_pos: int, region_created_at_ns: int) -> bool:
         """Record this process as ring's owner and keep the record's lock;
@@ -184,14 +247,125 @@ def read_owners(region_name: str, rings: int) -> list[tuple[OwnerRecord | None, 
     there is none) and whether a live process holds its lock. None if the
     region has no sidecar."""
     try:
-        fd = os.open(sidecar_path(region_name), os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(sidecar_path(region_name), os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)  # a FIFO planted there: no hang
     except OSError:
         return None
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        return [(_read_record(fd, ring), _is_locked(fd, ring, RECORD_SIZE)) for ring in range(rings)]
+    finally:
+        os.close(fd)
+
+
+def program_name() -> str:
+    """This process's command name (/proc/self/comm), for publisher records."""
+    try:
+        with open("/proc/self/comm", "rb") as comm:
+            return comm.read().strip().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+def _read_publisher(fd: int, index: int) -> PublisherRecord | None:
+    data = os.pread(fd, PUBLISHER_RECORD_SIZE, index * PUBLISHER_RECORD_SIZE)
+    return PublisherRecord.from_buffer_copy(data) if len(data) == PUBLISHER_RECORD_SIZE and any(data) else None
+
+
+class PublisherEntry:
+    """The record of one live Publisher: claimed when it starts, counters
+    written at its check-ins, cleared when it is released (or by whoever
+    reuses it once its process died). A forked child that goes on
+    publishing records itself anew."""
+
+    def __init__(self, region_name: str, mode: int, name: str):
+        self._region_name, self._mode = region_name, mode
+        self._name = name.encode("utf-8")[:PUBLISHER_NAME_SIZE]
+        self._fd: int | None = None
+        self._index = 0
+        self._pid = 0  # the process that claimed the record
+        self._claim()
+
+    @property
+    def recorded(self) -> bool:
+        """Whether the publisher has a record (False: none was free, or the
+        file could not be made)."""
+        return self._fd is not None
+
+    def _claim(self) -> None:
+        """Take the first record whose lock is free (empty, or left by a dead
+        publisher) and write ours into it."""
+        fd = _open_file(publishers_path(self._region_name), self._mode)
+        if fd is None:
+            return
+        for index in range(MAX_PUBLISHER_RECORDS):
+            if _try_lock(fd, fcntl.F_WRLCK, index, PUBLISHER_RECORD_SIZE):
+                pid, now = os.getpid(), time.time_ns()
+                record = PublisherRecord(pid, process_start_time(pid), now, now, 0, 0, self._name)
+                os.pwrite(fd, bytes(record), index * PUBLISHER_RECORD_SIZE)
+                self._fd, self._index, self._pid = fd, index, pid
+                return
+        os.close(fd)
+
+    def check_in(self, sent: int, dropped: int) -> None:
+        """Write the counters; first record anew if the file was removed
+        (its region was unlinked and made again) or we are a forked child."""
+        if self._fd is not None and (self._pid != os.getpid() or os.fstat(self._fd).st_nlink == 0):
+            self.release()
+            self._claim()
+        if self._fd is not None:
+            os.pwrite(self._fd, struct.pack("<QQQ", time.time_ns(), sent, dropped),
+                      self._index * PUBLISHER_RECORD_SIZE + CHECK_IN_OFFSET)
+
+    def release(self) -> None:
+        """Clear our record and drop its lock (idempotent). In a forked
+        child, only close our copy: the record is the parent's."""
+        if self._fd is None:
+            return
+        fd, self._fd = self._fd, None
+        try:
+            if self._pid == os.getpid():
+                os.pwrite(fd, bytes(PUBLISHER_RECORD_SIZE), self._index * PUBLISHER_RECORD_SIZE)
+        finally:
+            os.close(fd)
+
+
+def read_publishers(region_name: str) -> list[tuple[PublisherRecord, bool]]:
+    """For tools, without writing anything: each publisher record and
+    whether a live process holds its lock (False: it died, a "stall")."""
+    try:
+        fd = os.open(publishers_path(region_name), os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)  # a FIFO planted there: no hang
+    except OSError:
+        return []
+    try:
+        status = os.fstat(fd)
+        if not stat.S_ISREG(status.st_mode):
+            return []
         found = []
-        for ring in range(rings):
-            probe = fcntl.fcntl(fd, fcntl.F_OFD_GETLK, _lock_request(fcntl.F_WRLCK, ring))
-            found.append((_read_record(fd, ring), FLOCK.unpack(probe)[0] != fcntl.F_UNLCK))
+        for index in range(min(MAX_PUBLISHER_RECORDS, status.st_size // PUBLISHER_RECORD_SIZE)):
+            record = _read_publisher(fd, index)
+            if record is not None:
+                found.append((record, _is_locked(fd, index, PUBLISHER_RECORD_SIZE)))
         return found
+    finally:
+        os.close(fd)
+
+
+def reclaim_dead_publishers(region_name: str) -> list[int]:
+    """Clear the records of publishers that died; returns their pids."""
+    fd = _open_file(publishers_path(region_name), None)
+    if fd is None:
+        return []
+    reclaimed = []
+    try:
+        for index in range(min(MAX_PUBLISHER_RECORDS, os.fstat(fd).st_size // PUBLISHER_RECORD_SIZE)):
+            if not _try_lock(fd, fcntl.F_WRLCK, index, PUBLISHER_RECORD_SIZE):
+                continue  # alive
+            record = _read_publisher(fd, index)
+            if record is not None:
+                os.pwrite(fd, bytes(PUBLISHER_RECORD_SIZE), index * PUBLISHER_RECORD_SIZE)
+                reclaimed.append(record.pid)
+            _try_lock(fd, fcntl.F_UNLCK, index, PUBLISHER_RECORD_SIZE)
+        return reclaimed
     finally:
         os.close(fd)

@@ -11,7 +11,7 @@ import os
 import time
 import weakref
 
-from kickmsg import treiber
+from kickmsg import owners, treiber
 from kickmsg.audit import explain_empty_pool
 from kickmsg.layout import (
     IN_FLIGHT_ONE,
@@ -44,9 +44,14 @@ class Publisher:
     publishes into the new region from then on, and counts it in
     ``rejoined``; a slot allocated in the old region and published after
     that is not delivered and counts in ``dropped``.
+
+    Also beyond 0.1.0: it records itself beside the region (``name``, by
+    default the program's; ``kickmsg.owners``) so that tools see it, with
+    its counts as of its last check-in, until it is garbage-collected or
+    its process ends.
     """
 
-    def __init__(self, region: SharedRegion):
+    def __init__(self, region: SharedRegion, name: str | None = None):
         if not isinstance(region, SharedRegion):
             raise TypeError(f"Publisher needs a SharedRegion, got {region!r}")
         region.require_writable("publish")
@@ -55,6 +60,8 @@ class Publisher:
         self._dropped = 0
         self._rejoined = 0
         self._pending = None  # weak reference to the AllocatedSlot not yet published
+        self._sent = 0
+        self._record = self._record_ourselves(name)
 
     @property
     def region(self) -> SharedRegion:
@@ -127,18 +134,30 @@ class Publisher:
         self._pending = weakref.ref(allocated)
         return allocated
 
+    def _record_ourselves(self, name: str | None) -> "owners.PublisherEntry | None":
+        """Our publisher record, released when this object goes (None in
+        private memory)."""
+        if not self._region.mapping.shared:
+            return None
+        record = owners.PublisherEntry(self._region.name, self._region.mapping.mode, owners.program_name() if name is None else name)
+        weakref.finalize(self, record.release)
+        return record
+
     def _follow_if_recreated(self) -> None:
         """Publish into the region now under our region's name, if it was
-        re-created (beyond 0.1.0)."""
+        re-created (beyond 0.1.0); update our record's counters."""
         self._next_check_in_ns = self._region.next_check_in_ns()
         new_region = self._region.reopen_if_recreated()
         if new_region is not None:
             self._region = new_region
             self._rejoined += 1
+        if self._record is not None:
+            self._record.check_in(self._sent, self._dropped)
 
     def _publish(self, slot: int, payload_len: int) -> int:
         """Publish flow steps 3-5 for a written slot. Returns the number of
         rings it was committed to."""
+        self._sent += 1
         region = self._region
         ops = region.atomics
         geometry = region.geometry

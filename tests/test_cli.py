@@ -339,11 +339,14 @@ def test_list_shows_our_native_and_unsupported_regions(prefix):
     assert [row["name"] for row in rows] == [ours, native, old, unfit]
     assert rows[0] == dict(
         access(ours), name=ours, type="PubSub", version=4, creator=CREATOR, pid=os.getpid(), alive=True,
-        subs_live=1, subs_max=3, capacity=8, pool_free=14, pool_size=16, payload=64, schema="", problem=None,
+        subs_live=1, subs_max=3, pubs_live=1, pubs_stall=0, capacity=8, pool_free=14, pool_size=16, payload=64,
+        schema="", health="clean: 14 of 16 slots free, 1 live rings", problem=None,
     )
     assert rows[1] == dict(
         access(native), name=native, type="PubSub", version=4, creator="native-node", pid=native_pid, alive=False,
-        subs_live=0, subs_max=2, capacity=8, pool_free=8, pool_size=8, payload=64, schema="demo.Pose", problem=None,
+        subs_live=0, subs_max=2, pubs_live=0, pubs_stall=0, capacity=8, pool_free=8, pool_size=8, payload=64,
+        schema="demo.Pose", health="DAMAGED: pools too small for their rings: 1; 8 of 8 slots free, 0 live rings",
+        problem=None,
     )
     assert rows[2]["type"] == "unsupported (v7)" and rows[2]["version"] == 7
     assert rows[2]["creator"] is None and rows[2]["pool_free"] is None and rows[2]["subs_max"] is None
@@ -369,7 +372,7 @@ def test_list_text_table_and_column_selection(prefix):
     table = cli("list", "--prefix", prefix)
     assert table.code == 0
     lines = table.text.splitlines()
-    assert lines[0].split() == "NAME TYPE VERSION CREATOR PID ALIVE SUBS CAPACITY POOL PAYLOAD SCHEMA MODE OWNER".split()
+    assert lines[0].split() == "NAME TYPE VERSION CREATOR PID ALIVE SUBS PUBS CAPACITY POOL PAYLOAD SCHEMA HEALTH MODE OWNER".split()
     assert lines[1].split()[:4] == [first, "PubSub", "4", CREATOR]
     assert lines[1].split()[-2:] == [access(first)["mode"], access(first)["owner"]]
     assert lines[2].split()[:4] == [second, "PubSub", "4", "nat"]
@@ -690,6 +693,7 @@ def test_stats_and_repair_of_a_subscriber_killed_with_sigkill(name):
             assert repaired == {
                 "name": name,
                 "dead_subscribers": {"reclaimed": [[0, pid]], "unrecorded": [1], "timed_out": []},
+                "dead_publishers_reclaimed": [],
                 "locked_entries_repaired": 0,
             }
             rings = cli_json("stats", name)["rings"]
@@ -736,7 +740,7 @@ def test_watch_json_lines_while_a_thread_publishes(name):
         assert [ring["state"] for ring in refresh["rings"]] == ["Live", "Free", "Free"]
         assert refresh["rings"][0]["owner_pid"] == os.getpid()
         if index == 0:
-            assert all("msgs_per_s" not in ring for ring in refresh["rings"])
+            assert all(ring["msgs_per_s"] is None and ring["new_lost"] is None for ring in refresh["rings"])
             continue
         assert refresh["time"] > refreshes[index - 1]["time"]
         live, *free = refresh["rings"]

@@ -53,11 +53,12 @@ def test_list_keeps_the_table_readable_around_a_damaged_region(prefix):
     poke(damaged, 64, "<Q", 10**6)  # pool_size far beyond the object
     result = cli("list", "--prefix", prefix)
     assert result.code == 0
-    header, first, second, footer = result.text.splitlines()
+    header, first, second, footer, publishers = result.text.splitlines()
     assert first.split()[:2] == [good, "PubSub"]
-    assert second.split() == [damaged, "damaged", "4", "-", "-", "-", "-", "-", "-", "-", "-",
+    assert second.split() == [damaged, "damaged", "4", "-", "-", "-", "-", "-", "-", "-", "-", "-", "-",
                               access(damaged)["mode"], access(damaged)["owner"]]
     assert footer == "kickmsg info NAME for details on damaged or unsupported regions"
+    assert publishers == "PUBS: live publishers of this package (+ unrecorded: native publishers cannot be seen)"
     rows = cli_json("list", "--prefix", prefix)
     assert rows[0]["problem"] is None
     assert rows[1]["type"] == "damaged" and rows[1]["problem"].startswith(f"Region {damaged} does not fit its mapping")
@@ -159,7 +160,8 @@ def test_dead_subscriber_in_stats_diagnose_audit_and_repair_sentences(name):
             assert stats.code == 0
             lines = stats.text.splitlines()
             assert lines[2].split()[:2] == ["0", "Live"] and f" {pid} (dead) " in lines[2]
-            assert lines[-1] == f"ring 0: its subscriber (pid {pid}) died; kickmsg repair {name} reclaims it"
+            assert lines[-2] == f"ring 0: its subscriber (pid {pid}) died; kickmsg repair {name} reclaims it"
+            assert lines[-1] == "publishers: none recorded (+ unrecorded: native publishers cannot be seen)"
 
             diagnosis = cli("diagnose", name)
             assert diagnosis.code == 1

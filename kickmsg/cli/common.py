@@ -1,0 +1,241 @@
+"""Shared by the commands: naming and opening channels, output, stopping
+on signals, and the argument types.
+"""
+import argparse
+import importlib
+import json
+import math
+import os
+import signal
+import sys
+import threading
+import warnings
+from types import ModuleType
+
+from kickmsg import shm
+from kickmsg.config import Config
+from kickmsg.region import SharedRegion
+
+EXIT_OK, EXIT_FOUND, EXIT_ERROR = 0, 1, 2
+EXIT_FORCED = 130  # a second stop signal (or Ctrl-C) forced the command out
+NODE_NAMING = "NAME, --topic T, --broadcast CH or --mailbox OWNER TAG"
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+GEOMETRY_OPTIONS = ("max_subscribers", "ring", "pool", "payload", "commit_timeout")  # of create and pub --create
+
+
+class CommandError(Exception):
+    """Bad input: reported as one line, exit status 2."""
+
+
+def shm_name(text: str) -> str:
+    """``x`` or ``/x`` -> ``/x``."""
+    return text if text.startswith("/") else "/" + text
+
+
+def channel_name(args) -> str:
+    """The shm name the arguments designate (Node naming rules for --topic etc.)."""
+    chosen = [args.name is not None, args.topic is not None, args.broadcast is not None, args.mailbox is not None]
+    if sum(chosen) != 1:
+        raise CommandError(f"name exactly one channel: {args.naming}")
+    if args.topic is not None:
+        return f"/{args.prefix}_{args.topic}"
+    if args.broadcast is not None:
+        return f"/{args.prefix}_broadcast_{args.broadcast}"
+    if args.mailbox is not None:
+        owner, tag = args.mailbox
+        return f"/{args.prefix}_{owner}_mbx_{tag}"
+    return shm_name(args.name)
+
+
+def inspect(name: str) -> SharedRegion:
+    """Attach read-only, turning every failure into a one-line error."""
+    return _attach(SharedRegion.inspect, name)
+
+
+def open_writable(name: str) -> SharedRegion:
+    return _attach(SharedRegion.open, name)
+
+
+def _attach(how, name: str) -> SharedRegion:
+    try:
+        return how(name)
+    except shm.RegionNotFoundError:
+        raise CommandError(f"no such region: {name}") from None
+    except shm.RegionPermissionError:
+        raise CommandError(f"permission denied: {name}") from None
+    except RuntimeError as error:
+        text = str(error)
+        if "bad magic" in text:
+            raise CommandError(f"not a Kickmsg region: {name}") from None
+        if "Version mismatch" in text:
+            raise CommandError(f"unsupported version: {text}") from None
+        raise CommandError(text.splitlines()[0]) from None
+
+
+def import_extra(module: str) -> ModuleType:
+    """Import a module that needs the ``spark`` extra (pyarrow, pyspark,
+    matplotlib); if it cannot be imported, a one-line error naming the extra."""
+    return import_module_of_extra(module, "spark")
+
+
+def import_module_of_extra(module: str, extra: str) -> ModuleType:
+    """Import a module that needs an extra; if it cannot be imported, a
+    one-line error naming the extra."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as error:
+        raise CommandError(
+            f"cannot import {error.name or module} ({error}); install the {extra} extra: pip install 'kickmsg-py[{extra}]'"
+        ) from None
+
+
+def emit(args, data, text: str) -> None:
+    """Print ``data`` as JSON with --json, else ``text``."""
+    print(json.dumps(data, indent=None if getattr(args, "json_lines", False) else 2) if args.json else text, flush=True)
+
+
+def table(rows: list[dict], columns) -> str:
+    """Plain aligned columns; a missing value shows as ``-``."""
+    cells = [[str(column).upper() for column in columns]]
+    cells += [["-" if row.get(c) is None else str(row[c]) for c in columns] for row in rows]
+    widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
+    return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip() for line in cells)
+
+
+def counted(number: int, singular: str, plural: str) -> str:
+    """``1 locked entry``, ``2 locked entries``."""
+    return f"{number} {singular if number == 1 else plural}"
+
+
+def stop_on_signals() -> threading.Event:
+    """An event that SIGINT, SIGTERM or SIGHUP sets: the command checks it
+    between receives (never interrupted inside one, where a slot may be
+    pinned), leaves its ring, closes its files and prints its summary. A
+    second signal while stopping forces it out (KeyboardInterrupt)."""
+    stop = threading.Event()
+
+    def handle(number, frame):
+        if stop.is_set():
+            raise KeyboardInterrupt
+        stop.set()
+
+    for number in STOP_SIGNALS:
+        signal.signal(number, handle)
+    return stop
+
+
+def discard_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's last flush of
+    what is still buffered neither fails (closed pipe) nor blocks (full pipe)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
+def print_warnings_on_one_line(command: str) -> None:
+    """Library warnings (e.g. a geometry that cannot work) as one stderr line each."""
+    def show(message, category, filename, lineno, file=None, line=None):
+        print(f"kickmsg {command}: warning: {message}", file=sys.stderr, flush=True)
+
+    warnings.showwarning = show
+
+
+def schema_dict(info) -> dict | None:
+    if info is None:
+        return None
+    return {
+        "name": info.name,
+        "version": info.version,
+        "identity": info.identity.hex(),
+        "layout": info.layout.hex(),
+        "identity_algo": info.identity_algo,
+        "layout_algo": info.layout_algo,
+        "flags": info.flags,
+    }
+
+
+def geometry_fields(region: SharedRegion) -> dict:
+    """The channel type and the Config fields a region was made with."""
+    g = region.geometry
+    return {
+        "type": region.channel_type.name,
+        "max_subscribers": g.max_subs,
+        "sub_ring_capacity": g.capacity,
+        "pool_size": g.pool_size,
+        "max_payload_size": g.slot_data_size,
+        "commit_timeout_us": g.commit_timeout_us,
+    }
+
+
+def config_of(args) -> Config:
+    """The Config of the geometry options (--ring, --pool, ...); Config()'s
+    defaults for those not given."""
+    given = {
+        "max_subscribers": args.max_subscribers, "sub_ring_capacity": args.ring, "pool_size": args.pool,
+        "max_payload_size": args.payload, "commit_timeout": args.commit_timeout,
+    }
+    return Config(**{field: value for field, value in given.items() if value is not None})
+
+
+def geometry_options_given(args) -> list[str]:
+    return [f"--{option.replace('_', '-')}" for option in GEOMETRY_OPTIONS if getattr(args, option) is not None]
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: an integer above 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be greater than 0, not {text}")
+    return value
+
+
+def positive_number(text: str) -> float:
+    """An argparse type: a finite number above 0 (seconds, a rate, megabytes)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number greater than 0, not {text}")
+    return value
+
+
+def port_number(text: str) -> int:
+    """An argparse type: a TCP port, 0 to 65535."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port number from 0 to 65535, not {text}")
+    return value
+
+
+def octal_mode(text: str) -> int:
+    """An argparse type: permission bits in octal, e.g. 0600."""
+    try:
+        return int(text, 8)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an octal permission mode such as 0600 or 0660: {text!r}") from None
+
+
+def add_geometry_options(sub, creator: str) -> None:
+    """The options of a new channel (create, pub --create); Config()'s defaults."""
+    defaults = Config()
+    sub.add_argument("--max-subscribers", type=positive_int, metavar="N",
+                     help=f"rings, one per subscriber (default {defaults.max_subscribers})")
+    sub.add_argument("--ring", type=positive_int, metavar="N",
+                     help=f"sub_ring_capacity: messages each ring keeps, a power of 2 (default {defaults.sub_ring_capacity})")
+    sub.add_argument("--pool", type=positive_int, metavar="N",
+                     help=f"pool_size: message slots, more than --ring (default {defaults.pool_size})")
+    sub.add_argument("--payload", type=positive_int, metavar="BYTES",
+                     help=f"max_payload_size (default {defaults.max_payload_size})")
+    sub.add_argument("--commit-timeout", type=float, metavar="S",
+                     help=f"seconds a publisher waits on an entry a crashed one left locked "
+                          f"(default {defaults.commit_timeout.total_seconds():g})")
+    sub.add_argument("--creator", default=creator, metavar="NAME", help=f"creator name in the header (default {creator})")
+    sub.add_argument("--mode", type=octal_mode, metavar="OCTAL",
+                     help=f"permission bits of the new object (default ${shm.MODE_VARIABLE}, else 0600; the umask applies)")

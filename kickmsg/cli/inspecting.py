@@ -1,0 +1,246 @@
+"""Commands that look without touching: list, info, stats, watch, schema,
+schema-diff, diagnose, audit, exporter. They render ``kickmsg.diagnostics``.
+"""
+import argparse
+import datetime
+import json
+import sys
+from typing import Any
+
+from kickmsg import diagnostics, typed
+from kickmsg.audit import audit
+from kickmsg.cli.common import (
+    EXIT_FOUND,
+    EXIT_OK,
+    CommandError,
+    channel_name,
+    counted,
+    emit,
+    import_module_of_extra,
+    inspect,
+    schema_dict,
+    stop_on_signals,
+    table,
+)
+from kickmsg.schema import Diff, diff
+
+LIST_COLUMNS = (
+    "name", "type", "version", "creator", "pid", "alive", "subs", "pubs", "capacity", "pool", "payload", "schema",
+    "health", "mode", "owner", "problem",
+)
+TABLE_COLUMNS = LIST_COLUMNS[:-1]  # the text table tells problems in a footer
+JSON_FIELDS = {  # list --json: numbers apart
+    "subs": ("subs_live", "subs_max"), "pubs": ("pubs_live", "pubs_stall"), "pool": ("pool_free", "pool_size"),
+}
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    columns = args.columns.split(",") if args.columns else list(LIST_COLUMNS if args.json else TABLE_COLUMNS)
+    unknown = [c for c in columns if c not in LIST_COLUMNS]
+    if unknown:
+        raise CommandError(f"unknown column(s) {', '.join(unknown)}; choose from {','.join(LIST_COLUMNS)}")
+    found = diagnostics.list_regions(args.prefix, everything=args.all)
+    rows = [row for row in found if row.type != "unreadable"]
+    denied = len(found) - len(rows)
+    unreadable = f"{counted(denied, 'object', 'objects')} could not be read: permission denied"
+    if args.json:
+        print(json.dumps([json_list_row(row, columns) for row in rows], indent=2), flush=True)
+        if denied:
+            print(f"kickmsg list: {unreadable}", file=sys.stderr)
+        return EXIT_OK
+    lines = [table([text_list_row(row) for row in rows], columns) if rows else
+             "no shared-memory objects" if args.all else "no Kickmsg regions"]
+    if any(row.type == "damaged" or row.type.startswith("unsupported") for row in rows):
+        lines.append("kickmsg info NAME for details on damaged or unsupported regions")
+    if "pubs" in columns and any(row.pubs_live is not None for row in rows):
+        lines.append(f"PUBS: live publishers of this package ({diagnostics.UNRECORDED_PUBLISHERS})")
+    if denied:
+        lines.append(unreadable)
+    print("\n".join(lines), flush=True)
+    return EXIT_OK
+
+
+def json_list_row(row: diagnostics.RegionSummary, columns: list[str]) -> dict[str, Any]:
+    """A list row for --json: the chosen columns, ``subs``, ``pubs`` and
+    ``pool`` as two numbers each (``subs_live``, ``subs_max``, ``pubs_live``,
+    ``pubs_stall``, ``pool_free``, ``pool_size``)."""
+    fields = vars(row)
+    return {name: fields[name] for column in columns for name in JSON_FIELDS.get(column, (column,))}
+
+
+def text_list_row(row: diagnostics.RegionSummary) -> dict[str, Any]:
+    """A list row for the table: ``subs`` and ``pool`` as ``live/max``,
+    ``free/size``, ``pubs`` as ``live`` (``+N stall``), health as its first word."""
+    cells = vars(row)
+    if row.subs_live is None:
+        return cells
+    stall = f"+{row.pubs_stall}stall" if row.pubs_stall else ""
+    return dict(cells, subs=f"{row.subs_live}/{row.subs_max}", pool=f"{row.pool_free}/{row.pool_size}",
+                pubs=f"{row.pubs_live}{stall}", health=(row.health or "").split(":")[0])
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    found = diagnostics.region_info(inspect(channel_name(args)))
+    data = diagnostics.to_json(found)
+    lines = []
+    for key, value in data.items():
+        if key == "hazards":
+            continue
+        if isinstance(value, dict):
+            value = ", ".join(f"{k}={v}" for k, v in value.items())
+        lines.append(f"{key:<18} {value}")
+    lines += [f"{'warning':<18} {hazard}" for hazard in found.hazards]
+    emit(args, data, "\n".join(lines))
+    return EXIT_OK
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    region = inspect(channel_name(args))
+    found = diagnostics.region_stats(region, audit(region))
+    shown = [dict(vars(row), owner_pid=owner_cell(row)) for row in found.rings]
+    lines = [f"{region.name}: pool {found.pool_free}/{found.pool_size} slots free", table(
+        shown, ["ring", "state", "in_flight", "write_pos", "held", "locked", "owner_pid", "read_pos", "pending", "lost"]
+    )]
+    lines += [
+        f"ring {row.ring}: its subscriber (pid {row.owner_pid}) died; kickmsg repair {region.name} reclaims it"
+        for row in found.rings if row.owner_alive is False
+    ]
+    lines += publisher_lines(region.name, found.publishers)
+    emit(args, diagnostics.to_json(found), "\n".join(lines))
+    return EXIT_OK
+
+
+def publisher_lines(name: str, publishers: list[diagnostics.Participant]) -> list[str]:
+    """The recorded publishers as a table (a dead one as ``stall``), and
+    the reminder that native publishers are not recorded."""
+    if not publishers:
+        return [f"publishers: none recorded ({diagnostics.UNRECORDED_PUBLISHERS})"]
+    rows = [dict(vars(p), state="live" if p.alive else "stall") for p in publishers]
+    lines = [f"publishers ({diagnostics.UNRECORDED_PUBLISHERS}):",
+             table(rows, ["pid", "node_name", "state", "sent", "dropped"])]
+    lines += [f"publisher {p.pid} died without leaving (stall); kickmsg repair {name} reclaims its record"
+              for p in publishers if not p.alive]
+    return lines
+
+
+def owner_cell(row: diagnostics.RingStats) -> str | None:
+    """A ring's owner pid for the text table, marked if that process died."""
+    if row.owner_pid is None:
+        return None
+    return f"{row.owner_pid} (dead)" if row.owner_alive is False else str(row.owner_pid)
+
+
+def cmd_watch(args: argparse.Namespace) -> int:
+    stop = stop_on_signals()
+    name = channel_name(args)
+    inspect(name)  # a one-line error before anything else
+    args.json_lines = True
+    for refreshes, snapshot in enumerate(diagnostics.watch(name, args.interval, stop), 1):
+        if args.json:
+            emit(args, diagnostics.to_json(snapshot), "")
+        else:
+            shown = [vars(row) for row in snapshot.rings if row.state != "Free" or row.in_flight]
+            live = sum(p.alive for p in snapshot.publishers)
+            stalled = len(snapshot.publishers) - live
+            screen = (
+                f"{snapshot.name}  {datetime.datetime.now():%H:%M:%S}  pool {snapshot.pool_used}/{snapshot.pool_size} in use\n"
+                f"{snapshot.verdict}\n"
+                f"publishers: {live} live, {stalled} stall ({diagnostics.UNRECORDED_PUBLISHERS})\n"
+                + (table(shown, ["ring", "state", "in_flight", "write_pos", "msgs_per_s", "pending", "lost", "new_lost"]) if shown else "no active rings")
+            )
+            print(("\x1b[H\x1b[2J" if sys.stdout.isatty() else "") + screen + "\n", flush=True)
+        if args.count is not None and refreshes >= args.count:
+            break
+    return EXIT_OK
+
+
+def cmd_schema(args) -> int:
+    region = inspect(channel_name(args))
+    info = region.schema()
+    data = {"name": region.name, "schema": schema_dict(info)}
+    if info is None:
+        text = f"{region.name}: no schema descriptor"
+    else:
+        record_type = typed.RecordType.from_schema(info)
+        text = "\n".join(f"{key:<14} {value}" for key, value in schema_dict(info).items())
+        if record_type is not None:
+            data["record_dtype"] = str(record_type.dtype)
+            text += f"\n{'record dtype':<14} {record_type.dtype}"
+    emit(args, data, text)
+    return EXIT_OK
+
+
+def cmd_schema_diff(args) -> int:
+    names = [a if a.startswith("/") else "/" + a for a in (args.a, args.b)]
+    schemas = [inspect(name).schema() for name in names]
+    if None in schemas:
+        missing = [name for name, info in zip(names, schemas) if info is None]
+        data = {"equal": schemas[0] is schemas[1], "differences": [], "without_schema": missing}
+        emit(args, data, f"no schema descriptor on {', '.join(missing)}")
+        return EXIT_OK if data["equal"] else EXIT_FOUND
+    found = diff(*schemas)
+    names_of = [flag.name for flag in Diff if flag and flag in found]
+    emit(args, {"equal": not names_of, "differences": names_of}, "equal" if not names_of else "differ: " + ", ".join(names_of))
+    return EXIT_OK if not names_of else EXIT_FOUND
+
+
+def cmd_diagnose(args) -> int:
+    region = inspect(channel_name(args))
+    report = region.diagnose()
+    data = {
+        "locked_entries": report.locked_entries,
+        "retired_rings": report.retired_rings,
+        "draining_rings": report.draining_rings,
+        "live_rings": report.live_rings,
+        "schema_stuck": report.schema_stuck,
+        "dead_subscriber_rings": report.dead_subscriber_rings,
+        "pool_too_small": report.pool_too_small,
+    }
+    width = max(map(len, data))
+    lines = [f"{key:<{width}} {value}" for key, value in data.items()]
+    lines += [f"ring {ring}: its subscriber (pid {pid}) died; kickmsg repair reclaims it" for ring, pid in region.dead_subscriber_rings()]
+    lines += [f"warning: {hazard}" for hazard in region.geometry.hazards()]
+    emit(args, dict(data, healthy=report.healthy), "\n".join(lines))
+    return EXIT_OK if report.healthy else EXIT_FOUND
+
+
+def cmd_audit(args) -> int:
+    report = audit(inspect(channel_name(args)))
+    data = {
+        "verdict": report.verdict,
+        "clean": report.clean,
+        "pool_size": report.pool_size,
+        "free_slots": report.free_slots,
+        "free_stack_problems": report.free_stack_problems,
+        "being_written": report.being_written,
+        "leaked_slots": report.leaked_slots,
+        "under_referenced_slots": report.under_referenced_slots,
+        "double_free_candidates": report.double_free_candidates,
+        "schema_state": report.schema_state,
+        "hazards": report.hazards,
+        "rings": [vars(ring) for ring in report.rings],
+    }
+    problems = ("free_stack_problems", "leaked_slots", "under_referenced_slots", "double_free_candidates")
+    details = [f"  {key}: {data[key]}" for key in problems if data[key]]
+    details += [f"  being_written: {report.being_written}"] if report.being_written else []
+    for ring in report.rings:
+        for what in ("locked_entries", "stale_entries", "bad_entries"):
+            if getattr(ring, what):
+                details.append(f"  ring {ring.index} {what}: {getattr(ring, what)}")
+        if ring.owner_dead:
+            details.append(f"  ring {ring.index} is held by dead subscriber {ring.owner_pid} (kickmsg repair reclaims it)")
+    details += [f"  {hazard}" for hazard in report.hazards]
+    emit(args, data, "\n".join([report.verdict] + details))
+    return EXIT_OK if report.clean else EXIT_FOUND
+
+
+def cmd_exporter(args: argparse.Namespace) -> int:
+    stop = stop_on_signals()
+    exporter = import_module_of_extra("kickmsg.exporter", "metrics")
+
+    def tell(url: str) -> None:
+        print(f"serving {url} (channels {'/' + args.prefix.lstrip('/') + '*' if args.prefix else 'all'}, "
+              f"every {args.interval:g} s; Ctrl-C stops)", flush=True)
+
+    exporter.serve(args.port, args.bind, args.prefix, args.interval, stop, on_ready=tell)
+    return EXIT_OK

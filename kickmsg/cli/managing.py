@@ -1,0 +1,256 @@
+"""Commands that write: pub, create, rm, repair, clean."""
+import argparse
+import os
+import sys
+import time
+from typing import Any
+
+import kickmsg
+from kickmsg import layout, owners, shm
+from kickmsg.cli.common import (
+    EXIT_ERROR,
+    EXIT_OK,
+    CommandError,
+    channel_name,
+    config_of,
+    counted,
+    emit,
+    geometry_fields,
+    geometry_options_given,
+    open_writable,
+    shm_name,
+    stop_on_signals,
+)
+from kickmsg.config import ChannelType
+from kickmsg.diagnostics import (
+    is_kickmsg,
+    is_orphan_sidecar,
+    is_sidecar,
+    pid_alive,
+    read_magic_and_version,
+    shm_objects,
+)
+from kickmsg.publisher import send_retrying
+from kickmsg.region import SharedRegion
+
+
+def payload_of(args) -> bytes:
+    if args.data.startswith("@"):
+        try:
+            with open(args.data[1:], "rb") as file:
+                return file.read()
+        except OSError as error:
+            raise CommandError(f"cannot read {args.data[1:]}: {error.strerror}") from None
+    if args.hex:
+        try:
+            return bytes.fromhex(args.data)
+        except ValueError:
+            raise CommandError(f"not hexadecimal: {args.data!r}") from None
+    return args.data.encode("utf-8")
+
+
+def publishing_region(args) -> SharedRegion:
+    """The channel pub publishes into; with --create, made (as the geometry
+    options say) if no object has its name. An existing one is used as it is."""
+    name = channel_name(args)
+    shm.check_name(name)
+    if not args.create:
+        if geometry_options_given(args):
+            raise CommandError(f"{', '.join(geometry_options_given(args))}: only with --create (they shape a channel pub creates)")
+        if shm.object_size(name) is None:
+            raise CommandError(f"no such region: {name} (pub --create creates it)")
+    elif shm.object_size(name) is None:
+        channel_type = ChannelType.Broadcast if args.broadcast is not None else ChannelType.PubSub
+        return SharedRegion.create_or_open(name, channel_type, config_of(args), args.creator, mode=args.mode)
+    return open_writable(name)
+
+
+def cmd_pub(args) -> int:
+    stop = stop_on_signals()
+    region = publishing_region(args)
+    payload = payload_of(args)
+    if len(payload) > region.geometry.slot_data_size:
+        raise CommandError(f"{len(payload)} bytes exceed max_payload_size {region.geometry.slot_data_size} of {region.name}")
+    publisher = kickmsg.Publisher(region, name="kickmsg-pub")  # its record names it
+    published = 0
+    began = time.monotonic()
+    while published < args.count and not stop.is_set():
+        if args.rate is not None and stop.wait(max(0.0, began + published / args.rate - time.monotonic())):
+            break
+        if not send_retrying(publisher, payload, 1.0):
+            raise CommandError(
+                f"slot pool of {region.name} stayed empty for 1 s "
+                f"(after {published} of {args.count} message(s) published)"
+            )
+        published += 1
+    data = {"name": region.name, "published": published, "size": len(payload), "dropped": publisher.dropped}
+    emit(args, data, f"published {published} message(s) of {len(payload)} bytes to {region.name}")
+    return EXIT_OK
+
+
+def confirm(args, question: str) -> None:
+    if args.yes:
+        return
+    if not sys.stdin.isatty():
+        raise CommandError(f"{question} — refusing without --yes (stdin is not a terminal)")
+    if input(f"{question} Continue? [y/N] ").strip().lower() not in ("y", "yes"):
+        raise CommandError("cancelled")
+
+
+def cmd_repair(args: argparse.Namespace) -> int:
+    chosen = [args.locked, args.retired, args.orphans, args.dead_subscribers]
+    if not any(chosen):
+        args.locked = args.dead_subscribers = True  # the repairs that are safe under traffic
+    region = open_writable(channel_name(args))
+    if args.retired:
+        confirm(args, "--retired resets rings left by a crashed publisher: only safe once it is known to be gone.")
+    if args.orphans:
+        confirm(args, "--orphans reclaims unreferenced slots: only safe with every publisher paused and no view alive.")
+    done: dict[str, Any] = {}
+    lines: list[str] = []
+    if args.dead_subscribers:
+        report = region.reclaim_dead_subscribers()
+        done["dead_subscribers"] = {"reclaimed": report.reclaimed, "unrecorded": report.unrecorded, "timed_out": report.timed_out}
+        lines += dead_subscriber_sentences(report)
+        done["dead_publishers_reclaimed"] = owners.reclaim_dead_publishers(region.name)
+        lines += [f"reclaimed the record of dead publisher {pid}" for pid in done["dead_publishers_reclaimed"]]
+    if args.locked:
+        done["locked_entries_repaired"] = region.repair_locked_entries()
+        lines.append(f"repaired {counted(done['locked_entries_repaired'], 'locked entry', 'locked entries')}")
+    if args.retired:
+        done["retired_rings_reset"] = region.reset_retired_rings(drain=True)
+        lines.append(f"reset {counted(done['retired_rings_reset'], 'retired ring', 'retired rings')}")
+    if args.orphans:
+        done["orphaned_slots_reclaimed"] = region.reclaim_orphaned_slots()
+        lines.append(f"reclaimed {counted(done['orphaned_slots_reclaimed'], 'orphaned slot', 'orphaned slots')}")
+    emit(args, dict(done, name=region.name), "\n".join(lines))
+    return EXIT_OK
+
+
+def dead_subscriber_sentences(report) -> list[str]:
+    """What reclaim_dead_subscribers() did, one sentence per ring or group."""
+    lines = [f"reclaimed ring {ring} of dead subscriber {pid}" for ring, pid in report.reclaimed]
+    lines += [
+        f"could not reclaim ring {ring} of a dead subscriber: publishers stayed in flight, so it is left retired "
+        f"(kickmsg repair --retired resets it)"
+        for ring in report.timed_out
+    ]
+    if not lines:
+        lines.append("no ring is held by a dead subscriber")
+    if report.unrecorded:
+        rings = ", ".join(map(str, report.unrecorded))
+        lines.append(
+            f"left ring {rings} alone: held by a subscriber that records no owner (native?)" if len(report.unrecorded) == 1
+            else f"left rings {rings} alone: held by subscribers that record no owner (native?)"
+        )
+    return lines
+
+
+def mapped_by_any_process(paths: set[str]) -> tuple[set[str], int]:
+    """Which of ``paths`` some process maps, and how many processes could
+    not be checked (their /proc/PID/maps is not readable)."""
+    mapped, unchecked = set(), 0
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/maps", encoding="utf-8", errors="replace") as maps:
+                for line in maps:
+                    path = line.rstrip("\n").split(maxsplit=5)[-1].removesuffix(" (deleted)")
+                    if path in paths:
+                        mapped.add(path)
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        except PermissionError:
+            unchecked += 1
+    return mapped, unchecked
+
+
+def cmd_clean(args) -> int:
+    """Remove regions whose creator is dead and that no process maps any
+    more, and sidecars whose region is gone."""
+    candidates, orphan_sidecars = {}, []
+    for entry in shm_objects(args.prefix):
+        if is_sidecar(entry):
+            if is_orphan_sidecar(entry):
+                orphan_sidecars.append("/" + entry.name)
+            continue
+        try:
+            found = read_magic_and_version(entry.path)
+            if not is_kickmsg(found) or found[1] != layout.VERSION:
+                continue
+            with open(entry.path, "rb") as file:
+                header = layout.Header.from_buffer_copy(file.read(layout.HEADER_SIZE).ljust(layout.HEADER_SIZE, b"\0"))
+        except OSError:  # unreadable, or removed meanwhile: not ours to judge
+            continue
+        if not pid_alive(header.creator_pid):
+            candidates[entry.path] = "/" + entry.name
+    in_use, unchecked = mapped_by_any_process(set(candidates))
+    removed = [candidates[path] for path in sorted(candidates) if path not in in_use]
+    if not args.dry_run:
+        for name in removed:
+            kickmsg.unlink_shm(name)
+        for name in orphan_sidecars:
+            os.unlink(shm.SHM_DIRECTORY + name)
+    verb = "would remove" if args.dry_run else "removed"
+    lines = [f"{verb} {name}" for name in removed + orphan_sidecars] or ["nothing to clean"]
+    if unchecked:
+        lines.append(f"({unchecked} process{'' if unchecked == 1 else 'es'} could not be checked for mappings)")
+    data = {"dry_run": args.dry_run, "removed": removed, "sidecars": orphan_sidecars, "unchecked_processes": unchecked}
+    emit(args, data, "\n".join(lines))
+    return EXIT_OK
+
+
+def cmd_create(args) -> int:
+    name = channel_name(args)
+    shm.check_name(name)
+    existed = shm.object_size(name) is not None
+    if existed and not args.replace:
+        raise CommandError(f"{name} already exists (--replace would replace it)")
+    channel_type = ChannelType.Broadcast if args.broadcast_type else ChannelType.PubSub
+    make = SharedRegion.create if args.replace else SharedRegion.create_or_open  # the latter never replaces
+    region = make(name, channel_type, config_of(args), args.creator, mode=args.mode)
+    if region.header.creator_pid != os.getpid():
+        raise CommandError(f"{name} already exists (--replace would replace it)")  # made by another process meanwhile
+    data = dict(
+        {"name": name}, **geometry_fields(region), total_size=region.geometry.total_size,
+        mode=f"{region.mapping.mode:04o}", creator=args.creator, replaced=existed,
+    )
+    lines = [f"{'replaced' if existed else 'created'} {name}"] + [f"{key:<18} {value}" for key, value in data.items()
+                                                                  if key not in ("name", "replaced")]
+    emit(args, data, "\n".join(lines))
+    return EXIT_OK
+
+
+def cmd_rm(args) -> int:
+    removed, errors = [], {}
+    for name in map(shm_name, args.names):
+        try:
+            remove_region(name, args.force)
+        except (CommandError, ValueError, OSError) as error:
+            errors[name] = str(error).splitlines()[0]
+            print(f"kickmsg rm: error: {errors[name]}", file=sys.stderr, flush=True)
+            continue
+        removed.append(name)
+        if not args.json:
+            print(f"removed {name}", flush=True)
+    if args.json:
+        emit(args, {"removed": removed, "errors": errors}, "")
+    return EXIT_ERROR if errors else EXIT_OK
+
+
+def remove_region(name: str, force: bool) -> None:
+    """Remove a region and its sidecar; refuse what is not a Kickmsg region
+    unless ``force``."""
+    shm.check_name(name)
+    try:
+        found = read_magic_and_version(shm.SHM_DIRECTORY + name)
+    except FileNotFoundError:
+        raise CommandError(f"no such region: {name}") from None
+    except PermissionError:
+        if not force:
+            raise CommandError(f"permission denied: cannot read {name} to check it is a Kickmsg region (--force removes it anyway)") from None
+        found = None
+    if not is_kickmsg(found) and not force:
+        raise CommandError(f"not a Kickmsg region: {name} (--force removes it anyway)")
+    kickmsg.unlink_shm(name)

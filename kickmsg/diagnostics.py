@@ -1,0 +1,500 @@
+"""Diagnostics: everything the ``kickmsg`` tools know about channels, as data.
+
+Typed dataclasses and functions for programs (a GUI, an exporter, a
+notebook) that would otherwise shell out to ``kickmsg``; the CLI only
+renders them, and its ``--json`` output is ``to_json`` of them. The class
+names follow the native kickmsg 0.9 ``kickmsg.diagnostics`` module where
+they mean the same thing (``RegionInfo``, ``RingStats``, ``RegionStats``,
+``HealthSnapshot``, ``WatchSnapshot``, ``Participant``).
+
+Every function attaches read-only (``SharedRegion.inspect``) and works on
+regions of this package and of the native library. Subscribers and
+publishers of this package record themselves beside the region
+(``kickmsg.owners``); native ones record nothing: their rings show without
+an owner, and native publishers cannot be seen at all.
+"""
+import dataclasses
+import os
+import pwd
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from kickmsg import layout, owners, shm
+from kickmsg.audit import AuditReport, audit
+from kickmsg.region import SharedRegion
+
+CHANNEL_TYPES = {layout.CHANNEL_PUBSUB: "PubSub", layout.CHANNEL_BROADCAST: "Broadcast"}
+SCHEMA_STATES = {layout.SCHEMA_UNSET: "Unset", layout.SCHEMA_CLAIMING: "Claiming", layout.SCHEMA_SET: "Set"}
+UNRECORDED_PUBLISHERS = "+ unrecorded: native publishers cannot be seen"
+
+
+class RegionError(RuntimeError):
+    """A region that cannot be inspected: missing, not permitted, not a
+    Kickmsg region, an unsupported version, or damaged (one-line message)."""
+
+
+# -- the data ------------------------------------------------------------------------------------
+
+
+@dataclass
+class RegionSummary:
+    """One /dev/shm object, as ``kickmsg list`` shows it. Fields a row cannot
+    have (a damaged region has no geometry) are None."""
+
+    name: str  # shm name, /x
+    type: str  # PubSub, Broadcast, "unsupported (vN)", damaged, "not Kickmsg", "orphan sidecar", unreadable
+    mode: str  # permission bits, octal text
+    owner: str  # user name (or uid)
+    version: int | None = None  # layout version
+    creator: str | None = None  # creator name in the header
+    pid: int | None = None  # creator pid
+    alive: bool | None = None  # whether the creator process still runs
+    subs_live: int | None = None  # Live rings: subscribers of any implementation
+    subs_max: int | None = None  # max_subscribers
+    pubs_live: int | None = None  # live publishers of this package (native ones are unrecorded)
+    pubs_stall: int | None = None  # recorded publishers whose process died
+    capacity: int | None = None  # sub_ring_capacity
+    pool_free: int | None = None  # slots on the free stack
+    pool_size: int | None = None
+    payload: int | None = None  # max_payload_size
+    schema: str | None = None  # schema name ("" without a descriptor)
+    health: str | None = None  # the audit's verdict: "clean: ..." or "DAMAGED: ..."
+    problem: str | None = None  # why the object is not a usable region
+
+
+@dataclass
+class RegionInfo:
+    """Every header field of a region, decoded (``kickmsg info``)."""
+
+    name: str
+    magic: str  # hex
+    version: int
+    channel_type: str | int  # PubSub, Broadcast (the number if unknown)
+    total_size: int
+    sub_rings_offset: int
+    pool_offset: int
+    max_subs: int
+    sub_ring_capacity: int
+    sub_ring_mask: int
+    pool_size: int
+    slot_data_size: int
+    slot_stride: int
+    sub_ring_stride: int
+    commit_timeout_us: int
+    config_hash: str  # hex
+    creator_pid: int
+    creator_alive: bool
+    created_at_ns: int  # CLOCK_MONOTONIC of the creator's boot
+    age_s: float
+    creator_name: str
+    creator_name_len: int
+    schema_state: str | int  # Unset, Claiming, Set
+    schema: dict[str, Any] | None  # name, version, identity, layout (hex), identity_algo, layout_algo, flags
+    free_top: dict[str, int]  # generation, slot
+    hazards: list[str]  # why this geometry cannot work
+
+
+@dataclass
+class RingStats:
+    """One ring (``kickmsg stats``). The owner fields are those of a
+    subscriber of this package (its record, updated at most every 0.1 s);
+    None for Free rings and native subscribers."""
+
+    ring: int
+    state: str  # Free, Live, Draining, "invalid (3)"
+    in_flight: int  # publishers admitted to it right now
+    write_pos: int  # messages ever written into it
+    held: int  # committed entries still holding a slot
+    locked: int  # entries stuck LOCKED
+    owner_pid: int | None
+    owner_alive: bool | None
+    read_pos: int | None
+    pending: int | None  # written, not read yet (at most a ring's worth)
+    lost: int | None  # messages the subscriber lost (overwritten unread)
+
+
+@dataclass
+class Participant:
+    """A publisher of this package, from its record (``kickmsg.owners``)."""
+
+    pid: int
+    pid_starttime: int  # clock ticks after boot
+    node_name: str  # the name it gave, or its program's
+    role: str  # "publisher"
+    alive: bool  # False: it died without leaving (a "stall" in the native tools)
+    sent: int  # messages sent, as of its last check-in (every 0.1 s while sending)
+    dropped: int  # deliveries it dropped, likewise
+    started_at_ns: int  # time.time_ns() when it started
+    checked_in_at_ns: int  # time.time_ns() of its last check-in
+
+
+@dataclass
+class RegionStats:
+    """A region's rings, pool and recorded publishers (``kickmsg stats``)."""
+
+    name: str
+    pool_size: int
+    pool_free: int
+    rings: list[RingStats]
+    live_rings: int
+    publishers: list[Participant]  # this package's, live and stalled; native publishers are unrecorded
+    unrecorded: str = UNRECORDED_PUBLISHERS
+
+
+@dataclass
+class HealthSnapshot:
+    """The audit of a region: each kind of problem with its count."""
+
+    name: str
+    status: str  # healthy, damaged
+    problems: dict[str, int]  # kind -> count, every kind the audit looks for (kickmsg.audit)
+    verdict: str  # one line: "clean: ..." or "DAMAGED: ..."
+    stall_publishers: int  # recorded publishers that died (not damage: their records are reclaimed)
+
+
+@dataclass
+class RingRate(RingStats):
+    """A ring in a ``watch`` snapshot, with what changed since the previous one."""
+
+    msgs_per_s: float | None = None  # None in the first snapshot
+    new_lost: int | None = None  # losses since the previous snapshot (None without a record)
+
+
+@dataclass
+class WatchSnapshot:
+    """One refresh of ``watch``."""
+
+    name: str
+    time: float  # time.time()
+    pool_used: int
+    pool_size: int
+    verdict: str
+    rings: list[RingRate]
+    publishers: list[Participant] = field(default_factory=list)
+    unrecorded: str = UNRECORDED_PUBLISHERS
+
+
+def to_json(value: Any) -> Any:
+    """A dataclass (or list of them) as plain JSON-ready data."""
+    if isinstance(value, list):
+        return [to_json(item) for item in value]
+    return dataclasses.asdict(value)
+
+
+# -- attaching -----------------------------------------------------------------------------------
+
+
+def attach(name: str) -> SharedRegion:
+    """Attach read-only; every failure a ``RegionError`` with one line."""
+    try:
+        return SharedRegion.inspect(name)
+    except shm.RegionNotFoundError:
+        raise RegionError(f"no such region: {name}") from None
+    except shm.RegionPermissionError:
+        raise RegionError(f"permission denied: {name}") from None
+    except (RuntimeError, ValueError) as error:
+        text = str(error)
+        if "bad magic" in text:
+            raise RegionError(f"not a Kickmsg region: {name}") from None
+        if "Version mismatch" in text:
+            raise RegionError(f"unsupported version: {text}") from None
+        raise RegionError(text.splitlines()[0] if text else type(error).__name__) from None
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    except OverflowError:
+        return False
+    return pid > 0
+
+
+def user_name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+# -- list ----------------------------------------------------------------------------------------
+
+
+def shm_objects(prefix: str | None) -> Iterator[os.DirEntry[str]]:
+    """The regular files in /dev/shm (regions, sidecars, anything else),
+    sorted by name, optionally only those whose name starts with /PREFIX."""
+    start = prefix.lstrip("/") if prefix else ""
+    for entry in sorted(os.scandir(shm.SHM_DIRECTORY), key=lambda e: e.name):
+        if entry.is_file(follow_symlinks=False) and entry.name.startswith(start):
+            yield entry
+
+
+def is_sidecar(entry: os.DirEntry[str]) -> bool:
+    """A ring-owner or publisher record file (``kickmsg.owners``)."""
+    return entry.name.endswith(owners.SUFFIX)
+
+
+def is_orphan_sidecar(entry: os.DirEntry[str]) -> bool:
+    """A sidecar whose region is gone (removed by the native unlink_shm, by rm, ...)."""
+    return is_sidecar(entry) and not os.path.exists(shm.SHM_DIRECTORY + owners.region_of_sidecar(entry.name))
+
+
+def read_magic_and_version(path: str) -> tuple[int, int] | None:
+    """The first 12 bytes as (magic, version); None if the object is
+    shorter. OSError (e.g. PermissionError) if it cannot be read."""
+    with open(path, "rb") as file:
+        head = file.read(12)
+    if len(head) < 12:
+        return None
+    return int.from_bytes(head[:8], "little"), int.from_bytes(head[8:12], "little")
+
+
+def is_kickmsg(found: tuple[int, int] | None) -> bool:
+    return found is not None and found[0] == layout.MAGIC
+
+
+def list_regions(prefix: str | None = None, everything: bool = False) -> list[RegionSummary]:
+    """One summary per Kickmsg region in /dev/shm (whose name starts with
+    /``prefix``); with ``everything``, also objects that are not regions and
+    sidecars whose region is gone. Objects this process may not read are
+    rows of type ``unreadable``; objects removed meanwhile are skipped."""
+    rows = []
+    for entry in shm_objects(prefix):
+        try:
+            row = summarize(entry, everything)
+        except PermissionError:
+            row = RegionSummary(name="/" + entry.name, type="unreadable", mode="", owner="", problem="permission denied")
+        except FileNotFoundError:
+            continue
+        if row is not None:
+            rows.append(row)
+    return rows
+
+
+def summarize(entry: os.DirEntry[str], everything: bool) -> RegionSummary | None:
+    """The summary of one /dev/shm object; None if it is not listed (not a
+    region, a sidecar of a region, unless ``everything``). PermissionError
+    if this user cannot read it."""
+    status = entry.stat(follow_symlinks=False)
+    row = RegionSummary(name="/" + entry.name, type="", mode=f"{status.st_mode & 0o777:04o}", owner=user_name(status.st_uid))
+    if is_sidecar(entry):
+        if not (everything and is_orphan_sidecar(entry)):
+            return None
+        records = "publisher" if entry.name.endswith(owners.PUBLISHERS_SUFFIX) else "ring-owner"
+        return dataclasses.replace(row, type="orphan sidecar", problem=f"{records} records of "
+                                   f"{owners.region_of_sidecar(entry.name)}, which is gone (kickmsg clean removes it)")
+    found = read_magic_and_version(entry.path)
+    if found is None or not is_kickmsg(found):
+        return dataclasses.replace(row, type="not Kickmsg", problem="no Kickmsg magic") if everything else None
+    row.version = found[1]
+    if found[1] != layout.VERSION:
+        return dataclasses.replace(row, type=f"unsupported (v{found[1]})",
+                                   problem=f"layout version {found[1]}; this tool reads {layout.VERSION}")
+    try:
+        region = SharedRegion.inspect(row.name)
+    except (RuntimeError, ValueError) as error:
+        return dataclasses.replace(row, type="damaged", problem=str(error).splitlines()[0])
+    g, h = region.geometry, region.header
+    report = audit(region)
+    schema = region.schema()
+    publishers = read_participants(region.name)
+    return dataclasses.replace(
+        row,
+        type=region.channel_type.name,
+        creator=creator_name(region),
+        pid=h.creator_pid,
+        alive=pid_alive(h.creator_pid),
+        subs_live=sum(r.state == "Live" for r in report.rings),
+        subs_max=g.max_subs,
+        pubs_live=sum(p.alive for p in publishers),
+        pubs_stall=sum(not p.alive for p in publishers),
+        capacity=g.capacity,
+        pool_free=report.free_slots,
+        pool_size=g.pool_size,
+        payload=g.slot_data_size,
+        schema=schema.name if schema else "",
+        health=report.verdict,
+    )
+
+
+# -- info ----------------------------------------------------------------------------------------
+
+
+def schema_dict(region: SharedRegion) -> dict[str, Any] | None:
+    """The schema descriptor as JSON-ready data; None without one."""
+    found = region.schema()
+    if found is None:
+        return None
+    return {
+        "name": found.name,
+        "version": found.version,
+        "identity": found.identity.hex(),
+        "layout": found.layout.hex(),
+        "identity_algo": found.identity_algo,
+        "layout_algo": found.layout_algo,
+        "flags": found.flags,
+    }
+
+
+def creator_name(region: SharedRegion) -> str:
+    h = region.header
+    return bytes(region.mapping.buffer[layout.HEADER_SIZE : layout.HEADER_SIZE + h.creator_name_len]).decode(
+        "utf-8", errors="replace")
+
+
+def info(name: str) -> RegionInfo:
+    """Every header field of region ``name``, decoded."""
+    return region_info(attach(name))
+
+
+def region_info(region: SharedRegion) -> RegionInfo:
+    h = region.header
+    ops = region.atomics
+    free_top = ops.load_acquire_u64(region.free_top_address)
+    schema_state = ops.load_acquire_u32(region.schema_state_address)
+    return RegionInfo(
+        name=region.name,
+        magic=f"0x{ops.load_acquire_u64(region.mapping.address):016x}",
+        version=h.version,
+        channel_type=CHANNEL_TYPES.get(h.channel_type, h.channel_type),
+        total_size=h.total_size,
+        sub_rings_offset=h.sub_rings_offset,
+        pool_offset=h.pool_offset,
+        max_subs=h.max_subs,
+        sub_ring_capacity=h.sub_ring_capacity,
+        sub_ring_mask=h.sub_ring_mask,
+        pool_size=h.pool_size,
+        slot_data_size=h.slot_data_size,
+        slot_stride=h.slot_stride,
+        sub_ring_stride=h.sub_ring_stride,
+        commit_timeout_us=h.commit_timeout_us,
+        config_hash=f"0x{h.config_hash:016x}",
+        creator_pid=h.creator_pid,
+        creator_alive=pid_alive(h.creator_pid),
+        created_at_ns=h.created_at_ns,
+        age_s=round((time.monotonic_ns() - h.created_at_ns) / 1e9, 3),  # CLOCK_MONOTONIC, as written
+        creator_name=creator_name(region),
+        creator_name_len=h.creator_name_len,
+        schema_state=SCHEMA_STATES.get(schema_state, schema_state),
+        schema=schema_dict(region),
+        free_top={"generation": free_top >> 32, "slot": free_top & layout.U32_MAX},
+        hazards=region.geometry.hazards(),
+    )
+
+
+# -- stats ---------------------------------------------------------------------------------------
+
+
+def read_participants(region_name: str) -> list[Participant]:
+    """The recorded publishers of a region, live and dead."""
+    return [
+        Participant(
+            pid=record.pid,
+            pid_starttime=record.process_start,
+            node_name=record.name.decode("utf-8", errors="replace"),
+            role="publisher",
+            alive=held,
+            sent=record.sent,
+            dropped=record.dropped,
+            started_at_ns=record.started_at_ns,
+            checked_in_at_ns=record.checked_in_at_ns,
+        )
+        for record, held in owners.read_publishers(region_name)
+    ]
+
+
+def ring_stats(region: SharedRegion, report: AuditReport) -> list[RingStats]:
+    """Per ring: state, in-flight publishers, write position, entries still
+    holding a slot, and for our subscribers (from the owner records) their
+    pid, read position, pending messages and losses."""
+    max_subs = region.geometry.max_subs
+    records = (owners.read_owners(region.name, max_subs) if region.mapping.shared else None) or [(None, False)] * max_subs
+    created = region.header.created_at_ns
+    rows = []
+    for ring, (record, held) in zip(report.rings, records):
+        row = RingStats(ring.index, ring.state, ring.in_flight, ring.write_pos, ring.references, len(ring.locked_entries),
+                        None, None, None, None, None)
+        if ring.state == "Live" and record is not None and record.region_created_at_ns == created:
+            row.owner_pid, row.owner_alive = record.pid, held
+            row.read_pos, row.lost = record.read_pos, record.lost
+            row.pending = min(max(0, ring.write_pos - record.read_pos), region.geometry.capacity)
+        rows.append(row)
+    return rows
+
+
+def stats(name: str) -> RegionStats:
+    """Rings, pool and recorded publishers of region ``name``."""
+    region = attach(name)
+    return region_stats(region, audit(region))
+
+
+def region_stats(region: SharedRegion, report: AuditReport) -> RegionStats:
+    rings = ring_stats(region, report)
+    return RegionStats(
+        name=region.name,
+        pool_size=region.geometry.pool_size,
+        pool_free=report.free_slots,
+        rings=rings,
+        live_rings=sum(ring.state == "Live" for ring in rings),
+        publishers=read_participants(region.name),
+    )
+
+
+# -- health --------------------------------------------------------------------------------------
+
+
+def health(name: str) -> HealthSnapshot:
+    """The audit of region ``name`` (read-only)."""
+    region = attach(name)
+    return health_of(region, audit(region))
+
+
+def health_of(region: SharedRegion, report: AuditReport) -> HealthSnapshot:
+    return HealthSnapshot(
+        name=region.name,
+        status="healthy" if report.clean else "damaged",
+        problems=report.damage(),
+        verdict=report.verdict,
+        stall_publishers=sum(not p.alive for p in read_participants(region.name)),
+    )
+
+
+# -- watch ---------------------------------------------------------------------------------------
+
+
+def watch(name: str, interval: float = 1.0, stop: threading.Event | None = None) -> Iterator[WatchSnapshot]:
+    """A snapshot now, then one every ``interval`` seconds, with messages
+    per second and new losses per ring since the previous one; ends when
+    ``stop`` is set (checked while waiting)."""
+    if not interval > 0:
+        raise ValueError(f"watch interval must be > 0 seconds, not {interval!r}")
+    region = attach(name)
+    stop = stop or threading.Event()
+    previous: tuple[float, list[RingRate]] | None = None
+    while True:
+        now = time.monotonic()
+        report = audit(region)
+        rings = [RingRate(**dataclasses.asdict(ring)) for ring in ring_stats(region, report)]
+        if previous is not None:
+            elapsed = now - previous[0]
+            for ring, before in zip(rings, previous[1]):
+                ring.msgs_per_s = round((ring.write_pos - before.write_pos) / elapsed, 1)
+                ring.new_lost = None if ring.lost is None or before.lost is None else ring.lost - before.lost
+        yield WatchSnapshot(
+            name=region.name,
+            time=time.time(),
+            pool_used=region.geometry.pool_size - report.free_slots,
+            pool_size=region.geometry.pool_size,
+            verdict=report.verdict,
+            rings=rings,
+            publishers=read_participants(region.name),
+        )
+        previous = (now, rings)
+        if stop.wait(interval):
+            return

@@ -1,0 +1,153 @@
+"""Prometheus metrics of every channel in /dev/shm (``kickmsg exporter``).
+
+Every ``interval`` seconds the exporter attaches read-only to each Kickmsg
+region (optionally only those named /PREFIX...), audits it, and keeps the
+figures; ``/metrics`` (served by prometheus_client) shows the latest ones.
+Labels: ``channel`` (the shm name) and ``ring``. A region that vanishes
+stops being shown; one re-created under the same name is read afresh; one
+that cannot be read is shown as a health problem (kind ``corrupt``,
+``unsupported`` or ``unreadable``), never a crash.
+"""
+import os
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from prometheus_client import start_http_server
+from prometheus_client.core import CollectorRegistry, CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from kickmsg import diagnostics
+from kickmsg.audit import audit
+
+DEFAULT_PORT = 9464
+DEFAULT_INTERVAL_S = 5.0
+
+
+@dataclass
+class ChannelSample:
+    """One channel at one refresh: its figures, or why there are none."""
+
+    name: str
+    stats: diagnostics.RegionStats | None = None
+    health: diagnostics.HealthSnapshot | None = None
+    unusable: str | None = None  # corrupt, unsupported, unreadable
+
+
+def gather(prefix: str | None) -> list[ChannelSample]:
+    """Read every Kickmsg region under ``prefix`` once (read-only)."""
+    samples: list[ChannelSample] = []
+    for entry in diagnostics.shm_objects(prefix):
+        if diagnostics.is_sidecar(entry):
+            continue
+        name = "/" + entry.name
+        try:
+            if not diagnostics.is_kickmsg(diagnostics.read_magic_and_version(entry.path)):
+                continue
+        except FileNotFoundError:  # removed meanwhile
+            continue
+        except OSError:
+            samples.append(ChannelSample(name, unusable="unreadable"))
+            continue
+        found = sample(name, entry.path)
+        if found is not None:
+            samples.append(found)
+    return samples
+
+
+def sample(name: str, path: str) -> ChannelSample | None:
+    """One region's figures; None if it vanished meanwhile."""
+    try:
+        region = diagnostics.attach(name)
+        report = audit(region)
+        return ChannelSample(name, diagnostics.region_stats(region, report), diagnostics.health_of(region, report))
+    except diagnostics.RegionError as error:
+        if not os.path.exists(path):
+            return None
+        return ChannelSample(name, unusable="unsupported" if str(error).startswith("unsupported") else "corrupt")
+    except Exception as error:  # whatever a hostile region does to the audit, the exporter carries on
+        print(f"kickmsg exporter: {name}: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
+        return ChannelSample(name, unusable="corrupt")
+
+
+class ChannelCollector(Collector):
+    """The latest samples as Prometheus metric families."""
+
+    def __init__(self, prefix: str | None):
+        self._prefix = prefix
+        self._lock = threading.Lock()
+        self._samples: list[ChannelSample] = []
+
+    def refresh(self) -> None:
+        samples = gather(self._prefix)
+        with self._lock:
+            self._samples = samples
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            samples = list(self._samples)
+        channel = ["channel"]
+        ring = ["channel", "ring"]
+        pool_slots = GaugeMetricFamily("kickmsg_pool_slots", "Slots in the channel's pool", labels=channel)
+        free_slots = GaugeMetricFamily("kickmsg_pool_free_slots", "Slots on the free stack", labels=channel)
+        live_rings = GaugeMetricFamily("kickmsg_live_rings", "Rings in state Live", labels=channel)
+        publishers = GaugeMetricFamily(
+            "kickmsg_publishers", "Live publishers of kickmsg-py (native publishers are not recorded)", labels=channel)
+        subscribers = GaugeMetricFamily(
+            "kickmsg_subscribers", "Live rings not held by a subscriber known to be dead", labels=channel)
+        problems = GaugeMetricFamily(
+            "kickmsg_health_problems", "Problems of each kind the audit found (0: none)", labels=["channel", "kind"])
+        write_position = GaugeMetricFamily(
+            "kickmsg_ring_write_position", "Messages ever written into the ring", labels=ring)
+        lost = CounterMetricFamily(
+            "kickmsg_ring_lost", "Messages the ring's subscriber lost (subscribers of kickmsg-py only)", labels=ring)
+        pending = GaugeMetricFamily(
+            "kickmsg_ring_pending", "Messages written and not read yet (subscribers of kickmsg-py only)", labels=ring)
+        for found in samples:
+            if found.unusable is not None:
+                problems.add_metric([found.name, found.unusable], 1)
+                continue
+            stats, health = found.stats, found.health
+            if stats is None or health is None:
+                continue
+            pool_slots.add_metric([found.name], stats.pool_size)
+            free_slots.add_metric([found.name], stats.pool_free)
+            live_rings.add_metric([found.name], stats.live_rings)
+            publishers.add_metric([found.name], sum(p.alive for p in stats.publishers))
+            subscribers.add_metric([found.name], sum(r.state == "Live" and r.owner_alive is not False for r in stats.rings))
+            for kind, count in health.problems.items():
+                problems.add_metric([found.name, kind], count)
+            problems.add_metric([found.name, "stall publishers"], health.stall_publishers)
+            for row in stats.rings:
+                if row.state == "Free" and row.write_pos == 0:
+                    continue  # never used
+                labels = [found.name, str(row.ring)]
+                write_position.add_metric(labels, row.write_pos)
+                if row.lost is not None:
+                    lost.add_metric(labels, row.lost)
+                if row.pending is not None:
+                    pending.add_metric(labels, row.pending)
+        yield from (pool_slots, free_slots, live_rings, publishers, subscribers, problems, write_position, lost, pending)
+
+
+def serve(port: int, bind: str, prefix: str | None, interval: float, stop: threading.Event,
+          on_ready: Callable[[str], None] | None = None) -> None:
+    """Serve /metrics on ``bind``:``port`` (0: any free port), refreshing
+    every ``interval`` seconds, until ``stop`` is set. ``on_ready`` gets the
+    URL once the server listens."""
+    collector = ChannelCollector(prefix)
+    collector.refresh()
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    server, thread = start_http_server(port, addr=bind, registry=registry)
+    try:
+        if on_ready is not None:
+            host, bound_port = server.server_address[:2]
+            on_ready(f"http://{host!s}:{bound_port}/metrics")
+        while not stop.wait(interval):
+            collector.refresh()
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()

@@ -1,0 +1,114 @@
+"""kickmsg.diagnostics: a program gets every figure of ``kickmsg
+list/info/stats/watch`` without the CLI, and the CLI's --json is exactly
+those dataclasses. Expected values come from what the test did."""
+import os
+import threading
+import time
+
+import pytest
+
+from kickmsg import ChannelType, Config, Publisher, SharedRegion, Subscriber, diagnostics, owners
+from test_cli import cli_json
+
+pytestmark = pytest.mark.timeout(120)
+
+SMALL = Config(max_subscribers=3, sub_ring_capacity=8, pool_size=16, max_payload_size=64)
+
+
+@pytest.fixture
+def shm_name(shm_name):
+    yield shm_name
+    owners.unlink(shm_name)
+
+
+def make(name: str) -> SharedRegion:
+    return SharedRegion.create(name, ChannelType.PubSub, SMALL, "diag-test")
+
+
+def test_stats_counts_what_was_sent_and_read(shm_name):
+    region = make(shm_name)
+    reader = Subscriber(region)
+    publisher = Publisher(region, name="writer")
+    for i in range(5):
+        publisher.send(b"m%d" % i)
+    assert reader.try_receive() == b"m0"
+    time.sleep(0.15)  # past the subscriber's and the publisher's check-in interval
+    assert reader.try_receive() == b"m1"
+    publisher.send(b"m5")
+
+    found = diagnostics.stats(shm_name)
+    assert (found.name, found.pool_size, found.live_rings) == (shm_name, 16, 1)
+    ring = found.rings[0]
+    assert (ring.ring, ring.state, ring.write_pos, ring.owner_pid, ring.owner_alive) == (0, "Live", 6, os.getpid(), True)
+    assert (ring.read_pos, ring.pending, ring.lost) == (2, 4, 0)
+    assert [r.state for r in found.rings[1:]] == ["Free", "Free"]
+    assert (found.pool_free, ring.held) == (16 - 6, 6)  # a Live ring keeps its last 8 messages, read or not
+    [writer] = found.publishers
+    assert (writer.pid, writer.node_name, writer.alive, writer.sent, writer.dropped) == (os.getpid(), "writer", True, 5, 0)
+    assert cli_json("stats", shm_name) == diagnostics.to_json(found)
+    reader.close()
+    del publisher
+
+
+def test_info_health_and_list_match_the_cli(shm_name):
+    region = make(shm_name)
+    found = diagnostics.info(shm_name)
+    assert (found.name, found.max_subs, found.pool_size, found.creator_name, found.creator_pid) == (
+        shm_name, 3, 16, "diag-test", os.getpid())
+    from_cli = cli_json("info", shm_name)
+    assert {k: v for k, v in from_cli.items() if k != "age_s"} == {
+        k: v for k, v in diagnostics.to_json(found).items() if k != "age_s"}
+
+    health = diagnostics.health(shm_name)
+    assert (health.status, health.stall_publishers, sum(health.problems.values())) == ("healthy", 0, 0)
+    assert health.verdict == "clean: 16 of 16 slots free, 0 live rings"
+
+    [summary] = diagnostics.list_regions(shm_name)
+    assert (summary.type, summary.subs_live, summary.pubs_live, summary.pool_free, summary.health) == (
+        "PubSub", 0, 0, 16, health.verdict)
+    assert cli_json("list", "--prefix", shm_name[1:]) == diagnostics.to_json([summary])
+    del region
+
+
+def test_errors_name_the_region(shm_name):
+    with pytest.raises(diagnostics.RegionError, match=f"no such region: {shm_name}"):
+        diagnostics.stats(shm_name)
+    with open(f"/dev/shm{shm_name}", "wb") as file:
+        file.write(b"garbage!" * 64)
+    with pytest.raises(diagnostics.RegionError, match=f"not a Kickmsg region: {shm_name}"):
+        diagnostics.health(shm_name)
+    with pytest.raises(ValueError, match="interval"):
+        next(diagnostics.watch(shm_name, 0))
+
+
+def test_watch_yields_rates_until_stopped(shm_name):
+    region = make(shm_name)
+    reader = Subscriber(region)
+    stop_publishing, stop_watching = threading.Event(), threading.Event()
+
+    def publish() -> None:
+        publisher = Publisher(region)
+        while not stop_publishing.is_set():
+            publisher.send(b"tick")
+            time.sleep(0.002)
+
+    thread = threading.Thread(target=publish)
+    thread.start()
+    snapshots = []
+    try:
+        for snapshot in diagnostics.watch(shm_name, 0.2, stop_watching):
+            snapshots.append(snapshot)
+            if len(snapshots) == 3:
+                stop_watching.set()
+    finally:
+        stop_publishing.set()
+        thread.join(10)
+    assert len(snapshots) == 3  # the generator ended by itself once stopped
+    first, *later = snapshots
+    assert first.rings[0].msgs_per_s is None
+    for before, after in zip(snapshots, later):
+        moved = after.rings[0].write_pos - before.rings[0].write_pos
+        assert moved > 0 and after.rings[0].msgs_per_s > 0
+        assert after.rings[1].msgs_per_s == 0
+    assert all(len(s.publishers) == 1 and s.publishers[0].alive for s in later)
+    reader.close()

@@ -1,0 +1,184 @@
+"""``kickmsg exporter``: scraped over HTTP on 127.0.0.1 while real publisher
+and subscriber processes run, parsed with prometheus_client's parser, the
+numbers checked against what was sent and read; regions vanishing, being
+re-created and corrupt under it; stopped by SIGTERM and SIGINT."""
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from conftest import ROOT
+from kickmsg import ChannelType, Config, SharedRegion, owners, unlink_shm
+from nativepeer import start_ours
+from test_cli import assert_one_line_error, cli, poke
+
+pytestmark = pytest.mark.timeout(120)
+
+CONFIG = Config(max_subscribers=4, sub_ring_capacity=64, pool_size=128, max_payload_size=64)
+WAIT_S = 20  # bound on waiting for the exporter to show a state
+
+SUBSCRIBER = r"""
+import time
+region = kickmsg.SharedRegion.open(P["name"])
+subscriber = kickmsg.Subscriber(region)
+ready()
+wait_go()
+for _ in range(P["count"] - 1):
+    if subscriber.receive(5.0) is None:
+        raise SystemExit("nothing arrived")
+time.sleep(0.15)  # past its check-in interval: the last receive's check-in records its read position
+if subscriber.receive(5.0) is None:
+    raise SystemExit("nothing arrived")
+ready()
+wait_go()
+done("ok")
+"""
+
+PUBLISHER = r"""
+import time
+region = kickmsg.SharedRegion.open(P["name"])
+publisher = kickmsg.Publisher(region, name="exporter-test")
+for _ in range(P["count"]):
+    publisher.send(b"m")
+time.sleep(0.15)
+publisher.send(b"last")  # its check-in records the first P["count"]
+ready()
+wait_go()
+done("ok")
+"""
+
+
+class Exporter:
+    """``kickmsg exporter`` on a free loopback port, for one prefix."""
+
+    def __init__(self, prefix: str, interval: float = 0.1):
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "kickmsg", "exporter", "--port", "0", "--prefix", prefix, "--interval", str(interval)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT,
+        )
+        line = self.proc.stdout.readline().decode()
+        assert line.startswith("serving http://127.0.0.1:"), (line, self.proc.stderr.read().decode())
+        self.url = line.split()[1]
+
+    def scrape(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        """Every sample, keyed by (name, sorted labels)."""
+        with urllib.request.urlopen(self.url, timeout=10) as response:
+            text = response.read().decode()
+        return {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples
+        }
+
+    def wait_for(self, expected: dict) -> dict:
+        """Scrape until every expected sample has its value (a key mapped to
+        None: until it is absent); the last scrape."""
+        deadline = time.monotonic() + WAIT_S
+        while True:
+            found = self.scrape()
+            if all(found.get(key) == value for key, value in expected.items()):
+                return found
+            if time.monotonic() > deadline:
+                pytest.fail(f"the exporter never showed {expected}; last scrape: {found}")
+            time.sleep(0.05)
+
+    def stop(self, number: int) -> int:
+        self.proc.send_signal(number)
+        _, err = self.proc.communicate(timeout=20)
+        assert err == b"", err.decode()
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.communicate(timeout=10)
+
+
+@pytest.fixture
+def exporter_for(prefix):
+    started = []
+
+    def start(interval: float = 0.1) -> Exporter:
+        started.append(Exporter(prefix, interval))
+        return started[-1]
+
+    yield start
+    for exporter in started:
+        exporter.kill()
+
+
+def channel(name: str) -> tuple[tuple[str, str], ...]:
+    return (("channel", name),)
+
+
+def ring(name: str, index: int) -> tuple[tuple[str, str], ...]:
+    return (("channel", name), ("ring", str(index)))
+
+
+def test_scraped_numbers_are_what_real_processes_sent_and_read(prefix, exporter_for):
+    name = f"/{prefix}_imu"
+    SharedRegion.create(name, ChannelType.PubSub, CONFIG, "exporter-test")
+    sent, read = 20, 5
+    with start_ours(SUBSCRIBER, name=name, count=read) as subscriber:
+        subscriber.wait_ready()  # joined ring 0, before the publisher starts
+        with start_ours(PUBLISHER, name=name, count=sent) as publisher:
+            publisher.wait_ready()  # sent sent + 1 messages
+            subscriber.tell()
+            subscriber.wait_ready()  # read `read` of them
+            exporter = exporter_for()
+            written = sent + 1
+            found = exporter.wait_for({
+                ("kickmsg_ring_write_position", ring(name, 0)): written,
+                ("kickmsg_ring_pending", ring(name, 0)): written - read,
+            })
+            assert found[("kickmsg_ring_lost_total", ring(name, 0))] == 0
+            assert found[("kickmsg_pool_slots", channel(name))] == 128
+            assert found[("kickmsg_pool_free_slots", channel(name))] == 128 - written  # all still in the ring
+            assert found[("kickmsg_live_rings", channel(name))] == 1
+            assert found[("kickmsg_publishers", channel(name))] == 1
+            assert found[("kickmsg_subscribers", channel(name))] == 1
+            problems = {dict(labels)["kind"]: value for (metric, labels), value in found.items()
+                        if metric == "kickmsg_health_problems"}
+            assert "leaked slots" in problems and "stall publishers" in problems and set(problems.values()) == {0}
+            assert ("kickmsg_ring_write_position", ring(name, 1)) not in found  # never used
+            publisher.tell()
+            publisher.result()
+        subscriber.tell()
+        subscriber.result()
+    # Both processes ended: their records went with them.
+    exporter.wait_for({("kickmsg_publishers", channel(name)): 0, ("kickmsg_subscribers", channel(name)): 0})
+    assert exporter.stop(signal.SIGTERM) == 0
+    owners.unlink(name)
+
+
+def test_regions_vanishing_re_created_and_corrupt(prefix, exporter_for):
+    name, broken = f"/{prefix}_a", f"/{prefix}_b_broken"
+    SharedRegion.create(name, ChannelType.PubSub, CONFIG, "exporter-test")
+    exporter = exporter_for()
+    exporter.wait_for({("kickmsg_pool_slots", channel(name)): 128})
+
+    SharedRegion.create(broken, ChannelType.PubSub, CONFIG, "exporter-test")
+    poke(broken, 64, "<Q", 10**6)  # pool_size far beyond the object
+    exporter.wait_for({
+        ("kickmsg_health_problems", (("channel", broken), ("kind", "corrupt"))): 1,
+        ("kickmsg_pool_slots", channel(broken)): None,
+    })
+
+    unlink_shm(name)
+    exporter.wait_for({("kickmsg_pool_slots", channel(name)): None})
+    SharedRegion.create(name, ChannelType.PubSub, Config(max_subscribers=2, sub_ring_capacity=8, pool_size=32), "again")
+    exporter.wait_for({("kickmsg_pool_slots", channel(name)): 32, ("kickmsg_live_rings", channel(name)): 0})
+    assert exporter.stop(signal.SIGINT) == 0
+    unlink_shm(name)
+    unlink_shm(broken)
+
+
+def test_bad_port_and_a_port_in_use_are_one_line_errors(prefix, exporter_for):
+    bad = cli("exporter", "--port", "70000")
+    assert bad.code == 2 and bad.error_lines[-1].endswith("must be a port number from 0 to 65535, not 70000")
+    running = exporter_for()
+    taken = running.url.split(":")[2].split("/")[0]
+    assert_one_line_error(cli("exporter", "--port", taken, "--prefix", prefix), "exporter", "in use")
