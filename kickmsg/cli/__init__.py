@@ -28,6 +28,7 @@ for silence before ``--count`` messages arrived; 2 an error, reported on one
 line.
 """
 import argparse
+from collections.abc import Callable
 import sys
 import warnings
 
@@ -79,7 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def command(name, function, summary, examples, channel=True, json_flag=True):
+    def command(name: str, function: Callable[[argparse.Namespace], int], summary: str, examples: str,
+                channel: bool = True, json_flag: bool = True) -> argparse.ArgumentParser:
         sub = commands.add_parser(
             name, help=summary, description=summary, epilog="examples:\n" + examples,
             formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -1,11 +1,12 @@
 """Checks of implementations: crosscheck, verify."""
+import argparse
 import sys
 import time
 
 from kickmsg.cli.common import EXIT_FOUND, EXIT_OK, CommandError, emit
 
 
-def cmd_crosscheck(args) -> int:
+def cmd_crosscheck(args: argparse.Namespace) -> int:
     from kickmsg import crosscheck
 
     try:
@@ -20,7 +21,7 @@ def cmd_crosscheck(args) -> int:
     return EXIT_OK if result.agreed else EXIT_FOUND
 
 
-def cmd_verify(args) -> int:
+def cmd_verify(args: argparse.Namespace) -> int:
     import dataclasses
 
     from kickmsg import verify

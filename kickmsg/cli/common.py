@@ -10,11 +10,14 @@ import signal
 import sys
 import threading
 import warnings
-from types import ModuleType
+from collections.abc import Callable, Sequence
+from types import FrameType, ModuleType
+from typing import Any, TextIO
 
 from kickmsg import shm
 from kickmsg.config import Config
 from kickmsg.region import SharedRegion
+from kickmsg.schema import SchemaInfo
 
 EXIT_OK, EXIT_FOUND, EXIT_ERROR = 0, 1, 2
 EXIT_FORCED = 130  # a second stop signal (or Ctrl-C) forced the command out
@@ -32,7 +35,7 @@ def shm_name(text: str) -> str:
     return text if text.startswith("/") else "/" + text
 
 
-def channel_name(args) -> str:
+def channel_name(args: argparse.Namespace) -> str:
     """The shm name the arguments designate (Node naming rules for --topic etc.)."""
     chosen = [args.name is not None, args.topic is not None, args.broadcast is not None, args.mailbox is not None]
     if sum(chosen) != 1:
@@ -56,7 +59,7 @@ def open_writable(name: str) -> SharedRegion:
     return _attach(SharedRegion.open, name)
 
 
-def _attach(how, name: str) -> SharedRegion:
+def _attach(how: Callable[[str], SharedRegion], name: str) -> SharedRegion:
     try:
         return how(name)
     except shm.RegionNotFoundError:
@@ -89,12 +92,12 @@ def import_module_of_extra(module: str, extra: str) -> ModuleType:
         ) from None
 
 
-def emit(args, data, text: str) -> None:
+def emit(args: argparse.Namespace, data: object, text: str) -> None:
     """Print ``data`` as JSON with --json, else ``text``."""
     print(json.dumps(data, indent=None if getattr(args, "json_lines", False) else 2) if args.json else text, flush=True)
 
 
-def table(rows: list[dict], columns) -> str:
+def table(rows: list[dict[str, Any]], columns: Sequence[str]) -> str:
     """Plain aligned columns; a missing value shows as ``-``."""
     cells = [[str(column).upper() for column in columns]]
     cells += [["-" if row.get(c) is None else str(row[c]) for c in columns] for row in rows]
@@ -114,7 +117,7 @@ def stop_on_signals() -> threading.Event:
     second signal while stopping forces it out (KeyboardInterrupt)."""
     stop = threading.Event()
 
-    def handle(number, frame):
+    def handle(number: int, frame: FrameType | None) -> None:
         if stop.is_set():
             raise KeyboardInterrupt
         stop.set()
@@ -134,13 +137,14 @@ def discard_stdout() -> None:
 
 def print_warnings_on_one_line(command: str) -> None:
     """Library warnings (e.g. a geometry that cannot work) as one stderr line each."""
-    def show(message, category, filename, lineno, file=None, line=None):
+    def show(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+             file: TextIO | None = None, line: str | None = None) -> None:
         print(f"kickmsg {command}: warning: {message}", file=sys.stderr, flush=True)
 
     warnings.showwarning = show
 
 
-def schema_dict(info) -> dict | None:
+def schema_dict(info: SchemaInfo | None) -> dict[str, Any] | None:
     if info is None:
         return None
     return {
@@ -167,7 +171,7 @@ def geometry_fields(region: SharedRegion) -> dict:
     }
 
 
-def config_of(args) -> Config:
+def config_of(args: argparse.Namespace) -> Config:
     """The Config of the geometry options (--ring, --pool, ...); Config()'s
     defaults for those not given."""
     given = {
@@ -177,7 +181,7 @@ def config_of(args) -> Config:
     return Config(**{field: value for field, value in given.items() if value is not None})
 
 
-def geometry_options_given(args) -> list[str]:
+def geometry_options_given(args: argparse.Namespace) -> list[str]:
     return [f"--{option.replace('_', '-')}" for option in GEOMETRY_OPTIONS if getattr(args, option) is not None]
 
 
@@ -222,7 +226,7 @@ def octal_mode(text: str) -> int:
         raise argparse.ArgumentTypeError(f"not an octal permission mode such as 0600 or 0660: {text!r}") from None
 
 
-def add_geometry_options(sub, creator: str) -> None:
+def add_geometry_options(sub: argparse.ArgumentParser, creator: str) -> None:
     """The options of a new channel (create, pub --create); Config()'s defaults."""
     defaults = Config()
     sub.add_argument("--max-subscribers", type=positive_int, metavar="N",

@@ -154,7 +154,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def cmd_schema(args) -> int:
+def cmd_schema(args: argparse.Namespace) -> int:
     region = inspect(channel_name(args))
     info = region.schema()
     data = {"name": region.name, "schema": schema_dict(info)}
@@ -162,7 +162,7 @@ def cmd_schema(args) -> int:
         text = f"{region.name}: no schema descriptor"
     else:
         record_type = typed.RecordType.from_schema(info)
-        text = "\n".join(f"{key:<14} {value}" for key, value in schema_dict(info).items())
+        text = "\n".join(f"{key:<14} {value}" for key, value in (schema_dict(info) or {}).items())
         if record_type is not None:
             data["record_dtype"] = str(record_type.dtype)
             text += f"\n{'record dtype':<14} {record_type.dtype}"
@@ -170,7 +170,7 @@ def cmd_schema(args) -> int:
     return EXIT_OK
 
 
-def cmd_schema_diff(args) -> int:
+def cmd_schema_diff(args: argparse.Namespace) -> int:
     names = [a if a.startswith("/") else "/" + a for a in (args.a, args.b)]
     schemas = [inspect(name).schema() for name in names]
     if None in schemas:
@@ -178,13 +178,13 @@ def cmd_schema_diff(args) -> int:
         data = {"equal": schemas[0] is schemas[1], "differences": [], "without_schema": missing}
         emit(args, data, f"no schema descriptor on {', '.join(missing)}")
         return EXIT_OK if data["equal"] else EXIT_FOUND
-    found = diff(*schemas)
-    names_of = [flag.name for flag in Diff if flag and flag in found]
+    found = diff(*[info for info in schemas if info is not None])
+    names_of = [str(flag.name) for flag in Diff if flag and flag in found]
     emit(args, {"equal": not names_of, "differences": names_of}, "equal" if not names_of else "differ: " + ", ".join(names_of))
     return EXIT_OK if not names_of else EXIT_FOUND
 
 
-def cmd_diagnose(args) -> int:
+def cmd_diagnose(args: argparse.Namespace) -> int:
     region = inspect(channel_name(args))
     report = region.diagnose()
     data = {
@@ -204,7 +204,7 @@ def cmd_diagnose(args) -> int:
     return EXIT_OK if report.healthy else EXIT_FOUND
 
 
-def cmd_audit(args) -> int:
+def cmd_audit(args: argparse.Namespace) -> int:
     report = audit(inspect(channel_name(args)))
     data = {
         "verdict": report.verdict,

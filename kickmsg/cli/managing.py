@@ -31,10 +31,10 @@ from kickmsg.diagnostics import (
     shm_objects,
 )
 from kickmsg.publisher import send_retrying
-from kickmsg.region import SharedRegion
+from kickmsg.region import DeadSubscriberReport, SharedRegion
 
 
-def payload_of(args) -> bytes:
+def payload_of(args: argparse.Namespace) -> bytes:
     if args.data.startswith("@"):
         try:
             with open(args.data[1:], "rb") as file:
@@ -49,7 +49,7 @@ def payload_of(args) -> bytes:
     return args.data.encode("utf-8")
 
 
-def publishing_region(args) -> SharedRegion:
+def publishing_region(args: argparse.Namespace) -> SharedRegion:
     """The channel pub publishes into; with --create, made (as the geometry
     options say) if no object has its name. An existing one is used as it is."""
     name = channel_name(args)
@@ -65,7 +65,7 @@ def publishing_region(args) -> SharedRegion:
     return open_writable(name)
 
 
-def cmd_pub(args) -> int:
+def cmd_pub(args: argparse.Namespace) -> int:
     stop = stop_on_signals()
     region = publishing_region(args)
     payload = payload_of(args)
@@ -88,7 +88,7 @@ def cmd_pub(args) -> int:
     return EXIT_OK
 
 
-def confirm(args, question: str) -> None:
+def confirm(args: argparse.Namespace, question: str) -> None:
     if args.yes:
         return
     if not sys.stdin.isatty():
@@ -127,7 +127,7 @@ def cmd_repair(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def dead_subscriber_sentences(report) -> list[str]:
+def dead_subscriber_sentences(report: DeadSubscriberReport) -> list[str]:
     """What reclaim_dead_subscribers() did, one sentence per ring or group."""
     lines = [f"reclaimed ring {ring} of dead subscriber {pid}" for ring, pid in report.reclaimed]
     lines += [
@@ -166,7 +166,7 @@ def mapped_by_any_process(paths: set[str]) -> tuple[set[str], int]:
     return mapped, unchecked
 
 
-def cmd_clean(args) -> int:
+def cmd_clean(args: argparse.Namespace) -> int:
     """Remove regions whose creator is dead and that no process maps any
     more, and sidecars whose region is gone."""
     candidates, orphan_sidecars = {}, []
@@ -177,7 +177,7 @@ def cmd_clean(args) -> int:
             continue
         try:
             found = read_magic_and_version(entry.path)
-            if not is_kickmsg(found) or found[1] != layout.VERSION:
+            if found is None or not is_kickmsg(found) or found[1] != layout.VERSION:
                 continue
             with open(entry.path, "rb") as file:
                 header = layout.Header.from_buffer_copy(file.read(layout.HEADER_SIZE).ljust(layout.HEADER_SIZE, b"\0"))
@@ -201,7 +201,7 @@ def cmd_clean(args) -> int:
     return EXIT_OK
 
 
-def cmd_create(args) -> int:
+def cmd_create(args: argparse.Namespace) -> int:
     name = channel_name(args)
     shm.check_name(name)
     existed = shm.object_size(name) is not None
@@ -222,7 +222,7 @@ def cmd_create(args) -> int:
     return EXIT_OK
 
 
-def cmd_rm(args) -> int:
+def cmd_rm(args: argparse.Namespace) -> int:
     removed, errors = [], {}
     for name in map(shm_name, args.names):
         try:

@@ -1,13 +1,18 @@
 """Commands that subscribe while they run: echo, hz, bw."""
+import argparse
 import json
 import statistics
 import sys
 import time
+from collections.abc import Callable
+from typing import Any
 
 import numpy
 
 import kickmsg
 from kickmsg import typed
+from kickmsg.region import SharedRegion
+from kickmsg.subscriber import SampleView
 from kickmsg.cli.common import (
     EXIT_FOUND,
     EXIT_OK,
@@ -20,6 +25,8 @@ from kickmsg.cli.common import (
 )
 
 RECEIVE_SLICE_S = 0.1  # a receive waits at most this long, so that a stop signal is seen soon
+# hz/bw's report of the last messages: (times, sizes, received) -> (figures, text)
+Describe = Callable[[list[float], list[int], int], tuple[dict[str, Any], str]]
 DEFAULT_SILENCE_S = 10.0  # hz/bw --count without --timeout give up after this long without a message
 
 
@@ -31,14 +38,14 @@ def decode_records(data: bytes, record_type: typed.RecordType | None) -> numpy.n
     return numpy.frombuffer(data, dtype=record_type.dtype)
 
 
-def _json_value(value):
+def _json_value(value: object) -> str:
     """JSON for what numpy's tolist() gives that json does not know (bytes fields)."""
     if isinstance(value, bytes):
         return value.decode("utf-8", errors="backslashreplace")
     return str(value)
 
 
-def _field_text(value) -> str:
+def _field_text(value: object) -> str:
     """A field as numpy prints it: the shortest text that reads back the same."""
     if isinstance(value, numpy.ndarray):
         return numpy.array2string(value, separator=", ", floatmode="unique")
@@ -49,7 +56,7 @@ def format_message(data: bytes, ring_pos: int, records: numpy.ndarray | None, fm
     """One line of ``echo`` output; typed records print their fields."""
     names = records.dtype.names if records is not None else None
     if fmt == "json":
-        entry = {"ring_pos": ring_pos, "size": len(data)}
+        entry: dict[str, object] = {"ring_pos": ring_pos, "size": len(data)}
         if records is not None:
             entry["fields"] = [{n: r[n].tolist() for n in names} if names else r.tolist() for r in records]
         else:
@@ -64,7 +71,7 @@ def format_message(data: bytes, ring_pos: int, records: numpy.ndarray | None, fm
     return f"[{ring_pos}] {data.decode('utf-8', errors='backslashreplace')}"
 
 
-def subscribed(args):
+def subscribed(args: argparse.Namespace) -> tuple[SharedRegion, kickmsg.Subscriber]:
     """A subscriber on the named channel (joins a ring while the command runs)."""
     region = open_writable(channel_name(args))
     try:
@@ -73,7 +80,7 @@ def subscribed(args):
         raise CommandError(str(error).splitlines()[0]) from None
 
 
-def receive_slice(args, subscriber: kickmsg.Subscriber, *deadlines: float | None):
+def receive_slice(args: argparse.Namespace, subscriber: kickmsg.Subscriber, *deadlines: float | None) -> SampleView | None:
     """The next message as a view, waiting at most RECEIVE_SLICE_S or until
     the nearest deadline (monotonic seconds; None: none), so that the caller
     sees its stop flag soon. Tells on stderr when the subscriber followed
@@ -97,7 +104,7 @@ def silence_note(seconds: float, received: int, count: int | None) -> str:
     return f"stopped: no message for {seconds:g} s{arrived}"
 
 
-def cmd_echo(args) -> int:
+def cmd_echo(args: argparse.Namespace) -> int:
     stop = stop_on_signals()
     region, subscriber = subscribed(args)
     schema = region.schema()
@@ -132,7 +139,7 @@ def cmd_echo(args) -> int:
     return EXIT_OK
 
 
-def measure(args, describe) -> int:
+def measure(args: argparse.Namespace, describe: Describe) -> int:
     """Receive for hz/bw until --count, --duration, a stop signal, or
     silence (--timeout; DEFAULT_SILENCE_S with --count). Every --every
     seconds print ``describe(times, sizes, received)`` of the last --window
@@ -141,7 +148,8 @@ def measure(args, describe) -> int:
     stop = stop_on_signals()
     _, subscriber = subscribed(args)
     silence = args.timeout if args.timeout is not None else DEFAULT_SILENCE_S if args.count is not None else None
-    times, sizes = [], []  # the last --window messages
+    times: list[float] = []  # the arrival times of the last --window messages
+    sizes: list[int] = []  # and their sizes
     received = reported = 0  # messages in all, and when last reported
     started = last_message = time.monotonic()
     end = None if args.duration is None else started + args.duration
@@ -177,14 +185,14 @@ def measure(args, describe) -> int:
             times.append(last_message)
             del times[: -args.window - 1], sizes[: -args.window]
     stats, text = describe(times, sizes, received)
-    if stopped == "silence":
+    if stopped == "silence" and silence is not None:
         text += "\n" + silence_note(silence, received, args.count)
     emit(args, dict(stats, final=True, stopped=stopped), text)
     return EXIT_FOUND if stopped == "silence" and args.count is not None else EXIT_OK
 
 
-def cmd_hz(args) -> int:
-    def describe(times, sizes, received):
+def cmd_hz(args: argparse.Namespace) -> int:
+    def describe(times: list[float], sizes: list[int], received: int) -> tuple[dict[str, Any], str]:
         intervals = [b - a for a, b in zip(times, times[1:])]
         if not intervals:
             return {"messages": received, "rate_hz": None}, f"received {received} message(s): no rate yet"
@@ -205,8 +213,8 @@ def cmd_hz(args) -> int:
     return measure(args, describe)
 
 
-def cmd_bw(args) -> int:
-    def describe(times, sizes, received):
+def cmd_bw(args: argparse.Namespace) -> int:
+    def describe(times: list[float], sizes: list[int], received: int) -> tuple[dict[str, Any], str]:
         if len(times) < 2:
             return {"messages": received, "bytes_per_s": None}, f"received {received} message(s): no bandwidth yet"
         span = times[-1] - times[0]

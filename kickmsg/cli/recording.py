@@ -6,6 +6,7 @@ import os
 import re
 
 from kickmsg import shm
+from kickmsg.subscriber import Subscriber
 from kickmsg.cli.common import EXIT_OK, CommandError, emit, import_extra, shm_name, stop_on_signals
 from kickmsg.cli.receiving import tell_rejoined
 
@@ -14,12 +15,12 @@ GLOB_CHARACTERS = "*?["
 PARQUET_MAGIC = b"PAR1"
 
 
-def cmd_record(args) -> int:
+def cmd_record(args: argparse.Namespace) -> int:
     record = import_extra("kickmsg.record")
     stop = stop_on_signals()
     names = [shm_name(name) for name in args.names]
 
-    def tell_rejoin(name, subscriber):  # from that channel's thread; the rows so far carry its earlier losses
+    def tell_rejoin(name: str, subscriber: Subscriber) -> None:  # from that channel's thread; the rows so far carry its earlier losses
         tell_rejoined("record", name, subscriber.lost - recorder.summary.channels[name].lost)
 
     try:
@@ -37,7 +38,7 @@ def cmd_record(args) -> int:
     return EXIT_OK
 
 
-def cmd_play(args) -> int:
+def cmd_play(args: argparse.Namespace) -> int:
     record = import_extra("kickmsg.record")
     stop = stop_on_signals()
     summary = record.play(args.path, rate=args.rate, loop=args.loop, stop=stop)
@@ -54,7 +55,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def cmd_analyze(args) -> int:
+def cmd_analyze(args: argparse.Namespace) -> int:
     for path in args.paths:
         check_recording_path(path)
     analysis = import_extra("kickmsg.spark.analysis")
