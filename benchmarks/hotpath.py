@@ -9,6 +9,7 @@ share the machine's state:
 
   pair 64 B        ``send`` + ``try_receive``, default config (16 rings, 1 Live)
   pair view 64 B   ``send`` + ``try_receive_view`` + ``release``
+  pair alloc 64 B  ``allocate`` + ``publish`` + ``try_receive``
   send, 1 of 16    ``send`` alone, default config, 1 Live ring that reads
                    (received outside the timing)
   send, N rings    ``send`` alone with N Live rings that never read (every
@@ -113,6 +114,12 @@ def measure(repeats: int) -> dict:
         counted("pair view 64 B", region, lambda: (send(payload), receive().release()))
         return result
 
+    def pair_allocate(region, publisher, subscribers):
+        allocate, receive = publisher.allocate, subscribers[0].try_receive
+        result = timed(lambda: (allocate(64).publish(), receive()))
+        counted("pair alloc 64 B", region, lambda: (allocate(64).publish(), receive()))
+        return result
+
     def send_only(figure: str, region, publisher, subscribers):
         send = publisher.send
         timed(lambda: send(payload))
@@ -155,6 +162,7 @@ def measure(repeats: int) -> dict:
     results = {
         "pair 64 B": on_region(16, 1, pair),
         "pair view 64 B": on_region(16, 1, pair_view),
+        "pair alloc 64 B": on_region(16, 1, pair_allocate),
         "send, 1 of 16": on_region(16, 1, lambda *args: send_one_of_16("send, 1 of 16", *args)),
     }
     for rings in (1, 4, 16):
