@@ -4,7 +4,6 @@ import os
 import time
 import warnings
 from dataclasses import dataclass
-from typing import NamedTuple
 
 from kickmsg import layout, owners, shm, treiber
 from kickmsg.atomics import HARDWARE
@@ -20,8 +19,11 @@ CHECK_IN_INTERVAL_NS = 100_000_000  # how often publishers and subscribers look 
 NEVER = 1 << 63  # a region in private memory is never re-created
 
 
-class RingAddresses(NamedTuple):
-    """Addresses of one subscriber ring's atomic words."""
+@dataclass(frozen=True, slots=True)
+class RingAddresses:
+    """Addresses of one subscriber ring's atomic words. (Slots, not a
+    NamedTuple: the flows read these fields at every step, and a slot is
+    read several times faster than a NamedTuple's field.)"""
 
     index: int
     state_flight: int
