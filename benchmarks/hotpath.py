@@ -1,6 +1,6 @@
 """Hot-path timings of this package alone, for optimising it.
 
-    python benchmarks/hotpath.py [--tree DIR ...] [--repeats N] [--rounds N] [--fastest]
+    python benchmarks/hotpath.py [--tree DIR ...] [--repeats N] [--rounds N] [--fastest] [--only NAME ...]
 
 Times, in one process per source tree (``--tree``: a checkout of this
 package with its shim built, e.g. a ``git worktree`` of an older commit;
@@ -43,7 +43,7 @@ OPERATIONS = 20_000  # per repeat
 COUNTED_OPERATIONS = 1_000  # per count of shim calls
 
 
-def measure(repeats: int, fastest: bool) -> dict:
+def measure(repeats: int, fastest: bool, only: list[str]) -> dict:
     """Run in a child process whose sys.path starts at one tree."""
     import kickmsg
     from kickmsg import layout, treiber
@@ -161,18 +161,23 @@ def measure(repeats: int, fastest: bool) -> dict:
             "builtin abs()": timed(lambda: abs(word)) - empty,
         }
 
-    results = {
-        "pair 64 B": on_region(16, 1, pair),
-        "pair view 64 B": on_region(16, 1, pair_view),
-        "pair alloc 64 B": on_region(16, 1, pair_allocate),
-        "send, 1 of 16": on_region(16, 1, lambda *args: send_one_of_16("send, 1 of 16", *args)),
+    figures = {  # name -> (rings, Live rings, body)
+        "pair 64 B": (16, 1, pair),
+        "pair view 64 B": (16, 1, pair_view),
+        "pair alloc 64 B": (16, 1, pair_allocate),
+        "send, 1 of 16": (16, 1, lambda *args: send_one_of_16("send, 1 of 16", *args)),
+        **{
+            f"send, {rings} rings": (rings, rings, lambda *args, figure=f"send, {rings} rings": send_only(figure, *args))
+            for rings in (1, 4, 16)
+        },
+        "send after sleep": (16, 1, lambda *args: send_one_of_16("send after sleep", *args, pause_s=0.001)),
+        "pop + push": (1, 0, pop_push),
     }
-    for rings in (1, 4, 16):
-        figure = f"send, {rings} rings"
-        results[figure] = on_region(rings, rings, lambda *args: send_only(figure, *args))
-    results["send after sleep"] = on_region(16, 1, lambda *args: send_one_of_16("send after sleep", *args, pause_s=0.001))
-    results["pop + push"] = on_region(1, 0, pop_push)
-    results.update(on_region(1, 0, shim_calls))
+    results = {
+        name: on_region(*figure) for name, figure in figures.items() if not only or any(part in name for part in only)
+    }
+    if not only or any(part in "shim: builtin abs()" for part in only):
+        results.update(on_region(1, 0, shim_calls))
     return {"ns": results, "calls": calls}
 
 
@@ -181,12 +186,13 @@ def main() -> int:
     parser.add_argument("--tree", action="append", type=pathlib.Path, help="a source tree to time (repeatable)")
     parser.add_argument("--repeats", type=int, default=5, help="repeats per figure (default 5)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds over the trees, medians taken (default 3)")
+    parser.add_argument("--only", action="append", default=[], help="time only the figures whose name contains this (repeatable)")
     parser.add_argument("--fastest", action="store_true", help="the fastest repeat and round, not the medians")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     arguments = parser.parse_args()
     if arguments.child:
         sys.path.insert(0, arguments.child)
-        print(json.dumps(measure(arguments.repeats, arguments.fastest)))
+        print(json.dumps(measure(arguments.repeats, arguments.fastest, arguments.only)))
         return 0
     trees = [tree.resolve() for tree in arguments.tree or [ROOT]]
     runs = {tree: [] for tree in trees}
@@ -194,6 +200,7 @@ def main() -> int:
         for tree in trees:
             command = [sys.executable, "-P", __file__, "--child", str(tree), "--repeats", str(arguments.repeats)]
             command += ["--fastest"] if arguments.fastest else []
+            command += [option for part in arguments.only for option in ("--only", part)]
             child = subprocess.run(command, capture_output=True, text=True, timeout=600)
             if child.returncode:
                 sys.exit(f"hotpath: timing {tree} failed:\n{child.stderr}")
