@@ -271,12 +271,6 @@ class AllocatedSlot:
     is alive.
     """
 
-    # One is made per message: slots make it quicker to build and to read.
-    __slots__ = (
-        "_publisher", "_region", "_slot", "_length", "_published", "_abandoned", "_returned", "_exports", "_owner_pid",
-        "__weakref__",
-    )
-
     def __init__(self, publisher: Publisher, slot: int, length: int):
         self._publisher = publisher
         self._region = publisher._region

@@ -540,9 +540,6 @@ class SampleView:
     even past ``release()``; new buffers are refused after it.
     """
 
-    # One is made per message: slots make it quicker to build and to read.
-    __slots__ = ("_region", "_slot", "_length", "_ring_pos", "_released", "_pinned", "_exports", "_owner_pid", "__weakref__")
-
     def __init__(self, region: SharedRegion, slot: int, length: int, ring_pos: int):
         self._region = region
         self._slot = slot
