@@ -128,7 +128,7 @@ class Subscriber:
             return None
         slot, length, _ = pinned
         start = region.payload_offsets[slot]
-        data = region.mapping.buffer[start : start + length].tobytes()
+        data = bytes(region.mapping.buffer[start : start + length])
         treiber.release_slot(region, slot)  # unpin
         return data
 
