@@ -214,7 +214,7 @@ def main() -> int:
         calls = [runs[tree][0]["calls"].get(name) for tree in trees]
         columns = "".join(f"{figure:>10.0f}" + (f" [{count:4.1f}]" if count is not None else " " * 7) for figure, count in zip(figures, calls))
         ratios = "" if len(trees) == 1 else "  (" + ", ".join(f"{figure / figures[0]:.2f}x" for figure in figures[1:]) + " of the first)"
-        print(f"  {name:<24}" + columns + ratios)
+        print((f"  {name:<24}" + columns + ratios).rstrip())
     return 0
 
 
