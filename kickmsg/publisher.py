@@ -11,7 +11,7 @@ import os
 import time
 import weakref
 
-from kickmsg import owners, treiber
+from kickmsg import owners, process, treiber
 from kickmsg.audit import explain_empty_pool
 from kickmsg.layout import (
     IN_FLIGHT_ONE,
@@ -299,7 +299,7 @@ class AllocatedSlot:
         self._abandoned = False  # replaced by a newer allocate() before publish()
         self._returned = False  # given back to the free stack
         self._exports = 0  # buffers handed out and not yet released
-        self._owner_pid = os.getpid()
+        self._owner_pid = process.pid
 
     def __len__(self) -> int:
         return self._length
@@ -348,7 +348,7 @@ class AllocatedSlot:
             treiber.push(self._region, self._slot)
 
     def __del__(self):
-        if os.getpid() == self._owner_pid:  # not a forked child's copy
+        if process.pid == self._owner_pid:  # not a forked child's copy
             self._abandon()
 
     def __repr__(self):

@@ -5,7 +5,6 @@ import time
 import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
 
 from kickmsg import layout, owners, shm, treiber
 from kickmsg.atomics import HARDWARE, Atomics
@@ -21,10 +20,13 @@ CHECK_IN_INTERVAL_NS = 100_000_000  # how often publishers and subscribers look 
 NEVER = 1 << 63  # a region in private memory is never re-created
 
 
-class RingAddresses(NamedTuple):
-    """Addresses of one subscriber ring's atomic words."""
+@dataclass(frozen=True, slots=True)
+class RingAddresses:
+    """Addresses of one subscriber ring's atomic words. (Slots, not a
+    NamedTuple: the flows read these fields at every step, and a slot is
+    read several times faster than a NamedTuple's field.)"""
 
-    index: int  # type: ignore[assignment]  # the ring's number, shadowing tuple.index on purpose
+    index: int  # the ring's number
     state_flight: int
     write_pos: int  # its low 32 bits are the futex word
     has_waiter: int

@@ -9,7 +9,7 @@ import os
 import time
 import weakref
 
-from kickmsg import owners, treiber
+from kickmsg import owners, process, treiber
 from kickmsg.config import to_microseconds
 from kickmsg.layout import (
     LOCKED_SEQUENCE,
@@ -548,7 +548,7 @@ class SampleView:
         self._released = False
         self._pinned = True
         self._exports = 0  # buffers handed out and not yet released
-        self._owner_pid = os.getpid()
+        self._owner_pid = process.pid
 
     def __len__(self) -> int:
         return 0 if self._released else self._length
@@ -590,7 +590,7 @@ class SampleView:
         self.release()
 
     def __del__(self):
-        if os.getpid() == self._owner_pid:  # not a forked child's copy
+        if process.pid == self._owner_pid:  # not a forked child's copy
             self.release()
 
     def __repr__(self):

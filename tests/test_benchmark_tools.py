@@ -23,14 +23,21 @@ def leftovers(prefix: str) -> list:
 def test_hotpath_times_every_operation_it_documents_and_leaves_no_region():
     before = leftovers("km_hotpath_")
     output = run_tool("benchmarks/hotpath.py", "--rounds", "1", "--repeats", "1")
-    figures = dict(re.findall(r"^  (\S.*?) {2,}(-?\d+)$", output, re.MULTILINE))
-    expected = [
-        "pair 64 B", "pair view 64 B", "send, 1 of 16", "send, 1 rings", "send, 4 rings", "send, 16 rings",
-        "send after sleep", "pop + push", "shim: load_relaxed_u32", "shim: store_relaxed_u32",
-        "shim: cas_acq_rel_u64", "builtin abs()",
+    rows = re.findall(r"^  (\S.*?) {2,}(-?\d+)(?: \[ *(\d+\.\d)\])?$", output, re.MULTILINE)
+    figures = {name: int(ns) for name, ns, _ in rows}
+    calls = {name: float(count) for name, _, count in rows if count}  # shim calls per operation
+    flows = [
+        "pair 64 B", "pair view 64 B", "pair alloc 64 B", "send, 1 of 16", "send, 1 rings", "send, 4 rings",
+        "send, 16 rings", "send after sleep", "pop + push",
     ]
+    expected = flows + ["shim: load_relaxed_u32", "shim: store_relaxed_u32", "shim: cas_acq_rel_u64", "builtin abs()"]
     assert sorted(figures) == sorted(expected), output
-    assert all(int(figures[name]) > 0 for name in expected if not name.startswith(("shim", "builtin"))), output
+    assert all(figures[name] > 0 for name in flows), output
+    assert sorted(calls) == sorted(flows), output
+    # A send into one of 16 rings pre-checks all 16; more Live rings, more calls.
+    assert calls["send, 1 of 16"] > 16 and calls["send, 1 rings"] < calls["send, 4 rings"] < calls["send, 16 rings"]
+    only = run_tool("benchmarks/hotpath.py", "--rounds", "1", "--repeats", "1", "--only", "pop")
+    assert re.findall(r"^  (\S.*?) {2,}-?\d+", only, re.MULTILINE) == ["pop + push"], only
     assert leftovers("km_hotpath_") == before
 
 
