@@ -19,6 +19,10 @@ receiver reads a SUB socket connected to it: two processes, one TCP hop.
      rather than slow the publisher down: the bridge's ring overflows,
      0MQ's queue reaches its high-water mark).
 
+Before each measurement the publisher sends priming messages until the
+receiver has seen one (so the path is open end to end: the SUB socket
+connected, the bridges' description exchanged); they are not counted.
+
 Results go to benchmarks/results/bench_bridge.json. Numbers taken while the
 machine does other work are noisy; compare the two columns of one run.
 
@@ -48,6 +52,8 @@ ROOT = HERE.parent
 RESULTS_DIR = HERE / "results"
 STAMP = struct.Struct("<QQ")  # sequence, monotonic_ns at send
 STOP_SEQUENCE = 2**64 - 1
+PRIME_SEQUENCE = 2**64 - 2  # sent until the receiver has seen one
+PRIME_PERIOD_S = 0.005
 SIZE = 64
 PERIOD_S = 0.001
 GEOMETRY = {"max_subscribers": 4, "sub_ring_capacity": 1024, "pool_size": 2048, "max_payload_size": 1024}
@@ -92,7 +98,7 @@ def receiver(args: dict) -> None:
         def receive():
             return subscriber.receive(SILENCE_S)
     print("ready", flush=True)
-    latencies, first, last, count = [], None, None, 0
+    latencies, first, last, count, primed = [], None, None, 0, False
     clock = time.monotonic_ns
     while True:
         data = receive()
@@ -104,6 +110,11 @@ def receiver(args: dict) -> None:
         sequence, stamp = STAMP.unpack_from(data)
         if sequence == STOP_SEQUENCE:
             break
+        if sequence == PRIME_SEQUENCE:  # the path is open end to end (bridges: description exchanged)
+            if not primed:
+                print("primed", flush=True)
+                primed = True
+            continue
         first = now if first is None else first
         last, count = now, count + 1
         if sequence >= args["warmup"]:
@@ -131,9 +142,12 @@ def publisher(args: dict) -> None:
             send_retrying(kick, data, 1.0)
     clock, pack, padding = time.monotonic_ns, STAMP.pack, bytes(SIZE - STAMP.size)
     print("ready", flush=True)
+    # Prime until the driver says go, once the receiver saw a message: the
+    # path is open end to end (a SUB socket connected; a bridge, which drops
+    # what arrives before its first description exchange, has had it).
+    while not select.select([sys.stdin], [], [], PRIME_PERIOD_S)[0]:
+        send(pack(PRIME_SEQUENCE, 0) + padding)
     sys.stdin.readline()
-    if args["kind"] == "zmq":
-        time.sleep(0.5)  # the SUB socket, started after "ready", connects
     if args.get("flood"):
         for sequence in range(args["flood"]):
             send(pack(sequence, clock()) + padding)
@@ -184,6 +198,19 @@ def start_bridges(a_channel: str, b_channel: str) -> list[subprocess.Popen]:
     raise RuntimeError("the two bridges did not connect within 30 s")
 
 
+def wait_for_line(process: subprocess.Popen, expected: str, timeout_s: float) -> None:
+    """Read ``process``'s stdout until the line ``expected``, at most ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if select.select([process.stdout], [], [], 1.0)[0]:
+            line = process.stdout.readline()
+            if line.strip() == expected:
+                return
+            if not line:
+                break
+    raise RuntimeError(f"no {expected!r} from the receiver within {timeout_s:g} s")
+
+
 def measure(kind: str, settings: dict, prefix: str, flood: bool) -> dict:
     """One publisher and one receiver (and, for kickmsg, two bridges)."""
     a_channel, b_channel = f"/{prefix}_a", f"/{prefix}_b"
@@ -210,6 +237,7 @@ def measure(kind: str, settings: dict, prefix: str, flood: bool) -> dict:
         started.append(pub)
         if kind == "kickmsg" and pub.stdout.readline().strip() != "ready":
             raise RuntimeError("the publisher did not start")
+        wait_for_line(started[0], "primed", 60)
         pub.stdin.write("go\n")
         pub.stdin.flush()
         if pub.wait(timeout=300) != 0:

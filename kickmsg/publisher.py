@@ -10,8 +10,10 @@ import errno
 import os
 import time
 import weakref
+from collections.abc import Buffer
 
 from kickmsg import owners, process, treiber
+from kickmsg.atomics import Atomics
 from kickmsg.audit import explain_empty_pool
 from kickmsg.layout import (
     IN_FLIGHT_ONE,
@@ -59,7 +61,7 @@ class Publisher:
         self._next_check_in_ns = self._region.next_check_in_ns()
         self._dropped = 0
         self._rejoined = 0
-        self._pending = None  # weak reference to the AllocatedSlot not yet published
+        self._pending: weakref.ref[AllocatedSlot] | None = None  # weak reference to the AllocatedSlot not yet published
         self._sent = 0
         self._record = self._record_ourselves(name)
 
@@ -82,7 +84,7 @@ class Publisher:
         region (beyond 0.1.0)."""
         return self._rejoined
 
-    def send(self, data) -> int:
+    def send(self, data: Buffer) -> int:
         """Copy ``data`` (any C-contiguous bytes-like object) into a slot and
         publish it. Returns its length.
 
@@ -238,11 +240,11 @@ class Publisher:
             treiber.release_slot(region, slot, excess)
         return delivered
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"Publisher(region={self._region.name!r}, dropped={self._dropped})"
 
 
-def send_retrying(publisher: Publisher, data, timeout_s: float) -> bool:
+def send_retrying(publisher: Publisher, data: Buffer, timeout_s: float) -> bool:
     """``publisher.send(data)``, retrying while the slot pool is empty (a
     pause of 1 ms, doubling up to 100 ms) for up to ``timeout_s`` seconds.
     False if the pool stayed empty that long."""
@@ -259,7 +261,7 @@ def send_retrying(publisher: Publisher, data, timeout_s: float) -> bool:
             pause = min(pause * 2, 0.1)
 
 
-def _wait_and_capture_slot(ops, entry: int, expected_sequence: int, timeout_ns: int) -> int:
+def _wait_and_capture_slot(ops: Atomics, entry: int, expected_sequence: int, timeout_ns: int) -> int:
     """Wait until the entry's previous occupant has committed (sequence >=
     expected and not LOCKED) and return the slot it holds; after
     ``timeout_ns`` assume that writer crashed and return ``INVALID_SLOT``."""
@@ -347,9 +349,9 @@ class AllocatedSlot:
             self._returned = True
             treiber.push(self._region, self._slot)
 
-    def __del__(self):
+    def __del__(self) -> None:
         if process.pid == self._owner_pid:  # not a forked child's copy
             self._abandon()
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"AllocatedSlot(len={self._length}, published={self._published}, region={self._region.name!r})"

@@ -8,6 +8,8 @@ import datetime
 import os
 import time
 import weakref
+from collections.abc import Callable
+from typing import Self, TypeVar
 
 from kickmsg import owners, process, treiber
 from kickmsg.config import to_microseconds
@@ -23,6 +25,8 @@ from kickmsg.layout import (
     U32_MAX,
 )
 from kickmsg.region import RingAddresses, SharedRegion
+
+M = TypeVar("M")  # what a receive gives: bytes or a SampleView
 
 MAX_RECEIVE_ATTEMPTS = 64  # entries a single try_receive may skip as lost
 UNCOMMITTED_POLL_NS = 1_000_000  # sleep slice while a claimed entry is not committed yet
@@ -54,7 +58,7 @@ class Subscriber:
         if not isinstance(region, SharedRegion):
             raise TypeError(f"Subscriber needs a SharedRegion, got {region!r}")
         self._spin_ns = to_microseconds(spin, "spin") * 1000
-        self._idle_gap_ns = None  # how long the last wait for a message took (None: no wait yet)
+        self._idle_gap_ns: int | None = None  # how long the last wait for a message took (None: no wait yet)
         region.require_writable("subscribe")
         region = region.reopen_if_recreated() or region  # a stale region object: use what the name leads to
         self._lost = 0
@@ -62,7 +66,7 @@ class Subscriber:
         self._drain_timeouts = 0
         self._rejoined = 0
         self._closed = False
-        self._waiting_on = None  # (region, ring) whose has_waiter a WaitSet set for us
+        self._waiting_on: tuple[SharedRegion, RingAddresses] | None = None  # (region, ring) whose has_waiter a WaitSet set for us
         ring, start_pos = _join_or_reclaim(region)
         self._take_ring(region, ring, start_pos, _record_ownership(region, ring, start_pos))
 
@@ -164,7 +168,7 @@ class Subscriber:
         """Like ``try_receive_latest``, blocking up to ``timeout``."""
         return self._receive_blocking(self.try_receive_latest, timeout)
 
-    def __iter__(self):
+    def __iter__(self) -> Self:
         """Iterate over the messages available now (copies), then stop."""
         return self
 
@@ -303,7 +307,7 @@ class Subscriber:
             self._lost += unread
         self._rejoined += 1
 
-    def _receive_blocking(self, attempt, timeout):
+    def _receive_blocking(self, attempt: Callable[[], M | None], timeout: datetime.timedelta | float | None) -> M | None:
         """Spin, then park: call ``attempt`` (a non-blocking receive) until
         it returns a message or ``timeout`` passes. While the last wait for
         a message took less than the spin budget, keep trying for up to that
@@ -427,13 +431,13 @@ class Subscriber:
             if not self._teardown():
                 self._drain_timeouts += 1
 
-    def __enter__(self):
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc_info):
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         state = "closed" if self._closed else f"ring={self._ring.index}, read_pos={self._read_pos}"
         return (
             f"Subscriber(region={self._region.name!r}, {state}, lost={self._lost}, "
@@ -583,15 +587,15 @@ class SampleView:
             self._pinned = False
             treiber.release_slot(self._region, self._slot)
 
-    def __enter__(self):
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc_info):
+    def __exit__(self, *exc_info: object) -> None:
         self.release()
 
-    def __del__(self):
+    def __del__(self) -> None:
         if process.pid == self._owner_pid:  # not a forked child's copy
             self.release()
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"SampleView(len={len(self)}, ring_pos={self._ring_pos}, valid={self.valid})"

@@ -5,7 +5,12 @@ the generation, so a CAS on a top that went away and came back fails (ABA).
 Free slots are linked through their ``next_free`` words; ``INVALID_SLOT``
 ends the list.
 """
+from typing import TYPE_CHECKING
+
 from kickmsg.layout import INVALID_SLOT, NEXT_FREE_OFFSET, REFCOUNT_OFFSET, U32_MAX
+
+if TYPE_CHECKING:  # region.py imports this module
+    from kickmsg.region import SharedRegion
 
 
 def _next_top(top: int, slot: int) -> int:
@@ -14,7 +19,7 @@ def _next_top(top: int, slot: int) -> int:
     return generation << 32 | slot
 
 
-def pop(region) -> int:
+def pop(region: "SharedRegion") -> int:
     """Take a free slot: its index, or ``INVALID_SLOT`` when the pool is empty."""
     ops = region.atomics
     top = ops.load_acquire_u64(region.free_top_address)
@@ -32,7 +37,7 @@ def pop(region) -> int:
         top = found
 
 
-def push(region, slot: int) -> None:
+def push(region: "SharedRegion", slot: int) -> None:
     """Give ``slot`` back to the pool (its refcount is already 0)."""
     ops = region.atomics
     next_free_address = region.slot_addresses[slot] + NEXT_FREE_OFFSET
@@ -45,7 +50,7 @@ def push(region, slot: int) -> None:
         top = found
 
 
-def release_slot(region, slot: int, references: int = 1) -> None:
+def release_slot(region: "SharedRegion", slot: int, references: int = 1) -> None:
     """Drop ``references`` of ``slot``'s refcount; whoever drops it to zero
     pushes the slot back on the free stack."""
     previous = region.atomics.fetch_sub_acq_rel_u32(region.slot_addresses[slot] + REFCOUNT_OFFSET, references)

@@ -176,14 +176,14 @@ def _world(scenario: Scenario) -> World:
                         if session == "first":
                             view = receiver.try_receive_view()
                             got = view is not None
-                            if got:
+                            if view is not None:
                                 with view:
                                     received.append((receiver._ring.index, view.ring_pos, bytes(view)))
                                 break  # leave after one message, then join again
                         else:
                             data = receiver.try_receive()
                             got = data is not None
-                            if got:
+                            if data is not None:
                                 received.append((receiver._ring.index, receiver._read_pos - 1, data))
                         if not got and publishers_done():
                             break
