@@ -21,10 +21,8 @@ import argparse
 import json
 import os
 import pathlib
-import statistics
 import subprocess
 import sys
-import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 NATIVE_DIR = ROOT / ".native" / "kickmsg-0.1.0"

@@ -41,17 +41,14 @@ import sys
 import threading
 import time
 import tomllib
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import Any, TextIO
 
-from kickmsg.config import ChannelType, Config
+from kickmsg.config import Config
+from kickmsg.description import channel_config, describe
 from kickmsg.publisher import Publisher, send_retrying
 from kickmsg.region import SharedRegion
-from kickmsg.schema import SchemaInfo
 from kickmsg.shm import RegionNotFoundError
 from kickmsg.subscriber import Subscriber
-
-if TYPE_CHECKING:
-    import zenoh
 
 EXTRA = "pip install 'kickmsg-py[bridge]'"
 ATTACHMENT = struct.Struct("<4sB3xQQQqQ")  # magic, version, epoch, sequence, ring_pos, forwarded_wall_ns, source_lost
@@ -239,50 +236,6 @@ def zenoh_config(options: BridgeOptions) -> Any:
 # -- descriptions: what an importer needs to create the channel -------------------------
 
 
-def describe(region: SharedRegion, epoch: int) -> dict[str, Any]:
-    """A channel's geometry and schema descriptor, as JSON values."""
-    g = region.geometry
-    schema = region.schema()
-    return {
-        "epoch": epoch,
-        "channel_type": g.channel_type,
-        "max_subscribers": g.max_subs,
-        "sub_ring_capacity": g.capacity,
-        "pool_size": g.pool_size,
-        "max_payload_size": g.slot_data_size,
-        "commit_timeout_us": g.commit_timeout_us,
-        "schema": None if schema is None else {
-            "identity": schema.identity.hex(), "layout": schema.layout.hex(), "name": schema.name,
-            "version": schema.version, "identity_algo": schema.identity_algo, "layout_algo": schema.layout_algo,
-            "flags": schema.flags,
-        },
-    }
-
-
-def channel_config(description: dict[str, Any], override: Config | None) -> tuple[ChannelType, Config]:
-    """The channel type and config a description stands for (the geometry of
-    ``override`` instead, when given; the schema always travels)."""
-    schema = description["schema"]
-    info = None if schema is None else SchemaInfo(
-        identity=bytes.fromhex(schema["identity"]), layout=bytes.fromhex(schema["layout"]), name=schema["name"],
-        version=schema["version"], identity_algo=schema["identity_algo"], layout_algo=schema["layout_algo"],
-        flags=schema["flags"],
-    )
-    if override is not None:
-        config = Config(
-            max_subscribers=override.max_subscribers, sub_ring_capacity=override.sub_ring_capacity,
-            pool_size=override.pool_size, max_payload_size=override.max_payload_size,
-            commit_timeout=override.commit_timeout, schema=info,
-        )
-    else:
-        config = Config(
-            max_subscribers=description["max_subscribers"], sub_ring_capacity=description["sub_ring_capacity"],
-            pool_size=description["pool_size"], max_payload_size=description["max_payload_size"],
-            commit_timeout=description["commit_timeout_us"] / 1e6, schema=info,
-        )
-    return ChannelType(description["channel_type"]), config
-
-
 def open_local_channel(name: str, key: str, description: dict[str, Any], override: Config | None) -> SharedRegion:
     """The local channel of an import: created as described unless it exists;
     an existing one must have that geometry and schema."""
@@ -342,7 +295,7 @@ class Exporter:
         self.subscriber = Subscriber(region)
         self.figures = ChannelFigures("export", name, key, epochs=1)
         self.epoch = secrets.randbits(64)
-        self.description = json.dumps(describe(region, self.epoch)).encode()
+        self.description = json.dumps(dict(describe(region), epoch=self.epoch)).encode()
         self.publisher = session.declare_publisher(key, congestion_control=zenoh.CongestionControl.BLOCK)
         self.queryable = session.declare_queryable(f"{key}/{DESCRIPTION_CHUNK}", self._answer)
         self.thread = threading.Thread(target=self._run, name=f"export {name}", daemon=True)
@@ -362,7 +315,7 @@ class Exporter:
             if subscriber.rejoined != rejoined:  # the channel was re-created: a new epoch, maybe a new geometry
                 rejoined, sequence = subscriber.rejoined, 0
                 self.epoch = secrets.randbits(64)
-                self.description = json.dumps(describe(subscriber.region, self.epoch)).encode()
+                self.description = json.dumps(dict(describe(subscriber.region), epoch=self.epoch)).encode()
                 figures.epochs += 1
             if view is None:
                 continue

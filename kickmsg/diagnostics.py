@@ -24,6 +24,7 @@ from typing import Any
 
 from kickmsg import layout, owners, shm
 from kickmsg.audit import AuditReport, audit
+from kickmsg.description import schema_to_json
 from kickmsg.region import SharedRegion
 
 CHANNEL_TYPES = {layout.CHANNEL_PUBSUB: "PubSub", layout.CHANNEL_BROADCAST: "Broadcast"}
@@ -326,22 +327,6 @@ def summarize(entry: os.DirEntry[str], everything: bool) -> RegionSummary | None
 # -- info ----------------------------------------------------------------------------------------
 
 
-def schema_dict(region: SharedRegion) -> dict[str, Any] | None:
-    """The schema descriptor as JSON-ready data; None without one."""
-    found = region.schema()
-    if found is None:
-        return None
-    return {
-        "name": found.name,
-        "version": found.version,
-        "identity": found.identity.hex(),
-        "layout": found.layout.hex(),
-        "identity_algo": found.identity_algo,
-        "layout_algo": found.layout_algo,
-        "flags": found.flags,
-    }
-
-
 def creator_name(region: SharedRegion) -> str:
     h = region.header
     return bytes(region.mapping.buffer[layout.HEADER_SIZE : layout.HEADER_SIZE + h.creator_name_len]).decode(
@@ -382,7 +367,7 @@ def region_info(region: SharedRegion) -> RegionInfo:
         creator_name=creator_name(region),
         creator_name_len=h.creator_name_len,
         schema_state=SCHEMA_STATES.get(schema_state, schema_state),
-        schema=schema_dict(region),
+        schema=None if (found := region.schema()) is None else schema_to_json(found),
         free_top={"generation": free_top >> 32, "slot": free_top & layout.U32_MAX},
         hazards=region.geometry.hazards(),
     )

@@ -47,7 +47,8 @@ from mcap.well_known import MessageEncoding, SchemaEncoding
 from mcap.writer import CompressionType, Writer
 
 import kickmsg
-from kickmsg.record import SCHEMA_KEY, recording_files, schema_info
+from kickmsg.description import schema_from_json
+from kickmsg.record import SCHEMA_KEY, recording_files
 from kickmsg.typed import RecordType
 
 PAYLOAD_SCHEMA_NAME = "kickmsg.Payload"
@@ -167,7 +168,7 @@ def channel_record_type(description: dict[str, Any]) -> RecordType | None:
     schema = description.get("schema")
     if schema is None:
         return None
-    record_type = RecordType.from_schema(schema_info(schema))
+    record_type = RecordType.from_schema(schema_from_json(schema))
     if record_type is None or not _supported(record_type.dtype):
         return None
     if any(key in (record_type.dtype.names or ()) for key in RESERVED_KEYS):

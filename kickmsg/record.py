@@ -43,10 +43,9 @@ import pyarrow
 import pyarrow.parquet
 
 from kickmsg import stamp
-from kickmsg.config import ChannelType, Config
+from kickmsg.description import channel_config, describe
 from kickmsg.publisher import Publisher, send_retrying
 from kickmsg.region import SharedRegion
-from kickmsg.schema import SchemaInfo
 from kickmsg.subscriber import Subscriber
 
 SCHEMA_KEY = b"kickmsg.recording"
@@ -74,25 +73,6 @@ def mcap_module() -> ModuleType:
     except ImportError as error:
         raise RuntimeError(f"MCAP needs the mcap extra ({error}): {MCAP_EXTRA}") from None
     return mcap_file
-
-
-def _channel_description(region: SharedRegion) -> dict:
-    """What a player needs to re-create the channel."""
-    g = region.geometry
-    schema = region.schema()
-    return {
-        "channel_type": g.channel_type,
-        "max_subscribers": g.max_subs,
-        "sub_ring_capacity": g.capacity,
-        "pool_size": g.pool_size,
-        "max_payload_size": g.slot_data_size,
-        "commit_timeout_us": g.commit_timeout_us,
-        "schema": None if schema is None else {
-            "identity": schema.identity.hex(), "layout": schema.layout.hex(), "name": schema.name,
-            "version": schema.version, "identity_algo": schema.identity_algo,
-            "layout_algo": schema.layout_algo, "flags": schema.flags,
-        },
-    }
 
 
 @dataclass
@@ -188,7 +168,7 @@ class Recorder:
             "recording": self.recording,
             "host": socket.gethostname(),
             "started_wall_ns": started,
-            "channels": {name: _channel_description(region) for name, region in self.regions.items()},
+            "channels": {name: describe(region) for name, region in self.regions.items()},
         }
         columns = COLUMNS if payload else COLUMNS[:-1]
         self.schema = pyarrow.schema(columns, metadata={SCHEMA_KEY: json.dumps(self.metadata).encode()})
@@ -317,30 +297,13 @@ def _played_file(file: str) -> tuple[dict, Iterable[tuple[str, str, int, bytes]]
     return _parquet_messages(file)
 
 
-def schema_info(schema: dict) -> SchemaInfo:
-    """A schema descriptor from its recorded (JSON) form."""
-    return SchemaInfo(
-        identity=bytes.fromhex(schema["identity"]), layout=bytes.fromhex(schema["layout"]), name=schema["name"],
-        version=schema["version"], identity_algo=schema["identity_algo"], layout_algo=schema["layout_algo"],
-        flags=schema["flags"],
-    )
-
-
 def _open_or_create(name: str, description: dict) -> SharedRegion:
     """The channel if it exists, else created as it was recorded."""
     try:
         return SharedRegion.open(name)
     except FileNotFoundError:
-        schema = description["schema"]
-        config = Config(
-            max_subscribers=description["max_subscribers"],
-            sub_ring_capacity=description["sub_ring_capacity"],
-            pool_size=description["pool_size"],
-            max_payload_size=description["max_payload_size"],
-            commit_timeout=description["commit_timeout_us"] / 1e6,
-            schema=None if schema is None else schema_info(schema),
-        )
-        return SharedRegion.create_or_open(name, ChannelType(description["channel_type"]), config, "kickmsg-play")
+        channel_type, config = channel_config(description)
+        return SharedRegion.create_or_open(name, channel_type, config, "kickmsg-play")
 
 
 @dataclass

@@ -17,7 +17,6 @@ from typing import Any, TextIO
 from kickmsg import shm
 from kickmsg.config import Config
 from kickmsg.region import SharedRegion
-from kickmsg.schema import SchemaInfo
 
 EXIT_OK, EXIT_FOUND, EXIT_ERROR = 0, 1, 2
 EXIT_FORCED = 130  # a second stop signal (or Ctrl-C) forced the command out
@@ -142,20 +141,6 @@ def print_warnings_on_one_line(command: str) -> None:
         print(f"kickmsg {command}: warning: {message}", file=sys.stderr, flush=True)
 
     warnings.showwarning = show
-
-
-def schema_dict(info: SchemaInfo | None) -> dict[str, Any] | None:
-    if info is None:
-        return None
-    return {
-        "name": info.name,
-        "version": info.version,
-        "identity": info.identity.hex(),
-        "layout": info.layout.hex(),
-        "identity_algo": info.identity_algo,
-        "layout_algo": info.layout_algo,
-        "flags": info.flags,
-    }
 
 
 def geometry_fields(region: SharedRegion) -> dict:

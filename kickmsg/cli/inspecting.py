@@ -18,10 +18,10 @@ from kickmsg.cli.common import (
     emit,
     import_module_of_extra,
     inspect,
-    schema_dict,
     stop_on_signals,
     table,
 )
+from kickmsg.description import schema_to_json
 from kickmsg.schema import Diff, diff
 
 LIST_COLUMNS = (
@@ -157,12 +157,12 @@ def cmd_watch(args: argparse.Namespace) -> int:
 def cmd_schema(args: argparse.Namespace) -> int:
     region = inspect(channel_name(args))
     info = region.schema()
-    data = {"name": region.name, "schema": schema_dict(info)}
+    data = {"name": region.name, "schema": None if info is None else schema_to_json(info)}
     if info is None:
         text = f"{region.name}: no schema descriptor"
     else:
         record_type = typed.RecordType.from_schema(info)
-        text = "\n".join(f"{key:<14} {value}" for key, value in (schema_dict(info) or {}).items())
+        text = "\n".join(f"{key:<14} {value}" for key, value in schema_to_json(info).items())
         if record_type is not None:
             data["record_dtype"] = str(record_type.dtype)
             text += f"\n{'record dtype':<14} {record_type.dtype}"
