@@ -5,10 +5,16 @@ gets copies of those objects; collecting the copies must not give back the
 parent's pin or slot. Views the child receives itself are its own: dropped,
 they give their pin back. (The owner is told apart by process id, read
 once per process by ``kickmsg.process`` and again after a fork.)
+
+The scenario runs in a fresh interpreter of its own: forking the test
+runner, which other tests may have left with threads, could deadlock the
+child on a lock one of them held.
 """
 import gc
 import os
 import signal
+import subprocess
+import sys
 import time
 
 from kickmsg import ChannelType, Config, Publisher, SharedRegion, Subscriber, process
@@ -35,6 +41,13 @@ def wait_for_child(pid: int) -> int:
 
 
 def test_copies_in_a_forked_child_leave_the_parents_pin_and_slot_alone(shm_name):
+    done = subprocess.run([sys.executable, __file__, shm_name], capture_output=True, text=True,
+                          timeout=2 * CHILD_TIMEOUT_S + 30)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def forked_copies(shm_name: str) -> None:
+    """The scenario: a parent holding a view and a slot forks (single-threaded)."""
     config = Config(max_subscribers=1, sub_ring_capacity=4, pool_size=8, max_payload_size=64)
     region = SharedRegion.create(shm_name, ChannelType.PubSub, config)
     pub, sub = Publisher(region), Subscriber(region)
@@ -63,3 +76,7 @@ def test_copies_in_a_forked_child_leave_the_parents_pin_and_slot_alone(shm_name)
     slot.publish()
     sub.close()
     rawregion.assert_pool_whole(shm_name)
+
+
+if __name__ == "__main__":
+    forked_copies(sys.argv[1])
