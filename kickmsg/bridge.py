@@ -29,6 +29,16 @@ Threads: one per exported channel, blocked in ``Subscriber.receive_view``
 control, so a slow link overflows the local ring, where the loss is
 counted; one per imported key, blocked on a bounded queue that Zenoh's
 callback fills (a full queue holds Zenoh back). An idle bridge sleeps.
+
+Figures for other processes: one more thread writes each channel's figures
+every 0.5 s (never per message) into a record of the bridge's own beside
+the local channel (``kickmsg.owners.BridgeEntry``, in
+``/dev/shm/<name>.owners.owners.owners``), locked for as long as the bridge
+lives, so ``kickmsg.diagnostics``, ``kickmsg stats`` and ``kickmsg
+exporter`` show them and a killed bridge's record shows as dead. The
+region's bytes never change. A record apart from the publisher records
+because an exporting bridge is a subscriber of the channel, not a
+publisher; an import is recorded once its channel exists.
 """
 import argparse
 import dataclasses
@@ -43,6 +53,7 @@ import time
 import tomllib
 from typing import Any, TextIO
 
+from kickmsg import owners
 from kickmsg.config import Config
 from kickmsg.description import channel_config, describe
 from kickmsg.publisher import Publisher, send_retrying
@@ -60,6 +71,7 @@ DESCRIPTION_TIMEOUT_S = 2.0
 DESCRIPTION_RETRY_S = 1.0  # an importer without a description asks again at most this often
 SEND_TIMEOUT_S = 0.1  # an importer waits at most this long for a free slot, then counts the message lost
 EPOCHS_KEPT = 16  # per imported key: epochs whose sequence numbers are followed
+RECORD_INTERVAL_S = 0.5  # how often the figures are written beside each channel for other processes
 MODES = ("peer", "client", "router")
 CREATOR = "kickmsg-bridge"
 
@@ -328,6 +340,10 @@ class Exporter:
             figures.messages_out += 1
             figures.bytes_out += len(payload)
 
+    def local_region(self) -> SharedRegion:
+        """The channel it reads."""
+        return self.subscriber.region
+
     def close(self) -> None:
         """Leave the ring and withdraw from Zenoh (after the thread ended)."""
         self.subscriber.close()
@@ -452,7 +468,7 @@ class Importer:
             return False
         self.figures.error = None
         if self.publisher is None:
-            self.publisher = Publisher(region)
+            self.publisher = Publisher(region, name=CREATOR)  # its publisher record names the bridge
         return True
 
     def _ask_description(self) -> dict[str, Any] | None:
@@ -465,8 +481,51 @@ class Importer:
                     continue
         return None
 
+    def local_region(self) -> SharedRegion | None:
+        """The channel it writes, once it could be opened."""
+        return None if self.publisher is None else self.publisher.region
+
     def close(self) -> None:
         self.subscriber.undeclare()
+
+
+# -- figures for other processes ---------------------------------------------------------
+
+
+class FigureRecords:
+    """Each channel's figures, in a record of ours beside the channel."""
+
+    def __init__(self) -> None:
+        self.entries: dict[str, owners.BridgeEntry] = {}  # by channel (each is forwarded once)
+        self.last: dict[str, tuple[float, int]] = {}  # by channel: time and bytes_out of the previous update
+
+    def update(self, workers: list["Exporter | Importer"]) -> None:
+        """Write every channel's figures now (claiming its record first)."""
+        for worker in workers:
+            region = worker.local_region()
+            if region is None:
+                continue
+            figures = dataclasses.replace(worker.figures)
+            entry = self.entries.get(figures.channel)
+            if entry is None:
+                entry = self.entries[figures.channel] = owners.BridgeEntry(
+                    region.name, region.mapping.mode, figures.direction, figures.key)
+            now = time.monotonic()
+            then, bytes_then = self.last.get(figures.channel, (now, figures.bytes_out))
+            self.last[figures.channel] = (now, figures.bytes_out)
+            entry.update(owners.BridgeRecord(
+                messages_in=figures.messages_in, messages_out=figures.messages_out, bytes_out=figures.bytes_out,
+                lost_locally=figures.lost_locally, lost_on_way=figures.lost_on_way,
+                lost_at_source=figures.lost_at_source, skipped=figures.skipped, epochs=figures.epochs,
+                bytes_per_s=(figures.bytes_out - bytes_then) / (now - then) if now > then else 0.0,
+                matched=figures.matched,
+            ))
+
+    def release(self) -> None:
+        """Clear our records: the bridge stopped."""
+        for entry in self.entries.values():
+            entry.release()
+        self.entries.clear()
 
 
 # -- the bridge ----------------------------------------------------------------------
@@ -482,6 +541,8 @@ class Bridge:
         self.session: Any = None
         self.exporters: list[Exporter] = []
         self.importers: list[Importer] = []
+        self.records = FigureRecords()
+        self.recorder = threading.Thread(target=self._record, name="bridge figures", daemon=True)
         self.started = time.monotonic()
 
     def start(self) -> None:
@@ -501,7 +562,16 @@ class Bridge:
             raise
         for worker in self.workers():
             worker.thread.start()
+        self.recorder.start()
         self.started = time.monotonic()
+
+    def _record(self) -> None:
+        """The recorder thread: the figures beside each channel, now and
+        every ``RECORD_INTERVAL_S`` until the bridge stops."""
+        while True:
+            self.records.update(self.workers())
+            if self.stopping.wait(RECORD_INTERVAL_S):
+                return
 
     def workers(self) -> list[Exporter | Importer]:
         return [*self.exporters, *self.importers]
@@ -517,6 +587,9 @@ class Bridge:
             if worker.thread.is_alive():
                 worker.thread.join()
             worker.close()
+        if self.recorder.is_alive():
+            self.recorder.join()
+        self.records.release()
         if self.session is not None:
             self.session.close()
             self.session = None

@@ -11,7 +11,9 @@ Every function attaches read-only (``SharedRegion.inspect``) and works on
 regions of this package and of the native library. Subscribers and
 publishers of this package record themselves beside the region
 (``kickmsg.owners``); native ones record nothing: their rings show without
-an owner, and native publishers cannot be seen at all.
+an owner, and native publishers cannot be seen at all. Bridges
+(``kickmsg bridge``) record their figures per forwarded channel the same
+way (``BridgeFigures``, in ``RegionStats.bridges``).
 """
 import dataclasses
 import os
@@ -57,6 +59,8 @@ class RegionSummary:
     subs_max: int | None = None  # max_subscribers
     pubs_live: int | None = None  # live publishers of this package (native ones are unrecorded)
     pubs_stall: int | None = None  # recorded publishers whose process died
+    bridges_live: int | None = None  # live bridges forwarding the channel (kickmsg bridge)
+    bridges_dead: int | None = None  # bridge records whose process died
     capacity: int | None = None  # sub_ring_capacity
     pool_free: int | None = None  # slots on the free stack
     pool_size: int | None = None
@@ -133,8 +137,31 @@ class Participant:
 
 
 @dataclass
+class BridgeFigures:
+    """A bridge forwarding the channel (``kickmsg bridge``), from its record:
+    its figures as of its last update (every 0.5 s while it runs)."""
+
+    pid: int
+    alive: bool  # False: the bridge died without leaving; its figures stopped then
+    direction: str  # "export" (channel -> Zenoh) or "import" (Zenoh -> channel)
+    key: str  # the Zenoh key
+    messages_in: int  # export: received from the ring; import: received from Zenoh
+    messages_out: int  # export: put to Zenoh; import: published into the channel
+    bytes_out: int  # payload bytes forwarded
+    lost_locally: int  # export: its subscriber lost them; import: could not be published
+    lost_on_way: int  # import: gaps in the exporter's sequence numbers
+    lost_at_source: int  # import: what the exporting bridge reported losing
+    skipped: int  # import: samples not from a bridge, or already passed
+    epochs: int  # export: runs of the channel; import: exporter runs seen
+    matched: bool  # export: some Zenoh subscriber matches the key
+    bytes_per_s: float  # payload bytes forwarded per second between its last two updates
+    started_at_ns: int  # time.time_ns() when it recorded itself
+    updated_at_ns: int  # time.time_ns() of its last update
+
+
+@dataclass
 class RegionStats:
-    """A region's rings, pool and recorded publishers (``kickmsg stats``)."""
+    """A region's rings, pool, recorded publishers and bridges (``kickmsg stats``)."""
 
     name: str
     pool_size: int
@@ -143,6 +170,7 @@ class RegionStats:
     live_rings: int
     publishers: list[Participant]  # this package's, live and stalled; native publishers are unrecorded
     unrecorded: str = UNRECORDED_PUBLISHERS
+    bridges: list[BridgeFigures] = field(default_factory=list)  # live and dead
 
 
 @dataclass
@@ -287,8 +315,7 @@ def summarize(entry: os.DirEntry[str], everything: bool) -> RegionSummary | None
     if is_sidecar(entry):
         if not (everything and is_orphan_sidecar(entry)):
             return None
-        records = "publisher" if entry.name.endswith(owners.PUBLISHERS_SUFFIX) else "ring-owner"
-        return dataclasses.replace(row, type="orphan sidecar", problem=f"{records} records of "
+        return dataclasses.replace(row, type="orphan sidecar", problem=f"{owners.sidecar_kind(entry.name)} records of "
                                    f"{owners.region_of_sidecar(entry.name)}, which is gone (kickmsg clean removes it)")
     found = read_magic_and_version(entry.path)
     if found is None or not is_kickmsg(found):
@@ -305,6 +332,7 @@ def summarize(entry: os.DirEntry[str], everything: bool) -> RegionSummary | None
     report = audit(region)
     schema = region.schema()
     publishers = read_participants(region.name)
+    bridges = read_bridges(region.name)
     return dataclasses.replace(
         row,
         type=region.channel_type.name,
@@ -315,6 +343,8 @@ def summarize(entry: os.DirEntry[str], everything: bool) -> RegionSummary | None
         subs_max=g.max_subs,
         pubs_live=sum(p.alive for p in publishers),
         pubs_stall=sum(not p.alive for p in publishers),
+        bridges_live=sum(b.alive for b in bridges),
+        bridges_dead=sum(not b.alive for b in bridges),
         capacity=g.capacity,
         pool_free=report.free_slots,
         pool_size=g.pool_size,
@@ -394,6 +424,31 @@ def read_participants(region_name: str) -> list[Participant]:
     ]
 
 
+def read_bridges(region_name: str) -> list[BridgeFigures]:
+    """The recorded bridges of a region, live and dead."""
+    return [
+        BridgeFigures(
+            pid=record.pid,
+            alive=held,
+            direction=owners.BRIDGE_DIRECTIONS.get(record.direction, f"unknown ({record.direction})"),
+            key=record.key.decode("utf-8", errors="replace"),
+            messages_in=record.messages_in,
+            messages_out=record.messages_out,
+            bytes_out=record.bytes_out,
+            lost_locally=record.lost_locally,
+            lost_on_way=record.lost_on_way,
+            lost_at_source=record.lost_at_source,
+            skipped=record.skipped,
+            epochs=record.epochs,
+            matched=bool(record.matched),
+            bytes_per_s=round(record.bytes_per_s, 1),
+            started_at_ns=record.started_at_ns,
+            updated_at_ns=record.updated_at_ns,
+        )
+        for record, held in owners.read_bridges(region_name)
+    ]
+
+
 def ring_stats(region: SharedRegion, report: AuditReport) -> list[RingStats]:
     """Per ring: state, in-flight publishers, write position, entries still
     holding a slot, and for our subscribers (from the owner records) their
@@ -428,6 +483,7 @@ def region_stats(region: SharedRegion, report: AuditReport) -> RegionStats:
         rings=rings,
         live_rings=sum(ring.state == "Live" for ring in rings),
         publishers=read_participants(region.name),
+        bridges=read_bridges(region.name),
     )
 
 

@@ -6,7 +6,9 @@ figures; ``/metrics`` (served by prometheus_client) shows the latest ones.
 Labels: ``channel`` (the shm name) and ``ring``. A region that vanishes
 stops being shown; one re-created under the same name is read afresh; one
 that cannot be read is shown as a health problem (kind ``corrupt``,
-``unsupported`` or ``unreadable``), never a crash.
+``unsupported`` or ``unreadable``), never a crash. Bridges forwarding a
+channel (``kickmsg bridge``) show with labels ``channel``, ``direction``
+and ``key``, from their records (``diagnostics.BridgeFigures``).
 """
 import os
 import sys
@@ -104,6 +106,17 @@ class ChannelCollector(Collector):
             "kickmsg_ring_lost", "Messages the ring's subscriber lost (subscribers of kickmsg-py only)", labels=ring)
         pending = GaugeMetricFamily(
             "kickmsg_ring_pending", "Messages written and not read yet (subscribers of kickmsg-py only)", labels=ring)
+        bridge = ["channel", "direction", "key"]
+        bridge_messages = CounterMetricFamily(
+            "kickmsg_bridge_messages", "Messages a bridge forwarded: into Zenoh (export) or into the channel (import)",
+            labels=bridge)
+        bridge_bytes = CounterMetricFamily("kickmsg_bridge_bytes", "Payload bytes a bridge forwarded", labels=bridge)
+        bridge_lost = CounterMetricFamily(
+            "kickmsg_bridge_lost", "Messages a bridge counted lost: where=local (its ring or its publishing), "
+            "way (gaps between the bridges, import), source (reported by the exporting bridge, import)",
+            labels=[*bridge, "where"])
+        bridge_up = GaugeMetricFamily("kickmsg_bridge_up", "1: the bridge runs; 0: its record is a dead bridge's",
+                                      labels=bridge)
         for found in samples:
             if found.unusable is not None:
                 problems.add_metric([found.name, found.unusable], 1)
@@ -128,7 +141,27 @@ class ChannelCollector(Collector):
                     lost.add_metric(labels, row.lost)
                 if row.pending is not None:
                     pending.add_metric(labels, row.pending)
-        yield from (pool_slots, free_slots, live_rings, publishers, subscribers, problems, write_position, lost, pending)
+            for figures in one_bridge_per_label(stats.bridges):
+                labels = [found.name, figures.direction, figures.key]
+                bridge_messages.add_metric(labels, figures.messages_out)
+                bridge_bytes.add_metric(labels, figures.bytes_out)
+                bridge_up.add_metric(labels, 1 if figures.alive else 0)
+                bridge_lost.add_metric([*labels, "local"], figures.lost_locally)
+                if figures.direction == "import":
+                    bridge_lost.add_metric([*labels, "way"], figures.lost_on_way)
+                    bridge_lost.add_metric([*labels, "source"], figures.lost_at_source)
+        yield from (pool_slots, free_slots, live_rings, publishers, subscribers, problems, write_position, lost, pending,
+                    bridge_messages, bridge_bytes, bridge_lost, bridge_up)
+
+
+def one_bridge_per_label(bridges: list[diagnostics.BridgeFigures]) -> list[diagnostics.BridgeFigures]:
+    """One record per (direction, key), as the labels require: a live
+    bridge's over a dead one's (a restarted bridge beside the record of its
+    killed run), else the latest updated."""
+    chosen: dict[tuple[str, str], diagnostics.BridgeFigures] = {}
+    for figures in sorted(bridges, key=lambda b: (b.alive, b.updated_at_ns)):
+        chosen[(figures.direction, figures.key)] = figures
+    return list(chosen.values())
 
 
 def serve(port: int, bind: str, prefix: str | None, interval: float, stop: threading.Event,

@@ -39,8 +39,12 @@ from kickmsg import shm
 
 SUFFIX = shm.SIDECAR_SUFFIX
 PUBLISHERS_SUFFIX = SUFFIX + SUFFIX  # stripped of one SUFFIX, still not a valid region name
+BRIDGES_SUFFIX = SUFFIX * 3  # stripped of one or two SUFFIXes, still not a valid region name
 MAX_PUBLISHER_RECORDS = 1024  # a publisher that finds no free record among these goes unrecorded
+MAX_BRIDGE_RECORDS = 64  # likewise for a bridge forwarding the channel
 PUBLISHER_NAME_SIZE = 32
+BRIDGE_KEY_SIZE = 150  # the Zenoh key, UTF-8, NUL-padded (a longer one is cut)
+BRIDGE_DIRECTIONS = {1: "export", 2: "import"}
 FLOCK = struct.Struct("hhqqi4x")  # struct flock: type, whence, start, length, pid (0 for OFD locks)
 CLAIM_ATTEMPTS = 100  # a reclaimer holds a record's lock only briefly: retry 1 ms apart
 CLAIM_RETRY_S = 0.001
@@ -81,6 +85,33 @@ PUBLISHER_RECORD_SIZE = ctypes.sizeof(PublisherRecord)
 CHECK_IN_OFFSET = PublisherRecord.checked_in_at_ns.offset  # checked_in_at_ns, sent and dropped, written together
 
 
+class BridgeRecord(ctypes.Structure):
+    """One bridge forwarding the channel, as written by the bridge that
+    holds its lock (``kickmsg.bridge.ChannelFigures`` as of its last update)."""
+
+    _fields_ = [
+        ("pid", ctypes.c_uint64),
+        ("process_start", ctypes.c_uint64),  # clock ticks after boot (/proc/<pid>/stat field 22)
+        ("started_at_ns", ctypes.c_uint64),  # time.time_ns() when it recorded itself
+        ("updated_at_ns", ctypes.c_uint64),  # time.time_ns() of its last update
+        ("messages_in", ctypes.c_uint64),
+        ("messages_out", ctypes.c_uint64),
+        ("bytes_out", ctypes.c_uint64),
+        ("lost_locally", ctypes.c_uint64),
+        ("lost_on_way", ctypes.c_uint64),
+        ("lost_at_source", ctypes.c_uint64),
+        ("skipped", ctypes.c_uint64),
+        ("epochs", ctypes.c_uint64),
+        ("bytes_per_s", ctypes.c_double),  # payload bytes forwarded per second between its last two updates
+        ("direction", ctypes.c_uint8),  # a key of BRIDGE_DIRECTIONS
+        ("matched", ctypes.c_uint8),  # export: some Zenoh subscriber matches the key
+        ("key", ctypes.c_char * BRIDGE_KEY_SIZE),
+    ]
+
+
+BRIDGE_RECORD_SIZE = ctypes.sizeof(BridgeRecord)
+
+
 def process_start_time(pid: int) -> int:
     """When process ``pid`` started, in clock ticks after boot (0 if unknown)."""
     try:
@@ -99,16 +130,27 @@ def publishers_path(region_name: str) -> str:
     return shm.SHM_DIRECTORY + region_name + PUBLISHERS_SUFFIX
 
 
+def bridges_path(region_name: str) -> str:
+    return shm.SHM_DIRECTORY + region_name + BRIDGES_SUFFIX
+
+
+def sidecar_kind(file_name: str) -> str:
+    """What a sidecar file (``x.owners``, ``x.owners.owners``,
+    ``x.owners.owners.owners``) holds: ring-owner, publisher or bridge records."""
+    if file_name.endswith(BRIDGES_SUFFIX):
+        return "bridge"
+    return "publisher" if file_name.endswith(PUBLISHERS_SUFFIX) else "ring-owner"
+
+
 def region_of_sidecar(file_name: str) -> str:
-    """The region name (``/x``) a sidecar file name (``x.owners`` or
-    ``x.owners.owners``) belongs to."""
-    suffix = PUBLISHERS_SUFFIX if file_name.endswith(PUBLISHERS_SUFFIX) else SUFFIX
+    """The region name (``/x``) a sidecar file name belongs to."""
+    suffix = {"bridge": BRIDGES_SUFFIX, "publisher": PUBLISHERS_SUFFIX}.get(sidecar_kind(file_name), SUFFIX)
     return "/" + file_name.removesuffix(suffix)
 
 
 def unlink(region_name: str) -> None:
-    """Remove the region's sidecars (ring owners, publishers), if any."""
-    for path in (sidecar_path(region_name), publishers_path(region_name)):
+    """Remove the region's sidecars (ring owners, publishers, bridges), if any."""
+    for path in (sidecar_path(region_name), publishers_path(region_name), bridges_path(region_name)):
         try:
             os.unlink(path)
         except OSError as error:
@@ -267,55 +309,49 @@ def program_name() -> str:
         return ""
 
 
-def _read_publisher(fd: int, index: int) -> PublisherRecord | None:
-    data = os.pread(fd, PUBLISHER_RECORD_SIZE, index * PUBLISHER_RECORD_SIZE)
-    return PublisherRecord.from_buffer_copy(data) if len(data) == PUBLISHER_RECORD_SIZE and any(data) else None
+class RecordEntry:
+    """A record of ours in a file of fixed-size records (publishers, bridges):
+    claimed when we start, rewritten at our updates, cleared when released
+    (or by whoever reuses it once our process died). A forked child that
+    goes on records itself anew."""
 
-
-class PublisherEntry:
-    """The record of one live Publisher: claimed when it starts, counters
-    written at its check-ins, cleared when it is released (or by whoever
-    reuses it once its process died). A forked child that goes on
-    publishing records itself anew."""
-
-    def __init__(self, region_name: str, mode: int, name: str):
-        self._region_name, self._mode = region_name, mode
-        self._name = name.encode("utf-8")[:PUBLISHER_NAME_SIZE]
+    def __init__(self, path: str, mode: int, size: int, limit: int):
+        self._path, self._mode, self._size, self._limit = path, mode, size, limit
         self._fd: int | None = None
         self._index = 0
         self._pid = 0  # the process that claimed the record
-        self._claim()
 
     @property
     def recorded(self) -> bool:
-        """Whether the publisher has a record (False: none was free, or the
-        file could not be made)."""
+        """Whether we have a record (False: none was free, or the file could
+        not be made)."""
         return self._fd is not None
+
+    def _new_record(self) -> bytes:
+        """The record to write when we claim one."""
+        raise NotImplementedError
 
     def _claim(self) -> None:
         """Take the first record whose lock is free (empty, or left by a dead
-        publisher) and write ours into it."""
-        fd = _open_file(publishers_path(self._region_name), self._mode)
+        process) and write ours into it."""
+        fd = _open_file(self._path, self._mode)
         if fd is None:
             return
-        for index in range(MAX_PUBLISHER_RECORDS):
-            if _try_lock(fd, fcntl.F_WRLCK, index, PUBLISHER_RECORD_SIZE):
-                pid, now = os.getpid(), time.time_ns()
-                record = PublisherRecord(pid, process_start_time(pid), now, now, 0, 0, self._name)
-                os.pwrite(fd, bytes(record), index * PUBLISHER_RECORD_SIZE)
-                self._fd, self._index, self._pid = fd, index, pid
+        for index in range(self._limit):
+            if _try_lock(fd, fcntl.F_WRLCK, index, self._size):
+                self._fd, self._index, self._pid = fd, index, os.getpid()
+                os.pwrite(fd, self._new_record(), index * self._size)
                 return
         os.close(fd)
 
-    def check_in(self, sent: int, dropped: int) -> None:
-        """Write the counters; first record anew if the file was removed
+    def _write(self, data: bytes, offset: int) -> None:
+        """Write into our record; first record anew if the file was removed
         (its region was unlinked and made again) or we are a forked child."""
         if self._fd is not None and (self._pid != os.getpid() or os.fstat(self._fd).st_nlink == 0):
             self.release()
             self._claim()
         if self._fd is not None:
-            os.pwrite(self._fd, struct.pack("<QQQ", time.time_ns(), sent, dropped),
-                      self._index * PUBLISHER_RECORD_SIZE + CHECK_IN_OFFSET)
+            os.pwrite(self._fd, data, self._index * self._size + offset)
 
     def release(self) -> None:
         """Clear our record and drop its lock (idempotent). In a forked
@@ -325,16 +361,62 @@ class PublisherEntry:
         fd, self._fd = self._fd, None
         try:
             if self._pid == os.getpid():
-                os.pwrite(fd, bytes(PUBLISHER_RECORD_SIZE), self._index * PUBLISHER_RECORD_SIZE)
+                os.pwrite(fd, bytes(self._size), self._index * self._size)
         finally:
             os.close(fd)
 
 
-def read_publishers(region_name: str) -> list[tuple[PublisherRecord, bool]]:
-    """For tools, without writing anything: each publisher record and
-    whether a live process holds its lock (False: it died, a "stall")."""
+class PublisherEntry(RecordEntry):
+    """The record of one live Publisher."""
+
+    def __init__(self, region_name: str, mode: int, name: str):
+        super().__init__(publishers_path(region_name), mode, PUBLISHER_RECORD_SIZE, MAX_PUBLISHER_RECORDS)
+        self._name = name.encode("utf-8")[:PUBLISHER_NAME_SIZE]
+        self._claim()
+
+    def _new_record(self) -> bytes:
+        pid, now = os.getpid(), time.time_ns()
+        return bytes(PublisherRecord(pid, process_start_time(pid), now, now, 0, 0, self._name))
+
+    def check_in(self, sent: int, dropped: int) -> None:
+        """Write the counters."""
+        self._write(struct.pack("<QQQ", time.time_ns(), sent, dropped), CHECK_IN_OFFSET)
+
+
+class BridgeEntry(RecordEntry):
+    """The record of one bridge forwarding the channel, in one direction
+    on one Zenoh key."""
+
+    def __init__(self, region_name: str, mode: int, direction: str, key: str):
+        super().__init__(bridges_path(region_name), mode, BRIDGE_RECORD_SIZE, MAX_BRIDGE_RECORDS)
+        self._region_name = region_name
+        self._direction = next(code for code, name in BRIDGE_DIRECTIONS.items() if name == direction)
+        self._key = key.encode("utf-8")[:BRIDGE_KEY_SIZE]
+        self._started_at_ns = time.time_ns()
+        self._claim()
+
+    def _new_record(self) -> bytes:
+        pid = os.getpid()
+        return bytes(BridgeRecord(pid=pid, process_start=process_start_time(pid), started_at_ns=self._started_at_ns,
+                                  updated_at_ns=time.time_ns(), direction=self._direction, key=self._key))
+
+    def update(self, record: BridgeRecord) -> None:
+        """Write ``record``'s figures (its identity fields are ours)."""
+        if not os.path.exists(shm.SHM_DIRECTORY + self._region_name):
+            return  # the channel is gone: its record file with it
+        pid = os.getpid()
+        record.pid, record.process_start, record.started_at_ns = pid, process_start_time(pid), self._started_at_ns
+        record.updated_at_ns, record.direction, record.key = time.time_ns(), self._direction, self._key
+        self._write(bytes(record), 0)
+
+
+def _read_records[R: ctypes.Structure](path: str, record_type: type[R], limit: int) -> list[tuple[R, bool]]:
+    """For tools, without writing anything: each record of a file of
+    fixed-size records and whether a live process holds its lock (False:
+    it died)."""
+    size = ctypes.sizeof(record_type)
     try:
-        fd = os.open(publishers_path(region_name), os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)  # a FIFO planted there: no hang
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)  # a FIFO planted there: no hang
     except OSError:
         return []
     try:
@@ -342,30 +424,52 @@ def read_publishers(region_name: str) -> list[tuple[PublisherRecord, bool]]:
         if not stat.S_ISREG(status.st_mode):
             return []
         found = []
-        for index in range(min(MAX_PUBLISHER_RECORDS, status.st_size // PUBLISHER_RECORD_SIZE)):
-            record = _read_publisher(fd, index)
-            if record is not None:
-                found.append((record, _is_locked(fd, index, PUBLISHER_RECORD_SIZE)))
+        for index in range(min(limit, status.st_size // size)):
+            data = os.pread(fd, size, index * size)
+            if len(data) == size and any(data):
+                found.append((record_type.from_buffer_copy(data), _is_locked(fd, index, size)))
         return found
     finally:
         os.close(fd)
 
 
-def reclaim_dead_publishers(region_name: str) -> list[int]:
-    """Clear the records of publishers that died; returns their pids."""
-    fd = _open_file(publishers_path(region_name), None)
+def _reclaim_dead_records[R: ctypes.Structure](path: str, record_type: type[R], limit: int) -> list[R]:
+    """Clear the records whose process died; returns them."""
+    size = ctypes.sizeof(record_type)
+    fd = _open_file(path, None)
     if fd is None:
         return []
     reclaimed = []
     try:
-        for index in range(min(MAX_PUBLISHER_RECORDS, os.fstat(fd).st_size // PUBLISHER_RECORD_SIZE)):
-            if not _try_lock(fd, fcntl.F_WRLCK, index, PUBLISHER_RECORD_SIZE):
+        for index in range(min(limit, os.fstat(fd).st_size // size)):
+            if not _try_lock(fd, fcntl.F_WRLCK, index, size):
                 continue  # alive
-            record = _read_publisher(fd, index)
-            if record is not None:
-                os.pwrite(fd, bytes(PUBLISHER_RECORD_SIZE), index * PUBLISHER_RECORD_SIZE)
-                reclaimed.append(record.pid)
-            _try_lock(fd, fcntl.F_UNLCK, index, PUBLISHER_RECORD_SIZE)
+            data = os.pread(fd, size, index * size)
+            if len(data) == size and any(data):
+                os.pwrite(fd, bytes(size), index * size)
+                reclaimed.append(record_type.from_buffer_copy(data))
+            _try_lock(fd, fcntl.F_UNLCK, index, size)
         return reclaimed
     finally:
         os.close(fd)
+
+
+def read_publishers(region_name: str) -> list[tuple[PublisherRecord, bool]]:
+    """Each publisher record and whether its publisher lives (False: it
+    died, a "stall")."""
+    return _read_records(publishers_path(region_name), PublisherRecord, MAX_PUBLISHER_RECORDS)
+
+
+def reclaim_dead_publishers(region_name: str) -> list[int]:
+    """Clear the records of publishers that died; returns their pids."""
+    return [record.pid for record in _reclaim_dead_records(publishers_path(region_name), PublisherRecord, MAX_PUBLISHER_RECORDS)]
+
+
+def read_bridges(region_name: str) -> list[tuple[BridgeRecord, bool]]:
+    """Each bridge record and whether its bridge lives."""
+    return _read_records(bridges_path(region_name), BridgeRecord, MAX_BRIDGE_RECORDS)
+
+
+def reclaim_dead_bridges(region_name: str) -> list[int]:
+    """Clear the records of bridges that died; returns their pids."""
+    return [record.pid for record in _reclaim_dead_records(bridges_path(region_name), BridgeRecord, MAX_BRIDGE_RECORDS)]

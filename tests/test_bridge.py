@@ -20,8 +20,9 @@ import time
 import pytest
 
 from conftest import ROOT
-from kickmsg import ChannelType, Config, Node, Publisher, SharedRegion, Subscriber, bridge, cli, typed
+from kickmsg import ChannelType, Config, Node, Publisher, SharedRegion, Subscriber, bridge, cli, diagnostics, typed
 from nativepeer import check_payload, start_native, start_ours
+from test_exporter import exporter_for  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -407,3 +408,135 @@ def test_an_invalid_description_is_a_clear_error(prefix, description):
     with pytest.raises(bridge.BridgeError, match=f"cannot import k/x into /{prefix}_x"):
         bridge.open_local_channel(f"/{prefix}_x", "k/x", description, None)
     assert not os.path.exists(f"/dev/shm/{prefix}_x")
+
+
+# -- the bridges' figures for other processes (diagnostics, kickmsg stats/list/clean, the exporter) ------------
+
+RECORDED = ("direction", "key", "messages_in", "messages_out", "bytes_out", "lost_locally", "lost_on_way",
+            "lost_at_source", "skipped", "epochs")
+
+
+def recorded_figures(name: str, pid: int) -> dict | None:
+    """The figures bridge ``pid`` recorded beside channel ``name`` (None if
+    there is no record of it), as ``diagnostics.stats`` shows them."""
+    found = [b for b in diagnostics.stats(name).bridges if b.pid == pid]
+    assert len(found) <= 1, found
+    return None if not found else {field: getattr(found[0], field) for field in RECORDED} | {"alive": found[0].alive}
+
+
+def wait_recorded(name: str, what: str, predicate) -> dict:
+    """Poll ``diagnostics.stats(name).bridges`` until ``predicate(bridges)``; those."""
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        bridges_now = diagnostics.stats(name).bridges
+        if predicate(bridges_now):
+            return bridges_now
+        assert time.monotonic() < deadline, f"{name} never showed {what}: {bridges_now}"
+        time.sleep(0.05)
+
+
+def bridge_labels(name: str, direction: str, key: str) -> tuple[tuple[str, str], ...]:
+    return (("channel", name), ("direction", direction), ("key", key))
+
+
+def test_the_bridges_figures_show_in_diagnostics_stats_and_the_exporter(bridges, prefix, exporter_for):
+    """While a publisher on host A sends, both channels show their bridge in
+    ``diagnostics.stats`` (and ``kickmsg stats``, ``kickmsg list``); once all
+    is forwarded, the records and the exporter's metrics hold exactly what
+    the bridges print when they stop; stopped, they leave no record."""
+    a_name, b_name = f"/{prefix}_a", f"/{prefix}_b"
+    count = 3000
+    spec = {"how": "create", "config": GEOMETRY, "creator": "test", "name": a_name}
+    with start_ours(PACED_PUBLISHER, region=spec, count=count, pause=0.05, timeout=150) as pub:  # about 3 s
+        pub.wait_ready()
+        _, a, b = two_hosts(bridges, a_name, b_name)
+        key = f"hosta/{a_name[1:]}"
+        a.wait_for("a matching subscriber", lambda channels: channels[0]["matched"])
+        exporter = exporter_for()
+        pub.tell()
+        # While it sends: both sides show a live bridge whose figures grow.
+        wait_recorded(a_name, "the exporting bridge forwarding", lambda found: any(
+            f.pid == a.proc.pid and f.alive and f.direction == "export" and f.key == key and f.messages_out > 0
+            for f in found))
+        wait_recorded(b_name, "the importing bridge forwarding", lambda found: any(
+            f.pid == b.proc.pid and f.alive and f.direction == "import" and f.key == key and f.messages_out > 0
+            for f in found))
+        assert pub.result() == {"published": count}
+    exported = a.wait_for("every message received or lost",
+                          lambda c: c[0]["messages_in"] + c[0]["lost_locally"] == count)[0]
+    b.wait_for("every forwarded message received or counted lost",
+               lambda c: c[0]["messages_in"] + c[0]["lost_on_way"] == exported["messages_out"]
+               and c[0]["messages_out"] + c[0]["lost_locally"] == c[0]["messages_in"])
+    # All forwarded: the records catch up with the figures within their update interval.
+    a_now = a.wait_for("steady figures", lambda c: True)[0]
+    b_now = b.wait_for("steady figures", lambda c: True)[0]
+    wait_recorded(a_name, "the export's final figures", lambda found: recorded_figures(a_name, a.proc.pid)
+                  == {field: a_now[field] for field in RECORDED} | {"alive": True})
+    wait_recorded(b_name, "the import's final figures", lambda found: recorded_figures(b_name, b.proc.pid)
+                  == {field: b_now[field] for field in RECORDED} | {"alive": True})
+    a_recorded, b_recorded = recorded_figures(a_name, a.proc.pid), recorded_figures(b_name, b.proc.pid)
+    metrics = exporter.wait_for({
+        ("kickmsg_bridge_messages_total", bridge_labels(a_name, "export", key)): a_now["messages_out"],
+        ("kickmsg_bridge_messages_total", bridge_labels(b_name, "import", key)): b_now["messages_out"],
+        ("kickmsg_bridge_up", bridge_labels(a_name, "export", key)): 1,
+        ("kickmsg_bridge_up", bridge_labels(b_name, "import", key)): 1,
+        ("kickmsg_bridge_lost_total", bridge_labels(a_name, "export", key) + (("where", "local"),)): a_now["lost_locally"],
+        ("kickmsg_bridge_lost_total", bridge_labels(b_name, "import", key) + (("where", "local"),)): b_now["lost_locally"],
+        ("kickmsg_bridge_lost_total", bridge_labels(b_name, "import", key) + (("where", "way"),)): b_now["lost_on_way"],
+        ("kickmsg_bridge_lost_total", bridge_labels(b_name, "import", key) + (("where", "source"),)): b_now["lost_at_source"],
+    })
+    assert metrics[("kickmsg_bridge_bytes_total", bridge_labels(b_name, "import", key))] == b_now["bytes_out"]
+    text = subprocess.run([sys.executable, "-m", "kickmsg", "stats", b_name], capture_output=True, text=True,
+                          cwd=ROOT, timeout=60).stdout
+    assert re.search(rf"^{b.proc.pid}\s+live\s+import\s+{re.escape(key)}\s+{b_now['messages_in']}\s+{b_now['messages_out']}\s",
+                     text, re.MULTILINE), text
+    listed = {row["name"]: row for row in json.loads(subprocess.run(
+        [sys.executable, "-m", "kickmsg", "list", "--prefix", prefix, "--json"], capture_output=True, text=True,
+        cwd=ROOT, timeout=60).stdout)}
+    assert (listed[a_name]["bridges_live"], listed[a_name]["bridges_dead"]) == (1, 0)
+    assert (listed[b_name]["bridges_live"], listed[b_name]["bridges_dead"]) == (1, 0)
+    # What they print when they stop is what was recorded.
+    (a_final,), _ = a.stop(signal.SIGINT)
+    (b_final,), _ = b.stop()
+    assert {field: a_final[field] for field in RECORDED} | {"alive": True} == a_recorded
+    assert {field: b_final[field] for field in RECORDED} | {"alive": True} == b_recorded
+    assert a_final["messages_in"] + a_final["lost_locally"] == count
+    assert diagnostics.stats(a_name).bridges == [] and diagnostics.stats(b_name).bridges == []
+
+
+def test_a_killed_bridge_shows_dead_until_clean_or_a_restarted_bridge_reclaims_its_record(bridges, prefix, exporter_for):
+    """SIGKILL leaves the bridge's record: stats, list and the exporter show
+    it dead; ``kickmsg clean`` clears it; killed again, the bridge started
+    anew takes the dead record's place."""
+    name = f"/{prefix}_a"
+    SharedRegion.create(name, ChannelType.PubSub, Config(**GEOMETRY), "test")
+    args = ["--export", name, "--key-prefix", "hosta", "--listen", f"tcp/127.0.0.1:{free_port()}"]
+    key = f"hosta/{name[1:]}"
+    exporter = exporter_for()
+    first = bridges(*args)
+    wait_recorded(name, "a live bridge", lambda found: [(f.pid, f.alive) for f in found] == [(first.proc.pid, True)])
+    exporter.wait_for({("kickmsg_bridge_up", bridge_labels(name, "export", key)): 1})
+    first.proc.kill()
+    first.proc.wait(timeout=10)
+    wait_recorded(name, "the bridge dead", lambda found: [(f.pid, f.alive) for f in found] == [(first.proc.pid, False)])
+    exporter.wait_for({("kickmsg_bridge_up", bridge_labels(name, "export", key)): 0})
+    text = subprocess.run([sys.executable, "-m", "kickmsg", "stats", name], capture_output=True, text=True,
+                          cwd=ROOT, timeout=60).stdout
+    assert f"bridge {first.proc.pid} died without leaving; kickmsg clean reclaims its record" in text, text
+    assert re.search(rf"^{first.proc.pid}\s+dead\s+export\s", text, re.MULTILINE), text
+
+    cleaned = subprocess.run([sys.executable, "-m", "kickmsg", "clean", "--prefix", prefix, "--json"],
+                             capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert json.loads(cleaned.stdout)["dead_bridges"] == [{"name": name, "pid": first.proc.pid}], cleaned
+    assert diagnostics.stats(name).bridges == []
+    exporter.wait_for({("kickmsg_bridge_up", bridge_labels(name, "export", key)): None})
+
+    second = bridges(*args)
+    wait_recorded(name, "the second bridge", lambda found: [(f.pid, f.alive) for f in found] == [(second.proc.pid, True)])
+    second.proc.kill()
+    second.proc.wait(timeout=10)
+    third = bridges(*args)
+    wait_recorded(name, "the restarted bridge in the dead one's place",
+                  lambda found: [(f.pid, f.alive) for f in found] == [(third.proc.pid, True)])
+    third.stop()
+    assert diagnostics.stats(name).bridges == []

@@ -2,6 +2,9 @@
 list/info/stats/watch`` without the CLI, and the CLI's --json is exactly
 those dataclasses. Expected values come from what the test did."""
 import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -112,3 +115,40 @@ def test_watch_yields_rates_until_stopped(shm_name):
         assert after.rings[1].msgs_per_s == 0
     assert all(len(s.publishers) == 1 and s.publishers[0].alive for s in later)
     reader.close()
+
+
+BRIDGE_CHILD = """
+import os, sys, time
+from kickmsg import owners
+entry = owners.BridgeEntry(sys.argv[1], 0o600, "export", "host/key")
+entry.update(owners.BridgeRecord(messages_in=7, messages_out=6, bytes_out=60, lost_locally=1, epochs=1, matched=1))
+print("recorded", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_bridge_record_is_seen_then_dead_and_its_file_goes_with_the_region(shm_name):
+    """A process holding a bridge record (as ``kickmsg bridge`` does) shows
+    in ``stats`` with its figures; killed, as dead; the record file is a
+    sidecar of its own kind, removed with its region, an orphan otherwise."""
+    make(shm_name)
+    child = subprocess.Popen([sys.executable, "-c", BRIDGE_CHILD, shm_name], stdout=subprocess.PIPE)
+    try:
+        assert child.stdout.readline() == b"recorded\n"
+        [found] = diagnostics.stats(shm_name).bridges
+        assert (found.pid, found.alive, found.direction, found.key) == (child.pid, True, "export", "host/key")
+        assert (found.messages_in, found.messages_out, found.bytes_out, found.lost_locally, found.matched) == (7, 6, 60, 1, True)
+        assert cli_json("list", "--prefix", shm_name[1:])[0]["bridges_live"] == 1
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=10)
+    [dead] = diagnostics.stats(shm_name).bridges
+    assert (dead.pid, dead.alive, dead.messages_out) == (child.pid, False, 6)
+    path = owners.bridges_path(shm_name)
+    file_name = os.path.basename(path)
+    assert owners.sidecar_kind(file_name) == "bridge" and owners.region_of_sidecar(file_name) == shm_name
+    os.unlink("/dev/shm" + shm_name)  # the region goes without its sidecars (as rm of the file would)
+    [orphan] = [row for row in cli_json("list", "--prefix", file_name, "--all")]
+    assert orphan["type"] == "orphan sidecar" and orphan["problem"].startswith(f"bridge records of {shm_name}")
+    assert "/" + file_name in cli_json("clean", "--prefix", shm_name[1:])["sidecars"]
+    assert not os.path.exists(path)

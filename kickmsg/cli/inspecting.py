@@ -25,12 +25,13 @@ from kickmsg.description import schema_to_json
 from kickmsg.schema import Diff, diff
 
 LIST_COLUMNS = (
-    "name", "type", "version", "creator", "pid", "alive", "subs", "pubs", "capacity", "pool", "payload", "schema",
-    "health", "mode", "owner", "problem",
+    "name", "type", "version", "creator", "pid", "alive", "subs", "pubs", "bridges", "capacity", "pool", "payload",
+    "schema", "health", "mode", "owner", "problem",
 )
-TABLE_COLUMNS = LIST_COLUMNS[:-1]  # the text table tells problems in a footer
+TABLE_COLUMNS = tuple(c for c in LIST_COLUMNS if c not in ("bridges", "problem"))  # problems go in a footer
 JSON_FIELDS = {  # list --json: numbers apart
     "subs": ("subs_live", "subs_max"), "pubs": ("pubs_live", "pubs_stall"), "pool": ("pool_free", "pool_size"),
+    "bridges": ("bridges_live", "bridges_dead"),
 }
 
 
@@ -41,6 +42,8 @@ def cmd_list(args: argparse.Namespace) -> int:
         raise CommandError(f"unknown column(s) {', '.join(unknown)}; choose from {','.join(LIST_COLUMNS)}")
     found = diagnostics.list_regions(args.prefix, everything=args.all)
     rows = [row for row in found if row.type != "unreadable"]
+    if not args.columns and not args.json and any(row.bridges_live or row.bridges_dead for row in rows):
+        columns.insert(columns.index("pubs") + 1, "bridges")  # shown when some channel is bridged
     denied = len(found) - len(rows)
     unreadable = f"{counted(denied, 'object', 'objects')} could not be read: permission denied"
     if args.json:
@@ -54,6 +57,8 @@ def cmd_list(args: argparse.Namespace) -> int:
         lines.append("kickmsg info NAME for details on damaged or unsupported regions")
     if "pubs" in columns and any(row.pubs_live is not None for row in rows):
         lines.append(f"PUBS: live publishers of this package ({diagnostics.UNRECORDED_PUBLISHERS})")
+    if "bridges" in columns and any(row.bridges_live is not None for row in rows):
+        lines.append("BRIDGES: live kickmsg bridges forwarding the channel (kickmsg stats NAME shows their figures)")
     if denied:
         lines.append(unreadable)
     print("\n".join(lines), flush=True)
@@ -61,22 +66,25 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def json_list_row(row: diagnostics.RegionSummary, columns: list[str]) -> dict[str, Any]:
-    """A list row for --json: the chosen columns, ``subs``, ``pubs`` and
-    ``pool`` as two numbers each (``subs_live``, ``subs_max``, ``pubs_live``,
-    ``pubs_stall``, ``pool_free``, ``pool_size``)."""
+    """A list row for --json: the chosen columns, ``subs``, ``pubs``,
+    ``bridges`` and ``pool`` as two numbers each (``subs_live``,
+    ``subs_max``, ``pubs_live``, ``pubs_stall``, ``bridges_live``,
+    ``bridges_dead``, ``pool_free``, ``pool_size``)."""
     fields = vars(row)
     return {name: fields[name] for column in columns for name in JSON_FIELDS.get(column, (column,))}
 
 
 def text_list_row(row: diagnostics.RegionSummary) -> dict[str, Any]:
     """A list row for the table: ``subs`` and ``pool`` as ``live/max``,
-    ``free/size``, ``pubs`` as ``live`` (``+N stall``), health as its first word."""
+    ``free/size``, ``pubs`` as ``live`` (``+N stall``), ``bridges`` as
+    ``live`` (``+N dead``), health as its first word."""
     cells = vars(row)
     if row.subs_live is None:
         return cells
     stall = f"+{row.pubs_stall}stall" if row.pubs_stall else ""
+    dead = f"+{row.bridges_dead}dead" if row.bridges_dead else ""
     return dict(cells, subs=f"{row.subs_live}/{row.subs_max}", pool=f"{row.pool_free}/{row.pool_size}",
-                pubs=f"{row.pubs_live}{stall}", health=(row.health or "").split(":")[0])
+                pubs=f"{row.pubs_live}{stall}", bridges=f"{row.bridges_live}{dead}", health=(row.health or "").split(":")[0])
 
 
 def cmd_info(args: argparse.Namespace) -> int:
@@ -106,6 +114,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
         for row in found.rings if row.owner_alive is False
     ]
     lines += publisher_lines(region.name, found.publishers)
+    lines += bridge_lines(found.bridges)
     emit(args, diagnostics.to_json(found), "\n".join(lines))
     return EXIT_OK
 
@@ -120,6 +129,22 @@ def publisher_lines(name: str, publishers: list[diagnostics.Participant]) -> lis
              table(rows, ["pid", "node_name", "state", "sent", "dropped"])]
     lines += [f"publisher {p.pid} died without leaving (stall); kickmsg repair {name} reclaims its record"
               for p in publishers if not p.alive]
+    return lines
+
+
+def bridge_lines(bridges: list[diagnostics.BridgeFigures]) -> list[str]:
+    """The bridges forwarding the channel as a table (a dead one as ``dead``)."""
+    if not bridges:
+        return []
+    rows = [dict(vars(b), state="live" if b.alive else "dead", **{"in": b.messages_in, "out": b.messages_out,
+                 "bytes/s": f"{b.bytes_per_s:.0f}"}) for b in bridges]
+    for row in rows:
+        if row["direction"] == "export":  # counted on the importing side only
+            row["lost_on_way"] = row["lost_at_source"] = None
+    lines = ["bridges (kickmsg bridge; figures as of their last update, every 0.5 s):",
+             table(rows, ["pid", "state", "direction", "key", "in", "out", "lost_locally", "lost_on_way",
+                          "lost_at_source", "bytes/s"])]
+    lines += [f"bridge {b.pid} died without leaving; kickmsg clean reclaims its record" for b in bridges if not b.alive]
     return lines
 
 

@@ -168,12 +168,15 @@ def mapped_by_any_process(paths: set[str]) -> tuple[set[str], int]:
 
 def cmd_clean(args: argparse.Namespace) -> int:
     """Remove regions whose creator is dead and that no process maps any
-    more, and sidecars whose region is gone."""
-    candidates, orphan_sidecars = {}, []
+    more, and sidecars whose region is gone; clear the records of dead
+    bridges."""
+    candidates, orphan_sidecars, dead_bridges = {}, [], []
     for entry in shm_objects(args.prefix):
         if is_sidecar(entry):
             if is_orphan_sidecar(entry):
                 orphan_sidecars.append("/" + entry.name)
+            elif owners.sidecar_kind(entry.name) == "bridge":
+                dead_bridges += dead_bridge_records(owners.region_of_sidecar(entry.name), args.dry_run)
             continue
         try:
             found = read_magic_and_version(entry.path)
@@ -193,12 +196,26 @@ def cmd_clean(args: argparse.Namespace) -> int:
         for name in orphan_sidecars:
             os.unlink(shm.SHM_DIRECTORY + name)
     verb = "would remove" if args.dry_run else "removed"
-    lines = [f"{verb} {name}" for name in removed + orphan_sidecars] or ["nothing to clean"]
+    lines = [f"{verb} {name}" for name in removed + orphan_sidecars]
+    lines += [f"{'would reclaim' if args.dry_run else 'reclaimed'} the record of dead bridge {found['pid']} on {found['name']}"
+              for found in dead_bridges]
+    lines = lines or ["nothing to clean"]
     if unchecked:
         lines.append(f"({unchecked} process{'' if unchecked == 1 else 'es'} could not be checked for mappings)")
-    data = {"dry_run": args.dry_run, "removed": removed, "sidecars": orphan_sidecars, "unchecked_processes": unchecked}
+    data = {"dry_run": args.dry_run, "removed": removed, "sidecars": orphan_sidecars, "dead_bridges": dead_bridges,
+            "unchecked_processes": unchecked}
     emit(args, data, "\n".join(lines))
     return EXIT_OK
+
+
+def dead_bridge_records(name: str, dry_run: bool) -> list[dict[str, Any]]:
+    """The records of dead bridges beside channel ``name``, cleared unless
+    ``dry_run``: ``{"name", "pid"}`` each."""
+    if dry_run:
+        pids = [record.pid for record, alive in owners.read_bridges(name) if not alive]
+    else:
+        pids = owners.reclaim_dead_bridges(name)
+    return [{"name": name, "pid": pid} for pid in pids]
 
 
 def cmd_create(args: argparse.Namespace) -> int:
