@@ -452,7 +452,7 @@ class Importer:
             return False
         self.figures.error = None
         if self.publisher is None:
-            self.publisher = Publisher(region)
+            self.publisher = Publisher(region, name=CREATOR)
         return True
 
     def _ask_description(self) -> dict[str, Any] | None:

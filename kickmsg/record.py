@@ -64,6 +64,7 @@ FLUSH_INTERVAL_S = 0.5  # buffered rows reach the file at least this often
 FORMATS = ("parquet", "mcap")
 MCAP_MAGIC = b"\x89MCAP0\r\n"  # the first 8 bytes of an MCAP file
 MCAP_EXTRA = "pip install 'kickmsg-py[mcap]'"
+PLAYER = "kickmsg-play"  # creator of the channels play makes, and name of its publishers
 
 
 def mcap_module() -> ModuleType:
@@ -303,7 +304,7 @@ def _open_or_create(name: str, description: dict) -> SharedRegion:
         return SharedRegion.open(name)
     except FileNotFoundError:
         channel_type, config = channel_config(description)
-        return SharedRegion.create_or_open(name, channel_type, config, "kickmsg-play")
+        return SharedRegion.create_or_open(name, channel_type, config, PLAYER)
 
 
 @dataclass
@@ -329,7 +330,7 @@ def play(path: str, rate: float = 1.0, loop: bool = False, stop: threading.Event
             channels, messages = _played_file(file)
             for name, description in channels.items():
                 if name not in publishers:
-                    publishers[name] = Publisher(_open_or_create(name, description))
+                    publishers[name] = Publisher(_open_or_create(name, description), name=PLAYER)
             for recording, channel, received, payload in messages:
                 began, first = clocks.setdefault(recording, (time.monotonic(), received))
                 if stop.wait(max(0.0, began + (received - first) / 1e9 / rate - time.monotonic())):

@@ -20,7 +20,7 @@ import time
 import pytest
 
 from conftest import ROOT
-from kickmsg import ChannelType, Config, Node, Publisher, SharedRegion, Subscriber, bridge, cli, typed
+from kickmsg import ChannelType, Config, Node, Publisher, SharedRegion, Subscriber, bridge, cli, diagnostics, typed
 from nativepeer import check_payload, start_native, start_ours
 
 pytestmark = pytest.mark.timeout(180)
@@ -226,6 +226,7 @@ def test_a_typed_channel_arrives_typed(bridges, prefix):
                 assert time.monotonic() < deadline, "the importer never created the channel"
                 time.sleep(0.05)
         records = [sub.receive(WAIT_S) for _ in range(5)]
+        assert [p.node_name for p in diagnostics.stats(b_name).publishers] == ["kickmsg-bridge"]  # as kickmsg stats shows it
         with pytest.raises(typed.TypeMismatchError, match="gyro"):
             typed.subscribe(node, "imub", typed.RecordType("Imu", [("stamp_ns", "<u8"), ("gyro", "<f4", (3,))]))
         sub.close()
