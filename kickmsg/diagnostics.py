@@ -194,8 +194,8 @@ def attach(name: str) -> SharedRegion:
         return SharedRegion.inspect(name)
     except shm.RegionNotFoundError:
         raise RegionError(f"no such region: {name}") from None
-    except shm.RegionPermissionError:
-        raise RegionError(f"permission denied: {name}") from None
+    except shm.RegionPermissionError as error:  # names the mode, the owner and who we are
+        raise RegionError(str(error)) from None
     except (RuntimeError, ValueError) as error:
         text = str(error)
         if "bad magic" in text:

@@ -63,8 +63,8 @@ def _attach(how: Callable[[str], SharedRegion], name: str) -> SharedRegion:
         return how(name)
     except shm.RegionNotFoundError:
         raise CommandError(f"no such region: {name}") from None
-    except shm.RegionPermissionError:
-        raise CommandError(f"permission denied: {name}") from None
+    except shm.RegionPermissionError as error:  # names the mode, the owner and who we are
+        raise CommandError(str(error)) from None
     except RuntimeError as error:
         text = str(error)
         if "bad magic" in text:
