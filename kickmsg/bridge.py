@@ -34,6 +34,7 @@ import argparse
 import dataclasses
 import json
 import queue
+import re
 import secrets
 import socket
 import struct
@@ -62,6 +63,7 @@ SEND_TIMEOUT_S = 0.1  # an importer waits at most this long for a free slot, the
 EPOCHS_KEPT = 16  # per imported key: epochs whose sequence numbers are followed
 MODES = ("peer", "client", "router")
 CREATOR = "kickmsg-bridge"
+RUST_LOCATION = re.compile(r" at \S+\.rs:\d+\.?")  # where in Zenoh's source an error was raised
 
 
 class BridgeError(RuntimeError):
@@ -229,8 +231,14 @@ def zenoh_config(options: BridgeOptions) -> Any:
         try:
             config.insert_json5(path, json.dumps(value))
         except Exception as error:  # zenoh raises its own ZError
-            raise ValueError(f"invalid Zenoh setting {path} = {value!r}: {error}") from None
+            raise ValueError(f"invalid Zenoh setting {path} = {value!r}: {zenoh_text(error)}") from None
     return config
+
+
+def zenoh_text(error: Exception) -> str:
+    """A Zenoh error's message without the Rust source locations it carries
+    (`` at /root/.cargo/.../endpoint.rs:615.``)."""
+    return RUST_LOCATION.sub("", str(error)).strip()
 
 
 # -- descriptions: what an importer needs to create the channel -------------------------
@@ -490,7 +498,8 @@ class Bridge:
         try:
             self.session = zenoh.open(config)
         except Exception as error:  # zenoh's ZError: e.g. an endpoint it cannot listen on
-            raise BridgeError(f"cannot open the Zenoh session: {error}") from None
+            endpoints = " ".join([f"--listen {e}" for e in self.options.listen] + [f"--connect {e}" for e in self.options.connect])
+            raise BridgeError(f"cannot open the Zenoh session ({endpoints or 'scouting only'}): {zenoh_text(error)}") from None
         try:
             for name in self.options.exports:
                 self.exporters.append(Exporter(self.session, name, export_key(self.options.key_prefix, name), self.stopping))
