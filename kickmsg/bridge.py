@@ -225,6 +225,7 @@ def zenoh_config(options: BridgeOptions) -> Any:
         "listen/endpoints": options.listen,
         "connect/endpoints": options.connect,
         "scouting/multicast/enabled": options.multicast_scouting,
+        "transport/shared_memory/enabled": False,  # for Zenoh peers on one host; left /dev/shm/*.zenoh behind
         **options.zenoh,
     }
     for path, value in settings.items():

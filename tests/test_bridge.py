@@ -215,7 +215,7 @@ def test_a_typed_channel_arrives_typed(bridges, prefix):
     with start_ours(TYPED_PUBLISHER, prefix=prefix, count=6000, timeout=90) as pub:
         pub.wait_ready()
         a_name, b_name = f"/{prefix}_imu", f"/{prefix}_imub"
-        _, _, b = two_hosts(bridges, a_name, b_name, json_lines=False)
+        _, a, b = two_hosts(bridges, a_name, b_name, json_lines=False)
         node = Node("planner", prefix=prefix)
         deadline = time.monotonic() + WAIT_S
         while True:
@@ -227,6 +227,8 @@ def test_a_typed_channel_arrives_typed(bridges, prefix):
                 time.sleep(0.05)
         records = [sub.receive(WAIT_S) for _ in range(5)]
         assert [p.node_name for p in diagnostics.stats(b_name).publishers] == ["kickmsg-bridge"]  # as kickmsg stats shows it
+        for bridge_process in (a, b):  # Zenoh's shared memory is off: no /dev/shm/*.zenoh to leave behind
+            assert ".zenoh" not in pathlib.Path(f"/proc/{bridge_process.proc.pid}/maps").read_text()
         with pytest.raises(typed.TypeMismatchError, match="gyro"):
             typed.subscribe(node, "imub", typed.RecordType("Imu", [("stamp_ns", "<u8"), ("gyro", "<f4", (3,))]))
         sub.close()
