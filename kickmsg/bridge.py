@@ -48,7 +48,7 @@ from kickmsg.config import Config
 from kickmsg.description import channel_config, describe
 from kickmsg.publisher import Publisher, send_retrying
 from kickmsg.region import SharedRegion
-from kickmsg.shm import RegionNotFoundError
+from kickmsg.shm import RegionNotFoundError, object_size
 from kickmsg.subscriber import Subscriber
 
 EXTRA = "pip install 'kickmsg-py[bridge]'"
@@ -396,6 +396,7 @@ class Importer:
         self.described: set[int] = set()  # epochs whose description was checked against the channel
         self.publisher: Publisher | None = None
         self.last_ask = -DESCRIPTION_RETRY_S
+        self.next_existence_check = 0.0
         self.subscriber = session.declare_subscriber(spec.key, self._enqueue)
         self.thread = threading.Thread(target=self._run, name=f"import {spec.name}", daemon=True)
 
@@ -423,7 +424,8 @@ class Importer:
         epoch = self.tracker.admit(None if sample.attachment is None else sample.attachment.to_bytes())
         if epoch is None:
             return
-        # Publish: the channel as the epoch's description says.
+        # Publish: the channel as the epoch's description says (made again if it was removed).
+        self._forget_a_removed_channel()
         if not self._channel_ready(epoch):
             figures.lost_locally += 1
             return
@@ -438,6 +440,18 @@ class Importer:
             figures.bytes_out += len(payload)
         else:
             figures.lost_locally += 1
+
+    def _forget_a_removed_channel(self) -> None:
+        """A local channel removed under the bridge (``kickmsg rm``) is created
+        again for the next message, rather than written unseen into the
+        unlinked memory; looked at every RECEIVE_SLICE_S at most."""
+        now = time.monotonic()
+        if self.publisher is None or now < self.next_existence_check:
+            return
+        self.next_existence_check = now + RECEIVE_SLICE_S
+        if object_size(self.spec.name) is None:
+            self.publisher, self.last_ask = None, -DESCRIPTION_RETRY_S
+            self.described.clear()
 
     def _channel_ready(self, epoch: int) -> bool:
         """Ask the exporter for the epoch's description (once), and create or

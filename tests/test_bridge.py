@@ -310,6 +310,31 @@ def test_an_existing_channel_of_another_geometry_is_a_clear_error(bridges, prefi
     assert "pool_size is 4096 there" in err and err.count("error:") == 1
 
 
+def test_an_imported_channel_removed_under_the_bridge_is_made_again(bridges, prefix):
+    """`kickmsg rm` of the channel B imports into: the next messages create
+    it again (as the description says), rather than going unseen into the
+    unlinked memory."""
+    a_name, b_name = f"/{prefix}_a", f"/{prefix}_b"
+    a_region = SharedRegion.create(a_name, ChannelType.PubSub, Config(**GEOMETRY), "test")
+    _, a, b = two_hosts(bridges, a_name, b_name)
+    a.wait_for("a matching subscriber", lambda channels: channels[0]["matched"])
+    pub = Publisher(a_region)
+    for payload in (b"first", b"after rm"):
+        deadline = time.monotonic() + WAIT_S
+        while not os.path.exists(f"/dev/shm{b_name}"):
+            assert time.monotonic() < deadline, f"B never made {b_name}"
+            pub.send(payload)
+            time.sleep(0.01)
+        sub = Subscriber(SharedRegion.open(b_name))
+        while (data := sub.receive(0.05)) is None:
+            assert time.monotonic() < deadline, f"nothing arrived in {b_name}"
+            pub.send(payload)
+        assert data == payload
+        sub.close()
+        assert cli.main(["rm", b_name]) == 0
+    b.stop()
+
+
 @pytest.mark.parametrize("args, message", [
     (["--export", "/kmbridge_x", "--import", "k/x=/kmbridge_x", "--listen", "tcp/127.0.0.1:1"],
      "both exported and imported"),
