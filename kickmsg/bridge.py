@@ -63,6 +63,7 @@ SEND_TIMEOUT_S = 0.1  # an importer waits at most this long for a free slot, the
 EPOCHS_KEPT = 16  # per imported key: epochs whose sequence numbers are followed
 MODES = ("peer", "client", "router")
 CREATOR = "kickmsg-bridge"
+MAX_STATS_INTERVAL_S = 1e6  # beyond, the wait overflows the platform's timeouts
 RUST_LOCATION = re.compile(r" at \S+\.rs:\d+\.?")  # where in Zenoh's source an error was raised
 
 
@@ -195,8 +196,8 @@ def check_options(options: BridgeOptions) -> None:
         raise ValueError("nothing to bridge: give --export NAME or --import KEY=NAME")
     if not (options.listen or options.connect or options.multicast_scouting or options.mode == "client"):
         raise ValueError("no way to reach another host: give --listen ENDPOINT, --connect ENDPOINT or --scout")
-    if options.stats_interval is not None and not options.stats_interval > 0:
-        raise ValueError(f"stats_interval must be greater than 0, not {options.stats_interval}")
+    if options.stats_interval is not None and not 0 < options.stats_interval <= MAX_STATS_INTERVAL_S:
+        raise ValueError(f"stats_interval must be greater than 0 and at most {MAX_STATS_INTERVAL_S:g}, not {options.stats_interval}")
     for name in options.exports:
         if options.exports.count(name) > 1:
             raise ValueError(f"channel {name} is exported twice")

@@ -344,6 +344,8 @@ def test_an_imported_channel_removed_under_the_bridge_is_made_again(bridges, pre
     (["--import", "k/*=/kmbridge_y", "--listen", "tcp/127.0.0.1:1"], "invalid import key 'k/*'"),
     (["--export", "/kmbridge_x"], "no way to reach another host"),
     ([], "nothing to bridge"),
+    (["--export", "/kmbridge_x", "--listen", "tcp/127.0.0.1:1", "--stats-interval", "1e308"],
+     "stats_interval must be greater than 0 and at most 1e+06, not 1e+308"),
     (["--import", "k/x=/kmbridge_y", "--listen", "tcp/127.0.0.1:99999"],
      "cannot open the Zenoh session (--listen tcp/127.0.0.1:99999): invalid port value\n"),
     (["--import", "k/x=/kmbridge_y", "--listen", "garbage"],
