@@ -44,6 +44,7 @@ import argparse
 import dataclasses
 import json
 import queue
+import re
 import secrets
 import socket
 import struct
@@ -58,7 +59,7 @@ from kickmsg.config import Config
 from kickmsg.description import channel_config, describe
 from kickmsg.publisher import Publisher, send_retrying
 from kickmsg.region import SharedRegion
-from kickmsg.shm import RegionNotFoundError
+from kickmsg.shm import RegionNotFoundError, object_size
 from kickmsg.subscriber import Subscriber
 
 EXTRA = "pip install 'kickmsg-py[bridge]'"
@@ -74,6 +75,8 @@ EPOCHS_KEPT = 16  # per imported key: epochs whose sequence numbers are followed
 RECORD_INTERVAL_S = 0.5  # how often the figures are written beside each channel for other processes
 MODES = ("peer", "client", "router")
 CREATOR = "kickmsg-bridge"
+MAX_STATS_INTERVAL_S = 1e6  # beyond, the wait overflows the platform's timeouts
+RUST_LOCATION = re.compile(r" at \S+\.rs:\d+\.?")  # where in Zenoh's source an error was raised
 
 
 class BridgeError(RuntimeError):
@@ -205,8 +208,8 @@ def check_options(options: BridgeOptions) -> None:
         raise ValueError("nothing to bridge: give --export NAME or --import KEY=NAME")
     if not (options.listen or options.connect or options.multicast_scouting or options.mode == "client"):
         raise ValueError("no way to reach another host: give --listen ENDPOINT, --connect ENDPOINT or --scout")
-    if options.stats_interval is not None and not options.stats_interval > 0:
-        raise ValueError(f"stats_interval must be greater than 0, not {options.stats_interval}")
+    if options.stats_interval is not None and not 0 < options.stats_interval <= MAX_STATS_INTERVAL_S:
+        raise ValueError(f"stats_interval must be greater than 0 and at most {MAX_STATS_INTERVAL_S:g}, not {options.stats_interval}")
     for name in options.exports:
         if options.exports.count(name) > 1:
             raise ValueError(f"channel {name} is exported twice")
@@ -235,14 +238,21 @@ def zenoh_config(options: BridgeOptions) -> Any:
         "listen/endpoints": options.listen,
         "connect/endpoints": options.connect,
         "scouting/multicast/enabled": options.multicast_scouting,
+        "transport/shared_memory/enabled": False,  # for Zenoh peers on one host; left /dev/shm/*.zenoh behind
         **options.zenoh,
     }
     for path, value in settings.items():
         try:
             config.insert_json5(path, json.dumps(value))
         except Exception as error:  # zenoh raises its own ZError
-            raise ValueError(f"invalid Zenoh setting {path} = {value!r}: {error}") from None
+            raise ValueError(f"invalid Zenoh setting {path} = {value!r}: {zenoh_text(error)}") from None
     return config
+
+
+def zenoh_text(error: Exception) -> str:
+    """A Zenoh error's message without the Rust source locations it carries
+    (`` at /root/.cargo/.../endpoint.rs:615.``)."""
+    return RUST_LOCATION.sub("", str(error)).strip()
 
 
 # -- descriptions: what an importer needs to create the channel -------------------------
@@ -403,6 +413,7 @@ class Importer:
         self.described: set[int] = set()  # epochs whose description was checked against the channel
         self.publisher: Publisher | None = None
         self.last_ask = -DESCRIPTION_RETRY_S
+        self.next_existence_check = 0.0
         self.subscriber = session.declare_subscriber(spec.key, self._enqueue)
         self.thread = threading.Thread(target=self._run, name=f"import {spec.name}", daemon=True)
 
@@ -430,7 +441,8 @@ class Importer:
         epoch = self.tracker.admit(None if sample.attachment is None else sample.attachment.to_bytes())
         if epoch is None:
             return
-        # Publish: the channel as the epoch's description says.
+        # Publish: the channel as the epoch's description says (made again if it was removed).
+        self._forget_a_removed_channel()
         if not self._channel_ready(epoch):
             figures.lost_locally += 1
             return
@@ -445,6 +457,18 @@ class Importer:
             figures.bytes_out += len(payload)
         else:
             figures.lost_locally += 1
+
+    def _forget_a_removed_channel(self) -> None:
+        """A local channel removed under the bridge (``kickmsg rm``) is created
+        again for the next message, rather than written unseen into the
+        unlinked memory; looked at every RECEIVE_SLICE_S at most."""
+        now = time.monotonic()
+        if self.publisher is None or now < self.next_existence_check:
+            return
+        self.next_existence_check = now + RECEIVE_SLICE_S
+        if object_size(self.spec.name) is None:
+            self.publisher, self.last_ask = None, -DESCRIPTION_RETRY_S
+            self.described.clear()
 
     def _channel_ready(self, epoch: int) -> bool:
         """Ask the exporter for the epoch's description (once), and create or
@@ -551,7 +575,8 @@ class Bridge:
         try:
             self.session = zenoh.open(config)
         except Exception as error:  # zenoh's ZError: e.g. an endpoint it cannot listen on
-            raise BridgeError(f"cannot open the Zenoh session: {error}") from None
+            endpoints = " ".join([f"--listen {e}" for e in self.options.listen] + [f"--connect {e}" for e in self.options.connect])
+            raise BridgeError(f"cannot open the Zenoh session ({endpoints or 'scouting only'}): {zenoh_text(error)}") from None
         try:
             for name in self.options.exports:
                 self.exporters.append(Exporter(self.session, name, export_key(self.options.key_prefix, name), self.stopping))

@@ -1,6 +1,7 @@
 """Channel configuration: ChannelType and Config, as the native binding has them."""
 import datetime
 import enum
+import math
 from typing import Any
 
 from kickmsg import layout
@@ -21,6 +22,8 @@ def to_microseconds(duration: datetime.timedelta | float, what: str) -> int:
     if isinstance(duration, datetime.timedelta):
         micros = duration // datetime.timedelta(microseconds=1)
     elif isinstance(duration, (int, float)) and not isinstance(duration, bool):
+        if not math.isfinite(duration):  # int() of it would raise OverflowError (inf) or a ValueError naming nothing (nan)
+            raise ValueError(f"{what} must be a finite number of seconds, got {duration!r}")
         micros = int(duration * 1_000_000)  # truncated, as 0.1.0 does: it is hashed
     else:
         raise TypeError(f"{what} must be a datetime.timedelta or seconds as a float, got {duration!r}")

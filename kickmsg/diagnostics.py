@@ -222,8 +222,8 @@ def attach(name: str) -> SharedRegion:
         return SharedRegion.inspect(name)
     except shm.RegionNotFoundError:
         raise RegionError(f"no such region: {name}") from None
-    except shm.RegionPermissionError:
-        raise RegionError(f"permission denied: {name}") from None
+    except shm.RegionPermissionError as error:  # names the mode, the owner and who we are
+        raise RegionError(str(error)) from None
     except (RuntimeError, ValueError) as error:
         text = str(error)
         if "bad magic" in text:
@@ -512,13 +512,19 @@ def health_of(region: SharedRegion, report: AuditReport) -> HealthSnapshot:
 def watch(name: str, interval: float = 1.0, stop: threading.Event | None = None) -> Iterator[WatchSnapshot]:
     """A snapshot now, then one every ``interval`` seconds, with messages
     per second and new losses per ring since the previous one; ends when
-    ``stop`` is set (checked while waiting)."""
+    ``stop`` is set (checked while waiting). A region re-created under the
+    name is followed (its rates start afresh); one removed raises
+    ``RegionError``."""
     if not interval > 0:
         raise ValueError(f"watch interval must be > 0 seconds, not {interval!r}")
     region = attach(name)
     stop = stop or threading.Event()
     previous: tuple[float, list[RingRate]] | None = None
     while True:
+        if shm.object_size(region.name) is None:
+            raise RegionError(f"{region.name} was removed")
+        if region.replaced():
+            region, previous = attach(region.name), None
         now = time.monotonic()
         report = audit(region)
         rings = [RingRate(**dataclasses.asdict(ring)) for ring in ring_stats(region, report)]

@@ -173,7 +173,10 @@ def serve(port: int, bind: str, prefix: str | None, interval: float, stop: threa
     collector.refresh()
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
-    server, thread = start_http_server(port, addr=bind, registry=registry)
+    try:
+        server, thread = start_http_server(port, addr=bind, registry=registry)
+    except OSError as error:  # an address not on this host, a port in use, a name that does not resolve
+        raise OSError(f"cannot serve on {bind}:{port}: {error.strerror or error}") from None
     try:
         if on_ready is not None:
             host, bound_port = server.server_address[:2]

@@ -48,7 +48,7 @@ from mcap.writer import CompressionType, Writer
 
 import kickmsg
 from kickmsg.description import schema_from_json
-from kickmsg.record import SCHEMA_KEY, recording_files
+from kickmsg.record import SCHEMA_KEY, file_format, recording_files
 from kickmsg.typed import RecordType
 
 PAYLOAD_SCHEMA_NAME = "kickmsg.Payload"
@@ -368,12 +368,18 @@ def convert(source: str, out: str, overwrite: bool = False) -> ConvertSummary:
     as ``out.partial`` and renamed when complete."""
     if os.path.isdir(out):
         raise ValueError(f"{out} is a directory: name the .mcap file to write")
+    files = recording_files(source)
+    if os.path.exists(out) and any(os.path.samefile(out, file) for file in files):
+        raise ValueError(f"{out} is part of the recording being converted: name another file")
     if os.path.exists(out) and not overwrite:
         raise ValueError(f"{out} exists: choose another name, or overwrite it with --force")
-    files = recording_files(source)
+    if not os.path.isdir(os.path.dirname(out) or "."):
+        raise ValueError(f"cannot write {out}: no directory {os.path.dirname(out)}")
     recordings: dict[str, dict[str, Any]] = {}
     channels: dict[str, dict[str, Any]] = {}
     for file in files:
+        if file_format(file) == "mcap":
+            raise ValueError(f"{file} is MCAP already: convert turns a Parquet recording into MCAP (play reads both)")
         schema = pyarrow.parquet.read_schema(file)
         if "payload" not in schema.names:
             raise ValueError(f"{file} was recorded without payloads: nothing to put in MCAP messages")

@@ -92,7 +92,7 @@ class Node:
 
     def advertise(self, topic: str, cfg: Config | None = None) -> Publisher:
         """Create the topic's region (replacing any) and publish into it."""
-        return Publisher(self._create(self._topic_name(topic), ChannelType.PubSub, cfg or Config()))
+        return Publisher(self._create(self._topic_name(topic), ChannelType.PubSub, cfg or Config()), name=self._name)
 
     def subscribe(self, topic: str) -> Subscriber:
         """Open an existing topic and subscribe to it."""
@@ -100,7 +100,7 @@ class Node:
 
     def advertise_or_join(self, topic: str, cfg: Config) -> Publisher:
         """Publish into the topic, creating it unless it exists with this config."""
-        return Publisher(self._create_or_open(self._topic_name(topic), ChannelType.PubSub, cfg))
+        return Publisher(self._create_or_open(self._topic_name(topic), ChannelType.PubSub, cfg), name=self._name)
 
     def subscribe_or_create(self, topic: str, cfg: Config) -> Subscriber:
         """Subscribe to the topic, creating it unless it exists with this config."""
@@ -114,7 +114,7 @@ class Node:
     def join_broadcast(self, channel: str, cfg: Config | None = None) -> BroadcastHandle:
         """Join an N-to-N channel as both publisher and subscriber."""
         region = self._create_or_open(self._broadcast_name(channel), ChannelType.Broadcast, cfg or Config())
-        return BroadcastHandle(Publisher(region), Subscriber(region))
+        return BroadcastHandle(Publisher(region, name=self._name), Subscriber(region))
 
     def unlink_broadcast(self, channel: str) -> None:
         unlink_shm(self._broadcast_name(channel))
@@ -129,7 +129,7 @@ class Node:
 
     def open_mailbox(self, owner_node: str, tag: str) -> Publisher:
         """Write into another node's mailbox."""
-        return Publisher(self._open(self._mailbox_name(owner_node, tag)))
+        return Publisher(self._open(self._mailbox_name(owner_node, tag)), name=self._name)
 
     def unlink_mailbox(self, tag: str, owner_node: str | None = None) -> None:
         unlink_shm(self._mailbox_name(owner_node or self._name, tag))

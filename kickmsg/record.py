@@ -63,7 +63,9 @@ COLUMNS = [
 FLUSH_INTERVAL_S = 0.5  # buffered rows reach the file at least this often
 FORMATS = ("parquet", "mcap")
 MCAP_MAGIC = b"\x89MCAP0\r\n"  # the first 8 bytes of an MCAP file
+PARQUET_MAGIC = b"PAR1"  # the first (and last) 4 bytes of a Parquet file
 MCAP_EXTRA = "pip install 'kickmsg-py[mcap]'"
+PLAYER = "kickmsg-play"  # creator of the channels play makes, and name of its publishers
 
 
 def mcap_module() -> ModuleType:
@@ -276,10 +278,24 @@ def recording_files(path: str) -> list[str]:
     return files
 
 
+def file_format(file: str) -> str:
+    """``mcap`` or ``parquet``, by the file's magic bytes; anything else is
+    refused naming the file."""
+    with open(file, "rb") as head:
+        magic = head.read(8)
+    if magic == MCAP_MAGIC:
+        return "mcap"
+    if magic[:4] == PARQUET_MAGIC:
+        return "parquet"
+    raise ValueError(f"{file} is not a recording: neither a Parquet nor an MCAP file")
+
+
 def _parquet_messages(file: str) -> tuple[dict, list[tuple[str, str, int, bytes]]]:
     """A Parquet file's channel descriptions and its messages in receive order
     as (recording, channel, receive time ns, payload)."""
     table = pyarrow.parquet.read_table(file)
+    if table.schema.metadata is None or SCHEMA_KEY not in table.schema.metadata:
+        raise ValueError(f"{file} is not a kickmsg recording (no {SCHEMA_KEY.decode()} metadata)")
     if "payload" not in table.column_names:
         raise ValueError(f"{file} was recorded without payloads: nothing to play")
     metadata = json.loads(table.schema.metadata[SCHEMA_KEY])
@@ -289,9 +305,7 @@ def _parquet_messages(file: str) -> tuple[dict, list[tuple[str, str, int, bytes]
 
 def _played_file(file: str) -> tuple[dict, Iterable[tuple[str, str, int, bytes]]]:
     """Channel descriptions and messages of one recording file, either format."""
-    with open(file, "rb") as head:
-        magic = head.read(8)
-    if magic == MCAP_MAGIC:
+    if file_format(file) == "mcap":
         recording, messages = mcap_module().played_messages(file)
         return recording.channels, messages
     return _parquet_messages(file)
@@ -303,7 +317,7 @@ def _open_or_create(name: str, description: dict) -> SharedRegion:
         return SharedRegion.open(name)
     except FileNotFoundError:
         channel_type, config = channel_config(description)
-        return SharedRegion.create_or_open(name, channel_type, config, "kickmsg-play")
+        return SharedRegion.create_or_open(name, channel_type, config, PLAYER)
 
 
 @dataclass
@@ -329,7 +343,7 @@ def play(path: str, rate: float = 1.0, loop: bool = False, stop: threading.Event
             channels, messages = _played_file(file)
             for name, description in channels.items():
                 if name not in publishers:
-                    publishers[name] = Publisher(_open_or_create(name, description))
+                    publishers[name] = Publisher(_open_or_create(name, description), name=PLAYER)
             for recording, channel, received, payload in messages:
                 began, first = clocks.setdefault(recording, (time.monotonic(), received))
                 if stop.wait(max(0.0, began + (received - first) / 1e9 / rate - time.monotonic())):

@@ -557,6 +557,18 @@ def test_pub_input_errors(name, tmp_path):
     assert snapshot(name) == before
 
 
+def test_pub_without_data_says_the_data_is_missing(name):
+    """`kickmsg pub /c` (argparse takes /c for the data): the error says the
+    data is missing and how to give it, not that no channel was named."""
+    make(name)
+    before = snapshot(name)
+    for channel in (name, name.lstrip("/")):
+        assert_one_line_error(cli("pub", channel), "pub", f"no data to publish to {channel}",
+                              f"kickmsg pub {channel} 'hello'")
+    assert_one_line_error(cli("pub", "/absent_kmqa_channel"), "pub", "no data to publish to /absent_kmqa_channel")
+    assert snapshot(name) == before
+
+
 def test_pub_gives_up_when_the_pool_stays_empty(name):
     """This process holds 12 of the 16 slots allocated and a subscriber that
     never reads holds what it was sent: after 4 messages the pool is empty

@@ -121,6 +121,18 @@ def test_non_positive_values_are_refused_by_the_parser(command, option, value):
     )
 
 
+@pytest.mark.parametrize("command, option, value", [
+    ("watch", "--interval", "1e308"), ("exporter", "--interval", "1e7"), ("pub", "--rate", "1e-308"),
+    ("echo", "--timeout", "1e308"), ("record", "--duration", "1e308"), ("play", "--rate", "1e-9"),
+])
+def test_absurdly_large_or_small_values_are_refused_by_the_parser(command, option, value):
+    """Values whose waits would overflow the platform's timeouts (an
+    OverflowError traceback): argparse's error naming the value, exit 2."""
+    result = cli(command, *POSITIONALS.get(command, [] if command == "exporter" else ["/x"]), f"{option}={value}")
+    assert result.code == 2 and result.out == b""
+    assert result.error_lines[-1] == f"kickmsg {command}: error: argument {option}: must be from 1e-06 to 1e+06, not {value}"
+
+
 @pytest.mark.parametrize("command, option, value", [("echo", "--count", "two"), ("hz", "--every", "soon")])
 def test_values_that_are_not_numbers_are_refused(command, option, value):
     result = cli(command, "/x", option, value)

@@ -275,6 +275,8 @@ def test_create_refuses_an_existing_name_unless_replace(name):
     (["--ring", "8", "--pool", "8"], HAZARD),
     (["--mode", "1777"], "is not a permission mode"),
     (["--commit-timeout", "-1"], "commit_timeout must not be negative"),
+    (["--commit-timeout", "1e309"], "commit_timeout must be a finite number of seconds, got inf"),
+    (["--commit-timeout", "1e300"], "commit_timeout must be at most 1 day"),
 ])
 def test_create_with_an_invalid_geometry_is_one_line(name, options, phrase):
     """The library's refusal, on one line, exit 2; nothing is created."""

@@ -1,6 +1,7 @@
 """kickmsg.diagnostics: a program gets every figure of ``kickmsg
 list/info/stats/watch`` without the CLI, and the CLI's --json is exactly
 those dataclasses. Expected values come from what the test did."""
+import json
 import os
 import signal
 import subprocess
@@ -10,7 +11,7 @@ import time
 
 import pytest
 
-from kickmsg import ChannelType, Config, Publisher, SharedRegion, Subscriber, diagnostics, owners
+from kickmsg import ChannelType, Config, Publisher, SharedRegion, Subscriber, diagnostics, owners, unlink_shm
 from test_cli import cli_json
 
 pytestmark = pytest.mark.timeout(120)
@@ -82,6 +83,35 @@ def test_errors_name_the_region(shm_name):
         diagnostics.health(shm_name)
     with pytest.raises(ValueError, match="interval"):
         next(diagnostics.watch(shm_name, 0))
+
+
+def test_watch_follows_a_re_created_region_and_ends_when_it_is_removed(shm_name):
+    """Re-created under the watch (another geometry): the next snapshot is
+    of the new region, its rates afresh; removed: RegionError naming it,
+    rather than figures of a region nobody can reach any more. The command
+    says so in one line, exit 2."""
+    make(shm_name)
+    watching = diagnostics.watch(shm_name, 0.01)
+    assert next(watching).pool_size == 16
+    unlink_shm(shm_name)
+    SharedRegion.create(shm_name, ChannelType.PubSub, Config(max_subscribers=3, sub_ring_capacity=8, pool_size=32,
+                                                             max_payload_size=64), "diag-test")
+    again = next(watching)
+    assert (again.pool_size, again.rings[0].msgs_per_s) == (32, None)
+    unlink_shm(shm_name)
+    with pytest.raises(diagnostics.RegionError, match=f"^{shm_name} was removed$"):
+        next(watching)
+
+    make(shm_name)
+    command = subprocess.Popen([sys.executable, "-m", "kickmsg", "watch", shm_name, "--interval", "0.05", "--json"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert json.loads(command.stdout.readline())["pool_size"] == 16  # it watches
+        unlink_shm(shm_name)
+        _, err = command.communicate(timeout=30)
+    finally:
+        command.kill()
+    assert command.returncode == 2 and err == f"kickmsg watch: error: {shm_name} was removed\n"
 
 
 def test_watch_yields_rates_until_stopped(shm_name):

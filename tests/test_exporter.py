@@ -181,4 +181,10 @@ def test_bad_port_and_a_port_in_use_are_one_line_errors(prefix, exporter_for):
     assert bad.code == 2 and bad.error_lines[-1].endswith("must be a port number from 0 to 65535, not 70000")
     running = exporter_for()
     taken = running.url.split(":")[2].split("/")[0]
-    assert_one_line_error(cli("exporter", "--port", taken, "--prefix", prefix), "exporter", "in use")
+    assert_one_line_error(cli("exporter", "--port", taken, "--prefix", prefix), "exporter",
+                          f"cannot serve on 127.0.0.1:{taken}: ", "in use")
+    # An address not on this host (TEST-NET-3: binding sends nothing), a name that does not resolve.
+    assert_one_line_error(cli("exporter", "--bind", "203.0.113.7", "--port", "0", "--prefix", prefix), "exporter",
+                          "cannot serve on 203.0.113.7:0: Cannot assign requested address")
+    assert_one_line_error(cli("exporter", "--bind", "no-such-host.invalid", "--port", "0", "--prefix", prefix),
+                          "exporter", "cannot serve on no-such-host.invalid:0: ")

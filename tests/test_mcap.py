@@ -256,6 +256,27 @@ def test_convert_refuses_an_existing_file_unless_forced(channels, tmp_path):
     assert not (tmp_path / "new.mcap").exists()
 
 
+def test_convert_refuses_its_own_input_an_mcap_input_and_a_missing_directory(channels, tmp_path):
+    """Careless conversions: onto the recording itself (even with --force:
+    it would be lost), from MCAP, into a directory that does not exist:
+    one line naming the file, nothing written, the recording intact."""
+    record = tmp_path / "rec"
+    record_in_thread_parquet(channels, record)
+    [parquet] = record.iterdir()
+    before = parquet.read_bytes()
+    for force in ([], ["--force"]):
+        assert_one_line_error(run_cli("convert", parquet, parquet, *force), str(parquet), "part of the recording being converted")
+        assert_one_line_error(run_cli("convert", record, parquet, *force), "part of the recording being converted")
+    assert parquet.read_bytes() == before and list(record.iterdir()) == [parquet]
+    assert_one_line_error(run_cli("convert", record, tmp_path / "no" / "dir" / "out.mcap"),
+                          f"cannot write {tmp_path / 'no' / 'dir' / 'out.mcap'}: no directory {tmp_path / 'no' / 'dir'}")
+    assert not (tmp_path / "no").exists()
+    assert run_cli("convert", record, tmp_path / "out.mcap").returncode == 0
+    assert_one_line_error(run_cli("convert", tmp_path / "out.mcap", tmp_path / "again.mcap"),
+                          f"{tmp_path / 'out.mcap'} is MCAP already")
+    assert not (tmp_path / "again.mcap").exists()
+
+
 def record_in_thread_parquet(channels, out):
     recorder = Recorder(channels, str(out))
     stop = threading.Event()
@@ -373,6 +394,12 @@ def test_hostile_files_are_refused_in_one_line(channels, tmp_path):
         writer.add_message(channel, log_time=1, data=b"{}", publish_time=1)
         writer.finish()
     assert_one_line_error(run_cli("play", foreign), "not a kickmsg recording")
+    for name, content in (("text.mcap", b"not a recording\n"), ("empty.mcap", b""), ("short.parquet", b"PAR")):
+        (tmp_path / name).write_bytes(content)
+        assert_one_line_error(run_cli("play", tmp_path / name), f"{tmp_path / name} is not a recording: neither a Parquet nor an MCAP file")
+    other = tmp_path / "other.parquet"  # a Parquet file, with a payload column, of another program
+    pyarrow.parquet.write_table(pyarrow.table({"payload": [b"x"]}), other)
+    assert_one_line_error(run_cli("play", other), f"{other} is not a kickmsg recording")
 
     summary = record_in_thread(channels, tmp_path / "rec", lambda: [
         kickmsg.Publisher(kickmsg.SharedRegion.open(channels[0])).send(b"z%d" % i * 40) for i in range(200)])

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from kickmsg import ChannelType, Config, Publisher, SharedRegion, diagnostics, owners, unlink_shm
+from kickmsg import ChannelType, Config, Node, Publisher, SharedRegion, diagnostics, owners, unlink_shm
 from nativepeer import start_native, start_ours
 from test_cli import cli, cli_json
 
@@ -81,6 +81,23 @@ def test_a_publisher_process_is_seen_with_its_counts_and_goes_when_it_is_dropped
         assert diagnostics.stats(shm_name).publishers == []
         child.tell()
         child.result()
+
+
+def test_a_nodes_publishers_carry_its_name(prefix):
+    """Every publisher a Node makes (topic, joined topic, broadcast, another
+    node's mailbox) records the node's name, as kickmsg stats shows it."""
+    node, owner = Node("imu-driver", prefix=prefix), Node("planner", prefix=prefix)
+    inbox = owner.create_mailbox("inbox", SMALL)
+    made = {
+        f"/{prefix}_imu": node.advertise("imu", SMALL),
+        f"/{prefix}_odom": node.advertise_or_join("odom", SMALL),
+        f"/{prefix}_broadcast_chat": node.join_broadcast("chat", SMALL),
+        f"/{prefix}_planner_mbx_inbox": node.open_mailbox("planner", "inbox"),
+    }
+    for name in made:
+        assert [p.node_name for p in diagnostics.stats(name).publishers] == ["imu-driver"], name
+    assert cli("stats", f"/{prefix}_imu").text.splitlines()[-1].split()[1] == "imu-driver"
+    inbox.close()
 
 
 def test_recording_leaves_the_region_bytes_alone(shm_name):

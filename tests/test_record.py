@@ -12,7 +12,7 @@ import pyarrow.parquet
 import pytest
 
 import kickmsg
-from kickmsg import stamp, typed
+from kickmsg import diagnostics, owners, stamp, typed
 from kickmsg.record import COLUMNS, SCHEMA_KEY, Recorder, play, recording_files
 
 KICKMSG = str(pathlib.Path(sys.executable).with_name("kickmsg"))
@@ -122,6 +122,35 @@ def test_play_creates_missing_channels_as_recorded(channels, tmp_path):
     recreated = kickmsg.SharedRegion.inspect(channels[1])
     assert recreated.channel_type is kickmsg.ChannelType.Broadcast
     assert recreated.geometry.slot_data_size == 64 and recreated.schema().name.startswith("Imu:")
+
+
+def _publishers_seen(name):
+    """Whether the channel exists, is ready and has a publisher record."""
+    try:
+        return bool(diagnostics.stats(name).publishers)
+    except diagnostics.RegionError:  # not created yet, or being initialised
+        return False
+
+
+def test_play_publishes_and_creates_as_kickmsg_play(channels, tmp_path):
+    """kickmsg stats shows play's publishers as kickmsg-play (not as the
+    interpreter), and the channels it creates name it as their creator."""
+    record_while(channels, tmp_path, lambda: kickmsg.Publisher(kickmsg.SharedRegion.open(channels[0])).send(b"p"))
+    kickmsg.unlink_shm(channels[0])
+    stop = threading.Event()
+    player = threading.Thread(target=play, args=(str(tmp_path),), kwargs={"loop": True, "stop": stop})
+    player.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not _publishers_seen(channels[0]):
+            assert time.monotonic() < deadline, "play never published"
+            time.sleep(0.01)
+        assert [p.node_name for p in diagnostics.stats(channels[0]).publishers] == ["kickmsg-play"]
+        assert diagnostics.info(channels[0]).creator_name == "kickmsg-play"
+    finally:
+        stop.set()
+        player.join(timeout=30)
+    owners.unlink(channels[0])
 
 
 def test_play_keeps_the_original_timing_scaled_by_rate(channels, tmp_path):

@@ -65,6 +65,12 @@ def test_config_commit_timeout_negative():
         Config(commit_timeout=datetime.timedelta(seconds=-1))
 
 
+@pytest.mark.parametrize("bad", [float("inf"), float("-inf"), float("nan")])
+def test_config_commit_timeout_not_finite(bad):
+    with pytest.raises(ValueError, match=f"commit_timeout must be a finite number of seconds, got {bad!r}"):
+        Config(commit_timeout=bad)
+
+
 @pytest.mark.parametrize("field", ["max_subscribers", "sub_ring_capacity", "pool_size", "max_payload_size"])
 def test_config_negative_count(field):
     with pytest.raises(ValueError, match=field):

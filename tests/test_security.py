@@ -8,6 +8,7 @@ A second user is a spawned child of this (root) test process that switches
 to ``nobody`` before it touches the region.
 """
 import contextlib
+import io
 import multiprocessing
 import os
 import pwd
@@ -15,7 +16,7 @@ import stat
 
 import pytest
 
-from kickmsg import ChannelType, Config, SharedRegion, Subscriber, shm
+from kickmsg import ChannelType, Config, SharedRegion, Subscriber, cli, diagnostics, shm
 
 SMALL = dict(max_subscribers=2, sub_ring_capacity=8, pool_size=16, max_payload_size=64)
 NOBODY = pwd.getpwnam("nobody")
@@ -46,6 +47,12 @@ def act_as_nobody(action: str, name: str, results) -> None:
             outcome = {"result": SharedRegion.open(name).name}
         elif action == "inspect":
             outcome = {"result": SharedRegion.inspect(name).geometry.pool_size}
+        elif action == "diagnostics":
+            outcome = {"result": diagnostics.stats(name).pool_size}
+        elif action.startswith("kickmsg "):  # a command, the region last: its exit status and its stderr
+            stderr = io.StringIO()
+            with contextlib.redirect_stderr(stderr):
+                outcome = {"status": cli.main([*action.split()[1:], name]), "stderr": stderr.getvalue()}
         else:  # "subscribe": join, say whether the ring's owner was recorded, leave
             subscriber = Subscriber(SharedRegion.open(name))
             outcome = {"result": subscriber._sidecar is not None}
@@ -126,6 +133,22 @@ def test_another_user_cannot_map_a_0600_region(shm_name, monkeypatch):
         assert outcome["error"] == "RegionPermissionError" and outcome["is_permission_error"]
         assert shm_name in outcome["message"]
         assert "permission denied (mode 0600, owner root; this process runs as nobody)" in outcome["message"]
+
+
+def test_the_tools_tell_another_user_the_mode_and_owner(shm_name, monkeypatch):
+    """For user nobody, kickmsg's commands and kickmsg.diagnostics refuse a
+    0600 region in one line naming it, its mode and its owner."""
+    monkeypatch.delenv(shm.MODE_VARIABLE, raising=False)
+    SharedRegion.create(shm_name, ChannelType.PubSub, Config(**SMALL))
+    denied = f"{shm_name} read-only: permission denied (mode 0600, owner root; this process runs as nobody)"
+    outcome = as_nobody("diagnostics", shm_name)
+    assert outcome["error"] == "RegionError" and denied in outcome["message"]
+    for command in ("info", "stats", "audit", "watch --count 1"):
+        outcome = as_nobody(f"kickmsg {command}", shm_name)
+        assert outcome["status"] == 2 and outcome["stderr"].count("\n") == 1, outcome
+        assert outcome["stderr"].startswith(f"kickmsg {command.split()[0]}: error: ") and denied in outcome["stderr"]
+    outcome = as_nobody("kickmsg echo --count 1 --timeout 0.1", shm_name)
+    assert outcome["status"] == 2 and "read-write: permission denied (mode 0600, owner root" in outcome["stderr"]
 
 
 def test_another_user_may_subscribe_to_a_region_made_for_everyone(shm_name):

@@ -63,8 +63,8 @@ def _attach(how: Callable[[str], SharedRegion], name: str) -> SharedRegion:
         return how(name)
     except shm.RegionNotFoundError:
         raise CommandError(f"no such region: {name}") from None
-    except shm.RegionPermissionError:
-        raise CommandError(f"permission denied: {name}") from None
+    except shm.RegionPermissionError as error:  # names the mode, the owner and who we are
+        raise CommandError(str(error)) from None
     except RuntimeError as error:
         text = str(error)
         if "bad magic" in text:
@@ -181,14 +181,21 @@ def positive_int(text: str) -> int:
     return value
 
 
+NUMBER_RANGE = (1e-6, 1e6)  # seconds, rates, megabytes: 11 days, a message in 11 days, a terabyte
+
+
 def positive_number(text: str) -> float:
-    """An argparse type: a finite number above 0 (seconds, a rate, megabytes)."""
+    """An argparse type: a finite number above 0 (seconds, a rate, megabytes),
+    within NUMBER_RANGE (beyond it, waits overflow the platform's timeouts)."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
     if not (math.isfinite(value) and value > 0):
         raise argparse.ArgumentTypeError(f"must be a finite number greater than 0, not {text}")
+    smallest, largest = NUMBER_RANGE
+    if not smallest <= value <= largest:
+        raise argparse.ArgumentTypeError(f"must be from {smallest:g} to {largest:g}, not {text}")
     return value
 
 

@@ -65,7 +65,17 @@ def publishing_region(args: argparse.Namespace) -> SharedRegion:
     return open_writable(name)
 
 
+def check_data_given(args: argparse.Namespace) -> None:
+    """``kickmsg pub /c``: argparse took the channel for the data; say the
+    data is missing rather than that no channel was named."""
+    named = [args.name, args.topic, args.broadcast, args.mailbox]
+    if all(value is None for value in named) and (args.data.startswith("/") or shm.object_size(shm_name(args.data)) is not None):
+        raise CommandError(f"no data to publish to {args.data}: give it after the channel, e.g. "
+                           f"kickmsg pub {args.data} 'hello' (text, hex digits with --hex, or @path)")
+
+
 def cmd_pub(args: argparse.Namespace) -> int:
+    check_data_given(args)
     stop = stop_on_signals()
     region = publishing_region(args)
     payload = payload_of(args)
