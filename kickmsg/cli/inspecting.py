@@ -76,8 +76,8 @@ def json_list_row(row: diagnostics.RegionSummary, columns: list[str]) -> dict[st
 
 def text_list_row(row: diagnostics.RegionSummary) -> dict[str, Any]:
     """A list row for the table: ``subs`` and ``pool`` as ``live/max``,
-    ``free/size``, ``pubs`` as ``live`` (``+N stall``), ``bridges`` as
-    ``live`` (``+N dead``), health as its first word."""
+    ``free/size``, ``pubs`` as ``live`` and ``+Nstall`` (``1+2stall``),
+    ``bridges`` as ``live`` and ``+Ndead``, health as its first word."""
     cells = vars(row)
     if row.subs_live is None:
         return cells
