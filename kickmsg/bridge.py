@@ -199,6 +199,16 @@ def options_from_args(args: argparse.Namespace) -> BridgeOptions:
     return options
 
 
+def check_endpoint(endpoint: str) -> None:
+    """Refuse an IP endpoint whose port cannot exist (Zenoh would retry it
+    forever without a word): ``tcp/HOST:PORT``, ``udp/...``, ``quic/...``."""
+    protocol, _, address = endpoint.partition("/")
+    if protocol in ("tcp", "udp", "quic", "tls"):
+        _, _, port = address.split("?")[0].split("#")[0].rpartition(":")  # metadata (?...) and config (#...) aside
+        if not (port.isdigit() and 0 <= int(port) <= 65535):
+            raise ValueError(f"invalid endpoint {endpoint!r}: {protocol}/HOST:PORT with a port from 0 to 65535")
+
+
 def check_options(options: BridgeOptions) -> None:
     """Refuse what cannot work, loops first."""
     check_key(options.key_prefix, "key prefix")
@@ -208,6 +218,8 @@ def check_options(options: BridgeOptions) -> None:
         raise ValueError("nothing to bridge: give --export NAME or --import KEY=NAME")
     if not (options.listen or options.connect or options.multicast_scouting or options.mode == "client"):
         raise ValueError("no way to reach another host: give --listen ENDPOINT, --connect ENDPOINT or --scout")
+    for endpoint in options.listen + options.connect:
+        check_endpoint(endpoint)
     if options.stats_interval is not None and not 0 < options.stats_interval <= MAX_STATS_INTERVAL_S:
         raise ValueError(f"stats_interval must be greater than 0 and at most {MAX_STATS_INTERVAL_S:g}, not {options.stats_interval}")
     for name in options.exports:

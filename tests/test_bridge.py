@@ -348,7 +348,11 @@ def test_an_imported_channel_removed_under_the_bridge_is_made_again(bridges, pre
     (["--export", "/kmbridge_x", "--listen", "tcp/127.0.0.1:1", "--stats-interval", "1e308"],
      "stats_interval must be greater than 0 and at most 1e+06, not 1e+308"),
     (["--import", "k/x=/kmbridge_y", "--listen", "tcp/127.0.0.1:99999"],
-     "cannot open the Zenoh session (--listen tcp/127.0.0.1:99999): invalid port value\n"),
+     "invalid endpoint 'tcp/127.0.0.1:99999': tcp/HOST:PORT with a port from 0 to 65535\n"),
+    (["--import", "k/x=/kmbridge_y", "--connect", "tcp/127.0.0.1:99999"],
+     "invalid endpoint 'tcp/127.0.0.1:99999': tcp/HOST:PORT with a port from 0 to 65535\n"),
+    (["--import", "k/x=/kmbridge_y", "--connect", "udp/127.0.0.1"],
+     "invalid endpoint 'udp/127.0.0.1': udp/HOST:PORT with a port from 0 to 65535\n"),
     (["--import", "k/x=/kmbridge_y", "--listen", "garbage"],
      "invalid Zenoh setting listen/endpoints = ['garbage']: "),
 ])
