@@ -346,7 +346,8 @@ def play(path: str, rate: float = 1.0, loop: bool = False, stop: threading.Event
                     publishers[name] = Publisher(_open_or_create(name, description), name=PLAYER)
             for recording, channel, received, payload in messages:
                 began, first = clocks.setdefault(recording, (time.monotonic(), received))
-                if stop.wait(max(0.0, began + (received - first) / 1e9 / rate - time.monotonic())):
+                due_in = began + (received - first) / 1e9 / rate - time.monotonic()
+                if stop.wait(min(max(0.0, due_in), threading.TIMEOUT_MAX)):  # a slow rate may ask for centuries
                     return summary
                 summary.channels.add(channel)
                 if send_retrying(publishers[channel], payload, 1.0):

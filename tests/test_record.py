@@ -178,6 +178,26 @@ def test_play_keeps_the_original_timing_scaled_by_rate(channels, tmp_path):
     assert all(arrival - started["ns"] >= (offset - recorded[0]) / 0.5 for arrival, offset in zip(received, recorded))
 
 
+def test_play_at_a_rate_so_slow_the_next_message_is_centuries_away_still_stops(channels, tmp_path):
+    """At rate 1e-12 the second message is due in ~1 600 years, beyond what a
+    wait can take (threading.TIMEOUT_MAX): play waits the most it can and
+    still ends at once when told to stop."""
+    def publish():
+        publisher = kickmsg.Publisher(kickmsg.SharedRegion.open(channels[0]))
+        for payload in messages(2, b"c"):
+            publisher.send(payload)
+            time.sleep(0.05)
+
+    record_while(channels, tmp_path, publish)
+    stop, outcome = threading.Event(), {}
+    player = threading.Thread(target=lambda: outcome.update(summary=play(str(tmp_path), rate=1e-12, stop=stop)))
+    player.start()
+    time.sleep(0.3)
+    stop.set()
+    player.join(timeout=30)
+    assert not player.is_alive() and outcome["summary"].messages == 1
+
+
 def test_no_payload_recording_keeps_sizes_and_stamps(channels, tmp_path):
     sent = messages(50, b"n")
     record_while(channels, tmp_path, lambda: [kickmsg.Publisher(kickmsg.SharedRegion.open(channels[0])).send(m) for m in sent],
