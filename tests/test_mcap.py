@@ -22,6 +22,7 @@ import kickmsg
 from kickmsg import stamp, typed
 from kickmsg.mcap_file import channel_record_type, decode_records, encode_records
 from kickmsg.record import Recorder
+from test_record import record_while
 
 PYTHON = sys.executable
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -73,22 +74,6 @@ def wait_for_subscriber(names, process=None):
         assert time.monotonic() < deadline, "the recorder never subscribed"
         assert process is None or process.poll() is None, process.stderr.read()
         time.sleep(0.02)
-
-
-def record_in_thread(names, out, publish, **options):
-    """Run an MCAP Recorder in a thread while ``publish()`` runs; its summary."""
-    recorder = Recorder(names, str(out), format="mcap", **options)
-    stop = threading.Event()
-    done = {}
-    thread = threading.Thread(target=lambda: done.update(summary=recorder.run(stop=stop)))
-    thread.start()
-    wait_for_subscriber(names)
-    publish()
-    time.sleep(0.3)  # let the receiving threads drain
-    stop.set()
-    thread.join(timeout=30)
-    assert not thread.is_alive()
-    return done["summary"]
 
 
 def read_mcap(path):
@@ -242,7 +227,7 @@ def test_convert_a_parquet_recording(channels, tmp_path):
 
 def test_convert_refuses_an_existing_file_unless_forced(channels, tmp_path):
     record = tmp_path / "rec"
-    record_in_thread_parquet(channels, record)
+    record_three_parquet_messages(channels, record)
     out = tmp_path / "out.mcap"
     out.write_bytes(b"keep me")
     assert_one_line_error(run_cli("convert", record, out), str(out), "exists", "--force")
@@ -261,7 +246,7 @@ def test_convert_refuses_its_own_input_an_mcap_input_and_a_missing_directory(cha
     it would be lost), from MCAP, into a directory that does not exist:
     one line naming the file, nothing written, the recording intact."""
     record = tmp_path / "rec"
-    record_in_thread_parquet(channels, record)
+    record_three_parquet_messages(channels, record)
     [parquet] = record.iterdir()
     before = parquet.read_bytes()
     for force in ([], ["--force"]):
@@ -277,18 +262,13 @@ def test_convert_refuses_its_own_input_an_mcap_input_and_a_missing_directory(cha
     assert not (tmp_path / "again.mcap").exists()
 
 
-def record_in_thread_parquet(channels, out):
-    recorder = Recorder(channels, str(out))
-    stop = threading.Event()
-    thread = threading.Thread(target=recorder.run, kwargs={"stop": stop})
-    thread.start()
-    wait_for_subscriber(channels)
-    publisher = kickmsg.Publisher(kickmsg.SharedRegion.open(channels[0]))
-    for i in range(3):
-        publisher.send(b"p%d" % i)
-    time.sleep(0.3)
-    stop.set()
-    thread.join(timeout=30)
+def record_three_parquet_messages(channels, out):
+    def publish():
+        publisher = kickmsg.Publisher(kickmsg.SharedRegion.open(channels[0]))
+        for i in range(3):
+            publisher.send(b"p%d" % i)
+
+    record_while(channels, out, publish)
 
 
 def test_convert_refuses_a_recording_without_payloads(channels, tmp_path):
@@ -316,7 +296,7 @@ def test_play_an_mcap_recording_into_a_channel(channels, tmp_path):
         assert done.returncode == 0, done.stderr
         sent.update(json.loads(done.stdout))
 
-    summary = record_in_thread(channels, tmp_path, publish)
+    summary = record_while(channels, tmp_path, publish, format="mcap")
     [file] = summary.files
     listeners = [kickmsg.Subscriber(kickmsg.SharedRegion.open(name)) for name in channels]
     result = run_cli("play", file, "--rate", "20", "--json")
@@ -329,8 +309,8 @@ def test_play_an_mcap_recording_into_a_channel(channels, tmp_path):
 
 
 def test_play_creates_missing_channels_from_the_mcap_metadata(channels, tmp_path):
-    summary = record_in_thread(channels, tmp_path, lambda: kickmsg.Publisher(kickmsg.SharedRegion.open(channels[1])).send(
-        np.zeros(1, IMU.dtype).tobytes()))
+    summary = record_while(channels, tmp_path, lambda: kickmsg.Publisher(kickmsg.SharedRegion.open(channels[1])).send(
+        np.zeros(1, IMU.dtype).tobytes()), format="mcap")
     for name in channels:
         kickmsg.unlink_shm(name)
     result = run_cli("play", tmp_path)  # the directory of the .mcap file
@@ -370,7 +350,7 @@ def test_typed_round_trip_every_kind_of_field(shm_name, tmp_path):
         for payload in payloads:
             publisher.send(payload)
 
-    summary = record_in_thread([shm_name], tmp_path, publish)
+    summary = record_while([shm_name], tmp_path, publish, format="mcap")
     messages, _, _ = read_mcap(summary.files[0])
     first = messages[0][2]
     assert first["p"] == {"x": "NaN", "y": "-Infinity"} and first["m"][0][2] == "Infinity" and first["u"] == 2**64 - 1
@@ -401,8 +381,8 @@ def test_hostile_files_are_refused_in_one_line(channels, tmp_path):
     pyarrow.parquet.write_table(pyarrow.table({"payload": [b"x"]}), other)
     assert_one_line_error(run_cli("play", other), f"{other} is not a kickmsg recording")
 
-    summary = record_in_thread(channels, tmp_path / "rec", lambda: [
-        kickmsg.Publisher(kickmsg.SharedRegion.open(channels[0])).send(b"z%d" % i * 40) for i in range(200)])
+    summary = record_while(channels, tmp_path / "rec", lambda: [
+        kickmsg.Publisher(kickmsg.SharedRegion.open(channels[0])).send(b"z%d" % i * 40) for i in range(200)], format="mcap")
     data = pathlib.Path(summary.files[0]).read_bytes()
     truncated = tmp_path / "truncated.mcap"
     truncated.write_bytes(data[: len(data) // 2])
@@ -471,7 +451,7 @@ def test_mcap_files_rotate_by_size(shm_name, tmp_path):
                 publisher.send(bytes([burst, i]) * 50)
             time.sleep(0.6)  # one flush per burst
 
-    summary = record_in_thread([shm_name], tmp_path, publish, rotate_mb=0.002)
+    summary = record_while([shm_name], tmp_path, publish, rotate_mb=0.002, format="mcap")
     files = sorted(str(path) for path in tmp_path.iterdir())
     assert files == sorted(summary.files) and len(files) >= 3
     payloads = [base64.b64decode(data["payload"]) for file in files for _, _, data in read_mcap(file)[0]]
