@@ -313,13 +313,17 @@ class RecordEntry:
     """A record of ours in a file of fixed-size records (publishers, bridges):
     claimed when we start, rewritten at our updates, cleared when released
     (or by whoever reuses it once our process died). A forked child that
-    goes on records itself anew."""
+    goes on records itself anew; so does a writer whose file was removed
+    with a region made again under its name (not when the region is gone:
+    no orphan file)."""
 
-    def __init__(self, path: str, mode: int, size: int, limit: int):
+    def __init__(self, region_name: str, path: str, mode: int, size: int, limit: int):
+        self._region_name = region_name
         self._path, self._mode, self._size, self._limit = path, mode, size, limit
         self._fd: int | None = None
         self._index = 0
         self._pid = 0  # the process that claimed the record
+        self._file_removed = False  # our file went with its region: record anew once the region is back
 
     @property
     def recorded(self) -> bool:
@@ -345,10 +349,13 @@ class RecordEntry:
         os.close(fd)
 
     def _write(self, data: bytes, offset: int) -> None:
-        """Write into our record; first record anew if the file was removed
-        (its region was unlinked and made again) or we are a forked child."""
+        """Write into our record; first record anew if we are a forked child
+        or the file was removed (its region unlinked: made again, or gone)."""
         if self._fd is not None and (self._pid != os.getpid() or os.fstat(self._fd).st_nlink == 0):
             self.release()
+            self._file_removed = True
+        if self._file_removed and os.path.exists(shm.SHM_DIRECTORY + self._region_name):
+            self._file_removed = False
             self._claim()
         if self._fd is not None:
             os.pwrite(self._fd, data, self._index * self._size + offset)
@@ -370,7 +377,7 @@ class PublisherEntry(RecordEntry):
     """The record of one live Publisher."""
 
     def __init__(self, region_name: str, mode: int, name: str):
-        super().__init__(publishers_path(region_name), mode, PUBLISHER_RECORD_SIZE, MAX_PUBLISHER_RECORDS)
+        super().__init__(region_name, publishers_path(region_name), mode, PUBLISHER_RECORD_SIZE, MAX_PUBLISHER_RECORDS)
         self._name = name.encode("utf-8")[:PUBLISHER_NAME_SIZE]
         self._claim()
 
@@ -388,8 +395,7 @@ class BridgeEntry(RecordEntry):
     on one Zenoh key."""
 
     def __init__(self, region_name: str, mode: int, direction: str, key: str):
-        super().__init__(bridges_path(region_name), mode, BRIDGE_RECORD_SIZE, MAX_BRIDGE_RECORDS)
-        self._region_name = region_name
+        super().__init__(region_name, bridges_path(region_name), mode, BRIDGE_RECORD_SIZE, MAX_BRIDGE_RECORDS)
         self._direction = next(code for code, name in BRIDGE_DIRECTIONS.items() if name == direction)
         self._key = key.encode("utf-8")[:BRIDGE_KEY_SIZE]
         self._started_at_ns = time.time_ns()
@@ -402,8 +408,6 @@ class BridgeEntry(RecordEntry):
 
     def update(self, record: BridgeRecord) -> None:
         """Write ``record``'s figures (its identity fields are ours)."""
-        if not os.path.exists(shm.SHM_DIRECTORY + self._region_name):
-            return  # the channel is gone: its record file with it
         pid = os.getpid()
         record.pid, record.process_start, record.started_at_ns = pid, process_start_time(pid), self._started_at_ns
         record.updated_at_ns, record.direction, record.key = time.time_ns(), self._direction, self._key

@@ -154,6 +154,21 @@ def test_a_publisher_records_itself_anew_in_a_re_created_region(shm_name):
     del publisher
 
 
+def test_a_publisher_whose_region_is_removed_leaves_no_record_file_then_records_itself_when_it_is_back(shm_name):
+    make(shm_name)
+    publisher = Publisher(SharedRegion.open(shm_name), name="stayer")
+    unlink_shm(shm_name)  # removes the records too
+    time.sleep(0.15)
+    publisher.send(b"x")  # its check-in finds the file gone, and the region with it
+    assert not os.path.exists(owners.publishers_path(shm_name))
+    make(shm_name)
+    time.sleep(0.15)
+    publisher.send(b"x")  # follows the region made again, and records itself there
+    [seen] = diagnostics.stats(shm_name).publishers
+    assert (seen.node_name, publisher.rejoined) == ("stayer", 1)
+    del publisher
+
+
 def test_native_publishers_are_unrecorded(shm_name):
     make(shm_name)
     with start_native(NATIVE_PUBLISHER, name=shm_name) as native:
