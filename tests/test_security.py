@@ -38,7 +38,11 @@ def umask(value: int):
 def act_as_nobody(action: str, name: str, results) -> None:
     """In a spawned child (single-threaded, root): become user nobody, then
     do ``action`` on region ``name``; put its result, or the exception it
-    raised, on ``results``."""
+    raised, on ``results``.
+
+    What the action imports is imported first, as root: the checkout (and
+    the virtualenv in it) may sit in a directory only root can read."""
+    cli.build_parser()  # imports what the commands import lazily
     os.setgroups([])
     os.setgid(NOBODY.pw_gid)
     os.setuid(NOBODY.pw_uid)
