@@ -162,7 +162,7 @@ def region_of_sidecar(file_name: str) -> str:
     return "/" + file_name.removesuffix(suffix)
 
 
-def warn_unrecorded(path: str, error: OSError) -> None:
+def _warn_unrecorded(path: str, error: OSError) -> None:
     """Say, once per file in this process, that records cannot be written
     into ``path`` and why; its writers go on without them."""
     if path in _warned_paths:
@@ -176,13 +176,13 @@ def warn_unrecorded(path: str, error: OSError) -> None:
 
 
 def _write_record(path: str, fd: int, data: bytes, offset: int) -> bool:
-    """pwrite ``data`` into a record; False (after ``warn_unrecorded``) if
+    """pwrite ``data`` into a record; False (after ``_warn_unrecorded``) if
     it could not be written whole."""
     try:
         if os.pwrite(fd, data, offset) != len(data):  # a short write to a file: its file system is full
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
     except OSError as error:
-        warn_unrecorded(path, error)
+        _warn_unrecorded(path, error)
         return False
     return True
 
@@ -201,7 +201,7 @@ def _open_file(path: str, create_with_mode: int | None) -> int | None:
     """Open a sidecar read-write; None if it does not exist or cannot be
     opened. With ``create_with_mode``, create it if need be, with exactly
     those permission bits (whatever the umask), to record ourselves in it:
-    a failure is then told (``warn_unrecorded``)."""
+    a failure is then told (``_warn_unrecorded``)."""
     try:
         if create_with_mode is not None:
             try:
@@ -213,7 +213,7 @@ def _open_file(path: str, create_with_mode: int | None) -> int | None:
         return os.open(path, os.O_RDWR | os.O_CLOEXEC)
     except OSError as error:
         if create_with_mode is not None:
-            warn_unrecorded(path, error)
+            _warn_unrecorded(path, error)
         return None
 
 
