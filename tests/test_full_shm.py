@@ -16,7 +16,9 @@ import sys
 
 import pytest
 
-from kickmsg import ChannelType, Config, Publisher, SharedRegion, Subscriber, cli, layout, owners
+import crashworkers
+import rawregion
+from kickmsg import ChannelType, Config, Publisher, SharedRegion, Subscriber, audit, cli, layout, owners
 from tinyshm import run_on_a_tiny_dev_shm
 
 SMALL = dict(max_subscribers=4, sub_ring_capacity=8, pool_size=32, max_payload_size=64)
@@ -165,6 +167,22 @@ def test_the_pid_refused_is_the_live_holder(shm_name):
         assert done.stderr == (f"kickmsg repair: error: ring 0 of {shm_name} is held by live process {os.getpid()} "
                                f"(its owner record is locked): not freed\n")
         assert free_rings(region) == [1, 2, 3]
+
+
+def test_free_ring_of_a_killed_recorded_subscriber(shm_name, procs):
+    """A ring whose recorded owner was killed is freed as reclaim would:
+    drained from its start position, its record cleared."""
+    region = SharedRegion.create(shm_name, ChannelType.PubSub, Config(**SMALL))
+    procs.start_ready("dead", crashworkers.parked_subscriber, shm_name)
+    publisher = Publisher(region)
+    for sequence in range(5):
+        publisher.send(b"%d" % sequence)
+    procs.kill("dead")
+    assert free_rings(region) == [1, 2, 3]
+    assert region.free_ring(0) is True
+    assert free_rings(region) == [0, 1, 2, 3] and owners.read_owners(shm_name, 4)[0] == (None, False)
+    rawregion.assert_pool_whole(shm_name)
+    assert audit(region).clean
 
 
 def test_a_join_interrupted_while_recording_leaves_its_ring_free(shm_name, monkeypatch):
