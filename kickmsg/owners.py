@@ -26,6 +26,12 @@ sends, never per message). A record nobody holds the lock of is a dead
 publisher's ("stall"); the next publisher to record itself, or
 ``reclaim_dead_publishers``, takes its place. Native publishers record
 nothing and cannot be seen.
+
+The records are bookkeeping beyond the 0.1.0 layout: they never stop a
+publisher or subscriber from working on its (preallocated) region. A record
+that cannot be written (``/dev/shm`` full, a file we may not write, ...) is
+told once per file and per process (``RuntimeWarning``), and its writer goes
+on unrecorded, as a native one would.
 """
 import ctypes
 import errno
@@ -34,6 +40,7 @@ import os
 import stat
 import struct
 import time
+import warnings
 
 from kickmsg import shm
 
@@ -48,6 +55,13 @@ BRIDGE_DIRECTIONS = {1: "export", 2: "import"}
 FLOCK = struct.Struct("hhqqi4x")  # struct flock: type, whence, start, length, pid (0 for OFD locks)
 CLAIM_ATTEMPTS = 100  # a reclaimer holds a record's lock only briefly: retry 1 ms apart
 CLAIM_RETRY_S = 0.001
+UNRECORDED_CONSEQUENCES = {  # by sidecar_kind: what goes without records; {region} is the region's name
+    "ring-owner": "subscribers in this process go on without an owner record: tools do not show them, and the "
+                  "ring of one that is killed stays taken until kickmsg repair {region} --ring N --force frees it",
+    "publisher": "publishers in this process go on unrecorded: kickmsg stats and list do not show them",
+    "bridge": "bridges in this process go on unrecorded: kickmsg stats and list do not show them",
+}
+_warned_paths: set[str] = set()  # record files this process has warned about
 
 
 class OwnerRecord(ctypes.Structure):
@@ -148,6 +162,31 @@ def region_of_sidecar(file_name: str) -> str:
     return "/" + file_name.removesuffix(suffix)
 
 
+def _warn_unrecorded(path: str, error: OSError) -> None:
+    """Say, once per file in this process, that records cannot be written
+    into ``path`` and why; its writers go on without them."""
+    if path in _warned_paths:
+        return
+    _warned_paths.add(path)
+    file_name = os.path.basename(path)
+    region = region_of_sidecar(file_name)
+    consequence = UNRECORDED_CONSEQUENCES[sidecar_kind(file_name)].format(region=region)
+    warnings.warn(f"{region}: cannot write records in {path}: {error.strerror or error}; {consequence}",
+                  RuntimeWarning, stacklevel=3)
+
+
+def _write_record(path: str, fd: int, data: bytes, offset: int) -> bool:
+    """pwrite ``data`` into a record; False (after ``_warn_unrecorded``) if
+    it could not be written whole."""
+    try:
+        if os.pwrite(fd, data, offset) != len(data):  # a short write to a file: its file system is full
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    except OSError as error:
+        _warn_unrecorded(path, error)
+        return False
+    return True
+
+
 def unlink(region_name: str) -> None:
     """Remove the region's sidecars (ring owners, publishers, bridges), if any."""
     for path in (sidecar_path(region_name), publishers_path(region_name), bridges_path(region_name)):
@@ -161,7 +200,8 @@ def unlink(region_name: str) -> None:
 def _open_file(path: str, create_with_mode: int | None) -> int | None:
     """Open a sidecar read-write; None if it does not exist or cannot be
     opened. With ``create_with_mode``, create it if need be, with exactly
-    those permission bits (whatever the umask)."""
+    those permission bits (whatever the umask), to record ourselves in it:
+    a failure is then told (``_warn_unrecorded``)."""
     try:
         if create_with_mode is not None:
             try:
@@ -171,7 +211,9 @@ def _open_file(path: str, create_with_mode: int | None) -> int | None:
             except FileExistsError:
                 pass
         return os.open(path, os.O_RDWR | os.O_CLOEXEC)
-    except OSError:
+    except OSError as error:
+        if create_with_mode is not None:
+            _warn_unrecorded(path, error)
         return None
 
 
@@ -205,8 +247,9 @@ def _read_record(fd: int, ring: int) -> OwnerRecord | None:
 class Sidecar:
     """One open description of a region's sidecar: its locks belong to it."""
 
-    def __init__(self, fd: int):
+    def __init__(self, fd: int, path: str):
         self._fd = fd
+        self._path = path
 
     @classmethod
     def open(cls, region_name: str, create_with_mode: int | None = None) -> "Sidecar | None":
@@ -214,8 +257,9 @@ class Sidecar:
         With ``create_with_mode`` (the region's permission bits), create it
         if it does not exist yet, with exactly those bits (whatever the
         umask), so whoever may use the region may also record themselves."""
-        fd = _open_file(sidecar_path(region_name), create_with_mode)
-        return None if fd is None else cls(fd)
+        path = sidecar_path(region_name)
+        fd = _open_file(path, create_with_mode)
+        return None if fd is None else cls(fd, path)
 
     def _lock(self, ring: int, lock_type: int) -> bool:
         """Set or clear our lock on ring's record without waiting; False if
@@ -224,19 +268,22 @@ class Sidecar:
 
     def claim(self, ring: int, start_pos: int, region_created_at_ns: int) -> bool:
         """Record this process as ring's owner and keep the record's lock;
-        False if the lock stayed taken (the ring then goes unrecorded)."""
+        False if the lock stayed taken or the record could not be written
+        (the ring then goes unrecorded)."""
         for _ in range(CLAIM_ATTEMPTS):
             if self._lock(ring, fcntl.F_WRLCK):
                 pid = os.getpid()
                 record = OwnerRecord(pid, process_start_time(pid), start_pos, region_created_at_ns, start_pos, 0)
-                os.pwrite(self._fd, bytes(record), ring * RECORD_SIZE)
-                return True
+                if _write_record(self._path, self._fd, bytes(record), ring * RECORD_SIZE):
+                    return True
+                self._lock(ring, fcntl.F_UNLCK)
+                return False
             time.sleep(CLAIM_RETRY_S)
         return False
 
     def report_progress(self, ring: int, read_pos: int, lost: int) -> None:
         """Update our record's read position and loss count."""
-        os.pwrite(self._fd, struct.pack("<QQ", read_pos, lost), ring * RECORD_SIZE + PROGRESS_OFFSET)
+        _write_record(self._path, self._fd, struct.pack("<QQ", read_pos, lost), ring * RECORD_SIZE + PROGRESS_OFFSET)
 
     def owner_if_dead(self, ring: int, region_created_at_ns: int) -> OwnerRecord | str:
         """``"alive"`` if ring's owner holds its lock; ``"unrecorded"`` if
@@ -250,6 +297,10 @@ class Sidecar:
             return "unrecorded"
         return record
 
+    def record(self, ring: int) -> OwnerRecord | None:
+        """Ring's record as it is now (None if there is none)."""
+        return _read_record(self._fd, ring)
+
     def records_us(self, ring: int, region_created_at_ns: int) -> bool:
         """Whether ring's record names this process as its owner in that
         incarnation of the region (``restart`` moved it there)."""
@@ -258,7 +309,7 @@ class Sidecar:
 
     def release(self, ring: int) -> None:
         """Clear ring's record and drop our lock on it."""
-        os.pwrite(self._fd, bytes(RECORD_SIZE), ring * RECORD_SIZE)
+        _write_record(self._path, self._fd, bytes(RECORD_SIZE), ring * RECORD_SIZE)
         self._lock(ring, fcntl.F_UNLCK)
 
     def close(self) -> None:
@@ -270,8 +321,9 @@ def restart(region_name: str, kept_rings: list[int], region_created_at_ns: int) 
     """For a region re-created in place: move the records of ``kept_rings``
     to the new incarnation, clear every other record. The owners keep their
     locks: the file stays."""
+    path = sidecar_path(region_name)
     try:
-        fd = os.open(sidecar_path(region_name), os.O_RDWR | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
     except OSError:
         return
     try:
@@ -279,7 +331,7 @@ def restart(region_name: str, kept_rings: list[int], region_created_at_ns: int) 
             record = _read_record(fd, ring) if ring in kept_rings else None
             if record is not None:
                 record.region_created_at_ns = region_created_at_ns
-            os.pwrite(fd, bytes(record or OwnerRecord()), ring * RECORD_SIZE)
+            _write_record(path, fd, bytes(record or OwnerRecord()), ring * RECORD_SIZE)
     finally:
         os.close(fd)
 
@@ -343,9 +395,10 @@ class RecordEntry:
             return
         for index in range(self._limit):
             if _try_lock(fd, fcntl.F_WRLCK, index, self._size):
-                self._fd, self._index, self._pid = fd, index, os.getpid()
-                os.pwrite(fd, self._new_record(), index * self._size)
-                return
+                if _write_record(self._path, fd, self._new_record(), index * self._size):
+                    self._fd, self._index, self._pid = fd, index, os.getpid()
+                    return
+                break  # unrecorded: closing drops the lock
         os.close(fd)
 
     def _write(self, data: bytes, offset: int) -> None:
@@ -358,7 +411,7 @@ class RecordEntry:
             self._file_removed = False
             self._claim()
         if self._fd is not None:
-            os.pwrite(self._fd, data, self._index * self._size + offset)
+            _write_record(self._path, self._fd, data, self._index * self._size + offset)
 
     def release(self) -> None:
         """Clear our record and drop its lock (idempotent). In a forked
@@ -368,7 +421,7 @@ class RecordEntry:
         fd, self._fd = self._fd, None
         try:
             if self._pid == os.getpid():
-                os.pwrite(fd, bytes(self._size), self._index * self._size)
+                _write_record(self._path, fd, bytes(self._size), self._index * self._size)
         finally:
             os.close(fd)
 

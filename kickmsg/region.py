@@ -476,6 +476,51 @@ class SharedRegion:
             sidecar.close()
         return DeadSubscriberReport(reclaimed, unrecorded, timed_out)
 
+    def free_ring(self, index: int) -> bool:
+        """Free ring ``index`` although no record shows its owner dead (beyond
+        0.1.0; ``kickmsg repair --ring N --force``): the way out for a Live
+        or Draining ring no owner record accounts for, left by a subscriber
+        killed while it could not record itself (``/dev/shm`` full) or by a
+        native one. Only once no process reads it: a subscriber still reading
+        it would share it with the next one to join. Refused (RuntimeError
+        naming the pid) while a live process holds the ring's owner record.
+        Drained and freed as its owner's teardown would have done it (with
+        no record, over the ring's whole window: drained entries are marked
+        INVALID_SLOT, so none is released twice). Returns False if the ring
+        was Free already; a retired ring is ``reset_retired_rings``'s."""
+        self.require_writable("free rings")
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < self.geometry.max_subs:
+            raise ValueError(f"{self.name} has rings 0 to {self.geometry.max_subs - 1}, not {index!r}")
+        ring = self.rings[index]
+        state_flight = self.atomics.load_acquire_u32(ring.state_flight)
+        if state_flight & layout.RING_STATE_MASK == layout.RING_FREE:
+            if state_flight >> 2:
+                raise RuntimeError(
+                    f"ring {index} of {self.name} is retired (Free, {state_flight >> 2} publisher(s) in flight): "
+                    f"reset_retired_rings (kickmsg repair --retired) resets it once the crashed publisher is gone"
+                )
+            return False
+        sidecar = owners.Sidecar.open(self.name)
+        try:
+            owner = sidecar.owner_if_dead(index, self.header.created_at_ns) if sidecar else "unrecorded"
+            if sidecar and owner == "alive":
+                record = sidecar.record(index)  # None: its owner is writing it
+                holder = f"live process {record.pid}" if record is not None else "a live process"
+                raise RuntimeError(f"ring {index} of {self.name} is held by {holder} (its owner record is locked): not freed")
+            if isinstance(owner, owners.OwnerRecord):
+                freed = self.leave_ring(ring, owner.start_pos, sidecar)
+            else:
+                freed = self.leave_ring(ring, 0)
+        finally:
+            if sidecar:
+                sidecar.close()
+        if not freed:
+            raise RuntimeError(
+                f"ring {index} of {self.name}: publishers stayed in flight past commit_timeout, so it is left retired "
+                f"(reset_retired_rings, kickmsg repair --retired, resets it once the crashed publisher is gone)"
+            )
+        return True
+
     def drain_ring(self, ring: RingAddresses, start_pos: int) -> None:
         """Drain: release the ring's reference to every committed entry of
         [max(write_pos - capacity, start_pos), write_pos) and mark each

@@ -67,8 +67,7 @@ class Subscriber:
         self._rejoined = 0
         self._closed = False
         self._waiting_on: tuple[SharedRegion, RingAddresses] | None = None  # (region, ring) whose has_waiter a WaitSet set for us
-        ring, start_pos = _join_or_reclaim(region)
-        self._take_ring(region, ring, start_pos, _record_ownership(region, ring, start_pos))
+        self._take_ring(region, *_join_and_record(region))
 
     def _take_ring(
         self,
@@ -300,10 +299,10 @@ class Subscriber:
             else:
                 write_pos = region.atomics.load_acquire_u64(ring.write_pos)  # the old object, orphaned
             unread = min(max(0, write_pos - self._read_pos), region.geometry.capacity)
-            new_ring, start_pos = _join_or_reclaim(new_region)  # none free: raise, try again at the next call
+            joined = _join_and_record(new_region)  # none free: raise, try again at the next call
             if not self._teardown():
                 self._drain_timeouts += 1
-            self._take_ring(new_region, new_ring, start_pos, _record_ownership(new_region, new_ring, start_pos))
+            self._take_ring(new_region, *joined)
             self._lost += unread
         self._rejoined += 1
 
@@ -484,6 +483,19 @@ def _join_or_reclaim(region: SharedRegion) -> tuple[RingAddresses, int]:
     return joined
 
 
+def _join_and_record(region: SharedRegion) -> tuple[RingAddresses, int, owners.Sidecar | None]:
+    """Join a ring and record ourselves as its owner: the ring, the start
+    position and the sidecar holding our record. A join interrupted while
+    recording (Ctrl-C, ...) leaves the ring Free, as it found it; a record
+    that cannot be written only warns (``kickmsg.owners``)."""
+    ring, start_pos = _join_or_reclaim(region)
+    try:
+        return ring, start_pos, _record_ownership(region, ring, start_pos)
+    except BaseException:
+        region.leave_ring(ring, start_pos)
+        raise
+
+
 def _ring_holders(region: SharedRegion) -> str:
     """Who holds the rings, for the error of a join that found none free."""
     records = owners.read_owners(region.name, region.geometry.max_subs) or []
@@ -494,7 +506,8 @@ def _ring_holders(region: SharedRegion) -> str:
     held = region.geometry.max_subs - retired
     return (
         f"{recorded} by live subscribers of this package, {held - recorded} by subscribers that record no "
-        f"owner (e.g. native ones) or are leaving, {retired} retired by a timed-out teardown "
+        f"owner (e.g. native ones, or ones that could not record themselves: once no process reads such a ring, "
+        f"kickmsg repair --ring N --force frees it) or are leaving, {retired} retired by a timed-out teardown "
         f"(kickmsg repair --retired)"
     )
 
@@ -505,10 +518,15 @@ def _record_ownership(region: SharedRegion, ring: RingAddresses, start_pos: int)
     if not region.mapping.shared:
         return None  # a region in private memory has nobody else to tell
     sidecar = owners.Sidecar.open(region.name, create_with_mode=region.mapping.mode)
-    if sidecar and not sidecar.claim(ring.index, start_pos, region.header.created_at_ns):
-        sidecar.close()
+    if sidecar is None:
         return None
-    return sidecar
+    claimed = False
+    try:
+        claimed = sidecar.claim(ring.index, start_pos, region.header.created_at_ns)
+    finally:
+        if not claimed:
+            sidecar.close()  # and with it our lock on the record
+    return sidecar if claimed else None
 
 
 def _leave_ring(

@@ -177,7 +177,8 @@ def test_dead_subscriber_in_stats_diagnose_audit_and_repair_sentences(name):
             assert (repaired.code, repaired.err) == (0, b"")
             assert repaired.text.splitlines() == [
                 f"reclaimed ring 0 of dead subscriber {pid}",
-                "left ring 1 alone: held by a subscriber that records no owner (native?)",
+                f"left ring 1 alone: held by a subscriber that records no owner (native, or one that could not record "
+                f"itself); once no process reads it, kickmsg repair {name} --ring 1 --force frees it",
                 "repaired 0 locked entries",
             ]
             assert live_rings(name) == [1]

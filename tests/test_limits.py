@@ -6,10 +6,7 @@ The real out-of-space paths run in a child process with a private 1 MiB
 ``/dev/shm`` (a tmpfs mounted in its own mount namespace: ``unshare``), so
 that the kernel itself says ENOSPC.
 """
-import json
 import os
-import subprocess
-import sys
 import warnings
 
 import pytest
@@ -17,6 +14,7 @@ import pytest
 import nativepeer
 import rawregion
 from kickmsg import ChannelType, Config, Node, Publisher, SharedRegion, Subscriber, audit, shm, typed, unlink_shm
+from tinyshm import run_on_a_tiny_dev_shm
 
 SMALL = dict(max_subscribers=2, sub_ring_capacity=8, pool_size=16, max_payload_size=64)
 HUGE = dict(pool_size=10**7, max_payload_size=10**6)  # 9.1 TiB: the config that took a machine down
@@ -77,19 +75,6 @@ def test_a_new_region_has_its_memory_reserved(shm_name):
     not on first touch: the object's allocated blocks cover its size."""
     region = SharedRegion.create(shm_name, ChannelType.PubSub, Config(pool_size=1024))
     assert os.stat(f"/dev/shm{shm_name}").st_blocks * 512 >= region.geometry.total_size
-
-
-def run_on_a_tiny_dev_shm(child_code: str):
-    """Run ``child_code`` (given our sys.path as argv[1]) in a child with a
-    private 1 MiB tmpfs on /dev/shm; what it prints, as JSON."""
-    command = [
-        "unshare", "--mount", "--propagation", "private", "sh", "-c",
-        'mount -t tmpfs -o size=1M tmpfs /dev/shm && exec "$0" -c "$1" "$2"',
-        sys.executable, child_code, json.dumps([p for p in sys.path if p]),
-    ]
-    done = subprocess.run(command, capture_output=True, timeout=60)
-    assert done.returncode == 0, done.stderr.decode()
-    return json.loads(done.stdout)
 
 
 TINY_SHM_CHILD = r"""

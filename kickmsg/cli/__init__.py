@@ -173,12 +173,17 @@ def build_parser() -> argparse.ArgumentParser:
     command("audit", cmd_audit, "check every invariant (read-only; exit 1 unless clean)", "  kickmsg audit /kickmsg_imu --json")
 
     sub = command("repair", cmd_repair, "repair a channel (without options: the repairs safe under traffic)",
-                  "  kickmsg repair --topic imu\n  kickmsg repair --topic imu --retired --orphans --yes")
+                  "  kickmsg repair --topic imu\n  kickmsg repair --topic imu --retired --orphans --yes\n"
+                  "  kickmsg repair --topic imu --ring 3 --force   # ring 3: no record says who holds it")
     sub.add_argument("--locked", action="store_true", help="commit entries left locked by crashed publishers (safe)")
     sub.add_argument("--dead-subscribers", action="store_true",
                      help="free rings of subscribers that died, and clear records of publishers that died (safe)")
     sub.add_argument("--retired", action="store_true", help="reset and drain rings left by crashed publishers (unsafe)")
     sub.add_argument("--orphans", action="store_true", help="reclaim unreferenced slots (needs quiescence)")
+    sub.add_argument("--ring", type=int, metavar="N",
+                     help="with --force: free ring N that no owner record accounts for (refused if a live process "
+                          "holds its record; only once no process reads it)")
+    sub.add_argument("--force", action="store_true", help="confirm --ring N")
     sub.add_argument("--yes", action="store_true", help="do not ask for confirmation")
 
     sub = command("record", cmd_record, "record channels to Parquet (or MCAP) files (SIGINT/SIGTERM/SIGHUP close them cleanly)",

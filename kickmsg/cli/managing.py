@@ -108,7 +108,12 @@ def confirm(args: argparse.Namespace, question: str) -> None:
 
 
 def cmd_repair(args: argparse.Namespace) -> int:
-    chosen = [args.locked, args.retired, args.orphans, args.dead_subscribers]
+    if args.force and args.ring is None:
+        raise CommandError("--force confirms --ring N: give the ring to free")
+    if args.ring is not None and not args.force:
+        raise CommandError(f"--ring {args.ring} frees the ring although no record shows its owner dead: only once no "
+                           f"process reads it (a native subscriber, say); add --force to do it")
+    chosen = [args.locked, args.retired, args.orphans, args.dead_subscribers, args.ring is not None]
     if not any(chosen):
         args.locked = args.dead_subscribers = True  # the repairs that are safe under traffic
     region = open_writable(channel_name(args))
@@ -118,10 +123,14 @@ def cmd_repair(args: argparse.Namespace) -> int:
         confirm(args, "--orphans reclaims unreferenced slots: only safe with every publisher paused and no view alive.")
     done: dict[str, Any] = {}
     lines: list[str] = []
+    if args.ring is not None:
+        freed = region.free_ring(args.ring)
+        done["ring"] = {"index": args.ring, "freed": freed}
+        lines.append(f"freed ring {args.ring}" if freed else f"ring {args.ring} is Free already")
     if args.dead_subscribers:
         report = region.reclaim_dead_subscribers()
         done["dead_subscribers"] = {"reclaimed": report.reclaimed, "unrecorded": report.unrecorded, "timed_out": report.timed_out}
-        lines += dead_subscriber_sentences(report)
+        lines += dead_subscriber_sentences(region.name, report)
         done["dead_publishers_reclaimed"] = owners.reclaim_dead_publishers(region.name)
         lines += [f"reclaimed the record of dead publisher {pid}" for pid in done["dead_publishers_reclaimed"]]
     if args.locked:
@@ -137,7 +146,7 @@ def cmd_repair(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def dead_subscriber_sentences(report: DeadSubscriberReport) -> list[str]:
+def dead_subscriber_sentences(name: str, report: DeadSubscriberReport) -> list[str]:
     """What reclaim_dead_subscribers() did, one sentence per ring or group."""
     lines = [f"reclaimed ring {ring} of dead subscriber {pid}" for ring, pid in report.reclaimed]
     lines += [
@@ -147,12 +156,9 @@ def dead_subscriber_sentences(report: DeadSubscriberReport) -> list[str]:
     ]
     if not lines:
         lines.append("no ring is held by a dead subscriber")
-    if report.unrecorded:
-        rings = ", ".join(map(str, report.unrecorded))
-        lines.append(
-            f"left ring {rings} alone: held by a subscriber that records no owner (native?)" if len(report.unrecorded) == 1
-            else f"left rings {rings} alone: held by subscribers that record no owner (native?)"
-        )
+    for ring in report.unrecorded:
+        lines.append(f"left ring {ring} alone: held by a subscriber that records no owner (native, or one that could "
+                     f"not record itself); once no process reads it, kickmsg repair {name} --ring {ring} --force frees it")
     return lines
 
 
