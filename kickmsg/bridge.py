@@ -24,6 +24,11 @@ overflowed); an importer counts gaps in the sequence numbers of each epoch
 exporter restarted) starts counting afresh at its first message received,
 so a restart is not mistaken for a loss. Delivery is at most once.
 
+A new epoch whose description differs from the local channel the importer
+made re-creates that channel (``recreated``) and, before publishing into
+it, waits for the subscribers attached to it to follow (``REJOIN_WAIT_S``
+at most).
+
 Threads: one per exported channel, blocked in ``Subscriber.receive_view``
 (on a futex, without the GIL) and sending with Zenoh's blocking congestion
 control, so a slow link overflows the local ring, where the loss is
@@ -55,8 +60,9 @@ import tomllib
 from typing import Any, TextIO
 
 from kickmsg import owners
-from kickmsg.config import Config
+from kickmsg.config import ChannelType, Config
 from kickmsg.description import channel_config, describe
+from kickmsg.diagnostics import creator_name
 from kickmsg.publisher import Publisher, send_retrying
 from kickmsg.region import SharedRegion
 from kickmsg.shm import RegionNotFoundError, object_size
@@ -71,6 +77,8 @@ IMPORT_QUEUE_SIZE = 1024  # samples waiting for an import thread; a full queue h
 DESCRIPTION_TIMEOUT_S = 2.0
 DESCRIPTION_RETRY_S = 1.0  # an importer without a description asks again at most this often
 SEND_TIMEOUT_S = 0.1  # an importer waits at most this long for a free slot, then counts the message lost
+REJOIN_WAIT_S = 5.0  # an importer that re-created its channel waits at most this long for its subscribers to follow
+REJOIN_POLL_S = 0.01
 EPOCHS_KEPT = 16  # per imported key: epochs whose sequence numbers are followed
 RECORD_INTERVAL_S = 0.5  # how often the figures are written beside each channel for other processes
 MODES = ("peer", "client", "router")
@@ -270,15 +278,24 @@ def zenoh_text(error: Exception) -> str:
 # -- descriptions: what an importer needs to create the channel -------------------------
 
 
-def open_local_channel(name: str, key: str, description: dict[str, Any], override: Config | None) -> SharedRegion:
+def open_local_channel(name: str, key: str, description: dict[str, Any], override: Config | None) -> tuple[SharedRegion, list[str]]:
     """The local channel of an import: created as described unless it exists;
-    an existing one must have that geometry and schema."""
+    an existing one must have that geometry and schema, unless a bridge made
+    it for this key (its creator name says so): that one is re-created as
+    described (the exported channel was re-created with another geometry or
+    schema). Returns the channel and, if it was re-created, what changed."""
     try:
         channel_type, config = channel_config(description, override)
     except (KeyError, TypeError, ValueError) as error:  # another program answering on the key
         raise BridgeError(f"cannot import {key} into {name}: the description it sent is invalid ({error!r})") from None
+    creator = f"{CREATOR} {key}"[:60]
     try:
-        region = SharedRegion.create_or_open(name, channel_type, config, f"{CREATOR} {key}"[:60])
+        ours = channel_made_for(name, creator)
+        changes = [] if ours is None else channel_changes(ours, channel_type, config)
+        if ours is not None and changes:
+            region = recreate_local_channel(ours, channel_type, config, creator)
+        else:
+            region = SharedRegion.create_or_open(name, channel_type, config, creator)
     except (RuntimeError, ValueError, OSError) as error:
         raise BridgeError(f"cannot import {key} into {name}: {str(error).splitlines()[0]}") from None
     if config.schema is not None:
@@ -288,7 +305,54 @@ def open_local_channel(name: str, key: str, description: dict[str, Any], overrid
                 f"cannot import {key} into {name}: the channel's schema is {region.schema()!r}, "
                 f"{key} carries {config.schema!r}"
             )
+    return region, changes
+
+
+def channel_made_for(name: str, creator: str) -> SharedRegion | None:
+    """Channel ``name`` (read-only) if a bridge made it for this import: its
+    creator name is ``creator``. None for any other, or none."""
+    try:
+        region = SharedRegion.inspect(name)
+    except (RuntimeError, OSError):  # no such channel, or not a usable one: create_or_open says why
+        return None
+    return region if creator_name(region) == creator else None
+
+
+def channel_changes(region: SharedRegion, channel_type: ChannelType, config: Config) -> list[str]:
+    """How an import's channel differs from what a description asks for
+    (``pool_size 2048 -> 4096``); empty if it does not."""
+    there = describe(region)
+    wanted = {
+        "channel_type": int(channel_type), "max_subscribers": config.max_subscribers,
+        "sub_ring_capacity": config.sub_ring_capacity, "pool_size": config.pool_size,
+        "max_payload_size": config.max_payload_size, "commit_timeout_us": config.commit_timeout_us,
+    }
+    changes = [f"{field} {there[field]} -> {value}" for field, value in wanted.items() if there[field] != value]
+    schema = region.schema()
+    if config.schema is not None and schema is not None and schema != config.schema:
+        changes.append(f"schema {schema.name!r} -> {config.schema.name!r}")
+    return changes
+
+
+def recreate_local_channel(old: SharedRegion, channel_type: ChannelType, config: Config, creator: str) -> SharedRegion:
+    """Re-create an import's channel as ``config`` says, then wait (at most
+    REJOIN_WAIT_S) until the subscribers of this package that were attached
+    to it have joined the new one (they follow a re-created region within
+    0.1 s), so that they miss nothing published next."""
+    subscribers = recorded_subscribers(old)
+    region = SharedRegion.create(old.name, channel_type, config, creator)
+    deadline = time.monotonic() + REJOIN_WAIT_S
+    while recorded_subscribers(region) < subscribers and time.monotonic() < deadline:
+        time.sleep(REJOIN_POLL_S)
     return region
+
+
+def recorded_subscribers(region: SharedRegion) -> int:
+    """Live subscribers of this package attached to the region (their owner
+    records are locked; native subscribers record nothing)."""
+    records = owners.read_owners(region.name, region.geometry.max_subs) or []
+    return sum(held and record is not None and record.region_created_at_ns == region.created_at_ns
+               for record, held in records)
 
 
 # -- figures ------------------------------------------------------------------------
@@ -309,6 +373,7 @@ class ChannelFigures:
     lost_at_source: int = 0  # import: what the exporting bridge reported losing locally meanwhile
     skipped: int = 0  # import: samples not from a bridge, or with a sequence number already passed
     epochs: int = 0  # import: exporter runs seen; export: epochs started (1, +1 per re-created channel)
+    recreated: int = 0  # import: times the local channel was re-created for a new description of the key
     matched: bool = False  # export: some Zenoh subscriber matches the key
     error: str | None = None  # import: why the channel cannot be written
 
@@ -424,7 +489,7 @@ class Importer:
         self.tracker = SequenceTracker(self.figures)
         self.described: set[int] = set()  # epochs whose description was checked against the channel
         self.publisher: Publisher | None = None
-        self.last_ask = -DESCRIPTION_RETRY_S
+        self.next_ask = 0.0  # after a description asked in vain, not again before this time
         self.next_existence_check = 0.0
         self.subscriber = session.declare_subscriber(spec.key, self._enqueue)
         self.thread = threading.Thread(target=self._run, name=f"import {spec.name}", daemon=True)
@@ -479,7 +544,7 @@ class Importer:
             return
         self.next_existence_check = now + RECEIVE_SLICE_S
         if object_size(self.spec.name) is None:
-            self.publisher, self.last_ask = None, -DESCRIPTION_RETRY_S
+            self.publisher, self.next_ask = None, 0.0
             self.described.clear()
 
     def _channel_ready(self, epoch: int) -> bool:
@@ -487,23 +552,26 @@ class Importer:
         check the local channel; False while that is not possible."""
         if epoch in self.described:
             return self.figures.error is None
-        now = time.monotonic()
-        if now - self.last_ask < DESCRIPTION_RETRY_S:
+        if time.monotonic() < self.next_ask:
             return False
-        self.last_ask = now
         description = self._ask_description()
         if description is None:
+            self.next_ask = time.monotonic() + DESCRIPTION_RETRY_S
             return False
         self.described.add(epoch)
         try:
-            region = open_local_channel(self.spec.name, self.spec.key, description, self.spec.config)
+            region, changes = open_local_channel(self.spec.name, self.spec.key, description, self.spec.config)
         except BridgeError as error:
             if self.figures.error is None:
                 print(f"kickmsg bridge: error: {error}", file=sys.stderr, flush=True)
             self.figures.error = str(error)
             return False
         self.figures.error = None
-        if self.publisher is None:
+        if changes:
+            self.figures.recreated += 1
+            print(f"kickmsg bridge: {self.spec.key} is described anew: re-created {self.spec.name} "
+                  f"({', '.join(changes)})", file=sys.stderr, flush=True)
+        if self.publisher is None or changes:
             self.publisher = Publisher(region, name=CREATOR)  # its publisher record names the bridge
         return True
 
@@ -553,6 +621,7 @@ class FigureRecords:
                 messages_in=figures.messages_in, messages_out=figures.messages_out, bytes_out=figures.bytes_out,
                 lost_locally=figures.lost_locally, lost_on_way=figures.lost_on_way,
                 lost_at_source=figures.lost_at_source, skipped=figures.skipped, epochs=figures.epochs,
+                recreated=figures.recreated,
                 bytes_per_s=(figures.bytes_out - bytes_then) / (now - then) if now > then else 0.0,
                 matched=figures.matched,
             ))

@@ -21,7 +21,7 @@ import pytest
 
 from conftest import ROOT
 from kickmsg import ChannelType, Config, Node, Publisher, SharedRegion, Subscriber, bridge, cli, diagnostics, typed
-from nativepeer import check_payload, start_native, start_ours
+from nativepeer import check_payload, make_payload, start_native, start_ours
 from test_exporter import exporter_for  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.timeout(180)
@@ -336,6 +336,59 @@ def test_an_imported_channel_removed_under_the_bridge_is_made_again(bridges, pre
     b.stop()
 
 
+SUBSCRIBER_FOLLOWING = r"""
+import select
+sub = kickmsg.Subscriber(kickmsg.SharedRegion.open(P["name"]))
+ready()
+seqs = []
+while not select.select([sys.stdin], [], [], 0)[0]:
+    data = sub.receive(0.1)
+    if data is not None:
+        seqs.append(check_payload(data))
+while (data := sub.try_receive()) is not None:
+    seqs.append(check_payload(data))
+done({"seqs": seqs, "lost": sub.lost, "rejoined": sub.rejoined, "pool_size": sub.region.geometry.pool_size})
+"""
+
+
+def test_an_export_recreated_with_another_geometry_is_followed_by_the_importer(bridges, prefix):
+    """Host A's channel is re-created with a larger pool while both bridges
+    run: B re-creates the channel it made (says so, counts it) rather than
+    refusing it as a mismatch, and waits for B's subscriber to follow, which
+    then misses nothing of what comes next."""
+    a_name, b_name = f"/{prefix}_a", f"/{prefix}_b"
+    a_region = SharedRegion.create(a_name, ChannelType.PubSub, Config(**GEOMETRY), "test")
+    _, a, b = two_hosts(bridges, a_name, b_name)
+    a.wait_for("a matching subscriber", lambda channels: channels[0]["matched"])
+    pub, seq = Publisher(a_region), 0
+    deadline = time.monotonic() + WAIT_S
+    while not b.next_figures(deadline)["channels"][0]["messages_out"]:
+        pub.send(make_payload(seq))
+        seq += 1
+    with start_ours(SUBSCRIBER_FOLLOWING, name=b_name, timeout=150) as sub:
+        sub.wait_ready()
+        bigger = SharedRegion.create(a_name, ChannelType.PubSub, Config(**{**GEOMETRY, "pool_size": 4096}), "test")
+        a.wait_for("the new epoch", lambda channels: channels[0]["epochs"] == 2)
+        pub, first_new = Publisher(bigger), seq
+        for seq in range(first_new, first_new + 200):
+            pub.send(make_payload(seq))
+        exported = a.wait_for("every message forwarded", lambda c: c[0]["messages_in"] == seq + 1)[0]
+        b.wait_for("every forwarded message received",
+                   lambda c: c[0]["messages_in"] + c[0]["lost_on_way"] == exported["messages_out"]
+                   and c[0]["messages_out"] + c[0]["lost_locally"] == c[0]["messages_in"])
+        sub.tell()
+        received = sub.result()
+    wait_recorded(b_name, "the re-create in the bridge's record", lambda found: [f.recreated for f in found] == [1])
+    (imported,), err = b.stop()
+    assert imported["recreated"] == 1 and imported["error"] is None and imported["epochs"] == 2
+    assert imported["lost_locally"] == 0 and exported["lost_locally"] == 0
+    assert f"re-created {b_name} (pool_size 2048 -> 4096)" in err and "error" not in err
+    assert SharedRegion.inspect(b_name).geometry.pool_size == 4096
+    assert received["rejoined"] == 1 and received["pool_size"] == 4096
+    assert set(range(first_new, seq + 1)) <= set(received["seqs"]), "it missed nothing published after the re-create"
+    assert received["seqs"] == sorted(set(received["seqs"]))
+
+
 @pytest.mark.parametrize("args, message", [
     (["--export", "/kmbridge_x", "--import", "k/x=/kmbridge_x", "--listen", "tcp/127.0.0.1:1"],
      "both exported and imported"),
@@ -453,7 +506,7 @@ def test_an_invalid_description_is_a_clear_error(prefix, description):
 # -- the bridges' figures for other processes (diagnostics, kickmsg stats/list/clean, the exporter) ------------
 
 RECORDED = ("direction", "key", "messages_in", "messages_out", "bytes_out", "lost_locally", "lost_on_way",
-            "lost_at_source", "skipped", "epochs")
+            "lost_at_source", "skipped", "epochs", "recreated")
 
 
 def recorded_figures(name: str, pid: int) -> dict | None:
