@@ -35,6 +35,11 @@ control, so a slow link overflows the local ring, where the loss is
 counted; one per imported key, blocked on a bounded queue that Zenoh's
 callback fills (a full queue holds Zenoh back). An idle bridge sleeps.
 
+Peers: a Zenoh transport listener follows the sessions connected to ours
+(other bridges, routers); the bridge says when one arrives or leaves, and
+warns each time it has none (at start too). Each channel's ``matched``
+says whether the other side is there.
+
 Figures for other processes: one more thread writes each channel's figures
 every 0.5 s (never per message) into a record of the bridge's own beside
 the local channel (``kickmsg.owners.BridgeEntry``, in
@@ -374,7 +379,7 @@ class ChannelFigures:
     skipped: int = 0  # import: samples not from a bridge, or with a sequence number already passed
     epochs: int = 0  # import: exporter runs seen; export: epochs started (1, +1 per re-created channel)
     recreated: int = 0  # import: times the local channel was re-created for a new description of the key
-    matched: bool = False  # export: some Zenoh subscriber matches the key
+    matched: bool = False  # export: an importer's subscriber matches the key; import: an exporter's description does
     error: str | None = None  # import: why the channel cannot be written
 
 
@@ -492,6 +497,7 @@ class Importer:
         self.next_ask = 0.0  # after a description asked in vain, not again before this time
         self.next_existence_check = 0.0
         self.subscriber = session.declare_subscriber(spec.key, self._enqueue)
+        self.describer = session.declare_querier(f"{spec.key}/{DESCRIPTION_CHUNK}", timeout=DESCRIPTION_TIMEOUT_S)
         self.thread = threading.Thread(target=self._run, name=f"import {spec.name}", daemon=True)
 
     def _enqueue(self, sample: Any) -> None:
@@ -506,6 +512,7 @@ class Importer:
 
     def _run(self) -> None:
         while not self.stopping.is_set():
+            self.figures.matched = self.describer.matching_status.matching
             try:
                 sample = self.samples.get(timeout=RECEIVE_SLICE_S)
             except queue.Empty:
@@ -576,7 +583,7 @@ class Importer:
         return True
 
     def _ask_description(self) -> dict[str, Any] | None:
-        for reply in self.session.get(f"{self.spec.key}/{DESCRIPTION_CHUNK}", timeout=DESCRIPTION_TIMEOUT_S):
+        for reply in self.describer.get():
             if reply.ok is not None:
                 try:
                     description: dict[str, Any] = json.loads(reply.ok.payload.to_bytes())
@@ -591,6 +598,7 @@ class Importer:
 
     def close(self) -> None:
         self.subscriber.undeclare()
+        self.describer.undeclare()
 
 
 # -- figures for other processes ---------------------------------------------------------
@@ -603,8 +611,9 @@ class FigureRecords:
         self.entries: dict[str, owners.BridgeEntry] = {}  # by channel (each is forwarded once)
         self.last: dict[str, tuple[float, int]] = {}  # by channel: time and bytes_out of the previous update
 
-    def update(self, workers: list["Exporter | Importer"]) -> None:
-        """Write every channel's figures now (claiming its record first)."""
+    def update(self, workers: list["Exporter | Importer"], peers: int) -> None:
+        """Write every channel's figures and the bridge's number of peers now
+        (claiming each record first)."""
         for worker in workers:
             region = worker.local_region()
             if region is None:
@@ -623,7 +632,7 @@ class FigureRecords:
                 lost_at_source=figures.lost_at_source, skipped=figures.skipped, epochs=figures.epochs,
                 recreated=figures.recreated,
                 bytes_per_s=(figures.bytes_out - bytes_then) / (now - then) if now > then else 0.0,
-                matched=figures.matched,
+                matched=figures.matched, peers=min(peers, owners.MAX_BRIDGE_PEERS),
             ))
 
     def release(self) -> None:
@@ -647,6 +656,9 @@ class Bridge:
         self.exporters: list[Exporter] = []
         self.importers: list[Importer] = []
         self.records = FigureRecords()
+        self.peers: set[str] = set()  # Zenoh ids of the sessions connected to ours (other bridges, routers)
+        self.peers_lock = threading.Lock()
+        self.peer_listener: Any = None
         self.recorder = threading.Thread(target=self._record, name="bridge figures", daemon=True)
         self.started = time.monotonic()
 
@@ -658,6 +670,10 @@ class Bridge:
         except Exception as error:  # zenoh's ZError: e.g. an endpoint it cannot listen on
             endpoints = " ".join([f"--listen {e}" for e in self.options.listen] + [f"--connect {e}" for e in self.options.connect])
             raise BridgeError(f"cannot open the Zenoh session ({endpoints or 'scouting only'}): {zenoh_text(error)}") from None
+        self.peer_listener = self.session.info.declare_transport_events_listener(self._peer_event, history=True)
+        with self.peers_lock:
+            if not self.peers:
+                self._warn_alone("no Zenoh peer connected yet")
         try:
             for name in self.options.exports:
                 self.exporters.append(Exporter(self.session, name, export_key(self.options.key_prefix, name), self.stopping))
@@ -671,11 +687,36 @@ class Bridge:
         self.recorder.start()
         self.started = time.monotonic()
 
+    def _peer_event(self, event: Any) -> None:
+        """Zenoh's callback: a session connected to ours or left; say so."""
+        zid, kind = str(event.transport.zid), str(event.transport.whatami)
+        with self.peers_lock:
+            if event.kind == zenoh_module().SampleKind.PUT:
+                self.peers.add(zid)
+                print(f"kickmsg bridge: {kind} {zid} connected ({len(self.peers)} connected)", file=sys.stderr, flush=True)
+                return
+            self.peers.discard(zid)
+            if self.peers:
+                print(f"kickmsg bridge: {kind} {zid} left ({len(self.peers)} connected)", file=sys.stderr, flush=True)
+            else:
+                self._warn_alone(f"{kind} {zid} left, no Zenoh peer connected")
+
+    def _warn_alone(self, situation: str) -> None:
+        """Say that nothing crosses: no Zenoh session is connected to ours."""
+        reach = ", ".join([f"listening on {e}" for e in self.options.listen] + [f"connecting to {e}" for e in self.options.connect])
+        print(f"kickmsg bridge: warning: {situation} ({reach or 'scouting'}): nothing crosses until one connects",
+              file=sys.stderr, flush=True)
+
+    def peer_count(self) -> int:
+        """How many Zenoh sessions (other bridges, routers) are connected to ours."""
+        with self.peers_lock:
+            return len(self.peers)
+
     def _record(self) -> None:
         """The recorder thread: the figures beside each channel, now and
         every ``RECORD_INTERVAL_S`` until the bridge stops."""
         while True:
-            self.records.update(self.workers())
+            self.records.update(self.workers(), self.peer_count())
             if self.stopping.wait(RECORD_INTERVAL_S):
                 return
 
@@ -696,6 +737,9 @@ class Bridge:
         if self.recorder.is_alive():
             self.recorder.join()
         self.records.release()
+        if self.peer_listener is not None:
+            self.peer_listener.undeclare()
+            self.peer_listener = None
         if self.session is not None:
             self.session.close()
             self.session = None
@@ -728,27 +772,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stats-interval", type=float, metavar="S", help="print the figures every S seconds")
 
 
-def figures_table(figures: list[ChannelFigures], elapsed: float, rates: dict[str, float]) -> str:
+def figures_table(figures: list[ChannelFigures], elapsed: float, rates: dict[str, float], peers: int) -> str:
     """The figures as aligned text columns."""
-    head = ("direction", "channel", "key", "in", "out", "lost_locally", "lost_on_way", "bytes/s")
+    head = ("direction", "channel", "key", "matched", "in", "out", "lost_locally", "lost_on_way", "bytes/s")
     rows = [head] + [
-        (f.direction, f.channel, f.key, str(f.messages_in), str(f.messages_out), str(f.lost_locally),
-         str(f.lost_on_way) if f.direction == "import" else "-", f"{rates[f.key]:.0f}")
+        (f.direction, f.channel, f.key, "yes" if f.matched else "no", str(f.messages_in), str(f.messages_out),
+         str(f.lost_locally), str(f.lost_on_way) if f.direction == "import" else "-", f"{rates[f.key]:.0f}")
         for f in figures
     ]
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
     notes = [f"{f.channel}: {f.error}" for f in figures if f.error]
-    return f"after {elapsed:.1f} s:\n" + "\n".join(lines + notes)
+    return f"after {elapsed:.1f} s, {peers} Zenoh peer(s) connected:\n" + "\n".join(lines + notes)
 
 
-def report(figures: list[ChannelFigures], elapsed: float, rates: dict[str, float], final: bool, as_json: bool,
-           out: TextIO) -> None:
+def report(figures: list[ChannelFigures], elapsed: float, rates: dict[str, float], peers: int, final: bool,
+           as_json: bool, out: TextIO) -> None:
     if as_json:
         channels = [{**dataclasses.asdict(f), "bytes_per_s": rates[f.key]} for f in figures]
-        print(json.dumps({"final": final, "elapsed_s": round(elapsed, 3), "channels": channels}), file=out, flush=True)
+        print(json.dumps({"final": final, "elapsed_s": round(elapsed, 3), "peers": peers, "channels": channels}),
+              file=out, flush=True)
     else:
-        print(figures_table(figures, elapsed, rates), file=out, flush=True)
+        print(figures_table(figures, elapsed, rates, peers), file=out, flush=True)
 
 
 def run(options: BridgeOptions, stop: threading.Event, as_json: bool = False, out: TextIO = sys.stdout) -> list[ChannelFigures]:
@@ -766,12 +811,12 @@ def run(options: BridgeOptions, stop: threading.Event, as_json: bool = False, ou
                 continue
             now, figures = time.monotonic(), bridge.figures()
             rates = {f.key: (f.bytes_out - last_bytes[f.key]) / max(now - last_time, 1e-9) for f in figures}
-            report(figures, now - bridge.started, rates, False, as_json, out)
+            report(figures, now - bridge.started, rates, bridge.peer_count(), False, as_json, out)
             last_time, last_bytes = now, {f.key: f.bytes_out for f in figures}
     finally:
         bridge.stop()
-    elapsed, figures = time.monotonic() - bridge.started, bridge.figures()
-    report(figures, elapsed, {f.key: f.bytes_out / max(elapsed, 1e-9) for f in figures}, True, as_json, out)
+    elapsed, figures, peers = time.monotonic() - bridge.started, bridge.figures(), bridge.peer_count()
+    report(figures, elapsed, {f.key: f.bytes_out / max(elapsed, 1e-9) for f in figures}, peers, True, as_json, out)
     return figures
 
 

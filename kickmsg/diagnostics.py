@@ -154,7 +154,8 @@ class BridgeFigures:
     skipped: int  # import: samples not from a bridge, or already passed
     epochs: int  # export: runs of the channel; import: exporter runs seen
     recreated: int  # import: times it re-created the channel for a new description of the key
-    matched: bool  # export: some Zenoh subscriber matches the key
+    matched: bool  # export: an importer's subscriber matches the key; import: an exporter's description does
+    peers: int  # Zenoh sessions connected to the bridge's (other bridges, routers)
     bytes_per_s: float  # payload bytes forwarded per second between its last two updates
     started_at_ns: int  # time.time_ns() when it recorded itself
     updated_at_ns: int  # time.time_ns() of its last update
@@ -443,6 +444,7 @@ def read_bridges(region_name: str) -> list[BridgeFigures]:
             epochs=record.epochs,
             recreated=record.recreated,
             matched=bool(record.matched),
+            peers=record.peers,
             bytes_per_s=round(record.bytes_per_s, 1),
             started_at_ns=record.started_at_ns,
             updated_at_ns=record.updated_at_ns,

@@ -389,6 +389,49 @@ def test_an_export_recreated_with_another_geometry_is_followed_by_the_importer(b
     assert received["seqs"] == sorted(set(received["seqs"]))
 
 
+def test_a_bridge_with_nobody_to_talk_to_says_so(bridges, prefix):
+    """Nothing listens where it connects: the bridge warns once, its figures
+    show no peer and no match, and it says nothing more while it waits."""
+    name = f"/{prefix}_a"
+    SharedRegion.create(name, ChannelType.PubSub, Config(**GEOMETRY), "test")
+    endpoint = f"tcp/127.0.0.1:{free_port()}"  # free: nothing listens there
+    alone = bridges("--export", name, "--key-prefix", "hosta", "--connect", endpoint)
+    deadline = time.monotonic() + WAIT_S
+    figures = [alone.next_figures(deadline) for _ in range(3)]
+    assert [(f["peers"], f["channels"][0]["matched"]) for f in figures] == [(0, False)] * 3
+    final, err = alone.stop()
+    assert err == f"kickmsg bridge: warning: no Zenoh peer connected yet (connecting to {endpoint}): " \
+                  "nothing crosses until one connects\n"
+
+
+def test_a_bridge_says_when_a_peer_arrives_and_when_the_last_one_leaves(bridges, prefix):
+    """A bridge listening alone warns; the other bridge connecting is
+    announced on both sides, and both show one peer and their channel
+    matched (printed and recorded); the exporting bridge stopped, the
+    importing one warns again and shows neither."""
+    a_name, b_name = f"/{prefix}_a", f"/{prefix}_b"
+    SharedRegion.create(a_name, ChannelType.PubSub, Config(**GEOMETRY), "test")
+    _, a, b = two_hosts(bridges, a_name, b_name, b_listens=True)
+    a.wait_for("a matching subscriber", lambda channels: channels[0]["matched"])
+    b.wait_for("a matching exporter", lambda channels: channels[0]["matched"])
+    assert a.next_figures(time.monotonic() + WAIT_S)["peers"] == 1
+    assert b.next_figures(time.monotonic() + WAIT_S)["peers"] == 1
+    wait_recorded(a_name, "one peer, matched", lambda found: [(f.peers, f.matched) for f in found] == [(1, True)])
+    _, a_err = a.stop()
+    b.wait_for("no exporter any more", lambda channels: not channels[0]["matched"])
+    assert b.next_figures(time.monotonic() + WAIT_S)["peers"] == 0
+    _, b_err = b.stop()
+    assert re.fullmatch(r"(kickmsg bridge: warning: no Zenoh peer connected yet \(connecting to \S+\): "  # before its link is up
+                        r"nothing crosses until one connects\n)?kickmsg bridge: peer \w+ connected \(1 connected\)\n", a_err), a_err
+    listening = b_err.index("kickmsg bridge: warning: no Zenoh peer connected yet (listening on tcp/127.0.0.1:")
+    arrived = b_err.index("kickmsg bridge: peer ", listening)
+    left = b_err.index("kickmsg bridge: warning: peer ", arrived)
+    assert " connected (1 connected)\n" in b_err[arrived:left]
+    assert re.fullmatch(r"kickmsg bridge: warning: peer \w+ left, no Zenoh peer connected \(listening on \S+\): "
+                        r"nothing crosses until one connects\n", b_err[left:]), b_err
+    assert b_err.count("\n") == 3
+
+
 @pytest.mark.parametrize("args, message", [
     (["--export", "/kmbridge_x", "--import", "k/x=/kmbridge_x", "--listen", "tcp/127.0.0.1:1"],
      "both exported and imported"),
@@ -573,6 +616,8 @@ def test_the_bridges_figures_show_in_diagnostics_stats_and_the_exporter(bridges,
         ("kickmsg_bridge_messages_total", bridge_labels(b_name, "import", key)): b_now["messages_out"],
         ("kickmsg_bridge_up", bridge_labels(a_name, "export", key)): 1,
         ("kickmsg_bridge_up", bridge_labels(b_name, "import", key)): 1,
+        ("kickmsg_bridge_peers", bridge_labels(a_name, "export", key)): 1,
+        ("kickmsg_bridge_matched", bridge_labels(b_name, "import", key)): 1,
         ("kickmsg_bridge_lost_total", bridge_labels(a_name, "export", key) + (("where", "local"),)): a_now["lost_locally"],
         ("kickmsg_bridge_lost_total", bridge_labels(b_name, "import", key) + (("where", "local"),)): b_now["lost_locally"],
         ("kickmsg_bridge_lost_total", bridge_labels(b_name, "import", key) + (("where", "way"),)): b_now["lost_on_way"],
@@ -581,7 +626,7 @@ def test_the_bridges_figures_show_in_diagnostics_stats_and_the_exporter(bridges,
     assert metrics[("kickmsg_bridge_bytes_total", bridge_labels(b_name, "import", key))] == b_now["bytes_out"]
     text = subprocess.run([sys.executable, "-m", "kickmsg", "stats", b_name], capture_output=True, text=True,
                           cwd=ROOT, timeout=60).stdout
-    assert re.search(rf"^{b.proc.pid}\s+live\s+import\s+{re.escape(key)}\s+{b_now['messages_in']}\s+{b_now['messages_out']}\s",
+    assert re.search(rf"^{b.proc.pid}\s+live\s+import\s+{re.escape(key)}\s+1\s+yes\s+{b_now['messages_in']}\s+{b_now['messages_out']}\s",
                      text, re.MULTILINE), text
     listed = {row["name"]: row for row in json.loads(subprocess.run(
         [sys.executable, "-m", "kickmsg", "list", "--prefix", prefix, "--json"], capture_output=True, text=True,
