@@ -20,7 +20,8 @@ import time
 import pytest
 
 from conftest import ROOT
-from kickmsg import ChannelType, Config, Node, Publisher, SharedRegion, Subscriber, bridge, cli, diagnostics, typed
+from kickmsg import ChannelType, Config, Node, Publisher, SchemaInfo, SharedRegion, Subscriber, bridge, cli, diagnostics, typed
+from kickmsg import description as describe
 from nativepeer import check_payload, make_payload, start_native, start_ours
 from test_exporter import exporter_for  # noqa: F401 (a fixture)
 
@@ -544,6 +545,29 @@ def test_an_invalid_description_is_a_clear_error(prefix, description):
     with pytest.raises(bridge.BridgeError, match=f"cannot import k/x into /{prefix}_x"):
         bridge.open_local_channel(f"/{prefix}_x", "k/x", description, None)
     assert not os.path.exists(f"/dev/shm/{prefix}_x")
+
+
+def test_only_a_channel_made_for_the_key_is_recreated_for_a_new_description(prefix):
+    """``open_local_channel`` re-creates the channel a bridge made for the
+    key when the description changes its geometry or schema, says what
+    changed, and refuses any other channel of another geometry."""
+    name, key = f"/{prefix}_x", "k/x"
+    Imu, Gyro = (SchemaInfo(name=n, identity=n.encode().ljust(64, b"\0"), layout=bytes(64)) for n in ("Imu", "Gyro"))
+    description = {"channel_type": int(ChannelType.PubSub), "max_subscribers": 4, "sub_ring_capacity": 64, "pool_size": 128,
+                   "max_payload_size": 64, "commit_timeout_us": 100_000}
+    first, _ = bridge.open_local_channel(name, key, {**description, "schema": describe.schema_to_json(Imu)}, None)
+    assert bridge.open_local_channel(name, key, {**description, "schema": describe.schema_to_json(Imu)}, None)[1] == []
+    region, changes = bridge.open_local_channel(name, key, {**description, "pool_size": 256, "schema": None}, None)
+    assert changes == ["pool_size 128 -> 256"] and region.geometry.pool_size == 256 and region.schema() is None
+    region, changes = bridge.open_local_channel(name, key, {**description, "pool_size": 256,
+                                                            "schema": describe.schema_to_json(Gyro)}, None)
+    assert changes == [] and region.schema() == Gyro  # a channel without a schema takes the description's
+    region, changes = bridge.open_local_channel(name, key, {**description, "pool_size": 256,
+                                                            "schema": describe.schema_to_json(Imu)}, None)
+    assert changes == ["schema 'Gyro' -> 'Imu'"] and region.schema() == Imu and region.geometry.pool_size == 256
+    SharedRegion.create(name, ChannelType.PubSub, Config(**GEOMETRY), "someone else")
+    with pytest.raises(bridge.BridgeError, match=rf"cannot import k/x into {name}: Config mismatch .*pool_size is 2048 there, 256 here"):
+        bridge.open_local_channel(name, key, {**description, "pool_size": 256, "schema": None}, None)
 
 
 # -- the bridges' figures for other processes (diagnostics, kickmsg stats/list/clean, the exporter) ------------
