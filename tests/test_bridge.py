@@ -400,7 +400,7 @@ def test_a_bridge_with_nobody_to_talk_to_says_so(bridges, prefix):
     deadline = time.monotonic() + WAIT_S
     figures = [alone.next_figures(deadline) for _ in range(3)]
     assert [(f["peers"], f["channels"][0]["matched"]) for f in figures] == [(0, False)] * 3
-    final, err = alone.stop()
+    _, err = alone.stop()
     assert err == f"kickmsg bridge: warning: no Zenoh peer connected yet (connecting to {endpoint}): " \
                   "nothing crosses until one connects\n"
 
