@@ -24,11 +24,21 @@ overflowed); an importer counts gaps in the sequence numbers of each epoch
 exporter restarted) starts counting afresh at its first message received,
 so a restart is not mistaken for a loss. Delivery is at most once.
 
+A new epoch whose description differs from the local channel the importer
+made re-creates that channel (``recreated``) and, before publishing into
+it, waits for the subscribers attached to it to follow (``REJOIN_WAIT_S``
+at most).
+
 Threads: one per exported channel, blocked in ``Subscriber.receive_view``
 (on a futex, without the GIL) and sending with Zenoh's blocking congestion
 control, so a slow link overflows the local ring, where the loss is
 counted; one per imported key, blocked on a bounded queue that Zenoh's
 callback fills (a full queue holds Zenoh back). An idle bridge sleeps.
+
+Peers: a Zenoh transport listener follows the sessions connected to ours
+(other bridges, routers); the bridge says when one arrives or leaves, and
+warns each time it has none (at start too). Each channel's ``matched``
+says whether the other side is there.
 
 Figures for other processes: one more thread writes each channel's figures
 every 0.5 s (never per message) into a record of the bridge's own beside
@@ -55,8 +65,9 @@ import tomllib
 from typing import Any, TextIO
 
 from kickmsg import owners
-from kickmsg.config import Config
+from kickmsg.config import ChannelType, Config
 from kickmsg.description import channel_config, describe
+from kickmsg.diagnostics import creator_name
 from kickmsg.publisher import Publisher, send_retrying
 from kickmsg.region import SharedRegion
 from kickmsg.shm import RegionNotFoundError, object_size
@@ -71,6 +82,8 @@ IMPORT_QUEUE_SIZE = 1024  # samples waiting for an import thread; a full queue h
 DESCRIPTION_TIMEOUT_S = 2.0
 DESCRIPTION_RETRY_S = 1.0  # an importer without a description asks again at most this often
 SEND_TIMEOUT_S = 0.1  # an importer waits at most this long for a free slot, then counts the message lost
+REJOIN_WAIT_S = 5.0  # an importer that re-created its channel waits at most this long for its subscribers to follow
+REJOIN_POLL_S = 0.01
 EPOCHS_KEPT = 16  # per imported key: epochs whose sequence numbers are followed
 RECORD_INTERVAL_S = 0.5  # how often the figures are written beside each channel for other processes
 MODES = ("peer", "client", "router")
@@ -270,15 +283,24 @@ def zenoh_text(error: Exception) -> str:
 # -- descriptions: what an importer needs to create the channel -------------------------
 
 
-def open_local_channel(name: str, key: str, description: dict[str, Any], override: Config | None) -> SharedRegion:
+def open_local_channel(name: str, key: str, description: dict[str, Any], override: Config | None) -> tuple[SharedRegion, list[str]]:
     """The local channel of an import: created as described unless it exists;
-    an existing one must have that geometry and schema."""
+    an existing one must have that geometry and schema, unless a bridge made
+    it for this key (its creator name says so): that one is re-created as
+    described (the exported channel was re-created with another geometry or
+    schema). Returns the channel and, if it was re-created, what changed."""
     try:
         channel_type, config = channel_config(description, override)
     except (KeyError, TypeError, ValueError) as error:  # another program answering on the key
         raise BridgeError(f"cannot import {key} into {name}: the description it sent is invalid ({error!r})") from None
+    creator = f"{CREATOR} {key}"[:60]
     try:
-        region = SharedRegion.create_or_open(name, channel_type, config, f"{CREATOR} {key}"[:60])
+        ours = channel_made_for(name, creator)
+        changes = [] if ours is None else channel_changes(ours, channel_type, config)
+        if ours is not None and changes:
+            region = recreate_local_channel(ours, channel_type, config, creator)
+        else:
+            region = SharedRegion.create_or_open(name, channel_type, config, creator)
     except (RuntimeError, ValueError, OSError) as error:
         raise BridgeError(f"cannot import {key} into {name}: {str(error).splitlines()[0]}") from None
     if config.schema is not None:
@@ -288,7 +310,54 @@ def open_local_channel(name: str, key: str, description: dict[str, Any], overrid
                 f"cannot import {key} into {name}: the channel's schema is {region.schema()!r}, "
                 f"{key} carries {config.schema!r}"
             )
+    return region, changes
+
+
+def channel_made_for(name: str, creator: str) -> SharedRegion | None:
+    """Channel ``name`` (read-only) if a bridge made it for this import: its
+    creator name is ``creator``. None for any other, or none."""
+    try:
+        region = SharedRegion.inspect(name)
+    except (RuntimeError, OSError):  # no such channel, or not a usable one: create_or_open says why
+        return None
+    return region if creator_name(region) == creator else None
+
+
+def channel_changes(region: SharedRegion, channel_type: ChannelType, config: Config) -> list[str]:
+    """How an import's channel differs from what a description asks for
+    (``pool_size 2048 -> 4096``); empty if it does not."""
+    there = describe(region)
+    wanted = {
+        "channel_type": int(channel_type), "max_subscribers": config.max_subscribers,
+        "sub_ring_capacity": config.sub_ring_capacity, "pool_size": config.pool_size,
+        "max_payload_size": config.max_payload_size, "commit_timeout_us": config.commit_timeout_us,
+    }
+    changes = [f"{field} {there[field]} -> {value}" for field, value in wanted.items() if there[field] != value]
+    schema = region.schema()
+    if config.schema is not None and schema is not None and schema != config.schema:
+        changes.append(f"schema {schema.name!r} -> {config.schema.name!r}")
+    return changes
+
+
+def recreate_local_channel(old: SharedRegion, channel_type: ChannelType, config: Config, creator: str) -> SharedRegion:
+    """Re-create an import's channel as ``config`` says, then wait (at most
+    REJOIN_WAIT_S) until the subscribers of this package that were attached
+    to it have joined the new one (they follow a re-created region within
+    0.1 s), so that they miss nothing published next."""
+    subscribers = recorded_subscribers(old)
+    region = SharedRegion.create(old.name, channel_type, config, creator)
+    deadline = time.monotonic() + REJOIN_WAIT_S
+    while recorded_subscribers(region) < subscribers and time.monotonic() < deadline:
+        time.sleep(REJOIN_POLL_S)
     return region
+
+
+def recorded_subscribers(region: SharedRegion) -> int:
+    """Live subscribers of this package attached to the region (their owner
+    records are locked; native subscribers record nothing)."""
+    records = owners.read_owners(region.name, region.geometry.max_subs) or []
+    return sum(held and record is not None and record.region_created_at_ns == region.created_at_ns
+               for record, held in records)
 
 
 # -- figures ------------------------------------------------------------------------
@@ -309,7 +378,8 @@ class ChannelFigures:
     lost_at_source: int = 0  # import: what the exporting bridge reported losing locally meanwhile
     skipped: int = 0  # import: samples not from a bridge, or with a sequence number already passed
     epochs: int = 0  # import: exporter runs seen; export: epochs started (1, +1 per re-created channel)
-    matched: bool = False  # export: some Zenoh subscriber matches the key
+    recreated: int = 0  # import: times the local channel was re-created for a new description of the key
+    matched: bool = False  # export: an importer's subscriber matches the key; import: an exporter's description does
     error: str | None = None  # import: why the channel cannot be written
 
 
@@ -424,9 +494,10 @@ class Importer:
         self.tracker = SequenceTracker(self.figures)
         self.described: set[int] = set()  # epochs whose description was checked against the channel
         self.publisher: Publisher | None = None
-        self.last_ask = -DESCRIPTION_RETRY_S
+        self.next_ask = 0.0  # after a description asked in vain, not again before this time
         self.next_existence_check = 0.0
         self.subscriber = session.declare_subscriber(spec.key, self._enqueue)
+        self.describer = session.declare_querier(f"{spec.key}/{DESCRIPTION_CHUNK}", timeout=DESCRIPTION_TIMEOUT_S)
         self.thread = threading.Thread(target=self._run, name=f"import {spec.name}", daemon=True)
 
     def _enqueue(self, sample: Any) -> None:
@@ -441,6 +512,7 @@ class Importer:
 
     def _run(self) -> None:
         while not self.stopping.is_set():
+            self.figures.matched = self.describer.matching_status.matching
             try:
                 sample = self.samples.get(timeout=RECEIVE_SLICE_S)
             except queue.Empty:
@@ -479,7 +551,7 @@ class Importer:
             return
         self.next_existence_check = now + RECEIVE_SLICE_S
         if object_size(self.spec.name) is None:
-            self.publisher, self.last_ask = None, -DESCRIPTION_RETRY_S
+            self.publisher, self.next_ask = None, 0.0
             self.described.clear()
 
     def _channel_ready(self, epoch: int) -> bool:
@@ -487,28 +559,31 @@ class Importer:
         check the local channel; False while that is not possible."""
         if epoch in self.described:
             return self.figures.error is None
-        now = time.monotonic()
-        if now - self.last_ask < DESCRIPTION_RETRY_S:
+        if time.monotonic() < self.next_ask:
             return False
-        self.last_ask = now
         description = self._ask_description()
         if description is None:
+            self.next_ask = time.monotonic() + DESCRIPTION_RETRY_S
             return False
         self.described.add(epoch)
         try:
-            region = open_local_channel(self.spec.name, self.spec.key, description, self.spec.config)
+            region, changes = open_local_channel(self.spec.name, self.spec.key, description, self.spec.config)
         except BridgeError as error:
             if self.figures.error is None:
                 print(f"kickmsg bridge: error: {error}", file=sys.stderr, flush=True)
             self.figures.error = str(error)
             return False
         self.figures.error = None
-        if self.publisher is None:
+        if changes:
+            self.figures.recreated += 1
+            print(f"kickmsg bridge: {self.spec.key} is described anew: re-created {self.spec.name} "
+                  f"({', '.join(changes)})", file=sys.stderr, flush=True)
+        if self.publisher is None or changes:
             self.publisher = Publisher(region, name=CREATOR)  # its publisher record names the bridge
         return True
 
     def _ask_description(self) -> dict[str, Any] | None:
-        for reply in self.session.get(f"{self.spec.key}/{DESCRIPTION_CHUNK}", timeout=DESCRIPTION_TIMEOUT_S):
+        for reply in self.describer.get():
             if reply.ok is not None:
                 try:
                     description: dict[str, Any] = json.loads(reply.ok.payload.to_bytes())
@@ -523,6 +598,7 @@ class Importer:
 
     def close(self) -> None:
         self.subscriber.undeclare()
+        self.describer.undeclare()
 
 
 # -- figures for other processes ---------------------------------------------------------
@@ -535,8 +611,9 @@ class FigureRecords:
         self.entries: dict[str, owners.BridgeEntry] = {}  # by channel (each is forwarded once)
         self.last: dict[str, tuple[float, int]] = {}  # by channel: time and bytes_out of the previous update
 
-    def update(self, workers: list["Exporter | Importer"]) -> None:
-        """Write every channel's figures now (claiming its record first)."""
+    def update(self, workers: list["Exporter | Importer"], peers: int) -> None:
+        """Write every channel's figures and the bridge's number of peers now
+        (claiming each record first)."""
         for worker in workers:
             region = worker.local_region()
             if region is None:
@@ -553,8 +630,9 @@ class FigureRecords:
                 messages_in=figures.messages_in, messages_out=figures.messages_out, bytes_out=figures.bytes_out,
                 lost_locally=figures.lost_locally, lost_on_way=figures.lost_on_way,
                 lost_at_source=figures.lost_at_source, skipped=figures.skipped, epochs=figures.epochs,
+                recreated=figures.recreated,
                 bytes_per_s=(figures.bytes_out - bytes_then) / (now - then) if now > then else 0.0,
-                matched=figures.matched,
+                matched=figures.matched, peers=min(peers, owners.MAX_BRIDGE_PEERS),
             ))
 
     def release(self) -> None:
@@ -578,6 +656,9 @@ class Bridge:
         self.exporters: list[Exporter] = []
         self.importers: list[Importer] = []
         self.records = FigureRecords()
+        self.peers: set[str] = set()  # Zenoh ids of the sessions connected to ours (other bridges, routers)
+        self.peers_lock = threading.Lock()
+        self.peer_listener: Any = None
         self.recorder = threading.Thread(target=self._record, name="bridge figures", daemon=True)
         self.started = time.monotonic()
 
@@ -589,6 +670,10 @@ class Bridge:
         except Exception as error:  # zenoh's ZError: e.g. an endpoint it cannot listen on
             endpoints = " ".join([f"--listen {e}" for e in self.options.listen] + [f"--connect {e}" for e in self.options.connect])
             raise BridgeError(f"cannot open the Zenoh session ({endpoints or 'scouting only'}): {zenoh_text(error)}") from None
+        self.peer_listener = self.session.info.declare_transport_events_listener(self._peer_event, history=True)
+        with self.peers_lock:
+            if not self.peers:
+                self._warn_alone("no Zenoh peer connected yet")
         try:
             for name in self.options.exports:
                 self.exporters.append(Exporter(self.session, name, export_key(self.options.key_prefix, name), self.stopping))
@@ -602,11 +687,36 @@ class Bridge:
         self.recorder.start()
         self.started = time.monotonic()
 
+    def _peer_event(self, event: Any) -> None:
+        """Zenoh's callback: a session connected to ours or left; say so."""
+        zid, kind = str(event.transport.zid), str(event.transport.whatami)
+        with self.peers_lock:
+            if event.kind == zenoh_module().SampleKind.PUT:
+                self.peers.add(zid)
+                print(f"kickmsg bridge: {kind} {zid} connected ({len(self.peers)} connected)", file=sys.stderr, flush=True)
+                return
+            self.peers.discard(zid)
+            if self.peers:
+                print(f"kickmsg bridge: {kind} {zid} left ({len(self.peers)} connected)", file=sys.stderr, flush=True)
+            else:
+                self._warn_alone(f"{kind} {zid} left, no Zenoh peer connected")
+
+    def _warn_alone(self, situation: str) -> None:
+        """Say that nothing crosses: no Zenoh session is connected to ours."""
+        reach = ", ".join([f"listening on {e}" for e in self.options.listen] + [f"connecting to {e}" for e in self.options.connect])
+        print(f"kickmsg bridge: warning: {situation} ({reach or 'scouting'}): nothing crosses until one connects",
+              file=sys.stderr, flush=True)
+
+    def peer_count(self) -> int:
+        """How many Zenoh sessions (other bridges, routers) are connected to ours."""
+        with self.peers_lock:
+            return len(self.peers)
+
     def _record(self) -> None:
         """The recorder thread: the figures beside each channel, now and
         every ``RECORD_INTERVAL_S`` until the bridge stops."""
         while True:
-            self.records.update(self.workers())
+            self.records.update(self.workers(), self.peer_count())
             if self.stopping.wait(RECORD_INTERVAL_S):
                 return
 
@@ -627,6 +737,9 @@ class Bridge:
         if self.recorder.is_alive():
             self.recorder.join()
         self.records.release()
+        if self.peer_listener is not None:
+            self.peer_listener.undeclare()
+            self.peer_listener = None
         if self.session is not None:
             self.session.close()
             self.session = None
@@ -659,27 +772,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stats-interval", type=float, metavar="S", help="print the figures every S seconds")
 
 
-def figures_table(figures: list[ChannelFigures], elapsed: float, rates: dict[str, float]) -> str:
+def figures_table(figures: list[ChannelFigures], elapsed: float, rates: dict[str, float], peers: int) -> str:
     """The figures as aligned text columns."""
-    head = ("direction", "channel", "key", "in", "out", "lost_locally", "lost_on_way", "bytes/s")
+    head = ("direction", "channel", "key", "matched", "in", "out", "lost_locally", "lost_on_way", "bytes/s")
     rows = [head] + [
-        (f.direction, f.channel, f.key, str(f.messages_in), str(f.messages_out), str(f.lost_locally),
-         str(f.lost_on_way) if f.direction == "import" else "-", f"{rates[f.key]:.0f}")
+        (f.direction, f.channel, f.key, "yes" if f.matched else "no", str(f.messages_in), str(f.messages_out),
+         str(f.lost_locally), str(f.lost_on_way) if f.direction == "import" else "-", f"{rates[f.key]:.0f}")
         for f in figures
     ]
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
     notes = [f"{f.channel}: {f.error}" for f in figures if f.error]
-    return f"after {elapsed:.1f} s:\n" + "\n".join(lines + notes)
+    return f"after {elapsed:.1f} s, {peers} Zenoh peer(s) connected:\n" + "\n".join(lines + notes)
 
 
-def report(figures: list[ChannelFigures], elapsed: float, rates: dict[str, float], final: bool, as_json: bool,
-           out: TextIO) -> None:
+def report(figures: list[ChannelFigures], elapsed: float, rates: dict[str, float], peers: int, final: bool,
+           as_json: bool, out: TextIO) -> None:
     if as_json:
         channels = [{**dataclasses.asdict(f), "bytes_per_s": rates[f.key]} for f in figures]
-        print(json.dumps({"final": final, "elapsed_s": round(elapsed, 3), "channels": channels}), file=out, flush=True)
+        print(json.dumps({"final": final, "elapsed_s": round(elapsed, 3), "peers": peers, "channels": channels}),
+              file=out, flush=True)
     else:
-        print(figures_table(figures, elapsed, rates), file=out, flush=True)
+        print(figures_table(figures, elapsed, rates, peers), file=out, flush=True)
 
 
 def run(options: BridgeOptions, stop: threading.Event, as_json: bool = False, out: TextIO = sys.stdout) -> list[ChannelFigures]:
@@ -697,12 +811,12 @@ def run(options: BridgeOptions, stop: threading.Event, as_json: bool = False, ou
                 continue
             now, figures = time.monotonic(), bridge.figures()
             rates = {f.key: (f.bytes_out - last_bytes[f.key]) / max(now - last_time, 1e-9) for f in figures}
-            report(figures, now - bridge.started, rates, False, as_json, out)
+            report(figures, now - bridge.started, rates, bridge.peer_count(), False, as_json, out)
             last_time, last_bytes = now, {f.key: f.bytes_out for f in figures}
     finally:
         bridge.stop()
-    elapsed, figures = time.monotonic() - bridge.started, bridge.figures()
-    report(figures, elapsed, {f.key: f.bytes_out / max(elapsed, 1e-9) for f in figures}, True, as_json, out)
+    elapsed, figures, peers = time.monotonic() - bridge.started, bridge.figures(), bridge.peer_count()
+    report(figures, elapsed, {f.key: f.bytes_out / max(elapsed, 1e-9) for f in figures}, peers, True, as_json, out)
     return figures
 
 

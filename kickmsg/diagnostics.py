@@ -153,7 +153,9 @@ class BridgeFigures:
     lost_at_source: int  # import: what the exporting bridge reported losing
     skipped: int  # import: samples not from a bridge, or already passed
     epochs: int  # export: runs of the channel; import: exporter runs seen
-    matched: bool  # export: some Zenoh subscriber matches the key
+    recreated: int  # import: times it re-created the channel for a new description of the key
+    matched: bool  # export: an importer's subscriber matches the key; import: an exporter's description does
+    peers: int  # Zenoh sessions connected to the bridge's (other bridges, routers)
     bytes_per_s: float  # payload bytes forwarded per second between its last two updates
     started_at_ns: int  # time.time_ns() when it recorded itself
     updated_at_ns: int  # time.time_ns() of its last update
@@ -440,7 +442,9 @@ def read_bridges(region_name: str) -> list[BridgeFigures]:
             lost_at_source=record.lost_at_source,
             skipped=record.skipped,
             epochs=record.epochs,
+            recreated=record.recreated,
             matched=bool(record.matched),
+            peers=record.peers,
             bytes_per_s=round(record.bytes_per_s, 1),
             started_at_ns=record.started_at_ns,
             updated_at_ns=record.updated_at_ns,

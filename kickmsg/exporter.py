@@ -117,6 +117,11 @@ class ChannelCollector(Collector):
             labels=[*bridge, "where"])
         bridge_up = GaugeMetricFamily("kickmsg_bridge_up", "1: the bridge runs; 0: its record is a dead bridge's",
                                       labels=bridge)
+        bridge_peers = GaugeMetricFamily(
+            "kickmsg_bridge_peers", "Zenoh sessions (other bridges, routers) connected to the bridge's", labels=bridge)
+        bridge_matched = GaugeMetricFamily(
+            "kickmsg_bridge_matched", "1: the other side is there (export: an importer subscribes to the key; "
+            "import: an exporter describes it)", labels=bridge)
         for found in samples:
             if found.unusable is not None:
                 problems.add_metric([found.name, found.unusable], 1)
@@ -146,12 +151,14 @@ class ChannelCollector(Collector):
                 bridge_messages.add_metric(labels, figures.messages_out)
                 bridge_bytes.add_metric(labels, figures.bytes_out)
                 bridge_up.add_metric(labels, 1 if figures.alive else 0)
+                bridge_peers.add_metric(labels, figures.peers)
+                bridge_matched.add_metric(labels, 1 if figures.matched else 0)
                 bridge_lost.add_metric([*labels, "local"], figures.lost_locally)
                 if figures.direction == "import":
                     bridge_lost.add_metric([*labels, "way"], figures.lost_on_way)
                     bridge_lost.add_metric([*labels, "source"], figures.lost_at_source)
         yield from (pool_slots, free_slots, live_rings, publishers, subscribers, problems, write_position, lost, pending,
-                    bridge_messages, bridge_bytes, bridge_lost, bridge_up)
+                    bridge_messages, bridge_bytes, bridge_lost, bridge_up, bridge_peers, bridge_matched)
 
 
 def one_bridge_per_label(bridges: list[diagnostics.BridgeFigures]) -> list[diagnostics.BridgeFigures]:

@@ -50,8 +50,9 @@ BRIDGES_SUFFIX = SUFFIX * 3  # stripped of one or two SUFFIXes, still not a vali
 MAX_PUBLISHER_RECORDS = 1024  # a publisher that finds no free record among these goes unrecorded
 MAX_BRIDGE_RECORDS = 64  # likewise for a bridge forwarding the channel
 PUBLISHER_NAME_SIZE = 32
-BRIDGE_KEY_SIZE = 150  # the Zenoh key, UTF-8, NUL-padded (a longer one is cut)
+BRIDGE_KEY_SIZE = 144  # the Zenoh key, UTF-8, NUL-padded (a longer one is cut)
 BRIDGE_DIRECTIONS = {1: "export", 2: "import"}
+MAX_BRIDGE_PEERS = 0xFFFF  # a bridge's record says at most this many peers
 FLOCK = struct.Struct("hhqqi4x")  # struct flock: type, whence, start, length, pid (0 for OFD locks)
 CLAIM_ATTEMPTS = 100  # a reclaimer holds a record's lock only briefly: retry 1 ms apart
 CLAIM_RETRY_S = 0.001
@@ -118,7 +119,9 @@ class BridgeRecord(ctypes.Structure):
         ("epochs", ctypes.c_uint64),
         ("bytes_per_s", ctypes.c_double),  # payload bytes forwarded per second between its last two updates
         ("direction", ctypes.c_uint8),  # a key of BRIDGE_DIRECTIONS
-        ("matched", ctypes.c_uint8),  # export: some Zenoh subscriber matches the key
+        ("matched", ctypes.c_uint8),  # export: an importer's subscriber matches the key; import: an exporter's description does
+        ("peers", ctypes.c_uint16),  # Zenoh sessions connected to the bridge's (at most MAX_BRIDGE_PEERS)
+        ("recreated", ctypes.c_uint32),  # import: times it re-created the channel for a new description
         ("key", ctypes.c_char * BRIDGE_KEY_SIZE),
     ]
 

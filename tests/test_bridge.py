@@ -20,8 +20,9 @@ import time
 import pytest
 
 from conftest import ROOT
-from kickmsg import ChannelType, Config, Node, Publisher, SharedRegion, Subscriber, bridge, cli, diagnostics, typed
-from nativepeer import check_payload, start_native, start_ours
+from kickmsg import ChannelType, Config, Node, Publisher, SchemaInfo, SharedRegion, Subscriber, bridge, cli, diagnostics, typed
+from kickmsg import description as describe
+from nativepeer import check_payload, make_payload, start_native, start_ours
 from test_exporter import exporter_for  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.timeout(180)
@@ -336,6 +337,102 @@ def test_an_imported_channel_removed_under_the_bridge_is_made_again(bridges, pre
     b.stop()
 
 
+SUBSCRIBER_FOLLOWING = r"""
+import select
+sub = kickmsg.Subscriber(kickmsg.SharedRegion.open(P["name"]))
+ready()
+seqs = []
+while not select.select([sys.stdin], [], [], 0)[0]:
+    data = sub.receive(0.1)
+    if data is not None:
+        seqs.append(check_payload(data))
+while (data := sub.try_receive()) is not None:
+    seqs.append(check_payload(data))
+done({"seqs": seqs, "lost": sub.lost, "rejoined": sub.rejoined, "pool_size": sub.region.geometry.pool_size})
+"""
+
+
+def test_an_export_recreated_with_another_geometry_is_followed_by_the_importer(bridges, prefix):
+    """Host A's channel is re-created with a larger pool while both bridges
+    run: B re-creates the channel it made (says so, counts it) rather than
+    refusing it as a mismatch, and waits for B's subscriber to follow, which
+    then misses nothing of what comes next."""
+    a_name, b_name = f"/{prefix}_a", f"/{prefix}_b"
+    a_region = SharedRegion.create(a_name, ChannelType.PubSub, Config(**GEOMETRY), "test")
+    _, a, b = two_hosts(bridges, a_name, b_name)
+    a.wait_for("a matching subscriber", lambda channels: channels[0]["matched"])
+    pub, seq = Publisher(a_region), 0
+    deadline = time.monotonic() + WAIT_S
+    while not b.next_figures(deadline)["channels"][0]["messages_out"]:
+        pub.send(make_payload(seq))
+        seq += 1
+    with start_ours(SUBSCRIBER_FOLLOWING, name=b_name, timeout=150) as sub:
+        sub.wait_ready()
+        bigger = SharedRegion.create(a_name, ChannelType.PubSub, Config(**{**GEOMETRY, "pool_size": 4096}), "test")
+        a.wait_for("the new epoch", lambda channels: channels[0]["epochs"] == 2)
+        pub, first_new = Publisher(bigger), seq
+        for seq in range(first_new, first_new + 200):
+            pub.send(make_payload(seq))
+        exported = a.wait_for("every message forwarded", lambda c: c[0]["messages_in"] == seq + 1)[0]
+        b.wait_for("every forwarded message received",
+                   lambda c: c[0]["messages_in"] + c[0]["lost_on_way"] == exported["messages_out"]
+                   and c[0]["messages_out"] + c[0]["lost_locally"] == c[0]["messages_in"])
+        sub.tell()
+        received = sub.result()
+    wait_recorded(b_name, "the re-create in the bridge's record", lambda found: [f.recreated for f in found] == [1])
+    (imported,), err = b.stop()
+    assert imported["recreated"] == 1 and imported["error"] is None and imported["epochs"] == 2
+    assert imported["lost_locally"] == 0 and exported["lost_locally"] == 0
+    assert f"re-created {b_name} (pool_size 2048 -> 4096)" in err and "error" not in err
+    assert SharedRegion.inspect(b_name).geometry.pool_size == 4096
+    assert received["rejoined"] == 1 and received["pool_size"] == 4096
+    assert set(range(first_new, seq + 1)) <= set(received["seqs"]), "it missed nothing published after the re-create"
+    assert received["seqs"] == sorted(set(received["seqs"]))
+
+
+def test_a_bridge_with_nobody_to_talk_to_says_so(bridges, prefix):
+    """Nothing listens where it connects: the bridge warns once, its figures
+    show no peer and no match, and it says nothing more while it waits."""
+    name = f"/{prefix}_a"
+    SharedRegion.create(name, ChannelType.PubSub, Config(**GEOMETRY), "test")
+    endpoint = f"tcp/127.0.0.1:{free_port()}"  # free: nothing listens there
+    alone = bridges("--export", name, "--key-prefix", "hosta", "--connect", endpoint)
+    deadline = time.monotonic() + WAIT_S
+    figures = [alone.next_figures(deadline) for _ in range(3)]
+    assert [(f["peers"], f["channels"][0]["matched"]) for f in figures] == [(0, False)] * 3
+    _, err = alone.stop()
+    assert err == f"kickmsg bridge: warning: no Zenoh peer connected yet (connecting to {endpoint}): " \
+                  "nothing crosses until one connects\n"
+
+
+def test_a_bridge_says_when_a_peer_arrives_and_when_the_last_one_leaves(bridges, prefix):
+    """A bridge listening alone warns; the other bridge connecting is
+    announced on both sides, and both show one peer and their channel
+    matched (printed and recorded); the exporting bridge stopped, the
+    importing one warns again and shows neither."""
+    a_name, b_name = f"/{prefix}_a", f"/{prefix}_b"
+    SharedRegion.create(a_name, ChannelType.PubSub, Config(**GEOMETRY), "test")
+    _, a, b = two_hosts(bridges, a_name, b_name, b_listens=True)
+    a.wait_for("a matching subscriber", lambda channels: channels[0]["matched"])
+    b.wait_for("a matching exporter", lambda channels: channels[0]["matched"])
+    assert a.next_figures(time.monotonic() + WAIT_S)["peers"] == 1
+    assert b.next_figures(time.monotonic() + WAIT_S)["peers"] == 1
+    wait_recorded(a_name, "one peer, matched", lambda found: [(f.peers, f.matched) for f in found] == [(1, True)])
+    _, a_err = a.stop()
+    b.wait_for("no exporter any more", lambda channels: not channels[0]["matched"])
+    assert b.next_figures(time.monotonic() + WAIT_S)["peers"] == 0
+    _, b_err = b.stop()
+    assert re.fullmatch(r"(kickmsg bridge: warning: no Zenoh peer connected yet \(connecting to \S+\): "  # before its link is up
+                        r"nothing crosses until one connects\n)?kickmsg bridge: peer \w+ connected \(1 connected\)\n", a_err), a_err
+    listening = b_err.index("kickmsg bridge: warning: no Zenoh peer connected yet (listening on tcp/127.0.0.1:")
+    arrived = b_err.index("kickmsg bridge: peer ", listening)
+    left = b_err.index("kickmsg bridge: warning: peer ", arrived)
+    assert " connected (1 connected)\n" in b_err[arrived:left]
+    assert re.fullmatch(r"kickmsg bridge: warning: peer \w+ left, no Zenoh peer connected \(listening on \S+\): "
+                        r"nothing crosses until one connects\n", b_err[left:]), b_err
+    assert b_err.count("\n") == 3
+
+
 @pytest.mark.parametrize("args, message", [
     (["--export", "/kmbridge_x", "--import", "k/x=/kmbridge_x", "--listen", "tcp/127.0.0.1:1"],
      "both exported and imported"),
@@ -450,10 +547,33 @@ def test_an_invalid_description_is_a_clear_error(prefix, description):
     assert not os.path.exists(f"/dev/shm/{prefix}_x")
 
 
+def test_only_a_channel_made_for_the_key_is_recreated_for_a_new_description(prefix):
+    """``open_local_channel`` re-creates the channel a bridge made for the
+    key when the description changes its geometry or schema, says what
+    changed, and refuses any other channel of another geometry."""
+    name, key = f"/{prefix}_x", "k/x"
+    Imu, Gyro = (SchemaInfo(name=n, identity=n.encode().ljust(64, b"\0"), layout=bytes(64)) for n in ("Imu", "Gyro"))
+    description = {"channel_type": int(ChannelType.PubSub), "max_subscribers": 4, "sub_ring_capacity": 64, "pool_size": 128,
+                   "max_payload_size": 64, "commit_timeout_us": 100_000}
+    first, _ = bridge.open_local_channel(name, key, {**description, "schema": describe.schema_to_json(Imu)}, None)
+    assert bridge.open_local_channel(name, key, {**description, "schema": describe.schema_to_json(Imu)}, None)[1] == []
+    region, changes = bridge.open_local_channel(name, key, {**description, "pool_size": 256, "schema": None}, None)
+    assert changes == ["pool_size 128 -> 256"] and region.geometry.pool_size == 256 and region.schema() is None
+    region, changes = bridge.open_local_channel(name, key, {**description, "pool_size": 256,
+                                                            "schema": describe.schema_to_json(Gyro)}, None)
+    assert changes == [] and region.schema() == Gyro  # a channel without a schema takes the description's
+    region, changes = bridge.open_local_channel(name, key, {**description, "pool_size": 256,
+                                                            "schema": describe.schema_to_json(Imu)}, None)
+    assert changes == ["schema 'Gyro' -> 'Imu'"] and region.schema() == Imu and region.geometry.pool_size == 256
+    SharedRegion.create(name, ChannelType.PubSub, Config(**GEOMETRY), "someone else")
+    with pytest.raises(bridge.BridgeError, match=rf"cannot import k/x into {name}: Config mismatch .*pool_size is 2048 there, 256 here"):
+        bridge.open_local_channel(name, key, {**description, "pool_size": 256, "schema": None}, None)
+
+
 # -- the bridges' figures for other processes (diagnostics, kickmsg stats/list/clean, the exporter) ------------
 
 RECORDED = ("direction", "key", "messages_in", "messages_out", "bytes_out", "lost_locally", "lost_on_way",
-            "lost_at_source", "skipped", "epochs")
+            "lost_at_source", "skipped", "epochs", "recreated")
 
 
 def recorded_figures(name: str, pid: int) -> dict | None:
@@ -520,6 +640,8 @@ def test_the_bridges_figures_show_in_diagnostics_stats_and_the_exporter(bridges,
         ("kickmsg_bridge_messages_total", bridge_labels(b_name, "import", key)): b_now["messages_out"],
         ("kickmsg_bridge_up", bridge_labels(a_name, "export", key)): 1,
         ("kickmsg_bridge_up", bridge_labels(b_name, "import", key)): 1,
+        ("kickmsg_bridge_peers", bridge_labels(a_name, "export", key)): 1,
+        ("kickmsg_bridge_matched", bridge_labels(b_name, "import", key)): 1,
         ("kickmsg_bridge_lost_total", bridge_labels(a_name, "export", key) + (("where", "local"),)): a_now["lost_locally"],
         ("kickmsg_bridge_lost_total", bridge_labels(b_name, "import", key) + (("where", "local"),)): b_now["lost_locally"],
         ("kickmsg_bridge_lost_total", bridge_labels(b_name, "import", key) + (("where", "way"),)): b_now["lost_on_way"],
@@ -528,7 +650,7 @@ def test_the_bridges_figures_show_in_diagnostics_stats_and_the_exporter(bridges,
     assert metrics[("kickmsg_bridge_bytes_total", bridge_labels(b_name, "import", key))] == b_now["bytes_out"]
     text = subprocess.run([sys.executable, "-m", "kickmsg", "stats", b_name], capture_output=True, text=True,
                           cwd=ROOT, timeout=60).stdout
-    assert re.search(rf"^{b.proc.pid}\s+live\s+import\s+{re.escape(key)}\s+{b_now['messages_in']}\s+{b_now['messages_out']}\s",
+    assert re.search(rf"^{b.proc.pid}\s+live\s+import\s+{re.escape(key)}\s+1\s+yes\s+{b_now['messages_in']}\s+{b_now['messages_out']}\s",
                      text, re.MULTILINE), text
     listed = {row["name"]: row for row in json.loads(subprocess.run(
         [sys.executable, "-m", "kickmsg", "list", "--prefix", prefix, "--json"], capture_output=True, text=True,

@@ -136,14 +136,14 @@ def bridge_lines(bridges: list[diagnostics.BridgeFigures]) -> list[str]:
     """The bridges forwarding the channel as a table (a dead one as ``dead``)."""
     if not bridges:
         return []
-    rows = [dict(vars(b), state="live" if b.alive else "dead", **{"in": b.messages_in, "out": b.messages_out,
-                 "bytes/s": f"{b.bytes_per_s:.0f}"}) for b in bridges]
+    rows = [dict(vars(b), state="live" if b.alive else "dead", matched="yes" if b.matched else "no",
+                 **{"in": b.messages_in, "out": b.messages_out, "bytes/s": f"{b.bytes_per_s:.0f}"}) for b in bridges]
     for row in rows:
         if row["direction"] == "export":  # counted on the importing side only
             row["lost_on_way"] = row["lost_at_source"] = None
     lines = ["bridges (kickmsg bridge; figures as of their last update, every 0.5 s):",
-             table(rows, ["pid", "state", "direction", "key", "in", "out", "lost_locally", "lost_on_way",
-                          "lost_at_source", "bytes/s"])]
+             table(rows, ["pid", "state", "direction", "key", "peers", "matched", "in", "out", "lost_locally",
+                          "lost_on_way", "lost_at_source", "bytes/s"])]
     lines += [f"bridge {b.pid} died without leaving; kickmsg clean reclaims its record" for b in bridges if not b.alive]
     return lines
 
