@@ -267,9 +267,9 @@ def cmd_rm(args: argparse.Namespace) -> int:
 
 
 def remove_region(name: str, force: bool) -> None:
-    """Remove a region and its sidecar; refuse what is not a Kickmsg region
-    unless ``force``."""
-    shm.check_name(name)
+    """Remove a region and its sidecars; refuse what is not a Kickmsg region
+    unless ``force``. Any object of /dev/shm can be named, whatever its text."""
+    shm.check_existing_name(name)
     try:
         found = read_magic_and_version(shm.SHM_DIRECTORY + name)
     except FileNotFoundError:
