@@ -8,6 +8,7 @@ import errno
 import mmap
 import os
 import pwd
+import stat
 
 import posix_ipc
 
@@ -297,6 +298,30 @@ def open_existing(name: str, writable: bool = True) -> Mapping:
             f"({_access_description(name)})"
         ) from None
     return _map(name, shared_memory, writable)
+
+
+def check_may_remove(name: str, paths: list[str]) -> None:
+    """Raise ``RegionPermissionError`` (removing nothing) unless this process
+    may remove every one of ``paths`` that exists, the files of region
+    ``name``: /dev/shm is sticky, so only a file's owner, the directory's
+    owner or root may remove it."""
+    euid = os.geteuid()
+    if euid == 0:
+        return
+    directory = os.stat(SHM_DIRECTORY)
+    if not os.access(SHM_DIRECTORY, os.W_OK | os.X_OK):
+        raise RegionPermissionError(f"cannot remove {name}: {SHM_DIRECTORY} is not writable by {_user_name(euid)}; nothing was removed")
+    for path in paths:
+        try:
+            owner = os.stat(path, follow_symlinks=False).st_uid
+        except FileNotFoundError:
+            continue
+        if directory.st_mode & stat.S_ISVTX and euid not in (owner, directory.st_uid):
+            raise RegionPermissionError(
+                f"cannot remove {name}: {path.removeprefix(SHM_DIRECTORY)} belongs to {_user_name(owner)}, and in "
+                f"{SHM_DIRECTORY} (sticky) only a file's owner may remove it (this process runs as {_user_name(euid)}); "
+                f"nothing was removed"
+            )
 
 
 def unlink(name: str) -> None:
