@@ -70,7 +70,7 @@ from kickmsg.description import channel_config, describe
 from kickmsg.diagnostics import creator_name
 from kickmsg.publisher import Publisher, send_retrying
 from kickmsg.region import SharedRegion
-from kickmsg.shm import RegionNotFoundError, object_size
+from kickmsg.shm import RegionNotFoundError, check_name, object_size
 from kickmsg.subscriber import Subscriber
 
 EXTRA = "pip install 'kickmsg-py[bridge]'"
@@ -138,8 +138,7 @@ def default_key_prefix() -> str:
 def shm_name(text: str) -> str:
     """``kickmsg_imu`` or ``/kickmsg_imu`` -> ``/kickmsg_imu``."""
     name = text if text.startswith("/") else "/" + text
-    if len(name) < 2 or "/" in name[1:]:
-        raise ValueError(f"invalid channel name {text!r}: a shm name such as /kickmsg_imu")
+    check_name(name)
     return name
 
 

@@ -9,7 +9,8 @@ Mailbox    ``/{prefix}_{owner}_mbx_{tag}``    create_mailbox (owner reads),
                                               open_mailbox (others write)
 =========  ================================  ==============================
 
-Names are not sanitised (as in 0.1.0): a topic containing ``/`` is refused
+Names are not sanitised (as in 0.1.0): a topic that breaks the naming rule
+(``kickmsg.shm.NAME_RULE``: a ``/``, a control character, ...) is refused
 as an invalid shared-memory name. A node keeps every region it mapped and
 reuses it for later calls on the same name (unless it was re-created since),
 except ``advertise`` and ``create_mailbox``, which always create (replacing

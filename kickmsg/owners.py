@@ -190,9 +190,14 @@ def _write_record(path: str, fd: int, data: bytes, offset: int) -> bool:
     return True
 
 
+def sidecar_paths(region_name: str) -> list[str]:
+    """The paths of the region's sidecars: ring owners, publishers, bridges."""
+    return [sidecar_path(region_name), publishers_path(region_name), bridges_path(region_name)]
+
+
 def unlink(region_name: str) -> None:
-    """Remove the region's sidecars (ring owners, publishers, bridges), if any."""
-    for path in (sidecar_path(region_name), publishers_path(region_name), bridges_path(region_name)):
+    """Remove the region's sidecars, if any."""
+    for path in sidecar_paths(region_name):
         try:
             os.unlink(path)
         except OSError as error:

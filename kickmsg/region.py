@@ -583,8 +583,13 @@ class SharedRegion:
 
 
 def unlink_shm(name: str) -> None:
-    """Remove a shared-memory object by name (and its ring-owner sidecar);
-    no error if it is absent."""
+    """Remove a shared-memory object by name with its sidecars, as a whole:
+    if this process may not remove one of them (another user's file),
+    ``RegionPermissionError`` names it and nothing is removed; no error if
+    it is absent. Takes any name an object of /dev/shm can have, whatever
+    its text (``shm.check_existing_name``): other programs' objects can go."""
+    shm.check_existing_name(name)
+    shm.check_may_remove(name, [shm.SHM_DIRECTORY + name, *owners.sidecar_paths(name)])
     shm.unlink(name)
     owners.unlink(name)
 

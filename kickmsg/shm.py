@@ -8,6 +8,7 @@ import errno
 import mmap
 import os
 import pwd
+import stat
 
 import posix_ipc
 
@@ -15,8 +16,8 @@ from kickmsg._atomics_cffi import ffi
 
 SIDECAR_SUFFIX = ".owners"  # the ring-owner sidecar of region /x is /x.owners (kickmsg.owners)
 NAME_RULE = (
-    "a shared-memory name is '/' followed by 1 to 254 bytes (UTF-8), none of them '/' or NUL, "
-    f"and not ending in '{SIDECAR_SUFFIX}' (the suffix of ring-owner sidecars)"
+    "a shared-memory name is '/' followed by 1 to 254 bytes of UTF-8 text without '/' or control characters "
+    f"(NUL, newline, ...), other than '.' and '..', and not ending in '{SIDECAR_SUFFIX}' (the suffix of ring-owner sidecars)"
 )
 DEFAULT_MODE = 0o600  # only the creating user may map a new region (as native 0.9; 0.1.0 used 0666)
 MODE_VARIABLE = "KICKMSG_SHM_MODE"  # octal permission bits for new regions, as in native 0.9
@@ -41,14 +42,53 @@ class EmptyObjectError(RuntimeError):
 
 
 def check_name(name: str) -> None:
-    """Raise ``ValueError`` unless ``name`` is a portable POSIX shm name."""
+    """Raise ``ValueError`` unless ``name`` follows the naming rule: every
+    name this package creates or opens does."""
+    fault = _shape_fault(name) or _text_fault(name)
+    if fault:
+        raise ValueError(f"invalid shared-memory name {name!r} ({fault}): {NAME_RULE}")
+
+
+def check_existing_name(name: str) -> None:
+    """Raise ``ValueError`` unless ``name`` follows the naming rule, its text
+    aside: removal takes the names other programs gave their objects (bytes
+    that are not UTF-8, as ``os.fsdecode`` gives them, or control characters)."""
+    fault = _shape_fault(name)
+    if fault:
+        raise ValueError(f"invalid shared-memory name {name!r} ({fault}): {NAME_RULE}")
+
+
+def _shape_fault(name: str) -> str | None:
+    """What in ``name`` no object of /dev/shm could be named by the rule, if anything."""
     if not isinstance(name, str):
         raise TypeError(f"shared-memory name must be a str, got {name!r}")
-    size = len(name.encode("utf-8", "surrogatepass"))
-    if not (2 <= size <= 255 and name[0] == "/" and "/" not in name[1:] and "\0" not in name) or name.endswith(
-        SIDECAR_SUFFIX
-    ):
-        raise ValueError(f"invalid shared-memory name {name!r}: {NAME_RULE}")
+    try:
+        size = len(os.fsencode(name)) - 1
+    except UnicodeEncodeError:
+        return "it holds characters that no file name can hold"
+    if not name.startswith("/"):
+        return "it does not start with '/'"
+    if not 1 <= size <= 254:
+        return f"{size} bytes after '/'"
+    if "/" in name[1:]:
+        return "a '/' after the first"
+    if "\0" in name:
+        return "a NUL character"
+    if name in ("/.", "/.."):
+        return f"'{name[1:]}' names a directory"
+    if name.endswith(SIDECAR_SUFFIX):
+        return f"it ends in '{SIDECAR_SUFFIX}'"
+    return None
+
+
+def _text_fault(name: str) -> str | None:
+    """What in ``name`` is not UTF-8 text without control characters, if anything."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return "it is not valid UTF-8"
+    control = next((character for character in name if ord(character) < 0x20 or 0x7F <= ord(character) <= 0x9F), None)
+    return None if control is None else f"control character U+{ord(control):04X}"
 
 
 def creation_mode(mode: int | None) -> int:
@@ -260,12 +300,37 @@ def open_existing(name: str, writable: bool = True) -> Mapping:
     return _map(name, shared_memory, writable)
 
 
+def check_may_remove(name: str, paths: list[str]) -> None:
+    """Raise ``RegionPermissionError`` (removing nothing) unless this process
+    may remove every one of ``paths`` that exists, the files of region
+    ``name``: /dev/shm is sticky, so only a file's owner, the directory's
+    owner or root may remove it."""
+    euid = os.geteuid()
+    if euid == 0:
+        return
+    directory = os.stat(SHM_DIRECTORY)
+    if not os.access(SHM_DIRECTORY, os.W_OK | os.X_OK):
+        raise RegionPermissionError(f"cannot remove {name}: {SHM_DIRECTORY} is not writable by {_user_name(euid)}; nothing was removed")
+    for path in paths:
+        try:
+            owner = os.stat(path, follow_symlinks=False).st_uid
+        except FileNotFoundError:
+            continue
+        if directory.st_mode & stat.S_ISVTX and euid not in (owner, directory.st_uid):
+            raise RegionPermissionError(
+                f"cannot remove {name}: {path.removeprefix(SHM_DIRECTORY)} belongs to {_user_name(owner)}, and in "
+                f"{SHM_DIRECTORY} (sticky) only a file's owner may remove it (this process runs as {_user_name(euid)}); "
+                f"nothing was removed"
+            )
+
+
 def unlink(name: str) -> None:
-    """Remove the name (mappings stay valid); no error if it is absent."""
-    check_name(name)
+    """Remove the name (mappings stay valid); no error if it is absent. Any
+    name an object of /dev/shm can have is taken (``check_existing_name``)."""
+    check_existing_name(name)
     try:
-        posix_ipc.unlink_shared_memory(name)
-    except posix_ipc.ExistentialError:
+        os.unlink(SHM_DIRECTORY + name)
+    except FileNotFoundError:
         pass
-    except posix_ipc.PermissionsError:
+    except PermissionError:
         raise RegionPermissionError(f"cannot unlink shared memory {name}: permission denied ({_access_description(name)})") from None

@@ -225,9 +225,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     bridge.add_arguments(command("bridge", cmd_bridge, bridge.SUMMARY, bridge.EXAMPLES, channel=False))
 
-    sub = command("clean", cmd_clean, "remove regions whose creator is dead and that no process maps",
+    sub = command("clean", cmd_clean, "remove regions whose creator is dead and that no process has open or mapped",
                   "  kickmsg clean --dry-run\n  kickmsg clean --prefix kickmsg", channel=False)
     sub.add_argument("--dry-run", action="store_true", help="only list what would be removed")
+    sub.add_argument("--force", action="store_true",
+                     help="also remove regions of dead creators that could not be proven unused (never one in use)")
     sub.add_argument("--prefix", help="only names starting with /PREFIX")
 
     sub = command("exporter", cmd_exporter, "serve Prometheus metrics of every channel on /metrics (read-only)",

@@ -1,8 +1,12 @@
 """Commands that write: pub, create, rm, repair, clean."""
 import argparse
+import errno
+import fcntl
 import os
+import signal
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import kickmsg
@@ -29,6 +33,7 @@ from kickmsg.diagnostics import (
     pid_alive,
     read_magic_and_version,
     shm_objects,
+    user_name,
 )
 from kickmsg.publisher import send_retrying
 from kickmsg.region import DeadSubscriberReport, SharedRegion
@@ -162,66 +167,117 @@ def dead_subscriber_sentences(name: str, report: DeadSubscriberReport) -> list[s
     return lines
 
 
-def mapped_by_any_process(paths: set[str]) -> tuple[set[str], int]:
-    """Which of ``paths`` some process maps, and how many processes could
-    not be checked (their /proc/PID/maps is not readable)."""
-    mapped, unchecked = set(), 0
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/maps", encoding="utf-8", errors="replace") as maps:
-                for line in maps:
-                    path = line.rstrip("\n").split(maxsplit=5)[-1].removesuffix(" (deleted)")
-                    if path in paths:
-                        mapped.add(path)
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-        except PermissionError:
-            unchecked += 1
-    return mapped, unchecked
+IN_USE = "a process has it open or mapped"
+
+
+def why_not_unused(path: str) -> str | None:
+    """None once it is proven that no process, of any user or container,
+    has the object open or mapped: the kernel grants a write lease
+    (F_SETLEASE) only then, and it is given back at once. Else why not:
+    ``IN_USE``, or why it could not be proven. A process opening the object
+    while the lease is held sends SIGIO, which the caller must ignore."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as error:
+        return f"cannot open it ({error.strerror})"
+    try:
+        fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_WRLCK)
+        fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)
+        return None
+    except OSError as error:
+        if error.errno in (errno.EAGAIN, errno.EBUSY):
+            return IN_USE
+        if error.errno == errno.EACCES:
+            return f"only its owner, {user_name(os.fstat(fd).st_uid)}, or a process with CAP_LEASE can tell whether a process has it open"
+        return f"the kernel cannot tell whether a process has it open ({error.strerror})"
+    finally:
+        os.close(fd)
 
 
 def cmd_clean(args: argparse.Namespace) -> int:
-    """Remove regions whose creator is dead and that no process maps any
-    more, and sidecars whose region is gone; clear the records of dead
-    bridges."""
-    candidates, orphan_sidecars, dead_bridges = {}, [], []
+    """Remove regions whose creator is dead and that no process has open or
+    mapped, and sidecars whose region is gone; clear the records of dead
+    bridges. What it cannot judge or remove is reported, and the rest goes on."""
+    signal.signal(signal.SIGIO, signal.SIG_IGN)  # see why_not_unused
+    stale, unproven, in_use, orphan_sidecars, dead_bridges, skipped = [], [], [], [], [], []
     for entry in shm_objects(args.prefix):
-        if is_sidecar(entry):
-            if is_orphan_sidecar(entry):
-                orphan_sidecars.append("/" + entry.name)
-            elif owners.sidecar_kind(entry.name) == "bridge":
-                dead_bridges += dead_bridge_records(owners.region_of_sidecar(entry.name), args.dry_run)
-            continue
+        name = "/" + entry.name
         try:
-            found = read_magic_and_version(entry.path)
-            if found is None or not is_kickmsg(found) or found[1] != layout.VERSION:
+            if is_sidecar(entry):
+                if is_orphan_sidecar(entry):
+                    orphan_sidecars.append(name)
+                elif owners.sidecar_kind(entry.name) == "bridge":
+                    dead_bridges += dead_bridge_records(owners.region_of_sidecar(entry.name), args.dry_run)
                 continue
-            with open(entry.path, "rb") as file:
-                header = layout.Header.from_buffer_copy(file.read(layout.HEADER_SIZE).ljust(layout.HEADER_SIZE, b"\0"))
-        except OSError:  # unreadable, or removed meanwhile: not ours to judge
+            if not is_region_of_dead_creator(entry.path):
+                continue
+        except OSError as error:  # unreadable, another user's, or removed meanwhile
+            if not isinstance(error, FileNotFoundError):
+                skipped.append({"name": name, "reason": f"cannot read it ({error.strerror})"})
             continue
-        if not pid_alive(header.creator_pid):
-            candidates[entry.path] = "/" + entry.name
-    in_use, unchecked = mapped_by_any_process(set(candidates))
-    removed = [candidates[path] for path in sorted(candidates) if path not in in_use]
-    if not args.dry_run:
-        for name in removed:
-            kickmsg.unlink_shm(name)
-        for name in orphan_sidecars:
-            os.unlink(shm.SHM_DIRECTORY + name)
-    verb = "would remove" if args.dry_run else "removed"
-    lines = [f"{verb} {name}" for name in removed + orphan_sidecars]
-    lines += [f"{'would reclaim' if args.dry_run else 'reclaimed'} the record of dead bridge {found['pid']} on {found['name']}"
-              for found in dead_bridges]
-    lines = lines or ["nothing to clean"]
-    if unchecked:
-        lines.append(f"({unchecked} process{'' if unchecked == 1 else 'es'} could not be checked for mappings)")
-    data = {"dry_run": args.dry_run, "removed": removed, "sidecars": orphan_sidecars, "dead_bridges": dead_bridges,
-            "unchecked_processes": unchecked}
-    emit(args, data, "\n".join(lines))
-    return EXIT_OK
+        reason = why_not_unused(entry.path)
+        if reason is None:
+            stale.append(name)
+        elif reason == IN_USE:
+            in_use.append(name)
+        else:
+            unproven.append({"name": name, "reason": reason})
+    to_remove = (stale + [found["name"] for found in unproven]) if args.force else stale
+    removed, failed = ([*to_remove], []) if args.dry_run else remove_each(to_remove, kickmsg.unlink_shm)
+    sidecars, failed_sidecars = ([*orphan_sidecars], []) if args.dry_run else remove_each(orphan_sidecars, remove_file)
+    data = {"dry_run": args.dry_run, "removed": removed, "sidecars": sidecars, "dead_bridges": dead_bridges,
+            "in_use": in_use, "unproven": [] if args.force else unproven, "failed": failed + failed_sidecars,
+            "skipped": skipped}
+    emit(args, data, clean_report(data))
+    return EXIT_ERROR if data["failed"] else EXIT_OK
+
+
+def is_region_of_dead_creator(path: str) -> bool:
+    """Whether the object is a Kickmsg region of this layout whose creator
+    is dead. OSError if it cannot be read."""
+    found = read_magic_and_version(path)
+    if found is None or not is_kickmsg(found) or found[1] != layout.VERSION:
+        return False
+    with open(path, "rb") as file:
+        header = layout.Header.from_buffer_copy(file.read(layout.HEADER_SIZE).ljust(layout.HEADER_SIZE, b"\0"))
+    return not pid_alive(header.creator_pid)
+
+
+def remove_file(name: str) -> None:
+    """Remove one file of /dev/shm (an orphan sidecar)."""
+    path = shm.SHM_DIRECTORY + name
+    shm.check_may_remove(name, [path])
+    os.unlink(path)
+
+
+def remove_each(names: list[str], remove: Callable[[str], None]) -> tuple[list[str], list[dict[str, str]]]:
+    """Remove each name in turn, going on past failures: the names removed,
+    and ``{"name", "reason"}`` for each that could not be."""
+    removed, failed = [], []
+    for name in names:
+        try:
+            remove(name)
+        except shm.RegionPermissionError as error:  # names the file, its owner and who we are
+            failed.append({"name": name, "reason": str(error)})
+        except OSError as error:
+            failed.append({"name": name, "reason": f"cannot remove {name}: {error.strerror}"})
+        else:
+            removed.append(name)
+    return removed, failed
+
+
+def clean_report(data: dict[str, Any]) -> str:
+    """clean's outcome in sentences, one per object."""
+    verb = "would remove" if data["dry_run"] else "removed"
+    lines = [f"{verb} {name}" for name in data["removed"] + data["sidecars"]]
+    lines += [f"{'would reclaim' if data['dry_run'] else 'reclaimed'} the record of dead bridge {found['pid']} on {found['name']}"
+              for found in data["dead_bridges"]]
+    lines += [f"left {name}: its creator is dead, but {IN_USE}" for name in data["in_use"]]
+    lines += [f"left {found['name']}: could not prove it unused ({found['reason']}); --force removes it"
+              for found in data["unproven"]]
+    lines += [found["reason"] for found in data["failed"]]
+    lines += [f"skipped {found['name']}: {found['reason']}" for found in data["skipped"]]
+    return "\n".join(lines or ["nothing to clean"])
 
 
 def dead_bridge_records(name: str, dry_run: bool) -> list[dict[str, Any]]:
@@ -273,9 +329,9 @@ def cmd_rm(args: argparse.Namespace) -> int:
 
 
 def remove_region(name: str, force: bool) -> None:
-    """Remove a region and its sidecar; refuse what is not a Kickmsg region
-    unless ``force``."""
-    shm.check_name(name)
+    """Remove a region and its sidecars; refuse what is not a Kickmsg region
+    unless ``force``. Any object of /dev/shm can be named, whatever its text."""
+    shm.check_existing_name(name)
     try:
         found = read_magic_and_version(shm.SHM_DIRECTORY + name)
     except FileNotFoundError:
