@@ -54,7 +54,7 @@ import time
 import tomllib
 from typing import Any, TextIO
 
-from kickmsg import owners
+from kickmsg import jsontext, owners
 from kickmsg.config import Config
 from kickmsg.description import channel_config, describe
 from kickmsg.publisher import Publisher, send_retrying
@@ -329,7 +329,7 @@ class Exporter:
         self.subscriber = Subscriber(region)
         self.figures = ChannelFigures("export", name, key, epochs=1)
         self.epoch = secrets.randbits(64)
-        self.description = json.dumps(dict(describe(region), epoch=self.epoch)).encode()
+        self.description = jsontext.dumps(dict(describe(region), epoch=self.epoch)).encode()
         self.publisher = session.declare_publisher(key, congestion_control=zenoh.CongestionControl.BLOCK)
         self.queryable = session.declare_queryable(f"{key}/{DESCRIPTION_CHUNK}", self._answer)
         self.thread = threading.Thread(target=self._run, name=f"export {name}", daemon=True)
@@ -349,7 +349,7 @@ class Exporter:
             if subscriber.rejoined != rejoined:  # the channel was re-created: a new epoch, maybe a new geometry
                 rejoined, sequence = subscriber.rejoined, 0
                 self.epoch = secrets.randbits(64)
-                self.description = json.dumps(dict(describe(subscriber.region), epoch=self.epoch)).encode()
+                self.description = jsontext.dumps(dict(describe(subscriber.region), epoch=self.epoch)).encode()
                 figures.epochs += 1
             if view is None:
                 continue
@@ -677,7 +677,7 @@ def report(figures: list[ChannelFigures], elapsed: float, rates: dict[str, float
            out: TextIO) -> None:
     if as_json:
         channels = [{**dataclasses.asdict(f), "bytes_per_s": rates[f.key]} for f in figures]
-        print(json.dumps({"final": final, "elapsed_s": round(elapsed, 3), "channels": channels}), file=out, flush=True)
+        print(jsontext.dumps({"final": final, "elapsed_s": round(elapsed, 3), "channels": channels}), file=out, flush=True)
     else:
         print(figures_table(figures, elapsed, rates), file=out, flush=True)
 

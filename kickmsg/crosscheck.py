@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import kickmsg
-from kickmsg import crossdriver, layout
+from kickmsg import crossdriver, jsontext, layout
 from kickmsg.layout import field_at
 from kickmsg.region import unlink_shm
 
@@ -489,7 +489,7 @@ class Result:
             lines.append("  region bytes: identical")
         command = shlex.join(self.replay_command + ["--replay", "FILE"])
         lines.append(f"reproducer ({len(d.reproducer)} operations; save these lines as FILE, then: {command}):")
-        lines += [json.dumps(op) for op in d.reproducer]
+        lines += [jsontext.dumps(op) for op in d.reproducer]
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, object]:

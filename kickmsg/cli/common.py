@@ -3,7 +3,6 @@ on signals, and the argument types.
 """
 import argparse
 import importlib
-import json
 import math
 import os
 import signal
@@ -14,7 +13,7 @@ from collections.abc import Callable, Sequence
 from types import FrameType, ModuleType
 from typing import Any, TextIO
 
-from kickmsg import shm
+from kickmsg import jsontext, shm
 from kickmsg.config import Config
 from kickmsg.region import SharedRegion
 
@@ -93,7 +92,7 @@ def import_module_of_extra(module: str, extra: str) -> ModuleType:
 
 def emit(args: argparse.Namespace, data: object, text: str) -> None:
     """Print ``data`` as JSON with --json, else ``text``."""
-    print(json.dumps(data, indent=None if getattr(args, "json_lines", False) else 2) if args.json else text, flush=True)
+    print(jsontext.dumps(data, indent=None if getattr(args, "json_lines", False) else 2) if args.json else text, flush=True)
 
 
 def table(rows: list[dict[str, Any]], columns: Sequence[str]) -> str:

@@ -3,11 +3,10 @@ schema-diff, diagnose, audit, exporter. They render ``kickmsg.diagnostics``.
 """
 import argparse
 import datetime
-import json
 import sys
 from typing import Any
 
-from kickmsg import diagnostics, typed
+from kickmsg import diagnostics, jsontext, typed
 from kickmsg.audit import audit
 from kickmsg.cli.common import (
     EXIT_FOUND,
@@ -47,7 +46,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     denied = len(found) - len(rows)
     unreadable = f"{counted(denied, 'object', 'objects')} could not be read: permission denied"
     if args.json:
-        print(json.dumps([json_list_row(row, columns) for row in rows], indent=2), flush=True)
+        print(jsontext.dumps([json_list_row(row, columns) for row in rows], indent=2), flush=True)
         if denied:
             print(f"kickmsg list: {unreadable}", file=sys.stderr)
         return EXIT_OK

@@ -1,6 +1,5 @@
 """Commands that subscribe while they run: echo, hz, bw."""
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -10,7 +9,7 @@ from typing import Any
 import numpy
 
 import kickmsg
-from kickmsg import typed
+from kickmsg import jsontext, typed
 from kickmsg.region import SharedRegion
 from kickmsg.subscriber import SampleView
 from kickmsg.cli.common import (
@@ -62,7 +61,7 @@ def format_message(data: bytes, ring_pos: int, records: numpy.ndarray | None, fm
         else:
             entry["text"] = data.decode("utf-8", errors="backslashreplace")
             entry["hex"] = data.hex()
-        return json.dumps(entry, default=_json_value)
+        return jsontext.dumps(entry, default=_json_value)
     if fmt == "hex":
         return f"[{ring_pos}] {data.hex()}"
     if records is not None:
