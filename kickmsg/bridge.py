@@ -61,6 +61,7 @@ from kickmsg.publisher import Publisher, send_retrying
 from kickmsg.region import SharedRegion
 from kickmsg.shm import RegionNotFoundError, object_size
 from kickmsg.subscriber import Subscriber
+from kickmsg.terminal import printable
 
 EXTRA = "pip install 'kickmsg-py[bridge]'"
 ATTACHMENT = struct.Struct("<4sB3xQQQqQ")  # magic, version, epoch, sequence, ring_pos, forwarded_wall_ns, source_lost
@@ -499,7 +500,7 @@ class Importer:
             region = open_local_channel(self.spec.name, self.spec.key, description, self.spec.config)
         except BridgeError as error:
             if self.figures.error is None:
-                print(f"kickmsg bridge: error: {error}", file=sys.stderr, flush=True)
+                print(f"kickmsg bridge: error: {printable(str(error))}", file=sys.stderr, flush=True)
             self.figures.error = str(error)
             return False
         self.figures.error = None
@@ -663,13 +664,13 @@ def figures_table(figures: list[ChannelFigures], elapsed: float, rates: dict[str
     """The figures as aligned text columns."""
     head = ("direction", "channel", "key", "in", "out", "lost_locally", "lost_on_way", "bytes/s")
     rows = [head] + [
-        (f.direction, f.channel, f.key, str(f.messages_in), str(f.messages_out), str(f.lost_locally),
+        (f.direction, printable(f.channel), printable(f.key), str(f.messages_in), str(f.messages_out), str(f.lost_locally),
          str(f.lost_on_way) if f.direction == "import" else "-", f"{rates[f.key]:.0f}")
         for f in figures
     ]
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
-    notes = [f"{f.channel}: {f.error}" for f in figures if f.error]
+    notes = [printable(f"{f.channel}: {f.error}") for f in figures if f.error]
     return f"after {elapsed:.1f} s:\n" + "\n".join(lines + notes)
 
 
@@ -689,7 +690,7 @@ def run(options: BridgeOptions, stop: threading.Event, as_json: bool = False, ou
     bridge.start()
     if not as_json:
         keys = [f"{f.channel} -> {f.key}" if f.direction == "export" else f"{f.key} -> {f.channel}" for f in bridge.figures()]
-        print(f"bridging {', '.join(keys)} (Ctrl-C stops)", file=out, flush=True)
+        print(f"bridging {printable(', '.join(keys))} (Ctrl-C stops)", file=out, flush=True)
     last_time, last_bytes = bridge.started, {f.key: 0 for f in bridge.figures()}
     try:
         while not stop.wait(options.stats_interval or 3600.0):

@@ -12,9 +12,10 @@ import subprocess
 
 import pytest
 
-from kickmsg import Config, Node, jsontext, typed
-from test_cli import SMALL, Running, wait_live
-from test_cli import prefix  # noqa: F401  (fixture)
+from kickmsg import Config, Node, Publisher, jsontext, typed
+from kickmsg.terminal import printable
+from test_cli import SMALL, Running, cli, create_in_child, make, wait_live
+from test_cli import name, prefix  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -71,3 +72,59 @@ def test_echo_json_of_non_finite_fields_parses_with_strict_parsers(prefix):
     parsed = subprocess.run([node, "-e", script], input=result.out, capture_output=True, timeout=30)
     assert parsed.returncode == 0, parsed.stderr.decode()
     assert json.loads(parsed.stdout) == ["NaN", "-Infinity"]
+
+
+# -- item 7: control characters in text output ----------------------------------------------
+
+
+HOSTILE = "\x1b]0;pwned\x07\x1b[31m\r\n\x9b2J"  # retitle, recolour, return, new line, C1 CSI clear
+
+
+def assert_inert(output: bytes) -> None:
+    """No control character but the newlines that end lines."""
+    text = output.decode()
+    assert [c for c in text if c != "\n" and (ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0)] == []
+
+
+def test_printable_escapes_every_control_character_and_nothing_else():
+    assert printable("a\x00b\x1b[31mc\nd\te\rf\x7fg\x9bh é €") == "a\\x00b\\x1b[31mc\\nd\\te\\rf\\x7fg\\x9bh é €"
+
+
+def test_echo_escapes_control_characters_of_a_payload(name):
+    """The payload 00ff1b5b33316d41 printed a NUL and ESC[31m to the
+    terminal; a newline split one message over two lines."""
+    region = make(name)
+    with Running("echo", name, "--count", "2", "--timeout", "10") as echo:
+        wait_live(name, 1, echo)
+        publisher = Publisher(region)
+        publisher.send(bytes.fromhex("00ff1b5b33316d41"))
+        publisher.send(b"one\ntwo\r")
+        result = echo.finish()
+    assert (result.code, result.err) == (0, b"")
+    assert_inert(result.out)
+    assert result.text.splitlines() == ["[0] \\x00\\xff\\x1b[31mA", "[1] one\\ntwo\\r"]
+
+
+def test_names_and_header_texts_with_control_characters_are_escaped_in_every_text_output(prefix):
+    """A region made by another program may have any name and creator: list,
+    info, stats, watch, audit, diagnose, schema, clean and the errors print
+    them escaped, one line each."""
+    name = f"/{prefix}_{HOSTILE}"
+    create_in_child("ours", name, creator="c" + HOSTILE)  # a creator that is gone: clean removes the region
+    shown = printable(name)
+    outputs = {command: cli(command, name, *extra) for command, extra in (
+        ("info", ()), ("stats", ()), ("watch", ("--count", "1")), ("audit", ()), ("diagnose", ()), ("schema", ()),
+        ("schema-diff", (name,)), ("echo", ("--timeout", "0.1")), ("hz", ("--duration", "0.1")),
+    )}
+    outputs["list"] = cli("list", "--prefix", prefix)
+    outputs["missing"] = cli("info", name + "x")
+    for command, result in outputs.items():
+        assert_inert(result.out + result.err)
+    assert shown in outputs["list"].text and printable("c" + HOSTILE) in outputs["list"].text
+    assert printable("c" + HOSTILE) in outputs["info"].text
+    assert outputs["stats"].text.startswith(shown + ": pool ")
+    assert outputs["watch"].text.startswith(shown + "  ")
+    assert outputs["schema"].text == shown + ": no schema descriptor\n"
+    assert outputs["missing"].error_lines == [f"kickmsg info: error: no such region: {shown}x"]
+    clean = cli("clean", "--prefix", prefix, "--dry-run")
+    assert clean.text.splitlines()[0] == f"would remove {shown}"  # then perhaps processes it could not check

@@ -64,6 +64,7 @@ from kickmsg.cli.inspecting import (
 from kickmsg.cli.managing import cmd_clean, cmd_create, cmd_pub, cmd_repair, cmd_rm
 from kickmsg.cli.receiving import DEFAULT_SILENCE_S, cmd_bw, cmd_echo, cmd_hz
 from kickmsg.cli.recording import cmd_analyze, cmd_convert, cmd_play, cmd_record
+from kickmsg.terminal import printable
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -300,10 +301,11 @@ def main(argv: list[str] | None = None) -> int:
             discard_stdout()
             return EXIT_OK
         except CommandError as error:
-            print(f"kickmsg {args.command}: error: {error}", file=sys.stderr)
+            print(f"kickmsg {args.command}: error: {printable(str(error))}", file=sys.stderr)
             return EXIT_ERROR
         except (RuntimeError, ValueError, OSError) as error:
-            print(f"kickmsg {args.command}: error: {str(error).splitlines()[0] if str(error) else type(error).__name__}", file=sys.stderr)
+            print(f"kickmsg {args.command}: error: {printable(str(error).splitlines()[0]) if str(error) else type(error).__name__}",
+                  file=sys.stderr)
             return EXIT_ERROR
         except KeyboardInterrupt:
             discard_stdout()

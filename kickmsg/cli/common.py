@@ -16,6 +16,7 @@ from typing import Any, TextIO
 from kickmsg import jsontext, shm
 from kickmsg.config import Config
 from kickmsg.region import SharedRegion
+from kickmsg.terminal import printable
 
 EXIT_OK, EXIT_FOUND, EXIT_ERROR = 0, 1, 2
 EXIT_FORCED = 130  # a second stop signal (or Ctrl-C) forced the command out
@@ -96,9 +97,10 @@ def emit(args: argparse.Namespace, data: object, text: str) -> None:
 
 
 def table(rows: list[dict[str, Any]], columns: Sequence[str]) -> str:
-    """Plain aligned columns; a missing value shows as ``-``."""
+    """Plain aligned columns; a missing value shows as ``-``, control
+    characters in a value as escapes."""
     cells = [[str(column).upper() for column in columns]]
-    cells += [["-" if row.get(c) is None else str(row[c]) for c in columns] for row in rows]
+    cells += [["-" if row.get(c) is None else printable(str(row[c])) for c in columns] for row in rows]
     widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
     return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip() for line in cells)
 
@@ -137,7 +139,7 @@ def print_warnings_on_one_line(command: str) -> None:
     """Library warnings (e.g. a geometry that cannot work) as one stderr line each."""
     def show(message: Warning | str, category: type[Warning], filename: str, lineno: int,
              file: TextIO | None = None, line: str | None = None) -> None:
-        print(f"kickmsg {command}: warning: {message}", file=sys.stderr, flush=True)
+        print(f"kickmsg {command}: warning: {printable(str(message))}", file=sys.stderr, flush=True)
 
     warnings.showwarning = show
 

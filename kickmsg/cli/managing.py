@@ -32,6 +32,7 @@ from kickmsg.diagnostics import (
 )
 from kickmsg.publisher import send_retrying
 from kickmsg.region import DeadSubscriberReport, SharedRegion
+from kickmsg.terminal import printable
 
 
 def payload_of(args: argparse.Namespace) -> bytes:
@@ -94,7 +95,7 @@ def cmd_pub(args: argparse.Namespace) -> int:
             )
         published += 1
     data = {"name": region.name, "published": published, "size": len(payload), "dropped": publisher.dropped}
-    emit(args, data, f"published {published} message(s) of {len(payload)} bytes to {region.name}")
+    emit(args, data, f"published {published} message(s) of {len(payload)} bytes to {printable(region.name)}")
     return EXIT_OK
 
 
@@ -206,8 +207,8 @@ def cmd_clean(args: argparse.Namespace) -> int:
         for name in orphan_sidecars:
             os.unlink(shm.SHM_DIRECTORY + name)
     verb = "would remove" if args.dry_run else "removed"
-    lines = [f"{verb} {name}" for name in removed + orphan_sidecars]
-    lines += [f"{'would reclaim' if args.dry_run else 'reclaimed'} the record of dead bridge {found['pid']} on {found['name']}"
+    lines = [f"{verb} {printable(name)}" for name in removed + orphan_sidecars]
+    lines += [f"{'would reclaim' if args.dry_run else 'reclaimed'} the record of dead bridge {found['pid']} on {printable(found['name'])}"
               for found in dead_bridges]
     lines = lines or ["nothing to clean"]
     if unchecked:
@@ -243,7 +244,7 @@ def cmd_create(args: argparse.Namespace) -> int:
         {"name": name}, **geometry_fields(region), total_size=region.geometry.total_size,
         mode=f"{region.mapping.mode:04o}", creator=args.creator, replaced=existed,
     )
-    lines = [f"{'replaced' if existed else 'created'} {name}"] + [f"{key:<18} {value}" for key, value in data.items()
+    lines = [f"{'replaced' if existed else 'created'} {printable(name)}"] + [f"{key:<18} {printable(str(value))}" for key, value in data.items()
                                                                   if key not in ("name", "replaced")]
     emit(args, data, "\n".join(lines))
     return EXIT_OK
@@ -256,11 +257,11 @@ def cmd_rm(args: argparse.Namespace) -> int:
             remove_region(name, args.force)
         except (CommandError, ValueError, OSError) as error:
             errors[name] = str(error).splitlines()[0]
-            print(f"kickmsg rm: error: {errors[name]}", file=sys.stderr, flush=True)
+            print(f"kickmsg rm: error: {printable(errors[name])}", file=sys.stderr, flush=True)
             continue
         removed.append(name)
         if not args.json:
-            print(f"removed {name}", flush=True)
+            print(f"removed {printable(name)}", flush=True)
     if args.json:
         emit(args, {"removed": removed, "errors": errors}, "")
     return EXIT_ERROR if errors else EXIT_OK

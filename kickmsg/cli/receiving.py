@@ -12,6 +12,7 @@ import kickmsg
 from kickmsg import jsontext, typed
 from kickmsg.region import SharedRegion
 from kickmsg.subscriber import SampleView
+from kickmsg.terminal import printable
 from kickmsg.cli.common import (
     EXIT_FOUND,
     EXIT_OK,
@@ -66,8 +67,8 @@ def format_message(data: bytes, ring_pos: int, records: numpy.ndarray | None, fm
         return f"[{ring_pos}] {data.hex()}"
     if records is not None:
         shown = (" ".join(f"{n}={_field_text(r[n])}" for n in names) if names else _field_text(r) for r in records)
-        return f"[{ring_pos}] " + "; ".join(shown)
-    return f"[{ring_pos}] {data.decode('utf-8', errors='backslashreplace')}"
+        return f"[{ring_pos}] " + printable("; ".join(shown))
+    return f"[{ring_pos}] {printable(data.decode('utf-8', errors='backslashreplace'))}"
 
 
 def subscribed(args: argparse.Namespace) -> tuple[SharedRegion, kickmsg.Subscriber]:
@@ -93,7 +94,7 @@ def receive_slice(args: argparse.Namespace, subscriber: kickmsg.Subscriber, *dea
 
 
 def tell_rejoined(command: str, name: str, lost: int) -> None:
-    print(f"kickmsg {command}: {name} was re-created; following it ({counted(lost, 'unread message', 'unread messages')} lost)",
+    print(f"kickmsg {command}: {printable(name)} was re-created; following it ({counted(lost, 'unread message', 'unread messages')} lost)",
           file=sys.stderr, flush=True)
 
 
