@@ -62,6 +62,7 @@ from kickmsg.region import SharedRegion
 from kickmsg.shm import RegionNotFoundError, object_size
 from kickmsg.subscriber import Subscriber
 from kickmsg.terminal import printable
+from kickmsg.userfiles import read_at_most
 
 EXTRA = "pip install 'kickmsg-py[bridge]'"
 ATTACHMENT = struct.Struct("<4sB3xQQQqQ")  # magic, version, epoch, sequence, ring_pos, forwarded_wall_ns, source_lost
@@ -149,6 +150,7 @@ def parse_import(text: str) -> ImportSpec:
     return ImportSpec(check_key(key, "import key"), shm_name(name))
 
 
+CONFIG_LIMIT = 1024 * 1024  # bytes of a bridge config file
 GEOMETRY_KEYS = ("max_subscribers", "sub_ring_capacity", "pool_size", "max_payload_size", "commit_timeout")
 FILE_KEYS = {"key_prefix", "listen", "connect", "mode", "multicast_scouting", "stats_interval", "export", "import", "zenoh"}
 
@@ -156,8 +158,7 @@ FILE_KEYS = {"key_prefix", "listen", "connect", "mode", "multicast_scouting", "s
 def load_file(path: str) -> BridgeOptions:
     """Options from a TOML file (see the README for its keys)."""
     try:
-        with open(path, "rb") as file:
-            data = tomllib.load(file)
+        data = tomllib.loads(read_at_most(path, CONFIG_LIMIT, "the limit of a bridge config").decode("utf-8"))
     except OSError as error:
         raise ValueError(f"cannot read bridge config {path}: {error.strerror}") from None
     except tomllib.TOMLDecodeError as error:

@@ -9,12 +9,13 @@ import json
 import math
 import shutil
 import subprocess
+import sys
 
 import pytest
 
-from kickmsg import Config, Node, Publisher, jsontext, typed
+from kickmsg import Config, Node, Publisher, Subscriber, jsontext, typed
 from kickmsg.terminal import printable
-from test_cli import SMALL, Running, cli, create_in_child, make, wait_live
+from test_cli import SMALL, Running, cli, command_line, create_in_child, make, wait_live
 from test_cli import name, prefix  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.timeout(120)
@@ -128,3 +129,66 @@ def test_names_and_header_texts_with_control_characters_are_escaped_in_every_tex
     assert outputs["missing"].error_lines == [f"kickmsg info: error: no such region: {shown}x"]
     clean = cli("clean", "--prefix", prefix, "--dry-run")
     assert clean.text.splitlines()[0] == f"would remove {shown}"  # then perhaps processes it could not check
+
+
+# -- item 1: files a user names are read within a bound -------------------------------------
+
+
+GUARD_BYTES = 1536 * 1024**2  # address space of the measured command: a regression fails, it does not OOM the machine
+MEASURE = """
+import resource, subprocess, sys
+def guard():
+    resource.setrlimit(resource.RLIMIT_AS, ({guard}, {guard}))
+done = subprocess.run(sys.argv[1:], preexec_fn=guard, stdin=subprocess.DEVNULL, capture_output=True, timeout=60)
+sys.stderr.buffer.write(done.stderr)
+print(done.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
+"""
+
+
+def run_measuring_peak_rss(*args) -> tuple[int, str, int]:
+    """``kickmsg ARGS`` run by a fresh interpreter whose only child it is:
+    its exit status, its stderr and its peak resident set size in bytes."""
+    done = subprocess.run([sys.executable, "-c", MEASURE.format(guard=GUARD_BYTES), *command_line(args)],
+                          capture_output=True, timeout=90)
+    code, peak_kb = map(int, done.stdout.split())
+    return code, done.stderr.decode(), peak_kb * 1024
+
+
+def test_pub_reads_no_more_of_a_file_than_the_payload_limit(name, tmp_path):
+    """pub @/dev/zero grew until the kernel killed processes, and a 1 GiB file
+    was read whole (1.08 GB resident) before its size was checked: now at
+    most max_payload_size + 1 bytes are read, and the error names the file's
+    size and the limit. Peak memory stays near that of a one-byte pub."""
+    make(name, max_payload_size=4096)
+    sparse = tmp_path / "sparse.bin"
+    with open(sparse, "wb") as file:
+        file.truncate(1024**3)  # 1 GiB that takes no disk
+    code, err, baseline = run_measuring_peak_rss("pub", name, "x")
+    assert (code, err) == (0, "")
+    code, err, from_zero = run_measuring_peak_rss("pub", name, "@/dev/zero")
+    assert code == 2 and err == f"kickmsg pub: error: /dev/zero: more than 4096 bytes, above max_payload_size of {name} (4096 bytes)\n"
+    code, err, from_sparse = run_measuring_peak_rss("pub", name, f"@{sparse}")
+    assert code == 2 and err == f"kickmsg pub: error: {sparse}: 1073741824 bytes, above max_payload_size of {name} (4096 bytes)\n"
+    assert max(from_zero, from_sparse) < baseline + 64 * 1024**2, (baseline, from_zero, from_sparse)
+
+
+def test_pub_takes_a_file_or_a_pipe_up_to_the_payload_limit(name, tmp_path):
+    region = make(name, max_payload_size=64)
+    exact = tmp_path / "exact.bin"
+    exact.write_bytes(bytes(range(64)))
+    subscriber = Subscriber(region)
+    assert cli("pub", name, f"@{exact}").code == 0
+    assert cli("pub", name, "@/dev/stdin", input=b"piped").code == 0
+    assert [subscriber.try_receive(), subscriber.try_receive()] == [bytes(range(64)), b"piped"]
+    too_long = cli("pub", name, "@/dev/stdin", input=bytes(65))
+    assert too_long.error_lines == [f"kickmsg pub: error: /dev/stdin: more than 64 bytes, above max_payload_size of {name} (64 bytes)"]
+
+
+def test_a_bridge_config_and_a_crosscheck_replay_are_read_within_a_bound():
+    """Their fixed limits (1 MiB, 16 MiB) bound what /dev/zero costs."""
+    code, err, _ = run_measuring_peak_rss("bridge", "--config", "/dev/zero")
+    assert code == 2 and err == ("kickmsg bridge: error: /dev/zero: more than 1048576 bytes, "
+                                 "above the limit of a bridge config (1048576 bytes)\n")
+    code, err, _ = run_measuring_peak_rss("crosscheck", "--other-python", sys.executable, "--replay", "/dev/zero")
+    assert code == 2 and err == ("kickmsg crosscheck: error: /dev/zero: more than 16777216 bytes, "
+                                 "above the limit of a crosscheck replay (16777216 bytes)\n")

@@ -33,15 +33,20 @@ from kickmsg.diagnostics import (
 from kickmsg.publisher import send_retrying
 from kickmsg.region import DeadSubscriberReport, SharedRegion
 from kickmsg.terminal import printable
+from kickmsg.userfiles import FileTooLarge, read_at_most
 
 
-def payload_of(args: argparse.Namespace) -> bytes:
+def payload_of(args: argparse.Namespace, region: SharedRegion) -> bytes:
+    """DATA as bytes: text, hex digits with --hex, or the file named ``@path``,
+    read no further than the region's max_payload_size (plus one byte)."""
     if args.data.startswith("@"):
+        limit = region.geometry.slot_data_size
         try:
-            with open(args.data[1:], "rb") as file:
-                return file.read()
+            return read_at_most(args.data[1:], limit, f"max_payload_size of {region.name}")
         except OSError as error:
             raise CommandError(f"cannot read {args.data[1:]}: {error.strerror}") from None
+        except FileTooLarge as error:
+            raise CommandError(str(error)) from None
     if args.hex:
         try:
             return bytes.fromhex(args.data)
@@ -79,7 +84,7 @@ def cmd_pub(args: argparse.Namespace) -> int:
     check_data_given(args)
     stop = stop_on_signals()
     region = publishing_region(args)
-    payload = payload_of(args)
+    payload = payload_of(args, region)
     if len(payload) > region.geometry.slot_data_size:
         raise CommandError(f"{len(payload)} bytes exceed max_payload_size {region.geometry.slot_data_size} of {region.name}")
     publisher = kickmsg.Publisher(region, name="kickmsg-pub")  # its record names it
