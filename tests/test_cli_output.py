@@ -15,7 +15,7 @@ import pytest
 
 from kickmsg import Config, Node, Publisher, Subscriber, jsontext, typed
 from kickmsg.terminal import printable
-from test_cli import SMALL, Running, cli, command_line, create_in_child, make, wait_live
+from test_cli import ROOMY, SMALL, Running, cli, command_line, create_in_child, make, wait_live
 from test_cli import name, prefix  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.timeout(120)
@@ -192,3 +192,53 @@ def test_a_bridge_config_and_a_crosscheck_replay_are_read_within_a_bound():
     code, err, _ = run_measuring_peak_rss("crosscheck", "--other-python", sys.executable, "--replay", "/dev/zero")
     assert code == 2 and err == ("kickmsg crosscheck: error: /dev/zero: more than 16777216 bytes, "
                                  "above the limit of a crosscheck replay (16777216 bytes)\n")
+
+
+# -- item 16: hz/bw --json per interval, echo framings ---------------------------------------
+
+
+@pytest.mark.parametrize("command", ["hz", "bw"])
+def test_hz_and_bw_json_print_one_line_per_report(name, command):
+    """--json printed nothing until the end: now every --every report is
+    one JSON line (final false, new messages, seconds of silence), then the
+    final one."""
+    region = make(name, **ROOMY)
+    with Running(command, name, "--every", "0.2", "--timeout", "1.5", "--json") as running:
+        wait_live(name, 1, running)
+        publisher = Publisher(region)
+        for index in range(3):
+            publisher.send(b"%d" % index)
+        result = running.finish()
+    assert (result.code, result.err) == (0, b"")
+    *periodic, final = [strict_loads(line) for line in result.text.splitlines()]
+    assert (final["final"], final["stopped"], final["messages"]) == (True, "silence", 3)
+    assert periodic and all(report["final"] is False for report in periodic)
+    assert sum(report["new_messages"] for report in periodic) <= 3
+    quiet = periodic[-1]  # 1.5 s of silence span several reports of 0.2 s
+    assert (quiet["new_messages"], quiet["messages"]) == (0, 3) and quiet["silent_s"] > 0
+
+
+MESSAGES = [b"", b"one\n", bytes(range(64))]
+
+
+def test_echo_frames_put_each_payload_after_its_length(name):
+    region = make(name, **ROOMY)
+    with Running("echo", name, "--count", "3", "--timeout", "10", "--format", "frames") as echo:
+        wait_live(name, 1, echo)
+        publisher = Publisher(region)
+        for message in MESSAGES:
+            publisher.send(message)
+        result = echo.finish()
+    assert (result.code, result.err) == (0, b"")
+    assert result.out == b"".join(len(m).to_bytes(8, "little") + m for m in MESSAGES)
+
+
+def test_echo_raw_with_count_ends_after_that_many_messages(name):
+    """Raw payloads have no line to end `| head -1`: --count 1 writes the first message's bytes and exits."""
+    region = make(name, **ROOMY)
+    with Running("echo", name, "--count", "1", "--timeout", "10", "--format", "raw") as echo:
+        wait_live(name, 1, echo)
+        publisher = Publisher(region)
+        publisher.send(MESSAGES[2])
+        result = echo.finish()
+    assert (result.code, result.out, result.err) == (0, MESSAGES[2], b"")

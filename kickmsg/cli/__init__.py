@@ -116,9 +116,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub = command("echo", cmd_echo, "subscribe and print messages (typed channels print their fields)",
                   "  kickmsg echo --topic imu --count 5\n  kickmsg echo /kickmsg_imu --format hex\n"
-                  "  kickmsg echo --topic imu --format raw > dump.bin")
+                  "  kickmsg echo --topic imu --format raw --count 1 > frame.bin\n"
+                  "  kickmsg echo --topic imu --format frames > dump.frames")
     sub.add_argument("--count", type=positive_int, help="stop after this many messages")
-    sub.add_argument("--format", choices=("text", "hex", "json", "raw"), default="text")
+    sub.add_argument("--format", choices=("text", "hex", "json", "raw", "frames"), default="text",
+                     help="text (control characters escaped), hex, json (one object a line), raw (the payloads' bytes "
+                          "back to back: --count N takes N messages), frames (each payload after its length, 8 bytes "
+                          "unsigned little-endian)")
     sub.add_argument("--timeout", type=positive_number, metavar="S",
                      help="stop when nothing arrives for S seconds (exit 1 if --count was not reached; default: wait)")
 

@@ -28,6 +28,8 @@ RECEIVE_SLICE_S = 0.1  # a receive waits at most this long, so that a stop signa
 # hz/bw's report of the last messages: (times, sizes, received) -> (figures, text)
 Describe = Callable[[list[float], list[int], int], tuple[dict[str, Any], str]]
 DEFAULT_SILENCE_S = 10.0  # hz/bw --count without --timeout give up after this long without a message
+BINARY_FORMATS = ("raw", "frames")  # echo's payload bytes as they are; frames put each one's length first
+FRAME_LENGTH_BYTES = 8  # echo --format frames: the payload's length, unsigned little-endian, then the payload
 
 
 def decode_records(data: bytes, record_type: typed.RecordType | None) -> numpy.ndarray | None:
@@ -124,14 +126,16 @@ def cmd_echo(args: argparse.Namespace) -> int:
             last_message = time.monotonic()
             with view:
                 data, ring_pos = bytes(view), view.ring_pos
-            if args.format == "raw":
+            if args.format in BINARY_FORMATS:
+                if args.format == "frames":
+                    sys.stdout.buffer.write(len(data).to_bytes(FRAME_LENGTH_BYTES, "little"))
                 sys.stdout.buffer.write(data)
                 sys.stdout.buffer.flush()
             else:
                 records = decode_records(data, record_type)
                 print(format_message(data, ring_pos, records, "json" if args.json else args.format), flush=True)
             printed += 1
-    if subscriber.lost and not args.json and args.format != "raw":
+    if subscriber.lost and not args.json and args.format not in BINARY_FORMATS:
         print(f"(lost {subscriber.lost} messages)", file=sys.stderr)
     if silent and args.count is not None:
         print(f"kickmsg echo: {silence_note(args.timeout, printed, args.count)}", file=sys.stderr)
@@ -143,9 +147,13 @@ def measure(args: argparse.Namespace, describe: Describe) -> int:
     """Receive for hz/bw until --count, --duration, a stop signal, or
     silence (--timeout; DEFAULT_SILENCE_S with --count). Every --every
     seconds print ``describe(times, sizes, received)`` of the last --window
-    messages, or how long nothing has arrived; then a final report. Exit
-    status 1 if silence ended it before --count messages arrived."""
+    messages, or how long nothing has arrived; then a final report. With
+    --json each report is one JSON line (``final`` false, ``new_messages``
+    since the last report, ``silent_s`` since the last message), the final
+    one ``final`` true with why it ``stopped``. Exit status 1 if silence
+    ended it before --count messages arrived."""
     stop = stop_on_signals()
+    args.json_lines = True
     _, subscriber = subscribed(args)
     silence = args.timeout if args.timeout is not None else DEFAULT_SILENCE_S if args.count is not None else None
     times: list[float] = []  # the arrival times of the last --window messages
@@ -171,9 +179,10 @@ def measure(args: argparse.Namespace, describe: Describe) -> int:
             if stopped:
                 break
             if now >= next_report:
-                if not args.json:
-                    news = describe(times, sizes, received)[1] if received > reported else None
-                    print(news or f"no new messages for {now - last_message:.1f} s", flush=True)
+                figures, text = describe(times, sizes, received)
+                silent_s = round(now - last_message, 1)
+                emit(args, dict(figures, final=False, new_messages=received - reported, silent_s=silent_s),
+                     text if received > reported else f"no new messages for {silent_s:.1f} s")
                 reported, next_report = received, now + args.every
             view = receive_slice(args, subscriber, end, quiet_until, next_report)
             if view is None:
