@@ -7,13 +7,14 @@ process; every wait is bounded. No timing assertions.
 """
 import json
 import math
+import os
 import shutil
 import subprocess
 import sys
 
 import pytest
 
-from kickmsg import Config, Node, Publisher, Subscriber, jsontext, typed
+from kickmsg import Config, Node, Publisher, Subscriber, jsontext, layout, typed
 from kickmsg.terminal import printable
 from test_cli import ROOMY, SMALL, Running, cli, command_line, create_in_child, make, wait_live
 from test_cli import name, prefix  # noqa: F401  (fixtures)
@@ -110,8 +111,13 @@ def test_names_and_header_texts_with_control_characters_are_escaped_in_every_tex
     """A region made by another program may have any name and creator: list,
     info, stats, watch, audit, diagnose, schema, clean and the errors print
     them escaped, one line each."""
-    name = f"/{prefix}_{HOSTILE}"
-    create_in_child("ours", name, creator="c" + HOSTILE)  # a creator that is gone: clean removes the region
+    name, creator = f"/{prefix}_{HOSTILE}", ("c" + HOSTILE).encode()
+    plain = f"/{prefix}_plain"
+    create_in_child("ours", plain, creator="c" * len(creator))  # a creator that is gone: clean removes the region
+    with open(f"/dev/shm{plain}", "r+b") as region:  # as another program could have made it (this package refuses such names)
+        region.seek(layout.HEADER_SIZE)
+        region.write(creator)
+    os.rename(f"/dev/shm{plain}", f"/dev/shm{name}")
     shown = printable(name)
     outputs = {command: cli(command, name, *extra) for command, extra in (
         ("info", ()), ("stats", ()), ("watch", ("--count", "1")), ("audit", ()), ("diagnose", ()), ("schema", ()),
