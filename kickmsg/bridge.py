@@ -64,7 +64,7 @@ import time
 import tomllib
 from typing import Any, TextIO
 
-from kickmsg import owners
+from kickmsg import jsontext, owners
 from kickmsg.config import ChannelType, Config
 from kickmsg.description import channel_config, describe
 from kickmsg.diagnostics import creator_name
@@ -72,6 +72,8 @@ from kickmsg.publisher import Publisher, send_retrying
 from kickmsg.region import SharedRegion
 from kickmsg.shm import RegionNotFoundError, check_name, object_size
 from kickmsg.subscriber import Subscriber
+from kickmsg.terminal import printable
+from kickmsg.userfiles import read_at_most
 
 EXTRA = "pip install 'kickmsg-py[bridge]'"
 ATTACHMENT = struct.Struct("<4sB3xQQQqQ")  # magic, version, epoch, sequence, ring_pos, forwarded_wall_ns, source_lost
@@ -160,6 +162,7 @@ def parse_import(text: str) -> ImportSpec:
     return ImportSpec(check_key(key, "import key"), shm_name(name))
 
 
+CONFIG_LIMIT = 1024 * 1024  # bytes of a bridge config file
 GEOMETRY_KEYS = ("max_subscribers", "sub_ring_capacity", "pool_size", "max_payload_size", "commit_timeout")
 FILE_KEYS = {"key_prefix", "listen", "connect", "mode", "multicast_scouting", "stats_interval", "export", "import", "zenoh"}
 
@@ -167,8 +170,7 @@ FILE_KEYS = {"key_prefix", "listen", "connect", "mode", "multicast_scouting", "s
 def load_file(path: str) -> BridgeOptions:
     """Options from a TOML file (see the README for its keys)."""
     try:
-        with open(path, "rb") as file:
-            data = tomllib.load(file)
+        data = tomllib.loads(read_at_most(path, CONFIG_LIMIT, "the limit of a bridge config").decode("utf-8"))
     except OSError as error:
         raise ValueError(f"cannot read bridge config {path}: {error.strerror}") from None
     except tomllib.TOMLDecodeError as error:
@@ -398,7 +400,7 @@ class Exporter:
         self.subscriber = Subscriber(region)
         self.figures = ChannelFigures("export", name, key, epochs=1)
         self.epoch = secrets.randbits(64)
-        self.description = json.dumps(dict(describe(region), epoch=self.epoch)).encode()
+        self.description = jsontext.dumps(dict(describe(region), epoch=self.epoch)).encode()
         self.publisher = session.declare_publisher(key, congestion_control=zenoh.CongestionControl.BLOCK)
         self.queryable = session.declare_queryable(f"{key}/{DESCRIPTION_CHUNK}", self._answer)
         self.thread = threading.Thread(target=self._run, name=f"export {name}", daemon=True)
@@ -418,7 +420,7 @@ class Exporter:
             if subscriber.rejoined != rejoined:  # the channel was re-created: a new epoch, maybe a new geometry
                 rejoined, sequence = subscriber.rejoined, 0
                 self.epoch = secrets.randbits(64)
-                self.description = json.dumps(dict(describe(subscriber.region), epoch=self.epoch)).encode()
+                self.description = jsontext.dumps(dict(describe(subscriber.region), epoch=self.epoch)).encode()
                 figures.epochs += 1
             if view is None:
                 continue
@@ -569,7 +571,7 @@ class Importer:
             region, changes = open_local_channel(self.spec.name, self.spec.key, description, self.spec.config)
         except BridgeError as error:
             if self.figures.error is None:
-                print(f"kickmsg bridge: error: {error}", file=sys.stderr, flush=True)
+                print(f"kickmsg bridge: error: {printable(str(error))}", file=sys.stderr, flush=True)
             self.figures.error = str(error)
             return False
         self.figures.error = None
@@ -775,13 +777,14 @@ def figures_table(figures: list[ChannelFigures], elapsed: float, rates: dict[str
     """The figures as aligned text columns."""
     head = ("direction", "channel", "key", "matched", "in", "out", "lost_locally", "lost_on_way", "bytes/s")
     rows = [head] + [
-        (f.direction, f.channel, f.key, "yes" if f.matched else "no", str(f.messages_in), str(f.messages_out),
-         str(f.lost_locally), str(f.lost_on_way) if f.direction == "import" else "-", f"{rates[f.key]:.0f}")
+        (f.direction, printable(f.channel), printable(f.key), "yes" if f.matched else "no", str(f.messages_in),
+         str(f.messages_out), str(f.lost_locally), str(f.lost_on_way) if f.direction == "import" else "-",
+         f"{rates[f.key]:.0f}")
         for f in figures
     ]
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
-    notes = [f"{f.channel}: {f.error}" for f in figures if f.error]
+    notes = [printable(f"{f.channel}: {f.error}") for f in figures if f.error]
     return f"after {elapsed:.1f} s, {peers} Zenoh peer(s) connected:\n" + "\n".join(lines + notes)
 
 
@@ -789,7 +792,7 @@ def report(figures: list[ChannelFigures], elapsed: float, rates: dict[str, float
            as_json: bool, out: TextIO) -> None:
     if as_json:
         channels = [{**dataclasses.asdict(f), "bytes_per_s": rates[f.key]} for f in figures]
-        print(json.dumps({"final": final, "elapsed_s": round(elapsed, 3), "peers": peers, "channels": channels}),
+        print(jsontext.dumps({"final": final, "elapsed_s": round(elapsed, 3), "peers": peers, "channels": channels}),
               file=out, flush=True)
     else:
         print(figures_table(figures, elapsed, rates, peers), file=out, flush=True)
@@ -802,7 +805,7 @@ def run(options: BridgeOptions, stop: threading.Event, as_json: bool = False, ou
     bridge.start()
     if not as_json:
         keys = [f"{f.channel} -> {f.key}" if f.direction == "export" else f"{f.key} -> {f.channel}" for f in bridge.figures()]
-        print(f"bridging {', '.join(keys)} (Ctrl-C stops)", file=out, flush=True)
+        print(f"bridging {printable(', '.join(keys))} (Ctrl-C stops)", file=out, flush=True)
     last_time, last_bytes = bridge.started, {f.key: 0 for f in bridge.figures()}
     try:
         while not stop.wait(options.stats_interval or 3600.0):

@@ -47,14 +47,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import kickmsg
-from kickmsg import crossdriver, layout
+from kickmsg import crossdriver, jsontext, layout
 from kickmsg.layout import field_at
 from kickmsg.region import unlink_shm
+from kickmsg.userfiles import read_at_most
 
 IGNORED = range(112, 128)  # creator_pid and created_at_ns differ by nature
 START_TIMEOUT_S = 30.0  # for the other side to import its kickmsg
 OPERATION_TIMEOUT_S = 30.0  # for one operation on the other side
 MAX_DIFFERENCES = 16  # fields listed in a report
+REPLAY_LIMIT = 16 * 1024 * 1024  # bytes of a --replay file (a few hundred thousand operations)
 
 # Relative frequencies of the operations (the first one is always "create").
 WEIGHTS = {
@@ -489,7 +491,7 @@ class Result:
             lines.append("  region bytes: identical")
         command = shlex.join(self.replay_command + ["--replay", "FILE"])
         lines.append(f"reproducer ({len(d.reproducer)} operations; save these lines as FILE, then: {command}):")
-        lines += [json.dumps(op) for op in d.reproducer]
+        lines += [jsontext.dumps(op) for op in d.reproducer]
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, object]:
@@ -532,8 +534,7 @@ def load_operations(path: str) -> list[Operation]:
     """Read a sequence: one JSON list per line (as a report prints them; blank
     lines and lines starting with # are skipped), or one JSON list of them."""
     try:
-        with open(path, encoding="utf-8") as file:
-            text = file.read()
+        text = read_at_most(path, REPLAY_LIMIT, "the limit of a crosscheck replay").decode("utf-8")
     except OSError as error:
         raise SetupError(f"cannot read {path}: {error.strerror}") from None
     try:

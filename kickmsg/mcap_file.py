@@ -31,7 +31,6 @@ messages before); their values are JSON text, but for the plain texts
 """
 import base64
 import json
-import math
 import os
 import struct
 from collections.abc import Iterator, Mapping
@@ -47,6 +46,7 @@ from mcap.well_known import MessageEncoding, SchemaEncoding
 from mcap.writer import CompressionType, Writer
 
 import kickmsg
+from kickmsg import jsontext
 from kickmsg.description import schema_from_json
 from kickmsg.record import SCHEMA_KEY, file_format, recording_files
 from kickmsg.typed import RecordType
@@ -58,7 +58,6 @@ SEQUENCE_MASK = 0xFFFFFFFF
 CHUNK_BYTES = 1024 * 1024  # the mcap library's default chunk size
 RESERVED_KEYS = ("_records", "_payload")
 TEXT_KEYS = ("recording", "host", "channel")  # metadata values kept as text; the others are JSON
-NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
 
 # -- numpy records <-> JSON ---------------------------------------------------
@@ -116,8 +115,7 @@ def _to_json(value: Any, dtype: np.dtype) -> Any:
     if dtype.kind in "iu":
         return int(value)
     if dtype.kind == "f":
-        number = float(value)
-        return number if math.isfinite(number) else ("NaN" if math.isnan(number) else ("Infinity" if number > 0 else "-Infinity"))
+        return jsontext.number(float(value))
     if dtype.kind == "b":
         return bool(value)
     if dtype.kind == "S":
@@ -134,7 +132,7 @@ def _from_json(value: Any, dtype: np.dtype) -> Any:
     if dtype.names:
         return tuple(_from_json(value[name], inner) for name, inner in _fields(dtype))
     if dtype.kind == "f":
-        return NON_FINITE[value] if isinstance(value, str) else float(value)
+        return jsontext.NON_FINITE[value] if isinstance(value, str) else float(value)
     if dtype.kind == "S":
         return base64.b64decode(value, validate=True)
     return value
@@ -232,7 +230,7 @@ class McapRecordingWriter:
             schema["properties"] = dict(schema["properties"], _records={"type": "array", "items": record_schema},
                                         _payload={"type": "string", "contentEncoding": "base64"})
             schema_name = record_type.name
-        schema_id = self.writer.register_schema(schema_name, SchemaEncoding.JSONSchema, json.dumps(schema).encode())
+        schema_id = self.writer.register_schema(schema_name, SchemaEncoding.JSONSchema, jsontext.dumps(schema).encode())
         mapping = "payload" if record_type is None else "fields"
         channel_id = self.writer.register_channel(name, MessageEncoding.JSON, schema_id, {MAPPING_KEY: mapping})
         return _Channel(channel_id, record_type)
@@ -246,7 +244,7 @@ class McapRecordingWriter:
         else:
             data = encode_records(payload, target.record_type)
         self.writer.add_message(
-            target.channel_id, log_time=recv_wall_ns, data=json.dumps(data, separators=(",", ":")).encode(),
+            target.channel_id, log_time=recv_wall_ns, data=jsontext.dumps(data, separators=(",", ":")).encode(),
             publish_time=publish_time(recv_mono_ns, recv_wall_ns, stamp_ns), sequence=ring_pos & SEQUENCE_MASK,
         )
         target.messages += 1
@@ -270,7 +268,7 @@ class McapRecordingWriter:
 
 def _json_values(values: dict[str, Any]) -> dict[str, str]:
     """MCAP metadata holds strings: text as it is, other values as JSON text."""
-    return {key: value if key in TEXT_KEYS else json.dumps(value) for key, value in values.items()}
+    return {key: value if key in TEXT_KEYS else jsontext.dumps(value) for key, value in values.items()}
 
 
 def _from_json_values(values: dict[str, str]) -> dict[str, Any]:

@@ -42,7 +42,7 @@ from types import ModuleType
 import pyarrow
 import pyarrow.parquet
 
-from kickmsg import stamp
+from kickmsg import jsontext, stamp
 from kickmsg.description import channel_config, describe
 from kickmsg.publisher import Publisher, send_retrying
 from kickmsg.region import SharedRegion
@@ -173,7 +173,7 @@ class Recorder:
             "channels": {name: describe(region) for name, region in self.regions.items()},
         }
         columns = COLUMNS if payload else COLUMNS[:-1]
-        self.schema = pyarrow.schema(columns, metadata={SCHEMA_KEY: json.dumps(self.metadata).encode()})
+        self.schema = pyarrow.schema(columns, metadata={SCHEMA_KEY: jsontext.dumps(self.metadata).encode()})
         self.rows: list[list] = []  # buffered rows, in arrival order
         self.lock = threading.Lock()
         self.stopping = threading.Event()

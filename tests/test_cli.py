@@ -908,7 +908,7 @@ def test_echo_a_channel_created_and_fed_by_native(name):
 
 
 def test_hz_counts_messages_of_this_process(name):
-    """hz --count 20 --json: one final report over the 20 messages."""
+    """hz --count 20 --json: a final report over the 20 messages (its last JSON line)."""
     region = make(name, **ROOMY)
     with Running("hz", name, "--count", "20", "--json") as hz:
         wait_live(name, 1, hz)
@@ -918,7 +918,7 @@ def test_hz_counts_messages_of_this_process(name):
             time.sleep(0.001)
         result = hz.finish()
     assert result.code == 0, result.err
-    report = result.json()  # exactly one JSON document
+    report = result.json_lines()[-1]
     assert (report["messages"], report["window"], report["final"]) == (20, 19, True)
     assert report["rate_hz"] > 0
     assert 0 <= report["min_s"] <= report["max_s"] and report["std_s"] >= 0
@@ -936,7 +936,7 @@ def test_bw_counts_sizes_from_a_native_publisher(name):
             assert native.result() == 20
             result = bw.finish()
     assert result.code == 0, result.err
-    report = result.json()
+    report = result.json_lines()[-1]
     assert (report["messages"], report["window"], report["final"]) == (20, 20, True)
     assert (report["min_size"], report["max_size"], report["mean_size"]) == (1, 20, 10.5)
     assert report["bytes_per_s"] > 0
@@ -964,8 +964,8 @@ def test_hz_and_bw_duration_without_messages(name):
     make(name)
     with Running("hz", name, "--duration", "0.3", "--json") as hz, Running("bw", name, "--duration", "0.3", "--json") as bw:
         hz_result, bw_result = hz.finish(), bw.finish()
-    assert hz_result.json() == {"messages": 0, "rate_hz": None, "final": True, "stopped": "duration"}
-    assert bw_result.json() == {"messages": 0, "bytes_per_s": None, "final": True, "stopped": "duration"}
+    assert hz_result.json_lines()[-1] == {"messages": 0, "rate_hz": None, "final": True, "stopped": "duration"}
+    assert bw_result.json_lines()[-1] == {"messages": 0, "bytes_per_s": None, "final": True, "stopped": "duration"}
     assert (hz_result.code, bw_result.code) == (0, 0)
     assert live_rings(name) == []
 
@@ -981,7 +981,7 @@ def test_hz_and_bw_count_larger_than_window_stop(name):
             publisher.send(b"m%02d" % i)
         hz_result, bw_result = hz.finish(timeout=3), bw.finish(timeout=3)  # a working one ends at once
     assert hz_result.code == 0 and bw_result.code == 0
-    assert hz_result.json()["window"] == 5 and bw_result.json()["window"] == 5
+    assert hz_result.json_lines()[-1]["window"] == 5 and bw_result.json_lines()[-1]["window"] == 5
 
 
 # -- pub -------------------------------------------------------------------------------------------
@@ -1236,7 +1236,7 @@ def test_ctrl_c_ends_watch_echo_and_hz_cleanly(name):
     assert (watched.code, echoed.code, measured.code) == (0, 0, 0)
     assert all(refresh["name"] == name for refresh in watched.json_lines())  # whole lines only
     assert echoed.out == b""
-    assert measured.json() == {"messages": 0, "rate_hz": None, "final": True, "stopped": "signal"}
+    assert measured.json_lines()[-1] == {"messages": 0, "rate_hz": None, "final": True, "stopped": "signal"}
     assert live_rings(name) == []
 
 

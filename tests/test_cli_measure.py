@@ -53,7 +53,7 @@ def test_count_with_timeout_stops_for_silence_with_exit_1(name, command):
         text_result, json_result = text.finish(), as_json.finish()
     assert text_result.code == 1 and json_result.code == 1
     assert text_result.text.splitlines()[-1] == "stopped: no message for 0.5 s (2 of 5 messages arrived)"
-    report = json_result.json()
+    report = json_result.json_lines()[-1]
     assert (report["messages"], report["final"], report["stopped"]) == (2, True, "silence")
 
 
@@ -66,7 +66,7 @@ def test_count_without_timeout_gives_up_after_the_default_silence(name):
     assert (hz_result.code, bw_result.code) == (1, 1)
     assert hz_result.text.splitlines()[-2:] == [
         "received 0 message(s): no rate yet", "stopped: no message for 10 s (0 of 3 messages arrived)"]
-    assert bw_result.json() == {"messages": 0, "bytes_per_s": None, "final": True, "stopped": "silence"}
+    assert bw_result.json_lines()[-1] == {"messages": 0, "bytes_per_s": None, "final": True, "stopped": "silence"}
 
 
 def test_count_reached_exits_0_with_no_silence_line(name):
@@ -79,7 +79,7 @@ def test_count_reached_exits_0_with_no_silence_line(name):
             publisher.send(b"%d" % index)
         result = hz.finish()
     assert result.code == 0
-    assert (result.json()["messages"], result.json()["stopped"]) == (3, "count")
+    assert (result.json_lines()[-1]["messages"], result.json_lines()[-1]["stopped"]) == (3, "count")
 
 
 def test_echo_timeout_without_count_exits_0(name):

@@ -89,7 +89,7 @@ def test_stop_signal_ends_a_subscribing_command_cleanly(name, command, number):
         lines = result.json_lines()
         assert lines and all(line["text"].startswith("tick ") for line in lines)
     else:
-        report = result.json()
+        report = result.json_lines()[-1]
         assert (report["final"], report["stopped"]) == (True, "signal")
         assert report["messages"] > 0
     assert_ring_left(name)

@@ -64,6 +64,7 @@ from kickmsg.cli.inspecting import (
 from kickmsg.cli.managing import cmd_clean, cmd_create, cmd_pub, cmd_repair, cmd_rm
 from kickmsg.cli.receiving import DEFAULT_SILENCE_S, cmd_bw, cmd_echo, cmd_hz
 from kickmsg.cli.recording import cmd_analyze, cmd_convert, cmd_play, cmd_record
+from kickmsg.terminal import printable
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -115,9 +116,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub = command("echo", cmd_echo, "subscribe and print messages (typed channels print their fields)",
                   "  kickmsg echo --topic imu --count 5\n  kickmsg echo /kickmsg_imu --format hex\n"
-                  "  kickmsg echo --topic imu --format raw > dump.bin")
+                  "  kickmsg echo --topic imu --format raw --count 1 > frame.bin\n"
+                  "  kickmsg echo --topic imu --format frames > dump.frames")
     sub.add_argument("--count", type=positive_int, help="stop after this many messages")
-    sub.add_argument("--format", choices=("text", "hex", "json", "raw"), default="text")
+    sub.add_argument("--format", choices=("text", "hex", "json", "raw", "frames"), default="text",
+                     help="text (control characters escaped), hex, json (one object a line), raw (the payloads' bytes "
+                          "back to back: --count N takes N messages), frames (each payload after its length, 8 bytes "
+                          "unsigned little-endian)")
     sub.add_argument("--timeout", type=positive_number, metavar="S",
                      help="stop when nothing arrives for S seconds (exit 1 if --count was not reached; default: wait)")
 
@@ -307,10 +312,11 @@ def main(argv: list[str] | None = None) -> int:
             discard_stdout()
             return EXIT_OK
         except CommandError as error:
-            print(f"kickmsg {args.command}: error: {error}", file=sys.stderr)
+            print(f"kickmsg {args.command}: error: {printable(str(error))}", file=sys.stderr)
             return EXIT_ERROR
         except (RuntimeError, ValueError, OSError) as error:
-            print(f"kickmsg {args.command}: error: {str(error).splitlines()[0] if str(error) else type(error).__name__}", file=sys.stderr)
+            print(f"kickmsg {args.command}: error: {printable(str(error).splitlines()[0]) if str(error) else type(error).__name__}",
+                  file=sys.stderr)
             return EXIT_ERROR
         except KeyboardInterrupt:
             discard_stdout()

@@ -3,7 +3,6 @@ on signals, and the argument types.
 """
 import argparse
 import importlib
-import json
 import math
 import os
 import signal
@@ -14,9 +13,10 @@ from collections.abc import Callable, Sequence
 from types import FrameType, ModuleType
 from typing import Any, TextIO
 
-from kickmsg import shm
+from kickmsg import jsontext, shm
 from kickmsg.config import Config
 from kickmsg.region import SharedRegion
+from kickmsg.terminal import printable
 
 EXIT_OK, EXIT_FOUND, EXIT_ERROR = 0, 1, 2
 EXIT_FORCED = 130  # a second stop signal (or Ctrl-C) forced the command out
@@ -93,13 +93,14 @@ def import_module_of_extra(module: str, extra: str) -> ModuleType:
 
 def emit(args: argparse.Namespace, data: object, text: str) -> None:
     """Print ``data`` as JSON with --json, else ``text``."""
-    print(json.dumps(data, indent=None if getattr(args, "json_lines", False) else 2) if args.json else text, flush=True)
+    print(jsontext.dumps(data, indent=None if getattr(args, "json_lines", False) else 2) if args.json else text, flush=True)
 
 
 def table(rows: list[dict[str, Any]], columns: Sequence[str]) -> str:
-    """Plain aligned columns; a missing value shows as ``-``."""
+    """Plain aligned columns; a missing value shows as ``-``, control
+    characters in a value as escapes."""
     cells = [[str(column).upper() for column in columns]]
-    cells += [["-" if row.get(c) is None else str(row[c]) for c in columns] for row in rows]
+    cells += [["-" if row.get(c) is None else printable(str(row[c])) for c in columns] for row in rows]
     widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
     return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip() for line in cells)
 
@@ -138,7 +139,7 @@ def print_warnings_on_one_line(command: str) -> None:
     """Library warnings (e.g. a geometry that cannot work) as one stderr line each."""
     def show(message: Warning | str, category: type[Warning], filename: str, lineno: int,
              file: TextIO | None = None, line: str | None = None) -> None:
-        print(f"kickmsg {command}: warning: {message}", file=sys.stderr, flush=True)
+        print(f"kickmsg {command}: warning: {printable(str(message))}", file=sys.stderr, flush=True)
 
     warnings.showwarning = show
 

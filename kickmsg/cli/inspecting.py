@@ -3,11 +3,10 @@ schema-diff, diagnose, audit, exporter. They render ``kickmsg.diagnostics``.
 """
 import argparse
 import datetime
-import json
 import sys
 from typing import Any
 
-from kickmsg import diagnostics, typed
+from kickmsg import diagnostics, jsontext, typed
 from kickmsg.audit import audit
 from kickmsg.cli.common import (
     EXIT_FOUND,
@@ -23,6 +22,7 @@ from kickmsg.cli.common import (
 )
 from kickmsg.description import schema_to_json
 from kickmsg.schema import Diff, diff
+from kickmsg.terminal import printable
 
 LIST_COLUMNS = (
     "name", "type", "version", "creator", "pid", "alive", "subs", "pubs", "bridges", "capacity", "pool", "payload",
@@ -47,7 +47,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     denied = len(found) - len(rows)
     unreadable = f"{counted(denied, 'object', 'objects')} could not be read: permission denied"
     if args.json:
-        print(json.dumps([json_list_row(row, columns) for row in rows], indent=2), flush=True)
+        print(jsontext.dumps([json_list_row(row, columns) for row in rows], indent=2), flush=True)
         if denied:
             print(f"kickmsg list: {unreadable}", file=sys.stderr)
         return EXIT_OK
@@ -96,7 +96,7 @@ def cmd_info(args: argparse.Namespace) -> int:
             continue
         if isinstance(value, dict):
             value = ", ".join(f"{k}={v}" for k, v in value.items())
-        lines.append(f"{key:<18} {value}")
+        lines.append(f"{key:<18} {printable(str(value))}")
     lines += [f"{'warning':<18} {hazard}" for hazard in found.hazards]
     emit(args, data, "\n".join(lines))
     return EXIT_OK
@@ -106,11 +106,11 @@ def cmd_stats(args: argparse.Namespace) -> int:
     region = inspect(channel_name(args))
     found = diagnostics.region_stats(region, audit(region))
     shown = [dict(vars(row), owner_pid=owner_cell(row)) for row in found.rings]
-    lines = [f"{region.name}: pool {found.pool_free}/{found.pool_size} slots free", table(
+    lines = [f"{printable(region.name)}: pool {found.pool_free}/{found.pool_size} slots free", table(
         shown, ["ring", "state", "in_flight", "write_pos", "held", "locked", "owner_pid", "read_pos", "pending", "lost"]
     )]
     lines += [
-        f"ring {row.ring}: its subscriber (pid {row.owner_pid}) died; kickmsg repair {region.name} reclaims it"
+        f"ring {row.ring}: its subscriber (pid {row.owner_pid}) died; kickmsg repair {printable(region.name)} reclaims it"
         for row in found.rings if row.owner_alive is False
     ]
     lines += publisher_lines(region.name, found.publishers)
@@ -127,7 +127,7 @@ def publisher_lines(name: str, publishers: list[diagnostics.Participant]) -> lis
     rows = [dict(vars(p), state="live" if p.alive else "stall") for p in publishers]
     lines = [f"publishers ({diagnostics.UNRECORDED_PUBLISHERS}):",
              table(rows, ["pid", "node_name", "state", "sent", "dropped"])]
-    lines += [f"publisher {p.pid} died without leaving (stall); kickmsg repair {name} reclaims its record"
+    lines += [f"publisher {p.pid} died without leaving (stall); kickmsg repair {printable(name)} reclaims its record"
               for p in publishers if not p.alive]
     return lines
 
@@ -168,7 +168,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
             live = sum(p.alive for p in snapshot.publishers)
             stalled = len(snapshot.publishers) - live
             screen = (
-                f"{snapshot.name}  {datetime.datetime.now():%H:%M:%S}  pool {snapshot.pool_used}/{snapshot.pool_size} in use\n"
+                f"{printable(snapshot.name)}  {datetime.datetime.now():%H:%M:%S}  pool {snapshot.pool_used}/{snapshot.pool_size} in use\n"
                 f"{snapshot.verdict}\n"
                 f"publishers: {live} live, {stalled} stall ({diagnostics.UNRECORDED_PUBLISHERS})\n"
                 + (table(shown, ["ring", "state", "in_flight", "write_pos", "msgs_per_s", "pending", "lost", "new_lost"]) if shown else "no active rings")
@@ -184,10 +184,10 @@ def cmd_schema(args: argparse.Namespace) -> int:
     info = region.schema()
     data = {"name": region.name, "schema": None if info is None else schema_to_json(info)}
     if info is None:
-        text = f"{region.name}: no schema descriptor"
+        text = f"{printable(region.name)}: no schema descriptor"
     else:
         record_type = typed.RecordType.from_schema(info)
-        text = "\n".join(f"{key:<14} {value}" for key, value in schema_to_json(info).items())
+        text = "\n".join(f"{key:<14} {printable(str(value))}" for key, value in schema_to_json(info).items())
         if record_type is not None:
             data["record_dtype"] = str(record_type.dtype)
             text += f"\n{'record dtype':<14} {record_type.dtype}"
@@ -201,7 +201,7 @@ def cmd_schema_diff(args: argparse.Namespace) -> int:
     if None in schemas:
         missing = [name for name, info in zip(names, schemas) if info is None]
         data = {"equal": schemas[0] is schemas[1], "differences": [], "without_schema": missing}
-        emit(args, data, f"no schema descriptor on {', '.join(missing)}")
+        emit(args, data, f"no schema descriptor on {printable(', '.join(missing))}")
         return EXIT_OK if data["equal"] else EXIT_FOUND
     found = diff(*[info for info in schemas if info is not None])
     names_of = [str(flag.name) for flag in Diff if flag and flag in found]

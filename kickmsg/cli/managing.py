@@ -37,15 +37,21 @@ from kickmsg.diagnostics import (
 )
 from kickmsg.publisher import send_retrying
 from kickmsg.region import DeadSubscriberReport, SharedRegion
+from kickmsg.terminal import printable
+from kickmsg.userfiles import FileTooLarge, read_at_most
 
 
-def payload_of(args: argparse.Namespace) -> bytes:
+def payload_of(args: argparse.Namespace, region: SharedRegion) -> bytes:
+    """DATA as bytes: text, hex digits with --hex, or the file named ``@path``,
+    read no further than the region's max_payload_size (plus one byte)."""
     if args.data.startswith("@"):
+        limit = region.geometry.slot_data_size
         try:
-            with open(args.data[1:], "rb") as file:
-                return file.read()
+            return read_at_most(args.data[1:], limit, f"max_payload_size of {region.name}")
         except OSError as error:
             raise CommandError(f"cannot read {args.data[1:]}: {error.strerror}") from None
+        except FileTooLarge as error:
+            raise CommandError(str(error)) from None
     if args.hex:
         try:
             return bytes.fromhex(args.data)
@@ -83,7 +89,7 @@ def cmd_pub(args: argparse.Namespace) -> int:
     check_data_given(args)
     stop = stop_on_signals()
     region = publishing_region(args)
-    payload = payload_of(args)
+    payload = payload_of(args, region)
     if len(payload) > region.geometry.slot_data_size:
         raise CommandError(f"{len(payload)} bytes exceed max_payload_size {region.geometry.slot_data_size} of {region.name}")
     publisher = kickmsg.Publisher(region, name="kickmsg-pub")  # its record names it
@@ -99,7 +105,7 @@ def cmd_pub(args: argparse.Namespace) -> int:
             )
         published += 1
     data = {"name": region.name, "published": published, "size": len(payload), "dropped": publisher.dropped}
-    emit(args, data, f"published {published} message(s) of {len(payload)} bytes to {region.name}")
+    emit(args, data, f"published {published} message(s) of {len(payload)} bytes to {printable(region.name)}")
     return EXIT_OK
 
 
@@ -269,14 +275,14 @@ def remove_each(names: list[str], remove: Callable[[str], None]) -> tuple[list[s
 def clean_report(data: dict[str, Any]) -> str:
     """clean's outcome in sentences, one per object."""
     verb = "would remove" if data["dry_run"] else "removed"
-    lines = [f"{verb} {name}" for name in data["removed"] + data["sidecars"]]
-    lines += [f"{'would reclaim' if data['dry_run'] else 'reclaimed'} the record of dead bridge {found['pid']} on {found['name']}"
+    lines = [f"{verb} {printable(name)}" for name in data["removed"] + data["sidecars"]]
+    lines += [f"{'would reclaim' if data['dry_run'] else 'reclaimed'} the record of dead bridge {found['pid']} on {printable(found['name'])}"
               for found in data["dead_bridges"]]
-    lines += [f"left {name}: its creator is dead, but {IN_USE}" for name in data["in_use"]]
-    lines += [f"left {found['name']}: could not prove it unused ({found['reason']}); --force removes it"
+    lines += [f"left {printable(name)}: its creator is dead, but {IN_USE}" for name in data["in_use"]]
+    lines += [f"left {printable(found['name'])}: could not prove it unused ({printable(found['reason'])}); --force removes it"
               for found in data["unproven"]]
-    lines += [found["reason"] for found in data["failed"]]
-    lines += [f"skipped {found['name']}: {found['reason']}" for found in data["skipped"]]
+    lines += [printable(found["reason"]) for found in data["failed"]]
+    lines += [f"skipped {printable(found['name'])}: {printable(found['reason'])}" for found in data["skipped"]]
     return "\n".join(lines or ["nothing to clean"])
 
 
@@ -305,7 +311,7 @@ def cmd_create(args: argparse.Namespace) -> int:
         {"name": name}, **geometry_fields(region), total_size=region.geometry.total_size,
         mode=f"{region.mapping.mode:04o}", creator=args.creator, replaced=existed,
     )
-    lines = [f"{'replaced' if existed else 'created'} {name}"] + [f"{key:<18} {value}" for key, value in data.items()
+    lines = [f"{'replaced' if existed else 'created'} {printable(name)}"] + [f"{key:<18} {printable(str(value))}" for key, value in data.items()
                                                                   if key not in ("name", "replaced")]
     emit(args, data, "\n".join(lines))
     return EXIT_OK
@@ -318,11 +324,11 @@ def cmd_rm(args: argparse.Namespace) -> int:
             remove_region(name, args.force)
         except (CommandError, ValueError, OSError) as error:
             errors[name] = str(error).splitlines()[0]
-            print(f"kickmsg rm: error: {errors[name]}", file=sys.stderr, flush=True)
+            print(f"kickmsg rm: error: {printable(errors[name])}", file=sys.stderr, flush=True)
             continue
         removed.append(name)
         if not args.json:
-            print(f"removed {name}", flush=True)
+            print(f"removed {printable(name)}", flush=True)
     if args.json:
         emit(args, {"removed": removed, "errors": errors}, "")
     return EXIT_ERROR if errors else EXIT_OK

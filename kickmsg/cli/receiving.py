@@ -1,6 +1,5 @@
 """Commands that subscribe while they run: echo, hz, bw."""
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -10,9 +9,10 @@ from typing import Any
 import numpy
 
 import kickmsg
-from kickmsg import typed
+from kickmsg import jsontext, typed
 from kickmsg.region import SharedRegion
 from kickmsg.subscriber import SampleView
+from kickmsg.terminal import printable
 from kickmsg.cli.common import (
     EXIT_FOUND,
     EXIT_OK,
@@ -28,6 +28,8 @@ RECEIVE_SLICE_S = 0.1  # a receive waits at most this long, so that a stop signa
 # hz/bw's report of the last messages: (times, sizes, received) -> (figures, text)
 Describe = Callable[[list[float], list[int], int], tuple[dict[str, Any], str]]
 DEFAULT_SILENCE_S = 10.0  # hz/bw --count without --timeout give up after this long without a message
+BINARY_FORMATS = ("raw", "frames")  # echo's payload bytes as they are; frames put each one's length first
+FRAME_LENGTH_BYTES = 8  # echo --format frames: the payload's length, unsigned little-endian, then the payload
 
 
 def decode_records(data: bytes, record_type: typed.RecordType | None) -> numpy.ndarray | None:
@@ -62,13 +64,13 @@ def format_message(data: bytes, ring_pos: int, records: numpy.ndarray | None, fm
         else:
             entry["text"] = data.decode("utf-8", errors="backslashreplace")
             entry["hex"] = data.hex()
-        return json.dumps(entry, default=_json_value)
+        return jsontext.dumps(entry, default=_json_value)
     if fmt == "hex":
         return f"[{ring_pos}] {data.hex()}"
     if records is not None:
         shown = (" ".join(f"{n}={_field_text(r[n])}" for n in names) if names else _field_text(r) for r in records)
-        return f"[{ring_pos}] " + "; ".join(shown)
-    return f"[{ring_pos}] {data.decode('utf-8', errors='backslashreplace')}"
+        return f"[{ring_pos}] " + printable("; ".join(shown))
+    return f"[{ring_pos}] {printable(data.decode('utf-8', errors='backslashreplace'))}"
 
 
 def subscribed(args: argparse.Namespace) -> tuple[SharedRegion, kickmsg.Subscriber]:
@@ -94,7 +96,7 @@ def receive_slice(args: argparse.Namespace, subscriber: kickmsg.Subscriber, *dea
 
 
 def tell_rejoined(command: str, name: str, lost: int) -> None:
-    print(f"kickmsg {command}: {name} was re-created; following it ({counted(lost, 'unread message', 'unread messages')} lost)",
+    print(f"kickmsg {command}: {printable(name)} was re-created; following it ({counted(lost, 'unread message', 'unread messages')} lost)",
           file=sys.stderr, flush=True)
 
 
@@ -124,14 +126,16 @@ def cmd_echo(args: argparse.Namespace) -> int:
             last_message = time.monotonic()
             with view:
                 data, ring_pos = bytes(view), view.ring_pos
-            if args.format == "raw":
+            if args.format in BINARY_FORMATS:
+                if args.format == "frames":
+                    sys.stdout.buffer.write(len(data).to_bytes(FRAME_LENGTH_BYTES, "little"))
                 sys.stdout.buffer.write(data)
                 sys.stdout.buffer.flush()
             else:
                 records = decode_records(data, record_type)
                 print(format_message(data, ring_pos, records, "json" if args.json else args.format), flush=True)
             printed += 1
-    if subscriber.lost and not args.json and args.format != "raw":
+    if subscriber.lost and not args.json and args.format not in BINARY_FORMATS:
         print(f"(lost {subscriber.lost} messages)", file=sys.stderr)
     if silent and args.count is not None:
         print(f"kickmsg echo: {silence_note(args.timeout, printed, args.count)}", file=sys.stderr)
@@ -143,9 +147,13 @@ def measure(args: argparse.Namespace, describe: Describe) -> int:
     """Receive for hz/bw until --count, --duration, a stop signal, or
     silence (--timeout; DEFAULT_SILENCE_S with --count). Every --every
     seconds print ``describe(times, sizes, received)`` of the last --window
-    messages, or how long nothing has arrived; then a final report. Exit
-    status 1 if silence ended it before --count messages arrived."""
+    messages, or how long nothing has arrived; then a final report. With
+    --json each report is one JSON line (``final`` false, ``new_messages``
+    since the last report, ``silent_s`` since the last message), the final
+    one ``final`` true with why it ``stopped``. Exit status 1 if silence
+    ended it before --count messages arrived."""
     stop = stop_on_signals()
+    args.json_lines = True
     _, subscriber = subscribed(args)
     silence = args.timeout if args.timeout is not None else DEFAULT_SILENCE_S if args.count is not None else None
     times: list[float] = []  # the arrival times of the last --window messages
@@ -171,9 +179,10 @@ def measure(args: argparse.Namespace, describe: Describe) -> int:
             if stopped:
                 break
             if now >= next_report:
-                if not args.json:
-                    news = describe(times, sizes, received)[1] if received > reported else None
-                    print(news or f"no new messages for {now - last_message:.1f} s", flush=True)
+                figures, text = describe(times, sizes, received)
+                silent_s = round(now - last_message, 1)
+                emit(args, dict(figures, final=False, new_messages=received - reported, silent_s=silent_s),
+                     text if received > reported else f"no new messages for {silent_s:.1f} s")
                 reported, next_report = received, now + args.every
             view = receive_slice(args, subscriber, end, quiet_until, next_report)
             if view is None:

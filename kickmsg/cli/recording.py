@@ -9,6 +9,7 @@ from kickmsg import shm
 from kickmsg.subscriber import Subscriber
 from kickmsg.cli.common import EXIT_OK, CommandError, emit, import_extra, shm_name, stop_on_signals
 from kickmsg.cli.receiving import tell_rejoined
+from kickmsg.terminal import printable
 
 URI_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")  # hdfs://, s3a://, file://: Spark's to resolve
 GLOB_CHARACTERS = "*?["
@@ -29,11 +30,11 @@ def cmd_record(args: argparse.Namespace) -> int:
     except shm.RegionNotFoundError as error:
         raise CommandError(str(error)) from None
     if not args.json:
-        print(f"recording {', '.join(names)} into {args.out} (Ctrl-C stops)", flush=True)
+        print(f"recording {printable(', '.join(names))} into {args.out} (Ctrl-C stops)", flush=True)
     summary = recorder.run(duration=args.duration, stop=stop)
     channels = {name: vars(counts) for name, counts in summary.channels.items()}
     data = {"recording": summary.recording, "files": summary.files, "channels": channels}
-    lines = [f"{name}: {c['messages']} messages, {c['bytes']} bytes, lost {c['lost']}" for name, c in channels.items()]
+    lines = [f"{printable(name)}: {c['messages']} messages, {c['bytes']} bytes, lost {c['lost']}" for name, c in channels.items()]
     emit(args, data, "\n".join(lines + [f"files: {', '.join(summary.files) or 'none'}"]))
     return EXIT_OK
 
@@ -43,7 +44,7 @@ def cmd_play(args: argparse.Namespace) -> int:
     stop = stop_on_signals()
     summary = record.play(args.path, rate=args.rate, loop=args.loop, stop=stop)
     data = {"messages": summary.messages, "dropped": summary.dropped, "channels": sorted(summary.channels)}
-    emit(args, data, f"played {summary.messages} messages into {', '.join(sorted(summary.channels))}"
+    emit(args, data, f"played {summary.messages} messages into {printable(', '.join(sorted(summary.channels)))}"
          + (f" ({summary.dropped} dropped: the pool stayed full)" if summary.dropped else ""))
     return EXIT_OK
 
@@ -51,7 +52,7 @@ def cmd_play(args: argparse.Namespace) -> int:
 def cmd_convert(args: argparse.Namespace) -> int:
     record = import_extra("kickmsg.record")
     summary = record.mcap_module().convert(args.path, args.out, overwrite=args.force)
-    emit(args, vars(summary), f"wrote {summary.messages} messages of {', '.join(summary.channels)} to {summary.out}")
+    emit(args, vars(summary), f"wrote {summary.messages} messages of {printable(', '.join(summary.channels))} to {summary.out}")
     return EXIT_OK
 
 

@@ -384,7 +384,7 @@ def run(
             spark.stop()
     if json_path:
         with open(json_path, "w", encoding="utf-8") as out:
-            json.dump(result, out, indent=2)
+            json.dump(result, out, indent=2, allow_nan=False)  # strict JSON, as kickmsg.jsontext (not imported: this module stands alone)
     if html_path:
         write_html(result, html_path)
     return result

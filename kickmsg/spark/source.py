@@ -30,7 +30,6 @@ import atexit
 import base64
 import collections
 import datetime
-import json
 import os
 import signal
 import sys
@@ -66,6 +65,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from kickmsg import jsontext
 from kickmsg.config import ChannelType, Config
 from kickmsg.publisher import Publisher, send_retrying
 from kickmsg.region import SharedRegion
@@ -346,7 +346,7 @@ class Writer(DataSourceWriter):
         limit = publisher.region.geometry.slot_data_size
         published = 0
         for row in iterator:
-            payload = bytes(row["payload"]) if self.payload_column else json.dumps(row.asDict(recursive=True), default=_json_value).encode()
+            payload = bytes(row["payload"]) if self.payload_column else jsontext.dumps(row.asDict(recursive=True), default=_json_value).encode()
             if len(payload) > limit:
                 raise ValueError(
                     f"kickmsg writer: row {published} is {len(payload)} bytes, more than max_payload_size {limit} of {self.name}"

@@ -18,7 +18,6 @@ from a ``StreamingQueryListener`` and is also sent at most once per interval
 per query. Telemetry is best effort: when the pool is full (nobody reads),
 messages are counted in ``dropped`` and the job goes on.
 """
-import json
 import threading
 import time
 
@@ -34,6 +33,7 @@ from pyspark.sql.streaming.listener import (
     QueryTerminatedEvent,
 )
 
+from kickmsg import jsontext
 from kickmsg.config import Config
 from kickmsg.node import Node
 
@@ -127,7 +127,7 @@ class DriverTelemetry:
                 self._last_sent[throttle_key] = now
             event["t"] = time.time()
             try:
-                self._publisher.send(json.dumps(event, separators=(",", ":"), default=str).encode())
+                self._publisher.send(jsontext.dumps(event, separators=(",", ":"), default=str).encode())
                 self.published += 1
             except BlockingIOError:
                 self.dropped += 1
