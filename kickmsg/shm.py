@@ -43,7 +43,7 @@ class EmptyObjectError(RuntimeError):
 
 def check_name(name: str) -> None:
     """Raise ``ValueError`` unless ``name`` follows the naming rule: every
-    name this package creates or opens does."""
+    name this package creates does."""
     fault = _shape_fault(name) or _text_fault(name)
     if fault:
         raise ValueError(f"invalid shared-memory name {name!r} ({fault}): {NAME_RULE}")
@@ -286,8 +286,9 @@ def create_or_map(name: str, size: int, mode: int) -> tuple[Mapping | None, bool
 
 
 def open_existing(name: str, writable: bool = True) -> Mapping:
-    """Map an existing object at its current size."""
-    check_name(name)
+    """Map an existing object at its current size. Its name may hold any
+    bytes another program gave it (``check_existing_name``)."""
+    check_existing_name(name)
     try:
         shared_memory = posix_ipc.SharedMemory(name, 0, read_only=not writable)
     except posix_ipc.ExistentialError:

@@ -30,9 +30,8 @@ BAD_TEXTS = {
 CREATORS = {
     "create": lambda name: kickmsg.SharedRegion.create(name, kickmsg.ChannelType.PubSub, SMALL),
     "create_or_open": lambda name: kickmsg.SharedRegion.create_or_open(name, kickmsg.ChannelType.PubSub, SMALL),
-    "open": kickmsg.SharedRegion.open,
-    "inspect": kickmsg.SharedRegion.inspect,
 }
+OPENERS = {"open": kickmsg.SharedRegion.open, "inspect": kickmsg.SharedRegion.inspect}
 
 
 def objects_under(prefix: str) -> list[bytes]:
@@ -55,11 +54,26 @@ def test_a_name_with_control_characters_or_not_utf8_is_refused_naming_the_rule(p
     assert objects_under(prefix) == []
 
 
+@pytest.mark.parametrize("label", ["newline", "not_utf8"])
+@pytest.mark.parametrize("call", OPENERS)
+def test_a_region_another_program_named_outside_the_rule_opens(prefix, call, label):
+    """The rule binds what this package creates: a native program may have
+    named its region with control characters or bytes that are not UTF-8,
+    and it opens (the tools show the name escaped)."""
+    made = f"/{prefix}_made"
+    kickmsg.SharedRegion.create(made, kickmsg.ChannelType.PubSub, SMALL)
+    named = f"/{prefix}{BAD_TEXTS[label][0]}"
+    os.rename(os.fsencode(f"/dev/shm{made}"), os.fsencode(f"/dev/shm{named}"))
+    region = OPENERS[call](named)
+    assert region.name == named
+
+
 @pytest.mark.parametrize("name", ["/.", "/.."])
-@pytest.mark.parametrize("call", [*CREATORS, "unlink_shm"])
+@pytest.mark.parametrize("call", [*CREATORS, *OPENERS, "unlink_shm"])
 def test_dot_and_dot_dot_are_refused_by_the_rule(name, call):
+    every = {**CREATORS, **OPENERS, "unlink_shm": kickmsg.unlink_shm}
     with pytest.raises(ValueError, match=r"names a directory\): a shared-memory name is '/' followed by"):
-        (kickmsg.unlink_shm if call == "unlink_shm" else CREATORS[call])(name)
+        every[call](name)
 
 
 def test_the_rule_is_stated(prefix):
@@ -69,10 +83,10 @@ def test_the_rule_is_stated(prefix):
 
 
 @pytest.mark.parametrize("label", BAD_TEXTS)
-def test_a_node_refuses_such_topics_mailboxes_and_broadcasts(prefix, label):
+def test_a_node_refuses_to_create_such_topics_mailboxes_and_broadcasts(prefix, label):
     text, fault = BAD_TEXTS[label]
     node = kickmsg.Node("n", prefix=prefix)
-    for make in (lambda: node.advertise(text[1:]), lambda: node.subscribe(text[1:]),
+    for make in (lambda: node.advertise(text[1:]),
                  lambda: node.join_broadcast(text[1:]), lambda: node.create_mailbox(text[1:]),
                  lambda: kickmsg.Node(text[1:], prefix=prefix).create_mailbox("tag")):
         with pytest.raises(ValueError, match="invalid shared-memory name .*" + re.escape(f"({fault})")):
@@ -176,10 +190,11 @@ def test_clean_removes_a_dead_region_whose_name_is_not_utf8_and_goes_on(prefix):
     assert objects_under(prefix) == [foreign.removeprefix(b"/dev/shm/")]
 
 
-def test_list_shows_a_region_whose_name_breaks_the_rule_without_failing(prefix):
+def test_list_shows_a_region_whose_name_breaks_the_rule_as_any_other(prefix):
+    """Another program may name its region outside the rule: it is listed
+    (and can be opened and removed) like any region."""
     region = region_renamed(prefix, prefix.encode() + b"_\xff")
     name = os.fsdecode(region.removeprefix(b"/dev/shm"))
     rows = diagnostics.list_regions(prefix)
-    assert [(row.name, row.type) for row in rows] == [(name, "damaged")]
-    assert rows[0].problem.startswith(f"invalid shared-memory name {name!r} (it is not valid UTF-8)")
+    assert [(row.name, row.type, row.problem) for row in rows] == [(name, "PubSub", None)]
     assert cli.main(["rm", name]) == 0
