@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from kickmsg import layout, owners, shm, treiber
 from kickmsg.atomics import HARDWARE, Atomics
-from kickmsg.config import ChannelType, Config
+from kickmsg.config import MAX_SUBSCRIBERS, ChannelType, Config, ConfigError
 from kickmsg.layout import CorruptRegionError, Geometry, Header
 from kickmsg.schema import SchemaInfo
 
@@ -141,13 +141,14 @@ class SharedRegion:
         Beyond 0.1.0: ``mode`` (default ``$KICKMSG_SHM_MODE``, else 0600)
         sets the permission bits of a new object; a region larger than the
         memory the machine can give it, or whose pool cannot outlast its
-        rings, is refused with ``ValueError`` before anything is created;
-        the memory is reserved at once.
+        rings, or with more than ``kickmsg.config.MAX_SUBSCRIBERS`` rings, is
+        refused with ``ConfigError`` (a ``ValueError``) before anything is
+        created; the memory is reserved at once.
         """
         geometry, creator_bytes = _new_geometry(name, type, cfg, creator)
         permissions = shm.creation_mode(mode)
         reusable = shm.allocated_bytes(name) if shm.object_size(name) == geometry.total_size else 0
-        _check_room(name, geometry, reusable)
+        _check_creatable(name, geometry, reusable)
         for _ in range(CREATE_ATTEMPTS):
             mapping, created = _create_or_map(name, geometry, permissions)
             if mapping is not None and created:
@@ -188,11 +189,13 @@ class SharedRegion:
     ) -> "SharedRegion":
         """Create the region if no object has this name, else open it once its
         creator has finished, and require the same config (same hash).
-        ``mode`` and the refusals are ``create``'s, for the creating case."""
+        ``mode`` and the refusals are ``create``'s, for the creating case
+        (so a region of the native library with more than MAX_SUBSCRIBERS
+        rings can be joined)."""
         geometry, creator_bytes = _new_geometry(name, type, cfg, creator)
         permissions = shm.creation_mode(mode)
         if shm.object_size(name) is None:
-            _check_room(name, geometry, 0)  # only a region we may have to create must fit
+            _check_creatable(name, geometry, 0)  # only a region we may have to create must fit
         for _ in range(INIT_POLL_ATTEMPTS):
             mapping, created = _create_or_map(name, geometry, permissions)
             if mapping is not None and created:
@@ -546,18 +549,19 @@ def unlink_shm(name: str) -> None:
 
 def _new_geometry(name: str, type: ChannelType, cfg: Config, creator: str) -> tuple[Geometry, bytes]:
     """Check the arguments of create/create_or_open; the region's geometry.
-    0.1.0's rules raise ``RuntimeError`` as 0.1.0 does; a geometry that
-    cannot work (``Geometry.hazards``) raises ``ValueError``."""
+    An invalid channel type or config (0.1.0's rules, our wire limits, a
+    geometry that cannot work: ``Geometry.hazards``) raises ``ConfigError``,
+    both the ``ValueError`` we document and the ``RuntimeError`` of 0.1.0."""
     shm.check_name(name)
     if not isinstance(cfg, Config):
         raise TypeError(f"cfg must be a kickmsg.Config, got {cfg!r}")
     try:
         channel_type = ChannelType(type)
     except ValueError:
-        raise ValueError(f"channel type must be ChannelType.PubSub or ChannelType.Broadcast, got {type!r}") from None
+        raise ConfigError(f"channel type must be ChannelType.PubSub or ChannelType.Broadcast, got {type!r}") from None
     problem = cfg.validation_error()
     if problem:
-        raise RuntimeError(f"{problem} (creating {name})")
+        raise ConfigError(f"{problem} (creating {name})")
     creator_bytes = creator.encode("utf-8")[: layout.U16_MAX]
     geometry = Geometry.for_config(
         channel_type,
@@ -570,17 +574,23 @@ def _new_geometry(name: str, type: ChannelType, cfg: Config, creator: str) -> tu
     )
     hazards = geometry.hazards()
     if hazards:
-        raise ValueError(f"cannot create {name}: {hazards[0]}")
+        raise ConfigError(f"cannot create {name}: {hazards[0]}")
     return geometry, creator_bytes
 
 
-def _check_room(name: str, geometry: Geometry, reusable: int) -> None:
-    """Refuse (``ValueError``) a region larger than the memory the machine
-    can give it (``shm.room_for_new_object``), counting ``reusable`` bytes
-    already held by the object it would re-initialise in place."""
+def _check_creatable(name: str, geometry: Geometry, reusable: int) -> None:
+    """Refuse (``ConfigError``) a region with more than MAX_SUBSCRIBERS
+    rings, or larger than the memory the machine can give it
+    (``shm.room_for_new_object``), counting ``reusable`` bytes already held
+    by the object it would re-initialise in place."""
+    if geometry.max_subs > MAX_SUBSCRIBERS:
+        raise ConfigError(
+            f"cannot create {name}: max_subscribers must be at most {MAX_SUBSCRIBERS}, got {geometry.max_subs} "
+            f"(every publish visits every ring, and so do the tools)"
+        )
     room, limit = shm.room_for_new_object()
     if geometry.total_size > room + reusable:
-        raise ValueError(
+        raise ConfigError(
             f"cannot create {name}: it would take {_bytes_text(geometry.total_size)} "
             f"({geometry.total_size} bytes: {geometry.size_breakdown()}), but only {_bytes_text(room)} "
             f"are {limit}; lower pool_size, max_payload_size, max_subscribers or sub_ring_capacity"
@@ -598,11 +608,11 @@ def _bytes_text(size: int) -> str:
 
 
 def _create_or_map(name: str, geometry: Geometry, permissions: int) -> tuple[shm.Mapping | None, bool]:
-    """``shm.create_or_map``, a failed reservation told as ``ValueError``."""
+    """``shm.create_or_map``, a failed reservation told as ``ConfigError``."""
     try:
         return shm.create_or_map(name, geometry.total_size, permissions)
     except shm.NoRoomError as error:
-        raise ValueError(
+        raise ConfigError(
             f"cannot create {name}: {error.strerror} while reserving {_bytes_text(geometry.total_size)} "
             f"({geometry.total_size} bytes: {geometry.size_breakdown()})"
         ) from None

@@ -15,7 +15,7 @@ from types import FrameType, ModuleType
 from typing import Any, TextIO
 
 from kickmsg import shm
-from kickmsg.config import Config
+from kickmsg.config import MAX_SUBSCRIBERS, Config
 from kickmsg.region import SharedRegion
 
 EXIT_OK, EXIT_FOUND, EXIT_ERROR = 0, 1, 2
@@ -222,7 +222,7 @@ def add_geometry_options(sub: argparse.ArgumentParser, creator: str) -> None:
     """The options of a new channel (create, pub --create); Config()'s defaults."""
     defaults = Config()
     sub.add_argument("--max-subscribers", type=positive_int, metavar="N",
-                     help=f"rings, one per subscriber (default {defaults.max_subscribers})")
+                     help=f"rings, one per subscriber (default {defaults.max_subscribers}, at most {MAX_SUBSCRIBERS})")
     sub.add_argument("--ring", type=positive_int, metavar="N",
                      help=f"sub_ring_capacity: messages each ring keeps, a power of 2 (default {defaults.sub_ring_capacity})")
     sub.add_argument("--pool", type=positive_int, metavar="N",
