@@ -1,5 +1,6 @@
 """SharedRegion: create, open and describe one channel's shared memory."""
 import ctypes
+import functools
 import os
 import time
 import warnings
@@ -99,26 +100,52 @@ class SharedRegion:
         self.created_at_address = base + layout.CREATED_AT_OFFSET
         self.free_top_address = base + layout.FREE_TOP_OFFSET
         self.schema_state_address = base + layout.SCHEMA_STATE_OFFSET
-        # Every address the flows use, computed once. A range computes its
-        # element on indexing and refuses an index outside it (IndexError),
-        # so no index read from shared memory can become a wild address.
+        # The pool's addresses, computed once (a ring's: ``ring``). A range
+        # computes its element on indexing and refuses an index outside it
+        # (IndexError), so no index read from shared memory can become a
+        # wild address.
         self.pool_address = base + geometry.pool_offset
         pool_size, slot_stride = geometry.pool_size, geometry.slot_stride
         self.slot_addresses = range(self.pool_address, self.pool_address + pool_size * slot_stride, slot_stride)
         payload_start = geometry.pool_offset + layout.SLOT_HEADER_SIZE  # in mapping.buffer
         self.payload_offsets = range(payload_start, payload_start + pool_size * slot_stride, slot_stride)
-        entries_size = geometry.capacity * layout.ENTRY_SIZE
-        self.rings = tuple(
-            RingAddresses(
-                index=index,
-                state_flight=ring + layout.STATE_FLIGHT_OFFSET,
-                write_pos=ring + layout.WRITE_POS_OFFSET,
-                has_waiter=ring + layout.HAS_WAITER_OFFSET,
-                entries=range(ring + layout.RING_HEADER_SIZE, ring + layout.RING_HEADER_SIZE + entries_size, layout.ENTRY_SIZE),
-            )
-            for index in range(geometry.max_subs)
-            for ring in [base + geometry.sub_rings_offset + index * geometry.ring_stride]
+        self.rings_address = base + geometry.sub_rings_offset
+
+    @functools.cached_property
+    def rings(self) -> tuple[RingAddresses, ...]:
+        """Every ring's addresses, in index order, built on first use (by the
+        flows that visit every ring: publish, diagnose, repairs). A region
+        the native library made may have millions of rings: whatever needs
+        only some uses ``ring(index)`` and ``rings_in_use()``."""
+        return tuple(self.ring(index) for index in range(self.geometry.max_subs))
+
+    def ring(self, index: int) -> RingAddresses:
+        """The addresses of ring ``index`` (0 <= index < max_subs)."""
+        if not 0 <= index < self.geometry.max_subs:
+            raise IndexError(f"{self.name} has no ring {index}: it has {self.geometry.max_subs}")
+        ring = self.rings_address + index * self.geometry.ring_stride
+        entries = ring + layout.RING_HEADER_SIZE
+        return RingAddresses(
+            index=index,
+            state_flight=ring + layout.STATE_FLIGHT_OFFSET,
+            write_pos=ring + layout.WRITE_POS_OFFSET,
+            has_waiter=ring + layout.HAS_WAITER_OFFSET,
+            entries=range(entries, entries + self.geometry.capacity * layout.ENTRY_SIZE, layout.ENTRY_SIZE),
         )
+
+    def rings_in_use(self) -> list[int]:
+        """The indices of the rings that are not idle. An idle ring is Free,
+        with no publisher in flight, never written (``state_flight`` and
+        ``write_pos`` both 0): it holds nothing and has nothing to show.
+        Reads those two words of every ring (acquire), nothing else."""
+        ops = self.atomics
+        stride = self.geometry.ring_stride
+        start = self.rings_address
+        return [
+            index
+            for index, ring in enumerate(range(start, start + self.geometry.max_subs * stride, stride))
+            if ops.load_acquire_u32(ring + layout.STATE_FLIGHT_OFFSET) or ops.load_acquire_u64(ring + layout.WRITE_POS_OFFSET)
+        ]
 
     # -- constructors -----------------------------------------------------
 
