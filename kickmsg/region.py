@@ -354,9 +354,10 @@ class SharedRegion:
             yield position, entry, ops.load_acquire_u64(entry + layout.SEQUENCE_OFFSET)
 
     def diagnose(self) -> HealthReport:
-        """Read-only health scan; safe under live traffic."""
+        """Read-only health scan; safe under live traffic. Idle rings (see
+        ``rings_in_use``) have nothing to count."""
         locked = retired = draining = live = 0
-        for ring in self.rings:
+        for ring in map(self.ring, self.rings_in_use()):
             state_flight = self.atomics.load_acquire_u32(ring.state_flight)
             state, in_flight = state_flight & layout.RING_STATE_MASK, state_flight >> 2
             live += state == layout.RING_LIVE
@@ -377,12 +378,12 @@ class SharedRegion:
             return []
         records = owners.read_owners(self.name, self.geometry.max_subs) or []
         dead = []
-        for ring, (record, held) in zip(self.rings, records):
+        for index, (record, held) in enumerate(records):
             if record is None or record.region_created_at_ns != self.created_at_ns:
                 continue  # no record of a subscriber of this region
-            state = self.atomics.load_acquire_u32(ring.state_flight) & layout.RING_STATE_MASK
+            state = self.atomics.load_acquire_u32(self.ring(index).state_flight) & layout.RING_STATE_MASK
             if state in (layout.RING_LIVE, layout.RING_DRAINING) and not held:
-                dead.append((ring.index, record.pid))
+                dead.append((index, record.pid))
         return dead
 
     def repair_locked_entries(self) -> int:

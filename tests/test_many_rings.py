@@ -164,3 +164,9 @@ def test_the_stats_command_prints_one_line_for_the_idle_rings(many_rings):
     assert len(lines) == 9  # the pool line, 4 of the ring table, the idle line, 3 of the publishers
     every = json.loads(kickmsg_command("stats", many_rings, "--all-rings", "--json").stdout)
     assert len(every["rings"]) == RINGS and every["idle_rings"] == 0
+
+
+def test_diagnose_builds_the_addresses_of_the_used_rings_only(many_rings, counts):
+    health = SharedRegion.open(many_rings).diagnose()
+    assert (health.live_rings, health.dead_subscriber_rings, health.healthy) == (2, 0, True)
+    assert counts.rings_built <= 2 * USED  # the used rings, then those with an owner record
