@@ -8,7 +8,11 @@ from kickmsg import layout
 from kickmsg.schema import SchemaInfo
 
 
-MAX_SUBSCRIBERS = 1024  # our bound on the rings of a region this package creates (0.1.0 has none)
+# Our bounds on a region this package creates (0.1.0 has none): every
+# publish visits every ring, create lays out every slot, and the tools read
+# every ring's header and every slot's refcount.
+MAX_SUBSCRIBERS = 1024
+MAX_POOL_SIZE = 1 << 20
 
 
 class ConfigError(ValueError, RuntimeError):

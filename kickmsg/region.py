@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from kickmsg import layout, owners, shm, treiber
 from kickmsg.atomics import HARDWARE, Atomics
-from kickmsg.config import MAX_SUBSCRIBERS, ChannelType, Config, ConfigError
+from kickmsg.config import MAX_POOL_SIZE, MAX_SUBSCRIBERS, ChannelType, Config, ConfigError
 from kickmsg.layout import CorruptRegionError, Geometry, Header
 from kickmsg.schema import SchemaInfo
 
@@ -168,9 +168,10 @@ class SharedRegion:
         Beyond 0.1.0: ``mode`` (default ``$KICKMSG_SHM_MODE``, else 0600)
         sets the permission bits of a new object; a region larger than the
         memory the machine can give it, or whose pool cannot outlast its
-        rings, or with more than ``kickmsg.config.MAX_SUBSCRIBERS`` rings, is
-        refused with ``ConfigError`` (a ``ValueError``) before anything is
-        created; the memory is reserved at once.
+        rings, or beyond this package's bounds (``kickmsg.config``:
+        MAX_SUBSCRIBERS rings, MAX_POOL_SIZE slots), is refused with
+        ``ConfigError`` (a ``ValueError``) before anything is created; the
+        memory is reserved at once.
         """
         geometry, creator_bytes = _new_geometry(name, type, cfg, creator)
         permissions = shm.creation_mode(mode)
@@ -217,8 +218,8 @@ class SharedRegion:
         """Create the region if no object has this name, else open it once its
         creator has finished, and require the same config (same hash).
         ``mode`` and the refusals are ``create``'s, for the creating case
-        (so a region of the native library with more than MAX_SUBSCRIBERS
-        rings can be joined)."""
+        (so a region of the native library beyond this package's bounds can
+        be joined)."""
         geometry, creator_bytes = _new_geometry(name, type, cfg, creator)
         permissions = shm.creation_mode(mode)
         if shm.object_size(name) is None:
@@ -607,21 +608,28 @@ def _new_geometry(name: str, type: ChannelType, cfg: Config, creator: str) -> tu
 
 
 def _check_creatable(name: str, geometry: Geometry, reusable: int) -> None:
-    """Refuse (``ConfigError``) a region with more than MAX_SUBSCRIBERS
-    rings, or larger than the memory the machine can give it
-    (``shm.room_for_new_object``), counting ``reusable`` bytes already held
-    by the object it would re-initialise in place."""
-    if geometry.max_subs > MAX_SUBSCRIBERS:
-        raise ConfigError(
-            f"cannot create {name}: max_subscribers must be at most {MAX_SUBSCRIBERS}, got {geometry.max_subs} "
-            f"(every publish visits every ring, and so do the tools)"
-        )
+    """Refuse (``ConfigError``) a region larger than the memory the machine
+    can give it (``shm.room_for_new_object``), counting ``reusable`` bytes
+    already held by the object it would re-initialise in place; then one
+    beyond this package's bounds: more than MAX_SUBSCRIBERS rings (every
+    publish visits every ring) or MAX_POOL_SIZE slots (create lays out
+    every slot, the tools read every slot)."""
     room, limit = shm.room_for_new_object()
     if geometry.total_size > room + reusable:
         raise ConfigError(
             f"cannot create {name}: it would take {_bytes_text(geometry.total_size)} "
             f"({geometry.total_size} bytes: {geometry.size_breakdown()}), but only {_bytes_text(room)} "
             f"are {limit}; lower pool_size, max_payload_size, max_subscribers or sub_ring_capacity"
+        )
+    if geometry.max_subs > MAX_SUBSCRIBERS:
+        raise ConfigError(
+            f"cannot create {name}: max_subscribers must be at most {MAX_SUBSCRIBERS}, got {geometry.max_subs} "
+            f"(every publish visits every ring, and so do the tools)"
+        )
+    if geometry.pool_size > MAX_POOL_SIZE:
+        raise ConfigError(
+            f"cannot create {name}: pool_size must be at most {MAX_POOL_SIZE}, got {geometry.pool_size} "
+            f"(creating the region lays out every slot, and the tools read every slot)"
         )
 
 

@@ -19,7 +19,7 @@ import nativepeer
 import rawregion
 import kickmsg
 from kickmsg import ChannelType, Config, ConfigError, Node, Publisher, SharedRegion, Subscriber, audit, shm, typed, unlink_shm
-from kickmsg.config import MAX_SUBSCRIBERS
+from kickmsg.config import MAX_POOL_SIZE, MAX_SUBSCRIBERS
 
 SMALL = dict(max_subscribers=2, sub_ring_capacity=8, pool_size=16, max_payload_size=64)
 HUGE = dict(pool_size=10**7, max_payload_size=10**6)  # 9.1 TiB: the config that took a machine down
@@ -279,6 +279,7 @@ INVALID_CONFIGS = [  # (field, value, what the error says); every other field as
     ("max_subscribers", MAX_SUBSCRIBERS + 1, f"max_subscribers must be at most {MAX_SUBSCRIBERS}, got {MAX_SUBSCRIBERS + 1}"),
     ("commit_timeout", 86_401, "commit_timeout must be at most 1 day, got 86401000000 us"),
     ("pool_size", 8, "pool_size (8) must be greater than sub_ring_capacity (8)"),
+    ("pool_size", MAX_POOL_SIZE + 1, f"pool_size must be at most {MAX_POOL_SIZE}, got {MAX_POOL_SIZE + 1}"),
     ("pool_size", 10**7, "pool_size=10000000 slots"),  # with max_payload_size=10**6 below: 9.1 TiB
 ]
 
@@ -349,3 +350,19 @@ def test_a_native_region_with_more_rings_than_the_bound_can_be_joined(shm_name):
     subscriber = Subscriber(region)
     Publisher(region).send(b"hello")
     assert subscriber.try_receive() == b"hello"
+
+
+def test_pool_size_is_bounded_for_regions_this_package_creates(shm_name):
+    """2**20 slots are made; one more is refused (a pool of 100 million
+    8-byte slots fits the machine, but create would lay out each slot and
+    the tools read each); a native region with more is opened."""
+    small_slots = dict(max_subscribers=1, sub_ring_capacity=1, max_payload_size=8)
+    region = SharedRegion.create(shm_name, ChannelType.PubSub, Config(pool_size=MAX_POOL_SIZE, **small_slots))
+    assert region.geometry.pool_size == MAX_POOL_SIZE
+    with pytest.raises(ConfigError, match=f"pool_size must be at most {MAX_POOL_SIZE}, got 100000000"):
+        SharedRegion.create(shm_name + "_more", ChannelType.PubSub, Config(pool_size=10**8, **small_slots))
+    config = dict(small_slots, pool_size=MAX_POOL_SIZE + 1)
+    nativepeer.run_native(NATIVE_MANY_RINGS, name=shm_name + "_native", config=config)
+    assert SharedRegion.create_or_open(shm_name + "_native", ChannelType.PubSub, Config(**config)).geometry.pool_size == MAX_POOL_SIZE + 1
+    unlink_shm(shm_name + "_native")
+    assert shm_entries(shm_name + "_more") == []
