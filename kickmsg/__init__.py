@@ -3,13 +3,14 @@
 Byte-compatible with the native ``kickmsg`` 0.1.0 (layout version 4) and
 offering the same Python API: a process using this package and one using the
 native library can share a channel in either direction. Beyond that API, the
-top level adds ``audit(region)`` and ``WaitSet`` (waiting on many
-subscribers at once, handlers); typed channels are in ``kickmsg.typed``,
-asyncio in ``kickmsg.aio``.
+top level adds ``audit(region)``, ``ConfigError`` (every invalid config: a
+``ValueError`` that is also 0.1.0's ``RuntimeError``) and ``WaitSet``
+(waiting on many subscribers at once, handlers); typed channels are in
+``kickmsg.typed``, asyncio in ``kickmsg.aio``.
 """
 from kickmsg import hash, schema
 from kickmsg.audit import audit
-from kickmsg.config import ChannelType, Config
+from kickmsg.config import ChannelType, Config, ConfigError
 from kickmsg.publisher import AllocatedSlot, Publisher
 from kickmsg.node import BroadcastHandle, Node
 from kickmsg.region import HealthReport, SharedRegion, unlink_shm
@@ -24,6 +25,7 @@ __all__ = [
     "BroadcastHandle",
     "ChannelType",
     "Config",
+    "ConfigError",
     "HealthReport",
     "Node",
     "Publisher",

@@ -9,7 +9,8 @@ Every slot should be in exactly one of these states:
 - referenced: its refcount equals the ring entries that hold it, plus one
   per live ``SampleView`` pin and per publisher in the middle of publishing.
 
-The audit walks the free stack and every ring's live window and reports what
+The audit walks the free stack and every ring's live window (idle rings,
+never written, have none: only their two header words are read) and reports what
 breaks that: free-stack cycles or links out of the pool, slots whose refcount
 exceeds what can release it (leaked) or falls short of the ring references
 (a later release would free it twice), slots on the free stack that are still
@@ -63,7 +64,8 @@ class AuditReport:
     leaked_slots: list[int]  # refcount above ring references (pins of dead views, crashed publishers)
     under_referenced_slots: list[int]  # refcount below ring references
     double_free_candidates: list[int]  # on the free stack yet with a refcount or a ring reference
-    rings: list[RingAudit]
+    rings: list[RingAudit]  # every ring but the idle ones (SharedRegion.rings_in_use), in index order
+    idle_rings: int  # Free, nothing in flight, never written: nothing to check
     schema_state: str
     hazards: list[str]  # why this geometry cannot work (Geometry.hazards)
     ring_references: list[int]  # per slot: committed entries of the rings' live windows naming it
@@ -125,7 +127,8 @@ def audit(region: SharedRegion) -> AuditReport:
     references = [0] * pool_size
     rings = []
     records = (owners.read_owners(region.name, region.geometry.max_subs) if region.mapping.shared else None) or []
-    for ring in region.rings:
+    in_use = region.rings_in_use()
+    for ring in map(region.ring, in_use):
         state_flight = ops.load_acquire_u32(ring.state_flight)
         state = state_flight & layout.RING_STATE_MASK
         write_pos = ops.load_acquire_u64(ring.write_pos)
@@ -182,6 +185,7 @@ def audit(region: SharedRegion) -> AuditReport:
         under_referenced_slots=under_referenced,
         double_free_candidates=double_free,
         rings=rings,
+        idle_rings=region.geometry.max_subs - len(in_use),
         schema_state=SCHEMA_STATE_NAMES.get(schema_state, f"invalid ({schema_state})"),
         hazards=region.geometry.hazards(),
         ring_references=references,

@@ -8,6 +8,21 @@ from kickmsg import layout
 from kickmsg.schema import SchemaInfo
 
 
+# Our bounds on a region this package creates (0.1.0 has none): every
+# publish visits every ring, create lays out every slot, and the tools read
+# every ring's header and every slot's refcount.
+MAX_SUBSCRIBERS = 1024
+MAX_POOL_SIZE = 1 << 20
+
+
+class ConfigError(ValueError, RuntimeError):
+    """An invalid channel config, naming the field and the value at fault.
+
+    A ``ValueError`` (what this package documents) that is also a
+    ``RuntimeError`` (what the native 0.1.0 raises for the fields it
+    checks), so code written for either catches it."""
+
+
 class ChannelType(enum.IntEnum):
     """What a region is for; stored in the header as ``channel_type``."""
 
@@ -68,7 +83,7 @@ class Config:
             if not isinstance(value, int) or isinstance(value, bool):
                 raise TypeError(f"Config.{name} must be an int, got {value!r}")
             if not 0 <= value <= layout.U64_MAX:
-                raise ValueError(f"Config.{name} must be an unsigned 64-bit integer, got {value}")
+                raise ConfigError(f"Config.{name} must be an unsigned 64-bit integer, got {value}")
         elif name == "commit_timeout":
             pass  # the property's setter converts it
         elif name == "schema":
@@ -84,19 +99,24 @@ class Config:
 
     @commit_timeout.setter
     def commit_timeout(self, duration: datetime.timedelta | float) -> None:
-        object.__setattr__(self, "commit_timeout_us", to_microseconds(duration, "Config.commit_timeout"))
+        try:
+            micros = to_microseconds(duration, "Config.commit_timeout")
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
+        object.__setattr__(self, "commit_timeout_us", micros)
 
     def validation_error(self) -> str | None:
-        """Why a region cannot be created with this config, or None (0.1.0's
-        rules, plus the limits of the 32-bit wire fields)."""
+        """Why a region cannot be made or joined with this config, or None:
+        0.1.0's rules (its message texts first), plus the limits of the
+        32-bit wire fields. Each names the field and the value."""
         if not self.sub_ring_capacity or self.sub_ring_capacity & (self.sub_ring_capacity - 1):
             return f"sub_ring_capacity must be a power of 2 (got {self.sub_ring_capacity})"
         if self.pool_size == 0:
-            return "pool_size must be > 0"
+            return "pool_size must be > 0 (got 0)"
         if self.max_subscribers == 0:
-            return "max_subscribers must be > 0"
+            return "max_subscribers must be > 0 (got 0)"
         if self.max_payload_size == 0:
-            return "max_payload_size must be > 0"
+            return "max_payload_size must be > 0 (got 0)"
         if self.pool_size >= layout.INVALID_SLOT:
             return f"pool_size must be < {layout.INVALID_SLOT} (slot indices are 32-bit), got {self.pool_size}"
         if self.max_payload_size > layout.U32_MAX - layout.SLOT_HEADER_SIZE:

@@ -168,7 +168,8 @@ class RegionStats:
     name: str
     pool_size: int
     pool_free: int
-    rings: list[RingStats]
+    rings: list[RingStats]  # every ring but the idle ones, unless every ring was asked for
+    idle_rings: int  # idle rings left out of ``rings``: Free, nothing in flight, never written
     live_rings: int
     publishers: list[Participant]  # this package's, live and stalled; native publishers are unrecorded
     unrecorded: str = UNRECORDED_PUBLISHERS
@@ -203,7 +204,8 @@ class WatchSnapshot:
     pool_used: int
     pool_size: int
     verdict: str
-    rings: list[RingRate]
+    rings: list[RingRate]  # every ring but the idle ones
+    idle_rings: int  # Free, nothing in flight, never written
     publishers: list[Participant] = field(default_factory=list)
     unrecorded: str = UNRECORDED_PUBLISHERS
 
@@ -453,17 +455,25 @@ def read_bridges(region_name: str) -> list[BridgeFigures]:
     ]
 
 
-def ring_stats(region: SharedRegion, report: AuditReport) -> list[RingStats]:
-    """Per ring: state, in-flight publishers, write position, entries still
-    holding a slot, and for our subscribers (from the owner records) their
-    pid, read position, pending messages and losses."""
-    max_subs = region.geometry.max_subs
-    records = (owners.read_owners(region.name, max_subs) if region.mapping.shared else None) or [(None, False)] * max_subs
+def ring_stats(region: SharedRegion, report: AuditReport, every_ring: bool = False) -> list[RingStats]:
+    """Per ring that is not idle (``every_ring``: per ring): state,
+    in-flight publishers, write position, entries still holding a slot,
+    and for our subscribers (from the owner records) their pid, read
+    position, pending messages and losses. An idle ring's row is known
+    without reading anything more (Free, zeros)."""
+    records = (owners.read_owners(region.name, region.geometry.max_subs) if region.mapping.shared else None) or []
     created = region.header.created_at_ns
+    audited = {ring.index: ring for ring in report.rings}
+    shown = range(region.geometry.max_subs) if every_ring else list(audited)
     rows = []
-    for ring, (record, held) in zip(report.rings, records):
+    for index in shown:
+        ring = audited.get(index)
+        if ring is None:
+            rows.append(RingStats(index, "Free", 0, 0, 0, 0, None, None, None, None, None))
+            continue
         row = RingStats(ring.index, ring.state, ring.in_flight, ring.write_pos, ring.references, len(ring.locked_entries),
                         None, None, None, None, None)
+        record, held = records[index] if index < len(records) else (None, False)
         if ring.state == "Live" and record is not None and record.region_created_at_ns == created:
             row.owner_pid, row.owner_alive = record.pid, held
             row.read_pos, row.lost = record.read_pos, record.lost
@@ -472,19 +482,21 @@ def ring_stats(region: SharedRegion, report: AuditReport) -> list[RingStats]:
     return rows
 
 
-def stats(name: str) -> RegionStats:
-    """Rings, pool and recorded publishers of region ``name``."""
+def stats(name: str, every_ring: bool = False) -> RegionStats:
+    """Rings, pool and recorded publishers of region ``name``; idle rings
+    are counted, not listed, unless ``every_ring``."""
     region = attach(name)
-    return region_stats(region, audit(region))
+    return region_stats(region, audit(region), every_ring)
 
 
-def region_stats(region: SharedRegion, report: AuditReport) -> RegionStats:
-    rings = ring_stats(region, report)
+def region_stats(region: SharedRegion, report: AuditReport, every_ring: bool = False) -> RegionStats:
+    rings = ring_stats(region, report, every_ring)
     return RegionStats(
         name=region.name,
         pool_size=region.geometry.pool_size,
         pool_free=report.free_slots,
         rings=rings,
+        idle_rings=region.geometry.max_subs - len(rings),
         live_rings=sum(ring.state == "Live" for ring in rings),
         publishers=read_participants(region.name),
         bridges=read_bridges(region.name),
@@ -513,17 +525,20 @@ def health_of(region: SharedRegion, report: AuditReport) -> HealthSnapshot:
 # -- watch ---------------------------------------------------------------------------------------
 
 
+IDLE_RATE = RingRate(0, "Free", 0, 0, 0, 0, None, None, None, None, None)  # an idle ring in a previous snapshot
+
+
 def watch(name: str, interval: float = 1.0, stop: threading.Event | None = None) -> Iterator[WatchSnapshot]:
     """A snapshot now, then one every ``interval`` seconds, with messages
-    per second and new losses per ring since the previous one; ends when
-    ``stop`` is set (checked while waiting). A region re-created under the
-    name is followed (its rates start afresh); one removed raises
-    ``RegionError``."""
+    per second and new losses per ring (idle rings counted, not listed)
+    since the previous one; ends when ``stop`` is set (checked while
+    waiting). A region re-created under the name is followed (its rates
+    start afresh); one removed raises ``RegionError``."""
     if not interval > 0:
         raise ValueError(f"watch interval must be > 0 seconds, not {interval!r}")
     region = attach(name)
     stop = stop or threading.Event()
-    previous: tuple[float, list[RingRate]] | None = None
+    previous: tuple[float, dict[int, RingRate]] | None = None
     while True:
         if shm.object_size(region.name) is None:
             raise RegionError(f"{region.name} was removed")
@@ -534,7 +549,8 @@ def watch(name: str, interval: float = 1.0, stop: threading.Event | None = None)
         rings = [RingRate(**dataclasses.asdict(ring)) for ring in ring_stats(region, report)]
         if previous is not None:
             elapsed = now - previous[0]
-            for ring, before in zip(rings, previous[1]):
+            for ring in rings:
+                before = previous[1].get(ring.ring, IDLE_RATE)  # idle then: never written
                 ring.msgs_per_s = round((ring.write_pos - before.write_pos) / elapsed, 1)
                 ring.new_lost = None if ring.lost is None or before.lost is None else ring.lost - before.lost
         yield WatchSnapshot(
@@ -544,8 +560,9 @@ def watch(name: str, interval: float = 1.0, stop: threading.Event | None = None)
             pool_size=region.geometry.pool_size,
             verdict=report.verdict,
             rings=rings,
+            idle_rings=report.idle_rings,
             publishers=read_participants(region.name),
         )
-        previous = (now, rings)
+        previous = (now, {ring.ring: ring for ring in rings})
         if stop.wait(interval):
             return

@@ -345,9 +345,10 @@ def restart(region_name: str, kept_rings: list[int], region_created_at_ns: int) 
 
 
 def read_owners(region_name: str, rings: int) -> list[tuple[OwnerRecord | None, bool]] | None:
-    """For tools, without writing anything: each ring's record (None where
-    there is none) and whether a live process holds its lock. None if the
-    region has no sidecar."""
+    """For tools, without writing anything: the record of each ring among
+    the first ``rings`` that the sidecar holds (None where there is none)
+    and whether a live process holds its lock; rings past the file's end
+    have none and are left out. None if the region has no sidecar."""
     try:
         fd = os.open(sidecar_path(region_name), os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)  # a FIFO planted there: no hang
     except OSError:
@@ -355,7 +356,8 @@ def read_owners(region_name: str, rings: int) -> list[tuple[OwnerRecord | None, 
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             return None
-        return [(_read_record(fd, ring), _is_locked(fd, ring, RECORD_SIZE)) for ring in range(rings)]
+        held = min(rings, os.fstat(fd).st_size // RECORD_SIZE)
+        return [(_read_record(fd, ring), _is_locked(fd, ring, RECORD_SIZE)) for ring in range(held)]
     finally:
         os.close(fd)
 

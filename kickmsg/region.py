@@ -1,5 +1,6 @@
 """SharedRegion: create, open and describe one channel's shared memory."""
 import ctypes
+import functools
 import os
 import time
 import warnings
@@ -8,7 +9,7 @@ from dataclasses import dataclass
 
 from kickmsg import layout, owners, shm, treiber
 from kickmsg.atomics import HARDWARE, Atomics
-from kickmsg.config import ChannelType, Config
+from kickmsg.config import MAX_POOL_SIZE, MAX_SUBSCRIBERS, ChannelType, Config, ConfigError
 from kickmsg.layout import CorruptRegionError, Geometry, Header
 from kickmsg.schema import SchemaInfo
 
@@ -99,26 +100,52 @@ class SharedRegion:
         self.created_at_address = base + layout.CREATED_AT_OFFSET
         self.free_top_address = base + layout.FREE_TOP_OFFSET
         self.schema_state_address = base + layout.SCHEMA_STATE_OFFSET
-        # Every address the flows use, computed once. A range computes its
-        # element on indexing and refuses an index outside it (IndexError),
-        # so no index read from shared memory can become a wild address.
+        # The pool's addresses, computed once (a ring's: ``ring``). A range
+        # computes its element on indexing and refuses an index outside it
+        # (IndexError), so no index read from shared memory can become a
+        # wild address.
         self.pool_address = base + geometry.pool_offset
         pool_size, slot_stride = geometry.pool_size, geometry.slot_stride
         self.slot_addresses = range(self.pool_address, self.pool_address + pool_size * slot_stride, slot_stride)
         payload_start = geometry.pool_offset + layout.SLOT_HEADER_SIZE  # in mapping.buffer
         self.payload_offsets = range(payload_start, payload_start + pool_size * slot_stride, slot_stride)
-        entries_size = geometry.capacity * layout.ENTRY_SIZE
-        self.rings = tuple(
-            RingAddresses(
-                index=index,
-                state_flight=ring + layout.STATE_FLIGHT_OFFSET,
-                write_pos=ring + layout.WRITE_POS_OFFSET,
-                has_waiter=ring + layout.HAS_WAITER_OFFSET,
-                entries=range(ring + layout.RING_HEADER_SIZE, ring + layout.RING_HEADER_SIZE + entries_size, layout.ENTRY_SIZE),
-            )
-            for index in range(geometry.max_subs)
-            for ring in [base + geometry.sub_rings_offset + index * geometry.ring_stride]
+        self.rings_address = base + geometry.sub_rings_offset
+
+    @functools.cached_property
+    def rings(self) -> tuple[RingAddresses, ...]:
+        """Every ring's addresses, in index order, built on first use (by the
+        flows that visit every ring: publish, diagnose, repairs). A region
+        the native library made may have millions of rings: whatever needs
+        only some uses ``ring(index)`` and ``rings_in_use()``."""
+        return tuple(self.ring(index) for index in range(self.geometry.max_subs))
+
+    def ring(self, index: int) -> RingAddresses:
+        """The addresses of ring ``index`` (0 <= index < max_subs)."""
+        if not 0 <= index < self.geometry.max_subs:
+            raise IndexError(f"{self.name} has no ring {index}: it has {self.geometry.max_subs}")
+        ring = self.rings_address + index * self.geometry.ring_stride
+        entries = ring + layout.RING_HEADER_SIZE
+        return RingAddresses(
+            index=index,
+            state_flight=ring + layout.STATE_FLIGHT_OFFSET,
+            write_pos=ring + layout.WRITE_POS_OFFSET,
+            has_waiter=ring + layout.HAS_WAITER_OFFSET,
+            entries=range(entries, entries + self.geometry.capacity * layout.ENTRY_SIZE, layout.ENTRY_SIZE),
         )
+
+    def rings_in_use(self) -> list[int]:
+        """The indices of the rings that are not idle. An idle ring is Free,
+        with no publisher in flight, never written (``state_flight`` and
+        ``write_pos`` both 0): it holds nothing and has nothing to show.
+        Reads those two words of every ring (acquire), nothing else."""
+        ops = self.atomics
+        stride = self.geometry.ring_stride
+        start = self.rings_address
+        return [
+            index
+            for index, ring in enumerate(range(start, start + self.geometry.max_subs * stride, stride))
+            if ops.load_acquire_u32(ring + layout.STATE_FLIGHT_OFFSET) or ops.load_acquire_u64(ring + layout.WRITE_POS_OFFSET)
+        ]
 
     # -- constructors -----------------------------------------------------
 
@@ -141,13 +168,15 @@ class SharedRegion:
         Beyond 0.1.0: ``mode`` (default ``$KICKMSG_SHM_MODE``, else 0600)
         sets the permission bits of a new object; a region larger than the
         memory the machine can give it, or whose pool cannot outlast its
-        rings, is refused with ``ValueError`` before anything is created;
-        the memory is reserved at once.
+        rings, or beyond this package's bounds (``kickmsg.config``:
+        MAX_SUBSCRIBERS rings, MAX_POOL_SIZE slots), is refused with
+        ``ConfigError`` (a ``ValueError``) before anything is created; the
+        memory is reserved at once.
         """
         geometry, creator_bytes = _new_geometry(name, type, cfg, creator)
         permissions = shm.creation_mode(mode)
         reusable = shm.allocated_bytes(name) if shm.object_size(name) == geometry.total_size else 0
-        _check_room(name, geometry, reusable)
+        _check_creatable(name, geometry, reusable)
         for _ in range(CREATE_ATTEMPTS):
             mapping, created = _create_or_map(name, geometry, permissions)
             if mapping is not None and created:
@@ -188,11 +217,13 @@ class SharedRegion:
     ) -> "SharedRegion":
         """Create the region if no object has this name, else open it once its
         creator has finished, and require the same config (same hash).
-        ``mode`` and the refusals are ``create``'s, for the creating case."""
+        ``mode`` and the refusals are ``create``'s, for the creating case
+        (so a region of the native library beyond this package's bounds can
+        be joined)."""
         geometry, creator_bytes = _new_geometry(name, type, cfg, creator)
         permissions = shm.creation_mode(mode)
         if shm.object_size(name) is None:
-            _check_room(name, geometry, 0)  # only a region we may have to create must fit
+            _check_creatable(name, geometry, 0)  # only a region we may have to create must fit
         for _ in range(INIT_POLL_ATTEMPTS):
             mapping, created = _create_or_map(name, geometry, permissions)
             if mapping is not None and created:
@@ -324,9 +355,10 @@ class SharedRegion:
             yield position, entry, ops.load_acquire_u64(entry + layout.SEQUENCE_OFFSET)
 
     def diagnose(self) -> HealthReport:
-        """Read-only health scan; safe under live traffic."""
+        """Read-only health scan; safe under live traffic. Idle rings (see
+        ``rings_in_use``) have nothing to count."""
         locked = retired = draining = live = 0
-        for ring in self.rings:
+        for ring in map(self.ring, self.rings_in_use()):
             state_flight = self.atomics.load_acquire_u32(ring.state_flight)
             state, in_flight = state_flight & layout.RING_STATE_MASK, state_flight >> 2
             live += state == layout.RING_LIVE
@@ -347,12 +379,12 @@ class SharedRegion:
             return []
         records = owners.read_owners(self.name, self.geometry.max_subs) or []
         dead = []
-        for ring, (record, held) in zip(self.rings, records):
+        for index, (record, held) in enumerate(records):
             if record is None or record.region_created_at_ns != self.created_at_ns:
                 continue  # no record of a subscriber of this region
-            state = self.atomics.load_acquire_u32(ring.state_flight) & layout.RING_STATE_MASK
+            state = self.atomics.load_acquire_u32(self.ring(index).state_flight) & layout.RING_STATE_MASK
             if state in (layout.RING_LIVE, layout.RING_DRAINING) and not held:
-                dead.append((ring.index, record.pid))
+                dead.append((index, record.pid))
         return dead
 
     def repair_locked_entries(self) -> int:
@@ -596,18 +628,19 @@ def unlink_shm(name: str) -> None:
 
 def _new_geometry(name: str, type: ChannelType, cfg: Config, creator: str) -> tuple[Geometry, bytes]:
     """Check the arguments of create/create_or_open; the region's geometry.
-    0.1.0's rules raise ``RuntimeError`` as 0.1.0 does; a geometry that
-    cannot work (``Geometry.hazards``) raises ``ValueError``."""
+    An invalid channel type or config (0.1.0's rules, our wire limits, a
+    geometry that cannot work: ``Geometry.hazards``) raises ``ConfigError``,
+    both the ``ValueError`` we document and the ``RuntimeError`` of 0.1.0."""
     shm.check_name(name)
     if not isinstance(cfg, Config):
         raise TypeError(f"cfg must be a kickmsg.Config, got {cfg!r}")
     try:
         channel_type = ChannelType(type)
     except ValueError:
-        raise ValueError(f"channel type must be ChannelType.PubSub or ChannelType.Broadcast, got {type!r}") from None
+        raise ConfigError(f"channel type must be ChannelType.PubSub or ChannelType.Broadcast, got {type!r}") from None
     problem = cfg.validation_error()
     if problem:
-        raise RuntimeError(f"{problem} (creating {name})")
+        raise ConfigError(f"{problem} (creating {name})")
     creator_bytes = creator.encode("utf-8")[: layout.U16_MAX]
     geometry = Geometry.for_config(
         channel_type,
@@ -620,20 +653,33 @@ def _new_geometry(name: str, type: ChannelType, cfg: Config, creator: str) -> tu
     )
     hazards = geometry.hazards()
     if hazards:
-        raise ValueError(f"cannot create {name}: {hazards[0]}")
+        raise ConfigError(f"cannot create {name}: {hazards[0]}")
     return geometry, creator_bytes
 
 
-def _check_room(name: str, geometry: Geometry, reusable: int) -> None:
-    """Refuse (``ValueError``) a region larger than the memory the machine
+def _check_creatable(name: str, geometry: Geometry, reusable: int) -> None:
+    """Refuse (``ConfigError``) a region larger than the memory the machine
     can give it (``shm.room_for_new_object``), counting ``reusable`` bytes
-    already held by the object it would re-initialise in place."""
+    already held by the object it would re-initialise in place; then one
+    beyond this package's bounds: more than MAX_SUBSCRIBERS rings (every
+    publish visits every ring) or MAX_POOL_SIZE slots (create lays out
+    every slot, the tools read every slot)."""
     room, limit = shm.room_for_new_object()
     if geometry.total_size > room + reusable:
-        raise ValueError(
+        raise ConfigError(
             f"cannot create {name}: it would take {_bytes_text(geometry.total_size)} "
             f"({geometry.total_size} bytes: {geometry.size_breakdown()}), but only {_bytes_text(room)} "
             f"are {limit}; lower pool_size, max_payload_size, max_subscribers or sub_ring_capacity"
+        )
+    if geometry.max_subs > MAX_SUBSCRIBERS:
+        raise ConfigError(
+            f"cannot create {name}: max_subscribers must be at most {MAX_SUBSCRIBERS}, got {geometry.max_subs} "
+            f"(every publish visits every ring, and so do the tools)"
+        )
+    if geometry.pool_size > MAX_POOL_SIZE:
+        raise ConfigError(
+            f"cannot create {name}: pool_size must be at most {MAX_POOL_SIZE}, got {geometry.pool_size} "
+            f"(creating the region lays out every slot, and the tools read every slot)"
         )
 
 
@@ -648,11 +694,11 @@ def _bytes_text(size: int) -> str:
 
 
 def _create_or_map(name: str, geometry: Geometry, permissions: int) -> tuple[shm.Mapping | None, bool]:
-    """``shm.create_or_map``, a failed reservation told as ``ValueError``."""
+    """``shm.create_or_map``, a failed reservation told as ``ConfigError``."""
     try:
         return shm.create_or_map(name, geometry.total_size, permissions)
     except shm.NoRoomError as error:
-        raise ValueError(
+        raise ConfigError(
             f"cannot create {name}: {error.strerror} while reserving {_bytes_text(geometry.total_size)} "
             f"({geometry.total_size} bytes: {geometry.size_breakdown()})"
         ) from None

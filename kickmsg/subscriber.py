@@ -459,7 +459,8 @@ def _join_ring(region: SharedRegion) -> tuple[RingAddresses, int] | None:
     """Subscriber join: claim the first Free ring (state_flight exactly 0).
     Returns the ring and the start position; None if no ring is Free."""
     ops = region.atomics
-    for ring in region.rings:
+    for index in range(region.geometry.max_subs):  # not region.rings: no address of the rings after ours is needed
+        ring = region.ring(index)
         # Capture write_pos BEFORE going Live: once Live, publishers claim
         # positions at once, and the drain window [start_pos, write_pos) must
         # cover every one of them.

@@ -614,10 +614,13 @@ def test_stats_shows_our_subscribers_positions(name):
         expected_common, ring=1, state="Live", write_pos=2, held=2, owner_pid=os.getpid(), owner_alive=True,
         read_pos=1, pending=1, lost=0,
     )
-    assert stats["rings"][2] == dict(
+    assert len(stats["rings"]) == 2 and stats["idle_rings"] == 1  # ring 2: Free, never written
+    every = cli_json("stats", name, "--all-rings")
+    assert every["rings"][2] == dict(
         expected_common, ring=2, state="Free", write_pos=0, held=0, owner_pid=None, owner_alive=None,
         read_pos=None, pending=None, lost=None,
     )
+    assert every["idle_rings"] == 0
 
     text = cli("stats", name)
     assert text.code == 0
@@ -625,7 +628,9 @@ def test_stats_shows_our_subscribers_positions(name):
     assert lines[0] == f"{name}: pool {free_slots(name)}/16 slots free"
     assert lines[1].split() == "RING STATE IN_FLIGHT WRITE_POS HELD LOCKED OWNER_PID READ_POS PENDING LOST".split()
     assert lines[2].split() == ["0", "Live", "0", "14", "8", "0", str(os.getpid()), "7", "7", "4"]
-    assert lines[4].split() == ["2", "Free", "0", "0", "0", "0", "-", "-", "-", "-"]
+    assert lines[4] == "1 idle ring (Free, never written; --all-rings lists them)"
+    every_line = cli("stats", name, "--all-rings").text.splitlines()
+    assert every_line[4].split() == ["2", "Free", "0", "0", "0", "0", "-", "-", "-", "-"]
     lapped.close()
     reader.close()
 
@@ -749,7 +754,7 @@ def test_watch_json_lines_while_a_thread_publishes(name):
     for index, refresh in enumerate(refreshes):
         assert refresh["name"] == name and 0 <= refresh["pool_used"] <= 16
         assert refresh["verdict"].startswith(("clean:", "DAMAGED:"))
-        assert [ring["state"] for ring in refresh["rings"]] == ["Live", "Free", "Free"]
+        assert [ring["state"] for ring in refresh["rings"]] == ["Live"] and refresh["idle_rings"] == 2
         assert refresh["rings"][0]["owner_pid"] == os.getpid()
         if index == 0:
             assert all(ring["msgs_per_s"] is None and ring["new_lost"] is None for ring in refresh["rings"])
@@ -1106,8 +1111,8 @@ def test_diagnose_and_audit_pass_clean_regions(name, prefix):
                              "healthy": True}
         report = cli_json("audit", name)
         assert report["clean"] is True and report["verdict"] == f"clean: {free_slots(name)} of 16 slots free, 1 live rings"
-        assert [(r["state"], r["write_pos"], r["references"]) for r in report["rings"]] == [
-            ("Live", 10, 8), ("Free", 0, 0), ("Free", 0, 0)]
+        assert [(r["state"], r["write_pos"], r["references"]) for r in report["rings"]] == [("Live", 10, 8)]
+        assert report["idle_rings"] == 2
     native = f"/{prefix}_native"
     with start_native(NATIVE_TRAFFIC, name=native, config=SMALL) as peer:
         peer.wait_ready()
@@ -1130,7 +1135,8 @@ def test_locked_entry_is_found_and_repaired(name):
     assert audited.code == 1
     assert audited.text.splitlines()[0].startswith("DAMAGED: locked entries: 1;")
     assert "  ring 1 locked_entries: [0]" in audited.text.splitlines()
-    assert cli_json("audit", name, code=1)["rings"][1]["locked_entries"] == [0]
+    [ring] = cli_json("audit", name, code=1)["rings"]  # ring 0 is idle: counted, not listed
+    assert (ring["index"], ring["locked_entries"]) == (1, [0])
 
     repaired = cli_json("repair", name)
     assert repaired["locked_entries_repaired"] == 1

@@ -45,7 +45,10 @@ def test_stats_counts_what_was_sent_and_read(shm_name):
     ring = found.rings[0]
     assert (ring.ring, ring.state, ring.write_pos, ring.owner_pid, ring.owner_alive) == (0, "Live", 6, os.getpid(), True)
     assert (ring.read_pos, ring.pending, ring.lost) == (2, 4, 0)
-    assert [r.state for r in found.rings[1:]] == ["Free", "Free"]
+    assert found.rings[1:] == [] and found.idle_rings == 2  # Free and never written: counted, not listed
+    every = diagnostics.stats(shm_name, every_ring=True)
+    assert [(r.ring, r.state, r.write_pos) for r in every.rings[1:]] == [(1, "Free", 0), (2, "Free", 0)]
+    assert every.idle_rings == 0
     assert (found.pool_free, ring.held) == (16 - 6, 6)  # a Live ring keeps its last 8 messages, read or not
     [writer] = found.publishers
     assert (writer.pid, writer.node_name, writer.alive, writer.sent, writer.dropped) == (os.getpid(), "writer", True, 5, 0)
@@ -97,7 +100,7 @@ def test_watch_follows_a_re_created_region_and_ends_when_it_is_removed(shm_name)
     SharedRegion.create(shm_name, ChannelType.PubSub, Config(max_subscribers=3, sub_ring_capacity=8, pool_size=32,
                                                              max_payload_size=64), "diag-test")
     again = next(watching)
-    assert (again.pool_size, again.rings[0].msgs_per_s) == (32, None)
+    assert (again.pool_size, again.rings, again.idle_rings) == (32, [], 3)
     unlink_shm(shm_name)
     with pytest.raises(diagnostics.RegionError, match=f"^{shm_name} was removed$"):
         next(watching)
@@ -142,7 +145,7 @@ def test_watch_yields_rates_until_stopped(shm_name):
     for before, after in zip(snapshots, later):
         moved = after.rings[0].write_pos - before.rings[0].write_pos
         assert moved > 0 and after.rings[0].msgs_per_s > 0
-        assert after.rings[1].msgs_per_s == 0
+        assert [r.ring for r in after.rings] == [0] and after.idle_rings == 2
     assert all(len(s.publishers) == 1 and s.publishers[0].alive for s in later)
     reader.close()
 

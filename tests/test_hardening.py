@@ -349,7 +349,7 @@ class Session:
         if report is not None:
             assert report.verdict.startswith("clean: " if report.clean else "DAMAGED: ")
             assert 0 <= report.free_slots <= self.geometry.pool_size
-            assert len(report.rings) == self.geometry.max_subs
+            assert len(report.rings) + report.idle_rings == self.geometry.max_subs
 
     def _entries_stuck_at_u64_limit(self):
         """Window entries that read as stuck even when committed correctly:

@@ -7,13 +7,18 @@ The real out-of-space paths run in a child process with a private 1 MiB
 that the kernel itself says ENOSPC.
 """
 import os
+import re
+import subprocess
+import sys
 import warnings
 
 import pytest
 
 import nativepeer
 import rawregion
-from kickmsg import ChannelType, Config, Node, Publisher, SharedRegion, Subscriber, audit, shm, typed, unlink_shm
+import kickmsg
+from kickmsg import ChannelType, Config, ConfigError, Node, Publisher, SharedRegion, Subscriber, audit, shm, typed, unlink_shm
+from kickmsg.config import MAX_POOL_SIZE, MAX_SUBSCRIBERS
 from tinyshm import run_on_a_tiny_dev_shm
 
 SMALL = dict(max_subscribers=2, sub_ring_capacity=8, pool_size=16, max_payload_size=64)
@@ -245,3 +250,106 @@ def test_creating_a_region_discards_a_stale_sidecar(shm_name, create):
     assert shm_entries(shm_name) == [shm_name.lstrip("/") + ".owners"]
     create(shm_name, ChannelType.PubSub, Config(**SMALL))
     assert shm_entries(shm_name) == [shm_name.lstrip("/")]
+
+
+# -- 7. invalid configs: one exception, both ValueError and RuntimeError --------------------------
+
+INVALID_CONFIGS = [  # (field, value, what the error says); every other field as SMALL
+    ("max_subscribers", 0, "max_subscribers must be > 0 (got 0)"),
+    ("sub_ring_capacity", 0, "sub_ring_capacity must be a power of 2 (got 0)"),
+    ("sub_ring_capacity", 3, "sub_ring_capacity must be a power of 2 (got 3)"),
+    ("pool_size", 0, "pool_size must be > 0 (got 0)"),
+    ("max_payload_size", 0, "max_payload_size must be > 0 (got 0)"),
+    ("pool_size", 2**32 - 1, "pool_size must be < 4294967295 (slot indices are 32-bit), got 4294967295"),
+    ("max_payload_size", 2**32, "max_payload_size must fit a 32-bit length, got 4294967296"),
+    ("max_subscribers", 2**32, "max_subscribers must fit a 32-bit refcount, got 4294967296"),
+    ("max_subscribers", MAX_SUBSCRIBERS + 1, f"max_subscribers must be at most {MAX_SUBSCRIBERS}, got {MAX_SUBSCRIBERS + 1}"),
+    ("commit_timeout", 86_401, "commit_timeout must be at most 1 day, got 86401000000 us"),
+    ("pool_size", 8, "pool_size (8) must be greater than sub_ring_capacity (8)"),
+    ("pool_size", MAX_POOL_SIZE + 1, f"pool_size must be at most {MAX_POOL_SIZE}, got {MAX_POOL_SIZE + 1}"),
+    ("pool_size", 10**7, "pool_size=10000000 slots"),  # with max_payload_size=10**6 below: 9.1 TiB
+]
+
+
+@pytest.mark.parametrize("field, value, text", INVALID_CONFIGS, ids=lambda v: str(v)[:20])
+@pytest.mark.parametrize("constructor", ["create", "create_or_open"])
+def test_every_invalid_config_is_a_config_error_naming_the_field_and_value(shm_name, constructor, field, value, text):
+    """0.1.0 raises RuntimeError for the fields it checks, the README
+    promises ValueError: ConfigError is both, for every refusal of a config,
+    and names the field, the value and the region; nothing is created."""
+    cfg = Config(**SMALL)
+    if value == 10**7:
+        cfg.max_payload_size = 10**6
+    setattr(cfg, field, value)
+    with pytest.raises(ConfigError) as info:
+        getattr(SharedRegion, constructor)(shm_name, ChannelType.PubSub, cfg)
+    assert isinstance(info.value, ValueError) and isinstance(info.value, RuntimeError)
+    assert text in str(info.value) and shm_name in str(info.value)
+    assert shm_entries(shm_name) == []
+
+
+@pytest.mark.parametrize("build, text", [
+    (lambda: Config(max_subscribers=-1), "Config.max_subscribers must be an unsigned 64-bit integer, got -1"),
+    (lambda: Config(pool_size=2**64), "Config.pool_size must be an unsigned 64-bit integer, got 18446744073709551616"),
+    (lambda: Config(commit_timeout=-1), "Config.commit_timeout must not be negative, got -1"),
+    (lambda: Config(commit_timeout=float("nan")), "Config.commit_timeout must be a finite number of seconds, got nan"),
+    (lambda: SharedRegion.create("/hlimits_never", 3, Config(**SMALL)), "channel type must be ChannelType.PubSub or "
+                                                                        "ChannelType.Broadcast, got 3"),
+])
+def test_a_config_refused_as_it_is_built_is_a_config_error_too(build, text):
+    with pytest.raises(ConfigError, match=re.escape(text)) as info:
+        build()
+    assert isinstance(info.value, ValueError) and isinstance(info.value, RuntimeError)
+    assert kickmsg.ConfigError is ConfigError
+
+
+def test_max_subscribers_is_bounded_for_regions_this_package_creates(shm_name):
+    """1024 rings are made; one more is refused by every way of creating a
+    region, the command line included (one line, exit 2, nothing made)."""
+    ring_cheap = dict(sub_ring_capacity=1, pool_size=2, max_payload_size=8)
+    region = SharedRegion.create(shm_name, ChannelType.PubSub, Config(max_subscribers=MAX_SUBSCRIBERS, **ring_cheap))
+    assert region.geometry.max_subs == MAX_SUBSCRIBERS
+    too_many = Config(max_subscribers=MAX_SUBSCRIBERS + 1, **ring_cheap)
+    with pytest.raises(ConfigError, match="max_subscribers must be at most 1024, got 1025"):
+        SharedRegion.create(shm_name + "_more", ChannelType.PubSub, too_many)
+    with pytest.raises(ConfigError, match="max_subscribers must be at most 1024, got 1025"):
+        Node("big", prefix=shm_name.lstrip("/")).advertise("t", too_many)
+    done = subprocess.run([sys.executable, "-m", "kickmsg", "create", shm_name + "_cli", "--max-subscribers", "1000000"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr == (f"kickmsg create: error: cannot create {shm_name}_cli: max_subscribers must be at most 1024, "
+                           f"got 1000000 (every publish visits every ring, and so do the tools)\n")
+    assert shm_entries(shm_name + "_more") == shm_entries(shm_name + "_t") == shm_entries(shm_name + "_cli") == []
+
+
+NATIVE_MANY_RINGS = r"""
+region = kickmsg.SharedRegion.create(P["name"], kickmsg.ChannelType.PubSub, make_config(P["config"]), "native")
+done(region.name)
+"""
+
+
+def test_a_native_region_with_more_rings_than_the_bound_can_be_joined(shm_name):
+    """The bound is on what this package creates: create_or_open with the
+    same config joins a native region of 2000 rings, and subscribes."""
+    config = dict(max_subscribers=2000, sub_ring_capacity=1, pool_size=4, max_payload_size=8)
+    nativepeer.run_native(NATIVE_MANY_RINGS, name=shm_name, config=config)
+    region = SharedRegion.create_or_open(shm_name, ChannelType.PubSub, Config(**config))
+    subscriber = Subscriber(region)
+    Publisher(region).send(b"hello")
+    assert subscriber.try_receive() == b"hello"
+
+
+def test_pool_size_is_bounded_for_regions_this_package_creates(shm_name):
+    """2**20 slots are made; one more is refused (a pool of 100 million
+    8-byte slots fits the machine, but create would lay out each slot and
+    the tools read each); a native region with more is opened."""
+    small_slots = dict(max_subscribers=1, sub_ring_capacity=1, max_payload_size=8)
+    region = SharedRegion.create(shm_name, ChannelType.PubSub, Config(pool_size=MAX_POOL_SIZE, **small_slots))
+    assert region.geometry.pool_size == MAX_POOL_SIZE
+    with pytest.raises(ConfigError, match=f"pool_size must be at most {MAX_POOL_SIZE}, got 100000000"):
+        SharedRegion.create(shm_name + "_more", ChannelType.PubSub, Config(pool_size=10**8, **small_slots))
+    config = dict(small_slots, pool_size=MAX_POOL_SIZE + 1)
+    nativepeer.run_native(NATIVE_MANY_RINGS, name=shm_name + "_native", config=config)
+    assert SharedRegion.create_or_open(shm_name + "_native", ChannelType.PubSub, Config(**config)).geometry.pool_size == MAX_POOL_SIZE + 1
+    unlink_shm(shm_name + "_native")
+    assert shm_entries(shm_name + "_more") == []

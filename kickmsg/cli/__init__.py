@@ -106,8 +106,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--all", action="store_true", help="also list orphan sidecars and objects that are not Kickmsg regions")
 
     command("info", cmd_info, "every header field, decoded", "  kickmsg info /kickmsg_imu\n  kickmsg info --topic imu --json")
-    command("stats", cmd_stats, "rings (state, in-flight, write position, pending, losses) and pool use",
-            "  kickmsg stats --topic imu")
+    sub = command("stats", cmd_stats, "rings (state, in-flight, write position, pending, losses) and pool use",
+                  "  kickmsg stats --topic imu\n  kickmsg stats /kickmsg_imu --all-rings   # idle rings too, one line each")
+    sub.add_argument("--all-rings", action="store_true",
+                     help="a line for every ring (by default idle rings, Free and never written, are counted in one line)")
 
     sub = command("watch", cmd_watch, "a live view: messages/s per ring, pool use, new losses (Ctrl-C stops)",
                   "  kickmsg watch --topic imu\n  kickmsg watch /kickmsg_imu --interval 0.5 --count 10 --json")

@@ -14,7 +14,7 @@ from types import FrameType, ModuleType
 from typing import Any, TextIO
 
 from kickmsg import jsontext, shm
-from kickmsg.config import Config
+from kickmsg.config import MAX_POOL_SIZE, MAX_SUBSCRIBERS, Config
 from kickmsg.region import SharedRegion
 from kickmsg.terminal import printable
 
@@ -223,11 +223,11 @@ def add_geometry_options(sub: argparse.ArgumentParser, creator: str) -> None:
     """The options of a new channel (create, pub --create); Config()'s defaults."""
     defaults = Config()
     sub.add_argument("--max-subscribers", type=positive_int, metavar="N",
-                     help=f"rings, one per subscriber (default {defaults.max_subscribers})")
+                     help=f"rings, one per subscriber (default {defaults.max_subscribers}, at most {MAX_SUBSCRIBERS})")
     sub.add_argument("--ring", type=positive_int, metavar="N",
                      help=f"sub_ring_capacity: messages each ring keeps, a power of 2 (default {defaults.sub_ring_capacity})")
     sub.add_argument("--pool", type=positive_int, metavar="N",
-                     help=f"pool_size: message slots, more than --ring (default {defaults.pool_size})")
+                     help=f"pool_size: message slots, more than --ring (default {defaults.pool_size}, at most {MAX_POOL_SIZE})")
     sub.add_argument("--payload", type=positive_int, metavar="BYTES",
                      help=f"max_payload_size (default {defaults.max_payload_size})")
     sub.add_argument("--commit-timeout", type=float, metavar="S",

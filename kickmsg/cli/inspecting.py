@@ -104,11 +104,15 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 def cmd_stats(args: argparse.Namespace) -> int:
     region = inspect(channel_name(args))
-    found = diagnostics.region_stats(region, audit(region))
+    found = diagnostics.region_stats(region, audit(region), every_ring=args.all_rings)
     shown = [dict(vars(row), owner_pid=owner_cell(row)) for row in found.rings]
-    lines = [f"{printable(region.name)}: pool {found.pool_free}/{found.pool_size} slots free", table(
-        shown, ["ring", "state", "in_flight", "write_pos", "held", "locked", "owner_pid", "read_pos", "pending", "lost"]
-    )]
+    lines = [f"{printable(region.name)}: pool {found.pool_free}/{found.pool_size} slots free"]
+    if shown:
+        lines.append(table(
+            shown, ["ring", "state", "in_flight", "write_pos", "held", "locked", "owner_pid", "read_pos", "pending", "lost"]
+        ))
+    if found.idle_rings:
+        lines.append(f"{counted(found.idle_rings, 'idle ring', 'idle rings')} (Free, never written; --all-rings lists them)")
     lines += [
         f"ring {row.ring}: its subscriber (pid {row.owner_pid}) died; kickmsg repair {printable(region.name)} reclaims it"
         for row in found.rings if row.owner_alive is False
@@ -244,6 +248,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
         "schema_state": report.schema_state,
         "hazards": report.hazards,
         "rings": [vars(ring) for ring in report.rings],
+        "idle_rings": report.idle_rings,
     }
     problems = ("free_stack_problems", "leaked_slots", "under_referenced_slots", "double_free_candidates")
     details = [f"  {key}: {data[key]}" for key in problems if data[key]]
