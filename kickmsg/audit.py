@@ -17,16 +17,35 @@ exceeds what can release it (leaked) or falls short of the ring references
 referenced (double-free candidates), stuck entries, rings by state (a ring stays Draining only while its
 subscriber leaves; one left Draining lost its subscriber mid-teardown), Live
 rings whose recorded owner died (``kickmsg.owners``), and a geometry that
-cannot work (``Geometry.hazards``: a pool no larger than a ring). On a
-region with traffic the counts can include transient states; at quiescence
-with no views alive a healthy region audits clean. It works on any v4 region,
-including those made by the native library, and never writes.
+cannot work (``Geometry.hazards``: a pool no larger than a ring). It works on
+any v4 region, including those made by the native library, and never writes.
+
+On a channel with traffic one look is not enough: the look takes time while
+slots move, and the flows pass through states that break the invariants for
+a moment (a slot popped and pre-set but in no ring yet, an entry claimed but
+not committed, one LOCKED while written, a slot released while a drain or an
+eviction is half done). So what one look finds wrong is only a suspicion:
+the audit looks again, sooner first, then later, and keeps only what every
+look found in the same state (the same slot with the same refcount, free
+stack membership and holding entries; the same entry at the same position;
+the same ring in the same state). It reports that once it has held for
+``settle_time_s``: twice the commit timeout (the longest the protocol lets
+a writer hold an entry before treating it as crashed), at least 10 ms, at
+most 1 s. What changes or goes away meanwhile was a flow in progress. A
+region where nothing looks wrong takes a single look. Pins of views still
+alive hold still: they count as leaked slots like those of a process that
+died holding views.
 """
-from dataclasses import dataclass, field
+import time
+from dataclasses import dataclass, field, replace
 
 from kickmsg import layout, owners
+from kickmsg.layout import Geometry
 from kickmsg.region import SharedRegion
 
+FIRST_PAUSE_S = 0.001  # before the second look; each later pause doubles
+SHORTEST_SETTLE_S = 0.01  # a process may be paused that long on a busy machine
+LONGEST_SETTLE_S = 1.0  # whatever commit timeout a header claims
 SCHEMA_STATE_NAMES = {layout.SCHEMA_UNSET: "Unset", layout.SCHEMA_CLAIMING: "Claiming", layout.SCHEMA_SET: "Set"}
 
 
@@ -54,6 +73,15 @@ class RingAudit:
         return self.owner_pid is not None and self.owner_alive is False
 
 
+@dataclass(frozen=True)
+class SlotReading:
+    """What one look read of a slot found damaged."""
+
+    refcount: int
+    on_free_stack: bool
+    entries: tuple[tuple[int, int], ...]  # (ring, position) of each committed entry naming it
+
+
 @dataclass
 class AuditReport:
     region: str
@@ -61,7 +89,7 @@ class AuditReport:
     free_slots: int  # distinct slots reached on the free stack
     free_stack_problems: list[str]
     being_written: list[int]
-    leaked_slots: list[int]  # refcount above ring references (pins of dead views, crashed publishers)
+    leaked_slots: list[int]  # refcount above ring references (pins of views, dead or alive; crashed publishers)
     under_referenced_slots: list[int]  # refcount below ring references
     double_free_candidates: list[int]  # on the free stack yet with a refcount or a ring reference
     rings: list[RingAudit]  # every ring but the idle ones (SharedRegion.rings_in_use), in index order
@@ -70,6 +98,14 @@ class AuditReport:
     hazards: list[str]  # why this geometry cannot work (Geometry.hazards)
     ring_references: list[int]  # per slot: committed entries of the rings' live windows naming it
     refcounts: list[int]  # per slot, as read
+    # Rings in a state that is damage once it lasts: Free with publishers
+    # admitted (retired), Draining, state bits 3, Live or Draining with a dead owner.
+    retired_rings: list[int]
+    draining_rings: list[int]
+    invalid_rings: list[int]
+    dead_owner_rings: list[int]
+    schema_stuck: bool  # a schema claim held at Claiming
+    slot_readings: dict[int, SlotReading]  # each damaged slot, as read
 
     def damage(self) -> dict[str, int]:
         """Each kind of damage the audit looks for, with how much it found."""
@@ -81,11 +117,11 @@ class AuditReport:
             "locked entries": sum(len(r.locked_entries) for r in self.rings),
             "stale entries": sum(len(r.stale_entries) for r in self.rings),
             "entries naming no slot": sum(len(r.bad_entries) for r in self.rings),
-            "retired rings": sum(r.retired for r in self.rings),
-            "rings left Draining": sum(r.state == "Draining" for r in self.rings),
-            "rings in an invalid state": sum(r.state.startswith("invalid") for r in self.rings),
-            "rings held by dead subscribers": sum(r.owner_dead for r in self.rings),
-            "schema claims stuck at Claiming": int(self.schema_state == "Claiming"),
+            "retired rings": len(self.retired_rings),
+            "rings left Draining": len(self.draining_rings),
+            "rings in an invalid state": len(self.invalid_rings),
+            "rings held by dead subscribers": len(self.dead_owner_rings),
+            "schema claims stuck at Claiming": int(self.schema_stuck),
             "pools too small for their rings": len(self.hazards),
         }
 
@@ -105,7 +141,30 @@ class AuditReport:
 
 
 def audit(region: SharedRegion) -> AuditReport:
-    """Check ``region``'s invariants without writing anything."""
+    """Check ``region``'s invariants without writing anything. What a look
+    finds wrong is reported only if every later look, until
+    ``settle_time_s`` has passed, finds it in the same state (module
+    docstring); a region where nothing looks wrong takes one look."""
+    report = look(region)
+    first_look = time.monotonic()
+    settle_s = settle_time_s(region.geometry)
+    pause = FIRST_PAUSE_S
+    while not report.clean and time.monotonic() - first_look < settle_s:
+        time.sleep(min(pause, max(0.0, first_look + settle_s - time.monotonic())))
+        pause *= 2
+        report = _still_there(report, look(region))
+    return report
+
+
+def settle_time_s(geometry: Geometry) -> float:
+    """How long a suspicion must hold before the audit reports it: twice the
+    commit timeout, within [SHORTEST_SETTLE_S, LONGEST_SETTLE_S]."""
+    return min(max(2 * geometry.commit_timeout_us / 1e6, SHORTEST_SETTLE_S), LONGEST_SETTLE_S)
+
+
+def look(region: SharedRegion) -> AuditReport:
+    """One pass over ``region``: what it shows right now, transient states
+    of flows in progress included."""
     ops = region.atomics
     pool_size = region.geometry.pool_size
     capacity = region.geometry.capacity
@@ -124,7 +183,7 @@ def audit(region: SharedRegion) -> AuditReport:
         slot = ops.load_acquire_u32(region.slot_addresses[slot] + layout.NEXT_FREE_OFFSET)
 
     # Ring references: committed entries of every ring's live window.
-    references = [0] * pool_size
+    holders: dict[int, list[tuple[int, int]]] = {}  # slot -> (ring, position) of the entries naming it
     rings = []
     records = (owners.read_owners(region.name, region.geometry.max_subs) if region.mapping.shared else None) or []
     in_use = region.rings_in_use()
@@ -149,7 +208,7 @@ def audit(region: SharedRegion) -> AuditReport:
             elif sequence == position + 1:
                 held = ops.load_acquire_u32(entry + layout.SLOT_IDX_OFFSET)
                 if held < pool_size:
-                    references[held] += 1
+                    holders.setdefault(held, []).append((ring.index, position))
                     ring_audit.references += 1
                 elif held != layout.INVALID_SLOT:
                     ring_audit.bad_entries.append(position)
@@ -159,6 +218,7 @@ def audit(region: SharedRegion) -> AuditReport:
         rings.append(ring_audit)
 
     # Each slot against its state.
+    references = [len(holders.get(slot, ())) for slot in range(pool_size)]
     being_written, leaked, under_referenced, double_free = [], [], [], []
     refcounts = []
     for slot in range(pool_size):
@@ -173,6 +233,10 @@ def audit(region: SharedRegion) -> AuditReport:
             leaked.append(slot)
         elif refcount < references[slot]:
             under_referenced.append(slot)
+    slot_readings = {
+        slot: SlotReading(refcounts[slot], slot in free, tuple(holders.get(slot, ())))
+        for slot in leaked + under_referenced + double_free
+    }
 
     schema_state = ops.load_acquire_u32(region.schema_state_address)
     return AuditReport(
@@ -190,13 +254,65 @@ def audit(region: SharedRegion) -> AuditReport:
         hazards=region.geometry.hazards(),
         ring_references=references,
         refcounts=refcounts,
+        retired_rings=[r.index for r in rings if r.retired],
+        draining_rings=[r.index for r in rings if r.state == "Draining"],
+        invalid_rings=[r.index for r in rings if r.state.startswith("invalid")],
+        dead_owner_rings=[r.index for r in rings if r.owner_dead],
+        schema_stuck=schema_state == layout.SCHEMA_CLAIMING,
+        slot_readings=slot_readings,
     )
+
+
+def _still_there(earlier: AuditReport, later: AuditReport) -> AuditReport:
+    """``later``, with as damage only what ``earlier`` reported in the same
+    state: the same slot read the same, the same entry position, the same
+    ring (and, for a dead owner, the same owner)."""
+
+    def same_slots(before: list[int], after: list[int]) -> list[int]:
+        return [slot for slot in _in_both(after, before) if earlier.slot_readings[slot] == later.slot_readings[slot]]
+
+    rings = [
+        replace(
+            after,
+            locked_entries=_in_both(after.locked_entries, before.locked_entries),
+            stale_entries=_in_both(after.stale_entries, before.stale_entries),
+            bad_entries=_in_both(after.bad_entries, before.bad_entries),
+        )
+        for before, after in zip(earlier.rings, later.rings)
+    ]
+    leaked = same_slots(earlier.leaked_slots, later.leaked_slots)
+    under_referenced = same_slots(earlier.under_referenced_slots, later.under_referenced_slots)
+    double_free = same_slots(earlier.double_free_candidates, later.double_free_candidates)
+    return replace(
+        later,
+        free_stack_problems=_in_both(later.free_stack_problems, earlier.free_stack_problems),
+        leaked_slots=leaked,
+        under_referenced_slots=under_referenced,
+        double_free_candidates=double_free,
+        rings=rings,
+        retired_rings=_in_both(later.retired_rings, earlier.retired_rings),
+        draining_rings=_in_both(later.draining_rings, earlier.draining_rings),
+        invalid_rings=_in_both(later.invalid_rings, earlier.invalid_rings),
+        dead_owner_rings=[
+            ring for ring in _in_both(later.dead_owner_rings, earlier.dead_owner_rings)
+            if earlier.rings[ring].owner_pid == later.rings[ring].owner_pid
+        ],
+        schema_stuck=earlier.schema_stuck and later.schema_stuck,
+        slot_readings={slot: later.slot_readings[slot] for slot in leaked + under_referenced + double_free},
+    )
+
+
+def _in_both[T](later: list[T], earlier: list[T]) -> list[T]:
+    """The items of ``later`` that ``earlier`` has too, in ``later``'s order."""
+    seen = set(earlier)
+    return [item for item in later if item in seen]
 
 
 def explain_empty_pool(region: SharedRegion) -> str:
     """Why a region's slot pool is empty, for the error of a failed send:
-    who holds the slots, and what to do about the cause that applies."""
-    report = audit(region)
+    who holds the slots, and what to do about the cause that applies. From
+    one look (the moment of the failure; ``audit`` would wait to settle)."""
+    report = look(region)
     pool_size, capacity = region.geometry.pool_size, region.geometry.capacity
     in_rings = sum(count > 0 for count in report.ring_references)
     only_pinned = sum(

@@ -91,6 +91,14 @@ class Publisher:
         Raises ``ValueError`` if it exceeds max_payload_size and
         ``BlockingIOError`` (EAGAIN) if the slot pool is empty, saying why.
         """
+        size = self._send_unless_pool_empty(data)
+        if size is None:
+            raise BlockingIOError(errno.EAGAIN, explain_empty_pool(self._region))
+        return size
+
+    def _send_unless_pool_empty(self, data: Buffer) -> int | None:
+        """``send`` without the explanation of an empty pool (one look at
+        the whole region): None then. For callers that retry."""
         if time.monotonic_ns() >= self._next_check_in_ns:
             self._follow_if_recreated()
         region = self._region
@@ -105,7 +113,7 @@ class Publisher:
         # 1. Pop a free slot.
         slot = treiber.pop(region)
         if slot == INVALID_SLOT:
-            raise BlockingIOError(errno.EAGAIN, explain_empty_pool(region))
+            return None
         # 2. Write the payload into it.
         start = region.payload_offsets[slot]
         region.mapping.buffer[start : start + size] = payload
@@ -247,18 +255,16 @@ class Publisher:
 def send_retrying(publisher: Publisher, data: Buffer, timeout_s: float) -> bool:
     """``publisher.send(data)``, retrying while the slot pool is empty (a
     pause of 1 ms, doubling up to 100 ms) for up to ``timeout_s`` seconds.
-    False if the pool stayed empty that long."""
+    False if the pool stayed empty that long. A retry reads only the free
+    stack's top: why the pool is empty is never worked out."""
     deadline = time.monotonic() + timeout_s
     pause = 0.001
-    while True:
-        try:
-            publisher.send(data)
-            return True
-        except BlockingIOError:
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(pause)
-            pause = min(pause * 2, 0.1)
+    while publisher._send_unless_pool_empty(data) is None:
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(pause)
+        pause = min(pause * 2, 0.1)
+    return True
 
 
 def _wait_and_capture_slot(ops: Atomics, entry: int, expected_sequence: int, timeout_ns: int) -> int:

@@ -319,13 +319,20 @@ def test_write_pos_at_u64_limit(shm_name):
 
 
 def test_in_flight_at_u32_limit(shm_name):
+    """Admission adds one publisher to an in_flight already at its 30-bit
+    maximum: the word wraps within 32 bits (no OverflowError), the message is
+    delivered, and the release puts the word back exactly as it was."""
     h = create(shm_name)
     region = SharedRegion.open(shm_name)
     poke(shm_name, ring_offset(h, 0), "<I", 0xFFFFFFFD)  # Live, in_flight at its maximum
-    try:
-        Publisher(region).send(b"x")
-    except RuntimeError:
-        pass
+    publisher = Publisher(region)
+    assert publisher.send(b"x") == 1
+    assert publisher.dropped == 0
+    ring = rawregion.ring(rawregion.read_bytes(shm_name), 0)
+    assert (ring.state, ring.in_flight, ring.write_pos) == (1, 2**30 - 1, 1)  # Live, as poked; one message written
+    sequence, slot, length = ring.entries[0]
+    assert (sequence, length) == (1, 1)  # committed at position 0
+    assert rawregion.pool(rawregion.read_bytes(shm_name)).refcounts[slot] == 1  # held by that entry only
 
 
 def test_refcount_at_u32_limit(shm_name):
@@ -335,11 +342,20 @@ def test_refcount_at_u32_limit(shm_name):
     Publisher(region).send(b"pinned")
     _, slot, _ = rawregion.ring(rawregion.read_bytes(shm_name), 0).entries[0]
     poke(shm_name, slot_offset(h, slot), "<I", 0xFFFFFFFF)
-    try:
-        subscriber.try_receive()
-    except RuntimeError:
-        pass
+    # A saturated count can only be corruption: the pin is refused (one more
+    # would wrap it to 0 and free a slot an entry still names) and the
+    # message counted lost.
+    assert subscriber.try_receive() is None
+    assert subscriber.lost == 1
+    pool = rawregion.pool(rawregion.read_bytes(shm_name))
+    assert pool.refcounts[slot] == 0xFFFFFFFF
+    assert slot not in pool.free_slots
+    # Leaving drains the entry: one reference dropped, the slot still not freed.
     subscriber.close()
+    assert subscriber.drain_timeouts == 0
+    pool = rawregion.pool(rawregion.read_bytes(shm_name))
+    assert pool.refcounts[slot] == 0xFFFFFFFE
+    assert slot not in pool.free_slots
 
 
 # -- fuzzing, in a subprocess ---------------------------------------------------------------------

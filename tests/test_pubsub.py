@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import rawregion
+from kickmsg.atomics import Atomics
 from kickmsg import AllocatedSlot, ChannelType, Config, Publisher, SampleView, SharedRegion, Subscriber
 
 
@@ -567,4 +568,44 @@ def test_send_retrying_waits_for_a_slot_to_come_back(shm_name):
     assert send_retrying(publisher, b"c", 10.0)  # sent once the view gave its slot back
     assert subscriber.try_receive() == b"c"
     assert subscriber.lost == 1  # b, overwritten by c
+    subscriber.close()
+
+
+class CountingAtomics(Atomics):
+    """Hardware atomics that count the 32-bit loads: refcounts, ring states,
+    entries' slots (the free stack's top is a 64-bit word)."""
+
+    u32_loads = 0
+
+    def load_acquire_u32(self, address: int) -> int:
+        self.u32_loads += 1
+        return super().load_acquire_u32(address)
+
+    def load_relaxed_u32(self, address: int) -> int:
+        self.u32_loads += 1
+        return super().load_relaxed_u32(address)
+
+
+def test_send_retrying_reads_only_the_top_of_a_dry_pool(shm_name):
+    """Each retry of send_retrying on an empty pool reads the free stack's
+    top and nothing else: the explanation of send's error (a look at every
+    slot and ring) was worked out on every retry, and thrown away."""
+    from kickmsg.publisher import send_retrying
+
+    region = SharedRegion.create(shm_name, ChannelType.PubSub,
+                                 Config(max_subscribers=2, sub_ring_capacity=1, pool_size=2, max_payload_size=8))
+    publisher, subscriber = Publisher(region), Subscriber(region)
+    publisher.send(b"a")
+    view = subscriber.try_receive_view()  # pins a's slot
+    publisher.send(b"b")  # the ring holds b's slot: no slot is free
+    counting = CountingAtomics()
+    region.atomics = counting
+    assert not send_retrying(publisher, b"c", 0.05)
+    assert counting.u32_loads == 0
+    # send itself still says why, from one look at the region.
+    with pytest.raises(BlockingIOError, match="exhausted: 0 of 2 slots free, 1 held by ring entries") as raised:
+        publisher.send(b"c")
+    assert raised.value.errno == errno.EAGAIN
+    assert counting.u32_loads > 0
+    view.release()
     subscriber.close()

@@ -257,7 +257,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
         for what in ("locked_entries", "stale_entries", "bad_entries"):
             if getattr(ring, what):
                 details.append(f"  ring {ring.index} {what}: {getattr(ring, what)}")
-        if ring.owner_dead:
+        if ring.index in report.dead_owner_rings:
             details.append(f"  ring {ring.index} is held by dead subscriber {ring.owner_pid} (kickmsg repair reclaims it)")
     details += [f"  {hazard}" for hazard in report.hazards]
     emit(args, data, "\n".join([report.verdict] + details))
