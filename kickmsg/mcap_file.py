@@ -43,6 +43,8 @@ import pyarrow.parquet
 import zstandard
 from mcap.exceptions import McapError
 from mcap.reader import SeekingReader
+from mcap.records import Channel, Message, Metadata
+from mcap.stream_reader import StreamReader
 from mcap.well_known import MessageEncoding, SchemaEncoding
 from mcap.writer import CompressionType, Writer
 
@@ -254,6 +256,20 @@ class McapRecordingWriter:
             target.lost += lost
             target.losses.append([ring_pos, lost])
 
+    def copy_message(self, channel: str, message: Message, lost: int) -> None:
+        """A message of another kickmsg MCAP file, as it is."""
+        target = self.channels[channel]
+        self.writer.add_message(target.channel_id, log_time=message.log_time, data=message.data,
+                                publish_time=message.publish_time, sequence=message.sequence)
+        target.messages += 1
+        if lost:
+            target.lost += lost
+            target.losses.append([message.sequence, lost])
+
+    def flush(self) -> None:
+        """Write the messages so far as a chunk and hand them to the operating system."""
+        self.writer.flush()
+
     def size(self) -> int:
         """Bytes written to the file so far (complete, compressed chunks)."""
         return self.stream.tell()
@@ -350,6 +366,64 @@ def played_messages(path: str) -> tuple[McapRecording, Iterator[tuple[str, str, 
             raise _unreadable(path, error) from None
 
     return recording, messages()
+
+
+# -- recovering the file of a killed recorder ---------------------------------------
+
+
+def _flushed_records(partial: str) -> Iterator[Metadata | Channel | Message]:
+    """The metadata, channels and messages of an MCAP file cut short, in file
+    order, up to its last complete chunk (CRCs checked)."""
+    with open(partial, "rb") as file:
+        records = StreamReader(file, validate_crcs=True, record_size_limit=max(1, os.path.getsize(partial))).records
+        try:
+            for record in records:
+                if isinstance(record, (Metadata, Channel, Message)):
+                    yield record
+        except _READ_ERRORS:  # the record being written when the recorder was killed
+            return
+
+
+def partial_recording(partial: str) -> dict[str, Any]:
+    """The ``kickmsg.recording`` metadata (recording id, host, start) of an
+    MCAP file cut short."""
+    for record in _flushed_records(partial):
+        if isinstance(record, Metadata) and record.name == "kickmsg.recording":
+            return _from_json_values(record.metadata)
+    raise ValueError(f"{partial} holds no kickmsg recording metadata (remove it: it holds no message either)")
+
+
+def recover(partial: str, out: str) -> int:
+    """Write what an MCAP file cut short holds (a killed recorder's
+    ``.mcap.partial``: every message of its complete chunks) as the complete
+    MCAP file ``out`` (through ``out.closing``), remove ``partial``, and
+    return the number of messages. The losses are rebuilt from the gaps in
+    each channel's sequence numbers (a loss before a channel's first message
+    is not known)."""
+    recordings, channels, topics, messages = [], {}, {}, []
+    for record in _flushed_records(partial):
+        if isinstance(record, Metadata) and record.name == "kickmsg.recording":
+            recordings.append(_from_json_values(record.metadata))
+        elif isinstance(record, Metadata) and record.name == "kickmsg.channel":
+            values = _from_json_values(record.metadata)
+            channels[values.pop("channel")] = values
+        elif isinstance(record, Channel):
+            topics[record.id] = record.topic
+        elif isinstance(record, Message) and topics.get(record.channel_id) in channels:
+            messages.append((topics[record.channel_id], record))
+    if not channels:
+        raise ValueError(f"{partial} holds no kickmsg channel metadata (remove it: it holds no message either)")
+    closing = out + ".closing"
+    writer = McapRecordingWriter(closing, recordings, channels)
+    previous: dict[str, int] = {}  # channel -> last sequence
+    for topic, message in messages:
+        last = previous.get(topic, message.sequence - 1)
+        writer.copy_message(topic, message, max(0, message.sequence - last - 1))
+        previous[topic] = message.sequence
+    writer.close()
+    os.replace(closing, out)
+    os.unlink(partial)
+    return len(messages)
 
 
 # -- converting a Parquet recording -------------------------------------------------

@@ -20,7 +20,11 @@ stamp_ns        int64    the payload's first 8 bytes (little-endian), the
 payload         binary   the message (absent with ``payload=False``)
 ==============  =======  ==============================================
 
-A file being written is named ``*.parquet.partial`` until it is complete.
+A file being written is ``*.parquet.partial``: an Arrow IPC stream to which
+every flush (``flush_interval``, 1 s by default) appends the rows received
+since the last one; closing it (rotation, the end of the run) writes the
+Parquet file. A recorder killed outright loses at most the rows of the last
+flush interval: ``recover`` turns its ``.partial`` files into complete ones.
 Each file's key-value metadata ``kickmsg.recording`` (JSON) names the
 recording and each channel's geometry and schema descriptor, so that a
 player can re-create the channels. The recorder subscribes like any other
@@ -28,9 +32,11 @@ subscriber: it never slows publishers down, and when it falls behind its own
 losses are in the ``lost`` column.
 
 With ``format="mcap"`` the same rows go to MCAP files instead
-(``kickmsg.mcap_file``: Foxglove opens them); ``play`` plays both.
+(``kickmsg.mcap_file``: Foxglove opens them; each flush writes a chunk);
+``play`` plays both.
 """
 import json
+import math
 import os
 import socket
 import threading
@@ -40,6 +46,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 
 import pyarrow
+import pyarrow.ipc
 import pyarrow.parquet
 
 from kickmsg import stamp
@@ -60,10 +67,12 @@ COLUMNS = [
     ("stamp_ns", pyarrow.int64()),
     ("payload", pyarrow.binary()),
 ]
-FLUSH_INTERVAL_S = 0.5  # buffered rows reach the file at least this often
+FLUSH_INTERVAL_S = 1.0  # default: buffered rows reach the file (and survive a killed recorder) this often
 FORMATS = ("parquet", "mcap")
 MCAP_MAGIC = b"\x89MCAP0\r\n"  # the first 8 bytes of an MCAP file
 PARQUET_MAGIC = b"PAR1"  # the first (and last) 4 bytes of a Parquet file
+PARTIAL = ".partial"  # suffix of a file being written
+CLOSING = ".closing"  # suffix of a complete file being written from a .partial one, renamed when done
 MCAP_EXTRA = "pip install 'kickmsg-py[mcap]'"
 PLAYER = "kickmsg-play"  # creator of the channels play makes, and name of its publishers
 
@@ -93,64 +102,84 @@ class RecordingSummary:
 
 
 class _ParquetFile:
-    """One Parquet file of a recording."""
+    """One Parquet file of a recording, written first as an Arrow IPC stream
+    (``PATH.partial``): each ``write`` appends a record batch and hands it to
+    the operating system, so a killed recorder keeps it; ``close`` writes the
+    Parquet file ``PATH`` from the stream."""
 
     def __init__(self, path: str, schema: pyarrow.Schema):
-        self.writer = pyarrow.parquet.ParquetWriter(path, schema)
+        self.path = path
+        self.sink = open(path + PARTIAL, "wb")
+        self.stream = pyarrow.ipc.new_stream(self.sink, schema)
         self.schema = schema
         self.bytes = 0
 
     def write(self, rows: list[list]) -> None:
+        """Append the rows and flush them to the file."""
         columns = list(zip(*rows))
         table = pyarrow.Table.from_arrays(
             [pyarrow.array(values, type=column.type) for values, column in zip(columns, self.schema)], schema=self.schema
         )
-        self.writer.write_table(table)
+        self.stream.write_table(table)
+        self.sink.flush()
         self.bytes += table.nbytes  # uncompressed: rotation errs on the small side
 
     def size(self) -> int:
         return self.bytes
 
     def close(self) -> None:
-        self.writer.close()
+        self.stream.close()
+        self.sink.close()
+        _parquet_from_stream(self.path + PARTIAL, self.path)
 
 
 class _McapFile:
     """One MCAP file of a recording (the same rows as the Parquet columns)."""
 
     def __init__(self, path: str, metadata: dict, rotate_bytes: int):
-        """Chunks no larger than the rotation size, so that a file can rotate."""
+        """Written as ``PATH.partial``, renamed ``PATH`` when closed; chunks
+        no larger than the rotation size, so that a file can rotate."""
+        self.path = path
         recording = {key: metadata[key] for key in ("recording", "host", "started_wall_ns")}
         mcap_file = mcap_module()
         chunk_bytes = max(1, min(mcap_file.CHUNK_BYTES, rotate_bytes))
-        self.writer = mcap_file.McapRecordingWriter(path, [recording], metadata["channels"], chunk_bytes)
+        self.writer = mcap_file.McapRecordingWriter(path + PARTIAL, [recording], metadata["channels"], chunk_bytes)
 
     def write(self, rows: list[list]) -> None:
+        """Append the rows and flush them to the file (a chunk of their own)."""
         for _, channel, ring_pos, recv_mono, recv_wall, _, lost, stamp_ns, payload in rows:
             self.writer.write_message(channel, ring_pos, recv_mono, recv_wall, lost, stamp_ns, payload)
+        self.writer.flush()
 
     def size(self) -> int:
         return self.writer.size()
 
     def close(self) -> None:
         self.writer.close()
+        os.rename(self.path + PARTIAL, self.path)
 
 
 class Recorder:
     """Subscribes to channels and writes every message to Parquet (or MCAP).
 
     One receiving thread per channel (blocking zero-copy receives, without
-    the GIL while waiting); the calling thread writes buffered rows every
-    ``FLUSH_INTERVAL_S`` and rotates files past ``rotate_mb``.
+    the GIL while waiting); the calling thread writes buffered rows to the
+    file every ``flush_interval`` seconds and rotates files past
+    ``rotate_mb``.
     """
 
     def __init__(self, names: list[str], out_dir: str, rotate_mb: float = 64, payload: bool = True,
-                 on_rejoin: Callable[[str, Subscriber], None] | None = None, format: str = "parquet"):
+                 on_rejoin: Callable[[str, Subscriber], None] | None = None, format: str = "parquet",
+                 flush_interval: float = FLUSH_INTERVAL_S):
         """``on_rejoin(name, subscriber)`` is called (from that channel's
         thread) when a channel is re-created and the recorder follows it.
-        ``format``: ``parquet`` or ``mcap`` (which needs the payloads)."""
+        ``format``: ``parquet`` or ``mcap`` (which needs the payloads).
+        ``flush_interval``: seconds between writes to the file, what a
+        recorder killed outright loses at most."""
         if not names:
             raise ValueError("the recorder needs at least one channel")
+        if not (math.isfinite(flush_interval) and flush_interval > 0):
+            raise ValueError(f"flush_interval must be a finite number of seconds above 0, got {flush_interval!r}")
         if format not in FORMATS:
             raise ValueError(f"unknown recording format {format!r}: one of {', '.join(FORMATS)}")
         if format == "mcap" and not payload:
@@ -162,6 +191,7 @@ class Recorder:
         self.rotate_bytes = int(rotate_mb * 1024 * 1024)
         self.payload = payload
         self.on_rejoin = on_rejoin
+        self.flush_interval = flush_interval
         started = time.time_ns()
         self.recording = f"{socket.gethostname()}-{os.getpid()}-{started}"
         self.summary = RecordingSummary(self.recording)
@@ -216,9 +246,9 @@ class Recorder:
         if self.writer is None:
             path = os.path.join(self.out_dir, f"{self.recording}-{len(self.summary.files):04d}.{self.format}")
             if self.format == "mcap":
-                self.writer = _McapFile(path + ".partial", self.metadata, self.rotate_bytes)
+                self.writer = _McapFile(path, self.metadata, self.rotate_bytes)
             else:
-                self.writer = _ParquetFile(path + ".partial", self.schema)
+                self.writer = _ParquetFile(path, self.schema)
             self.summary.files.append(path)
         self.writer.write(rows)
         if self.writer.size() >= self.rotate_bytes:
@@ -229,9 +259,8 @@ class Recorder:
         is ``*.parquet.partial`` or ``*.mcap.partial``, so readers never see a
         half-written one)."""
         if self.writer is not None:
-            self.writer.close()
+            self.writer.close()  # and renames it
             self.writer = None
-        os.rename(self.summary.files[-1] + ".partial", self.summary.files[-1])
 
     def run(self, duration: float | None = None, stop: threading.Event | None = None) -> RecordingSummary:
         """Record until ``duration`` seconds pass or ``stop`` is set; every
@@ -249,7 +278,7 @@ class Recorder:
         stop = stop or threading.Event()
         try:
             while not stop.is_set():
-                remaining = FLUSH_INTERVAL_S if deadline is None else min(FLUSH_INTERVAL_S, deadline - time.monotonic())
+                remaining = self.flush_interval if deadline is None else min(self.flush_interval, deadline - time.monotonic())
                 if remaining <= 0:
                     break
                 stop.wait(remaining)
@@ -288,6 +317,100 @@ def file_format(file: str) -> str:
     if magic[:4] == PARQUET_MAGIC:
         return "parquet"
     raise ValueError(f"{file} is not a recording: neither a Parquet nor an MCAP file")
+
+
+def _flushed_batches(partial: str) -> tuple[pyarrow.Schema, list[pyarrow.RecordBatch]]:
+    """The schema and the complete record batches of a ``.parquet.partial``
+    stream; one cut short by a killed recorder ends at its last complete
+    batch."""
+    source = pyarrow.memory_map(partial)
+    try:
+        reader = pyarrow.ipc.open_stream(source)
+    except (pyarrow.ArrowInvalid, OSError) as error:
+        raise ValueError(f"{partial} holds no complete row (remove it): {error}") from None
+    batches = []
+    while True:
+        try:
+            batches.append(reader.read_next_batch())
+        except StopIteration:
+            break
+        except (pyarrow.ArrowInvalid, OSError):  # the batch being written when the recorder was killed
+            break
+    return reader.schema, batches
+
+
+def _parquet_from_stream(partial: str, out: str) -> int:
+    """Write the rows of a ``.parquet.partial`` stream as the Parquet file
+    ``out`` (through ``out.closing``, renamed when complete), remove the
+    stream, and return the number of rows."""
+    schema, batches = _flushed_batches(partial)
+    table = pyarrow.Table.from_batches(batches, schema)
+    pyarrow.parquet.write_table(table, out + CLOSING)
+    os.replace(out + CLOSING, out)
+    os.unlink(partial)
+    return table.num_rows
+
+
+def _writer_pid(partial: str) -> tuple[str, int] | None:
+    """(recording id, pid) of the recorder that wrote a ``.partial`` file,
+    if it ran on this host; None for another host."""
+    if partial.endswith(".mcap" + PARTIAL):
+        recording = mcap_module().partial_recording(partial)
+    else:
+        metadata = _flushed_batches(partial)[0].metadata or {}
+        recording = json.loads(metadata.get(SCHEMA_KEY, b"{}"))
+    host, run = recording.get("host", ""), recording.get("recording", "")
+    if host != socket.gethostname() or not run.startswith(host + "-"):
+        return None
+    return run, int(run[len(host) + 1:].split("-")[0])  # recording ids are HOST-PID-START
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True
+
+
+@dataclass
+class Recovered:
+    file: str  # the complete file written
+    messages: int  # messages it holds
+
+
+def recover(path: str) -> list[Recovered]:
+    """Turn the ``.partial`` files a killed recorder left (``path``: one such
+    file, or a recording directory) into complete files of the same names
+    without ``.partial``, holding every message flushed before the recorder
+    died. Refused for a file whose recorder is still running, or whose
+    complete file exists."""
+    if os.path.isdir(path):
+        partials = sorted(os.path.join(path, name) for name in os.listdir(path) if name.endswith(PARTIAL))
+        if not partials:
+            raise ValueError(f"no .partial files in {path}: nothing to recover")
+    elif os.path.isfile(path):
+        if not path.endswith((".parquet" + PARTIAL, ".mcap" + PARTIAL)):
+            raise ValueError(f"{path} is not a recording being written (*.parquet.partial or *.mcap.partial)")
+        partials = [path]
+    else:
+        raise ValueError(f"no such file or directory: {path}")
+    recovered = []
+    for partial in partials:
+        out = partial.removesuffix(PARTIAL)
+        if os.path.exists(out):
+            raise ValueError(f"{out} exists already: {partial} is left over from it (remove one of them)")
+        writer = _writer_pid(partial)
+        if writer is not None and _process_alive(writer[1]):
+            raise ValueError(f"{partial} is still being written by recorder {writer[0]} (pid {writer[1]} is alive)")
+        if out.endswith(".mcap"):
+            messages = mcap_module().recover(partial, out)
+        else:
+            messages = _parquet_from_stream(partial, out)
+        recovered.append(Recovered(out, messages))
+    return recovered
 
 
 def _parquet_messages(file: str) -> tuple[dict, list[tuple[str, str, int, bytes]]]:

@@ -184,9 +184,15 @@ def build_parser() -> argparse.ArgumentParser:
     sub = command("record", cmd_record, "record channels to Parquet (or MCAP) files (SIGINT/SIGTERM/SIGHUP close them cleanly)",
                   "  kickmsg record /kickmsg_imu /kickmsg_camera --out rec/ --duration 60\n"
                   "  kickmsg record /kickmsg_camera --out rec/ --no-payload --rotate-mb 256\n"
-                  "  kickmsg record /kickmsg_imu --out rec/ --format mcap", channel=False)
-    sub.add_argument("names", nargs="+", metavar="NAME", help="shm names of the channels")
-    sub.add_argument("--out", required=True, metavar="DIR", help="directory for the recording's files")
+                  "  kickmsg record /kickmsg_imu --out rec/ --format mcap\n"
+                  "  kickmsg record --recover rec/     # the .partial files of a killed recorder", channel=False)
+    sub.add_argument("names", nargs="*", metavar="NAME", help="shm names of the channels")
+    sub.add_argument("--out", metavar="DIR", help="directory for the recording's files")
+    sub.add_argument("--recover", metavar="PATH",
+                     help="instead of recording: turn the .partial files a killed recorder left (a file or a directory) "
+                          "into complete files")
+    sub.add_argument("--flush-interval", type=positive_number, default=1.0, metavar="S",
+                     help="seconds between writes to the file: what a killed recorder loses at most (default 1)")
     sub.add_argument("--duration", type=positive_number, help="stop after this many seconds")
     sub.add_argument("--rotate-mb", type=positive_number, default=64, help="start a new file past this size (default 64)")
     sub.add_argument("--no-payload", action="store_true", help="keep sizes and stamps, not the payloads")

@@ -4,6 +4,7 @@ import argparse
 import glob
 import os
 import re
+from types import ModuleType
 
 from kickmsg import shm
 from kickmsg.subscriber import Subscriber
@@ -17,6 +18,12 @@ PARQUET_MAGIC = b"PAR1"
 
 def cmd_record(args: argparse.Namespace) -> int:
     record = import_extra("kickmsg.record")
+    if args.recover is not None:
+        return recover(args, record)
+    if not args.names:
+        raise CommandError("record needs the channels to record (NAME ...)")
+    if args.out is None:
+        raise CommandError("record needs --out DIR, the directory for the recording's files")
     stop = stop_on_signals()
     names = [shm_name(name) for name in args.names]
 
@@ -25,7 +32,7 @@ def cmd_record(args: argparse.Namespace) -> int:
 
     try:
         recorder = record.Recorder(names, args.out, rotate_mb=args.rotate_mb, payload=not args.no_payload,
-                                   on_rejoin=tell_rejoin, format=args.format)
+                                   on_rejoin=tell_rejoin, format=args.format, flush_interval=args.flush_interval)
     except shm.RegionNotFoundError as error:
         raise CommandError(str(error)) from None
     if not args.json:
@@ -35,6 +42,16 @@ def cmd_record(args: argparse.Namespace) -> int:
     data = {"recording": summary.recording, "files": summary.files, "channels": channels}
     lines = [f"{name}: {c['messages']} messages, {c['bytes']} bytes, lost {c['lost']}" for name, c in channels.items()]
     emit(args, data, "\n".join(lines + [f"files: {', '.join(summary.files) or 'none'}"]))
+    return EXIT_OK
+
+
+def recover(args: argparse.Namespace, record: ModuleType) -> int:
+    """``record --recover PATH``: the .partial files of a killed recorder made complete."""
+    if args.names or args.out is not None:
+        raise CommandError("record --recover PATH takes no channels and no --out: the files are recovered where they are")
+    recovered = record.recover(args.recover)
+    data = [vars(item) for item in recovered]
+    emit(args, data, "\n".join(f"recovered {item.file}: {item.messages} messages" for item in recovered))
     return EXIT_OK
 
 
