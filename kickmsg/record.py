@@ -49,7 +49,7 @@ import pyarrow
 import pyarrow.ipc
 import pyarrow.parquet
 
-from kickmsg import stamp
+from kickmsg import shm, stamp
 from kickmsg.description import channel_config, describe
 from kickmsg.publisher import Publisher, send_retrying
 from kickmsg.region import SharedRegion
@@ -434,6 +434,23 @@ def _played_file(file: str) -> tuple[dict, Iterable[tuple[str, str, int, bytes]]
     return _parquet_messages(file)
 
 
+def recording_channels(path: str) -> dict[str, dict]:
+    """The channels of a recording (every file of it), as recorded: shm
+    name -> geometry and schema descriptor."""
+    channels: dict[str, dict] = {}
+    for file in recording_files(path):
+        if file_format(file) == "mcap":
+            found = mcap_module().read_recording(file).channels
+        else:
+            metadata = pyarrow.parquet.read_schema(file).metadata or {}
+            if SCHEMA_KEY not in metadata:
+                raise ValueError(f"{file} is not a kickmsg recording (no {SCHEMA_KEY.decode()} metadata)")
+            found = json.loads(metadata[SCHEMA_KEY])["channels"]
+        for name, description in found.items():
+            channels.setdefault(name, description)
+    return channels
+
+
 def _open_or_create(name: str, description: dict) -> SharedRegion:
     """The channel if it exists, else created as it was recorded."""
     try:
@@ -450,13 +467,24 @@ class PlaySummary:
     channels: set = field(default_factory=set)
 
 
-def play(path: str, rate: float = 1.0, loop: bool = False, stop: threading.Event | None = None) -> PlaySummary:
+def play(path: str, rate: float = 1.0, loop: bool = False, stop: threading.Event | None = None,
+         remap: dict[str, str] | None = None, only: list[str] | None = None) -> PlaySummary:
     """Republish a recording (Parquet or MCAP files, or a directory of them)
     into its channels with the original timing (intervals divided by
     ``rate``). Channels that do not exist are created as recorded. With
-    ``loop``, starts over until ``stop`` is set."""
+    ``loop``, starts over until ``stop`` is set. ``only``: the recorded
+    channels to play (default all); ``remap``: recorded name -> the name to
+    publish it under. A name in either that the recording lacks is refused."""
     if rate <= 0:
         raise ValueError(f"rate must be positive, got {rate}")
+    remap = remap or {}
+    recorded = recording_channels(path)
+    for option, names in (("only", only or []), ("remap", list(remap))):
+        for name in names:
+            if name not in recorded:
+                raise ValueError(f"{option} {name}: the recording has no such channel (it has {', '.join(sorted(recorded))})")
+    for name in remap.values():
+        shm.check_name(name)
     summary = PlaySummary()
     publishers = {}
     stop = stop or threading.Event()
@@ -465,14 +493,16 @@ def play(path: str, rate: float = 1.0, loop: bool = False, stop: threading.Event
         for file in recording_files(path):
             channels, messages = _played_file(file)
             for name, description in channels.items():
-                if name not in publishers:
-                    publishers[name] = Publisher(_open_or_create(name, description), name=PLAYER)
+                if name not in publishers and (only is None or name in only):
+                    publishers[name] = Publisher(_open_or_create(remap.get(name, name), description), name=PLAYER)
             for recording, channel, received, payload in messages:
+                if channel not in publishers:
+                    continue
                 began, first = clocks.setdefault(recording, (time.monotonic(), received))
                 due_in = began + (received - first) / 1e9 / rate - time.monotonic()
                 if stop.wait(min(max(0.0, due_in), threading.TIMEOUT_MAX)):  # a slow rate may ask for centuries
                     return summary
-                summary.channels.add(channel)
+                summary.channels.add(remap.get(channel, channel))
                 if send_retrying(publishers[channel], payload, 1.0):
                     summary.messages += 1
                 else:

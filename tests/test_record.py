@@ -407,3 +407,39 @@ def test_stamp_round_trip_and_latency():
 def test_recorder_refuses_a_flush_interval_that_is_not_a_positive_number(interval, tmp_path):
     with pytest.raises(ValueError, match=f"flush_interval must be a finite number of seconds above 0, got {interval!r}"):
         Recorder(["/kmtest_never_opened"], str(tmp_path), flush_interval=interval)
+
+
+def test_play_only_one_channel_remapped_to_a_new_name(channels, tmp_path):
+    """`play --only A --remap A=NEW`: a subscriber on NEW receives A's
+    recorded payloads; A and the other recorded channel get nothing."""
+    sent = messages(20, b"o")
+
+    def publish():
+        publishers = [kickmsg.Publisher(kickmsg.SharedRegion.open(name)) for name in channels]
+        for payload in sent:
+            publishers[0].send(payload)
+            publishers[1].send(payload[:16])
+
+    record_while(channels, tmp_path, publish)
+    new = channels[0] + "_new"
+    kickmsg.SharedRegion.create(new, kickmsg.ChannelType.PubSub, CONFIG, "test")
+    try:
+        listeners = [kickmsg.Subscriber(kickmsg.SharedRegion.open(name)) for name in [new, *channels]]
+        result = subprocess.run([KICKMSG, "play", str(tmp_path), "--rate", "10", "--only", channels[0],
+                                 "--remap", f"{channels[0]}={new}", "--json"], capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0, result.stderr
+        assert json.loads(result.stdout) == {"messages": 20, "dropped": 0, "channels": [new]}
+        assert [bytes(m) for m in listeners[0]] == sent
+        assert listeners[1].try_receive() is None and listeners[2].try_receive() is None
+        for listener in listeners:
+            listener.close()
+        remapped_only = play(str(tmp_path), rate=10, remap={channels[1]: new}, only=[channels[1]])
+        assert remapped_only.channels == {new}
+    finally:
+        owners.unlink(new)
+    for args, error in ((["--only", "/kmtest_absent"], f"only /kmtest_absent: the recording has no such channel (it has {', '.join(sorted(channels))})"),
+                        (["--remap", "/kmtest_absent=/x"], "remap /kmtest_absent: the recording has no such channel"),
+                        (["--remap", f"{channels[0]}=/a/b"], "invalid shared-memory name '/a/b'"),
+                        (["--remap", channels[0]], f"argument --remap: not OLD=NEW: '{channels[0]}'")):
+        result = subprocess.run([KICKMSG, "play", str(tmp_path), *args], capture_output=True, text=True, timeout=60)
+        assert result.returncode == 2 and error in result.stderr.splitlines()[-1], result.stderr

@@ -48,6 +48,8 @@ from kickmsg.cli.common import (
     positive_int,
     positive_number,
     print_warnings_on_one_line,
+    remapping,
+    shm_name,
 )
 from kickmsg.cli.inspecting import (
     LIST_COLUMNS,
@@ -207,8 +209,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--force", action="store_true", help="overwrite OUT.mcap if it exists")
 
     sub = command("play", cmd_play, "republish a recording with its original timing",
-                  "  kickmsg play rec/\n  kickmsg play rec/ --rate 2 --loop\n  kickmsg play rec.mcap", channel=False)
+                  "  kickmsg play rec/\n  kickmsg play rec/ --rate 2 --loop\n  kickmsg play rec.mcap\n"
+                  "  kickmsg play rec/ --only /kickmsg_imu --remap /kickmsg_imu=/kickmsg_imu_replay", channel=False)
     sub.add_argument("path", metavar="PATH", help="a recording directory, or one .parquet or .mcap file")
+    sub.add_argument("--only", action="append", type=shm_name, metavar="NAME",
+                     help="play only this recorded channel (repeat for more; default: all)")
+    sub.add_argument("--remap", action="append", type=remapping, default=[], metavar="OLD=NEW",
+                     help="publish recorded channel OLD into channel NEW (repeat for more)")
     sub.add_argument("--rate", type=positive_number, default=1.0, help="speed factor (default 1: real time)")
     sub.add_argument("--loop", action="store_true", help="start over at the end, until interrupted")
 
