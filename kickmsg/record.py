@@ -44,12 +44,13 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from types import ModuleType
+from typing import Any
 
 import pyarrow
 import pyarrow.ipc
 import pyarrow.parquet
 
-from kickmsg import shm, stamp
+from kickmsg import diagnostics, shm, stamp
 from kickmsg.description import channel_config, describe
 from kickmsg.publisher import Publisher, send_retrying
 from kickmsg.region import SharedRegion
@@ -164,20 +165,22 @@ class Recorder:
 
     One receiving thread per channel (blocking zero-copy receives, without
     the GIL while waiting); the calling thread writes buffered rows to the
-    file every ``flush_interval`` seconds and rotates files past
-    ``rotate_mb``.
+    file every ``flush_interval`` seconds, rotates files past ``rotate_mb``
+    and, with ``discover``, looks for new channels.
     """
 
     def __init__(self, names: list[str], out_dir: str, rotate_mb: float = 64, payload: bool = True,
                  on_rejoin: Callable[[str, Subscriber], None] | None = None, format: str = "parquet",
-                 flush_interval: float = FLUSH_INTERVAL_S):
+                 flush_interval: float = FLUSH_INTERVAL_S, discover: str | None = None):
         """``on_rejoin(name, subscriber)`` is called (from that channel's
         thread) when a channel is re-created and the recorder follows it.
         ``format``: ``parquet`` or ``mcap`` (which needs the payloads).
         ``flush_interval``: seconds between writes to the file, what a
-        recorder killed outright loses at most."""
-        if not names:
-            raise ValueError("the recorder needs at least one channel")
+        recorder killed outright loses at most. ``discover``: also record
+        every channel whose name starts with ``/discover`` (``""``: every
+        channel), those created later included (looked for at each flush)."""
+        if not names and discover is None:
+            raise ValueError("the recorder needs at least one channel, or a prefix to discover channels by")
         if not (math.isfinite(flush_interval) and flush_interval > 0):
             raise ValueError(f"flush_interval must be a finite number of seconds above 0, got {flush_interval!r}")
         if format not in FORMATS:
@@ -195,8 +198,11 @@ class Recorder:
         started = time.time_ns()
         self.recording = f"{socket.gethostname()}-{os.getpid()}-{started}"
         self.summary = RecordingSummary(self.recording)
+        self.discover = None if discover is None else discover.lstrip("/")
         self.regions = {name: SharedRegion.open(name) for name in names}
-        self.metadata = {
+        if discover is not None:
+            self.regions.update(self._new_channels())
+        self.metadata: dict[str, Any] = {
             "recording": self.recording,
             "host": socket.gethostname(),
             "started_wall_ns": started,
@@ -208,7 +214,44 @@ class Recorder:
         self.lock = threading.Lock()
         self.stopping = threading.Event()
         self.writer: _ParquetFile | _McapFile | None = None  # the file being written
+        self.subscribers: dict[str, Subscriber] = {}
+        self.threads: list[threading.Thread] = []  # one receiving thread per channel
         os.makedirs(out_dir, exist_ok=True)
+
+    def _new_channels(self) -> dict[str, SharedRegion]:
+        """The channels named ``/discover...`` not recorded yet (a region
+        being created, damaged or not ours to read is looked at next time)."""
+        found = {}
+        for name in channel_names(self.discover or ""):
+            if name not in self.regions:
+                try:
+                    found[name] = SharedRegion.open(name)
+                except (RuntimeError, ValueError, OSError):
+                    continue
+        return found
+
+    def _start_receiving(self, name: str, region: SharedRegion) -> None:
+        """Subscribe to one channel and start its receiving thread."""
+        self.subscribers[name] = Subscriber(region)
+        self.summary.channels[name] = ChannelCounts()
+        thread = threading.Thread(target=self._receive, args=(name, self.subscribers[name]), name=f"record {name}",
+                                  daemon=True)
+        self.threads.append(thread)
+        thread.start()
+
+    def _record_new_channels(self) -> None:
+        """Start recording the channels that appeared since the last look; the
+        file being written is closed first (its metadata lists the channels)."""
+        found = self._new_channels()
+        if not found:
+            return
+        if self.writer is not None:
+            self._close_file()
+        self.regions.update(found)
+        self.metadata["channels"].update({name: describe(region) for name, region in found.items()})
+        self.schema = self.schema.with_metadata({SCHEMA_KEY: json.dumps(self.metadata).encode()})
+        for name, region in found.items():
+            self._start_receiving(name, region)
 
     def _receive(self, name: str, subscriber: Subscriber) -> None:
         """One channel's thread: every message becomes a buffered row."""
@@ -265,15 +308,8 @@ class Recorder:
     def run(self, duration: float | None = None, stop: threading.Event | None = None) -> RecordingSummary:
         """Record until ``duration`` seconds pass or ``stop`` is set; every
         buffered row is written and the file closed before returning."""
-        subscribers = {name: Subscriber(region) for name, region in self.regions.items()}
-        for name in subscribers:
-            self.summary.channels[name] = ChannelCounts()
-        threads = [
-            threading.Thread(target=self._receive, args=(name, subscriber), name=f"record {name}", daemon=True)
-            for name, subscriber in subscribers.items()
-        ]
-        for thread in threads:
-            thread.start()
+        for name, region in self.regions.items():
+            self._start_receiving(name, region)
         deadline = None if duration is None else time.monotonic() + duration
         stop = stop or threading.Event()
         try:
@@ -283,16 +319,31 @@ class Recorder:
                     break
                 stop.wait(remaining)
                 self._flush()
+                if self.discover is not None:
+                    self._record_new_channels()
         finally:
             self.stopping.set()
-            for thread in threads:
+            for thread in self.threads:
                 thread.join()
-            for subscriber in subscribers.values():
+            for subscriber in self.subscribers.values():
                 subscriber.close()
             self._flush()
             if self.writer is not None:
                 self._close_file()
         return self.summary
+
+
+def channel_names(prefix: str) -> list[str]:
+    """The Kickmsg regions in /dev/shm whose name starts with ``/prefix``
+    (every one for ``""``), sorted."""
+    names = []
+    for entry in diagnostics.shm_objects(prefix):
+        try:
+            if not diagnostics.is_sidecar(entry) and diagnostics.is_kickmsg(diagnostics.read_magic_and_version(entry.path)):
+                names.append("/" + entry.name)
+        except OSError:  # removed meanwhile, or not ours to read
+            continue
+    return names
 
 
 def recording_files(path: str) -> list[str]:

@@ -443,3 +443,50 @@ def test_play_only_one_channel_remapped_to_a_new_name(channels, tmp_path):
                         (["--remap", channels[0]], f"argument --remap: not OLD=NEW: '{channels[0]}'")):
         result = subprocess.run([KICKMSG, "play", str(tmp_path), *args], capture_output=True, text=True, timeout=60)
         assert result.returncode == 2 and error in result.stderr.splitlines()[-1], result.stderr
+
+
+@pytest.mark.parametrize("format", ["parquet", "mcap"])
+def test_record_prefix_picks_up_a_channel_created_later(prefix, tmp_path, format):
+    """`kickmsg record --prefix P`: the channel there at the start and one
+    created while it records are both recorded (the second in a file whose
+    metadata describes it)."""
+    first, later = f"/{prefix}_first", f"/{prefix}_later"
+    kickmsg.SharedRegion.create(first, kickmsg.ChannelType.PubSub, CONFIG, "test")
+    recorder = subprocess.Popen([KICKMSG, "record", "--prefix", prefix, "--out", str(tmp_path), "--format", format,
+                                 "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: _has_live_ring(first) or recorder.poll() is not None, "the recorder subscribing")
+        assert recorder.poll() is None, recorder.stderr.read()
+        kickmsg.SharedRegion.create(later, kickmsg.ChannelType.Broadcast, CONFIG, "test")
+        wait_until(lambda: _has_live_ring(later) or recorder.poll() is not None, "the recorder finding the new channel")
+        sent = {first: messages(30, b"f"), later: messages(20, b"l")}
+        for name, payloads in sent.items():
+            publisher = kickmsg.Publisher(kickmsg.SharedRegion.open(name))
+            for payload in payloads:
+                publisher.send(payload)
+        wait_until(lambda: drained([first, later], recorder.pid), "the recorder reading every message")
+        recorder.send_signal(signal.SIGINT)
+        out, err = recorder.communicate(timeout=30)
+    finally:
+        recorder.kill()
+    assert recorder.returncode == 0, err
+    assert {name: counts["messages"] for name, counts in json.loads(out)["channels"].items()} == {first: 30, later: 20}
+    files = recording_files(str(tmp_path))
+    played = [message for file in files for message in record._played_file(file)[1]]
+    for name, payloads in sent.items():
+        assert [payload for _, channel, _, payload in played if channel == name] == payloads
+    assert record.recording_channels(str(tmp_path))[later]["channel_type"] == 2
+    assert set(record.channel_names(prefix)) == {first, later}
+    assert {first, later} <= set(record.channel_names(""))  # what --all records (not run here: the machine is shared)
+
+
+def test_record_all_and_prefix_on_the_command_line(tmp_path):
+    """--all and --prefix exclude each other; record needs channels, one of them, or --recover."""
+    result = subprocess.run([KICKMSG, "record", "--all", "--prefix", "x", "--out", str(tmp_path)], capture_output=True,
+                            text=True, timeout=30)
+    assert result.returncode == 2 and "argument --prefix: not allowed with argument --all" in result.stderr
+    result = subprocess.run([KICKMSG, "record", "--recover", str(tmp_path), "--all"], capture_output=True, text=True,
+                            timeout=30)
+    assert result.returncode == 2 and "record --recover PATH takes no channels" in result.stderr
+    with pytest.raises(ValueError, match="needs at least one channel, or a prefix"):
+        Recorder([], str(tmp_path))

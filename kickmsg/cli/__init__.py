@@ -187,8 +187,14 @@ def build_parser() -> argparse.ArgumentParser:
                   "  kickmsg record /kickmsg_imu /kickmsg_camera --out rec/ --duration 60\n"
                   "  kickmsg record /kickmsg_camera --out rec/ --no-payload --rotate-mb 256\n"
                   "  kickmsg record /kickmsg_imu --out rec/ --format mcap\n"
+                  "  kickmsg record --prefix kickmsg_robot --out rec/   # and the channels created later\n"
                   "  kickmsg record --recover rec/     # the .partial files of a killed recorder", channel=False)
     sub.add_argument("names", nargs="*", metavar="NAME", help="shm names of the channels")
+    discovering = sub.add_mutually_exclusive_group()
+    discovering.add_argument("--all", action="store_true",
+                             help="record every channel, those created while recording included")
+    discovering.add_argument("--prefix", metavar="P",
+                             help="record every channel named /P..., those created while recording included")
     sub.add_argument("--out", metavar="DIR", help="directory for the recording's files")
     sub.add_argument("--recover", metavar="PATH",
                      help="instead of recording: turn the .partial files a killed recorder left (a file or a directory) "

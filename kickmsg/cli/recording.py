@@ -20,8 +20,9 @@ def cmd_record(args: argparse.Namespace) -> int:
     record = import_extra("kickmsg.record")
     if args.recover is not None:
         return recover(args, record)
-    if not args.names:
-        raise CommandError("record needs the channels to record (NAME ...)")
+    discover = "" if args.all else None if args.prefix is None else args.prefix.lstrip("/")
+    if not args.names and discover is None:
+        raise CommandError("record needs the channels to record (NAME ..., --prefix P or --all)")
     if args.out is None:
         raise CommandError("record needs --out DIR, the directory for the recording's files")
     stop = stop_on_signals()
@@ -32,11 +33,13 @@ def cmd_record(args: argparse.Namespace) -> int:
 
     try:
         recorder = record.Recorder(names, args.out, rotate_mb=args.rotate_mb, payload=not args.no_payload,
-                                   on_rejoin=tell_rejoin, format=args.format, flush_interval=args.flush_interval)
+                                   on_rejoin=tell_rejoin, format=args.format, flush_interval=args.flush_interval,
+                                   discover=discover)
     except shm.RegionNotFoundError as error:
         raise CommandError(str(error)) from None
     if not args.json:
-        print(f"recording {', '.join(names)} into {args.out} (Ctrl-C stops)", flush=True)
+        later = "" if discover is None else f" and every channel named /{discover}* created later"
+        print(f"recording {', '.join(recorder.regions) or 'nothing yet'}{later} into {args.out} (Ctrl-C stops)", flush=True)
     summary = recorder.run(duration=args.duration, stop=stop)
     channels = {name: vars(counts) for name, counts in summary.channels.items()}
     data = {"recording": summary.recording, "files": summary.files, "channels": channels}
@@ -47,7 +50,7 @@ def cmd_record(args: argparse.Namespace) -> int:
 
 def recover(args: argparse.Namespace, record: ModuleType) -> int:
     """``record --recover PATH``: the .partial files of a killed recorder made complete."""
-    if args.names or args.out is not None:
+    if args.names or args.out is not None or args.all or args.prefix is not None:
         raise CommandError("record --recover PATH takes no channels and no --out: the files are recovered where they are")
     recovered = record.recover(args.recover)
     data = [vars(item) for item in recovered]
