@@ -50,7 +50,7 @@ from mcap.writer import CompressionType, Writer
 
 import kickmsg
 from kickmsg.description import schema_from_json
-from kickmsg.record import SCHEMA_KEY, file_format, recording_files
+from kickmsg.record import COLUMNS, SCHEMA_KEY, file_format, recording_files
 from kickmsg.typed import RecordType
 
 PAYLOAD_SCHEMA_NAME = "kickmsg.Payload"
@@ -342,30 +342,59 @@ def read_recording(path: str) -> McapRecording:
     return recording
 
 
+def _messages(path: str, recording: McapRecording) -> Iterator[tuple[str, Message, bytes]]:
+    """A recording's messages in log-time order as (channel, message, payload)."""
+    record_types = {name: channel_record_type(description) for name, description in recording.channels.items()}
+    try:
+        with open(path, "rb") as file:
+            for _, channel, message in _reader(file, path).iter_messages(log_time_order=True):
+                if channel.topic not in recording.channels:
+                    raise ValueError(f"{path}: topic {channel.topic!r} has no kickmsg.channel metadata")
+                data = json.loads(message.data)
+                record_type = record_types[channel.topic]
+                if channel.metadata.get(MAPPING_KEY) == "fields" and record_type is not None:
+                    payload = decode_records(data, record_type)
+                else:
+                    payload = base64.b64decode(data["payload"], validate=True)
+                yield channel.topic, message, payload
+    except _READ_ERRORS as error:
+        raise _unreadable(path, error) from None
+
+
+def _recording_id(path: str, recording: McapRecording) -> str:
+    return str(recording.recordings[0]["recording"]) if recording.recordings else path
+
+
 def played_messages(path: str) -> tuple[McapRecording, Iterator[tuple[str, str, int, bytes]]]:
     """A recording's metadata and its messages in log-time order as
     (recording, channel, receive time ns, payload), for ``kickmsg play``."""
     recording = read_recording(path)
-    record_types = {name: channel_record_type(description) for name, description in recording.channels.items()}
-    recording_id = recording.recordings[0]["recording"] if recording.recordings else path
+    recording_id = _recording_id(path, recording)
+    messages = ((recording_id, channel, message.log_time, payload) for channel, message, payload in _messages(path, recording))
+    return recording, messages
 
-    def messages() -> Iterator[tuple[str, str, int, bytes]]:
-        try:
-            with open(path, "rb") as file:
-                for _, channel, message in _reader(file, path).iter_messages(log_time_order=True):
-                    if channel.topic not in recording.channels:
-                        raise ValueError(f"{path}: topic {channel.topic!r} has no kickmsg.channel metadata")
-                    data = json.loads(message.data)
-                    record_type = record_types[channel.topic]
-                    if channel.metadata.get(MAPPING_KEY) == "fields" and record_type is not None:
-                        payload = decode_records(data, record_type)
-                    else:
-                        payload = base64.b64decode(data["payload"], validate=True)
-                    yield recording_id, channel.topic, message.log_time, payload
-        except _READ_ERRORS as error:
-            raise _unreadable(path, error) from None
 
-    return recording, messages()
+def analysis_table(path: str) -> pyarrow.Table:
+    """A recording's messages as the rows of a Parquet recording without
+    payloads, for ``kickmsg analyze``: ``ring_pos`` = the
+    sequence, both receive times = ``log_time`` (the wall clock: MCAP keeps
+    no monotonic time), ``lost`` from ``kickmsg.losses``, ``stamp_ns`` =
+    ``publish_time`` where it is a stamp (not the receive time), so that
+    receive time - stamp is the latency the recorder saw."""
+    recording = read_recording(path)
+    recording_id = _recording_id(path, recording)
+    schema = pyarrow.schema(COLUMNS[:-1])
+    lost_at = {(name, ring_pos & SEQUENCE_MASK): lost for name, losses in recording.losses.items()
+               for ring_pos, lost in losses.get("before", [])}
+    rows = [
+        (recording_id, channel, message.sequence, message.log_time, message.log_time, len(payload),
+         lost_at.get((channel, message.sequence), 0),
+         message.publish_time if message.publish_time != message.log_time else None)
+        for channel, message, payload in _messages(path, recording)
+    ]
+    columns = list(zip(*rows)) or [() for _ in schema]
+    return pyarrow.Table.from_arrays([pyarrow.array(values, type=column.type) for values, column in zip(columns, schema)],
+                                     schema=schema)
 
 
 # -- recovering the file of a killed recorder ---------------------------------------

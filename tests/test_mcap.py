@@ -456,3 +456,46 @@ def test_mcap_files_rotate_by_size(shm_name, tmp_path):
     assert files == sorted(summary.files) and len(files) >= 3
     payloads = [base64.b64decode(data["payload"]) for file in files for _, _, data in read_mcap(file)[0]]
     assert payloads == [bytes([burst, i]) * 50 for burst in range(6) for i in range(100)]
+
+
+def test_analyze_reads_an_mcap_recording_as_its_parquet_rows(shm_name, tmp_path):
+    """An MCAP file converted from a Parquet recording (stamped messages, a
+    loss) gives analyze the same rows: ring positions, sizes, losses and
+    latencies (receive time - stamp); the receive time is the wall clock.
+    `kickmsg analyze FILE.mcap` then counts them as from the Parquet file."""
+    region = kickmsg.SharedRegion.create(shm_name, kickmsg.ChannelType.PubSub,
+                                         kickmsg.Config(max_subscribers=2, sub_ring_capacity=8, pool_size=64), "test")
+    recorder = Recorder([shm_name], str(tmp_path / "rec"))
+    published = threading.Event()
+    recorder._receive = receiving_after(published, recorder._receive)  # the ring overflows before it reads
+    stop = threading.Event()
+    thread = threading.Thread(target=recorder.run, kwargs={"stop": stop})
+    thread.start()
+    wait_for_subscriber([shm_name])
+    publisher = kickmsg.Publisher(region)
+    for i in range(20):
+        publisher.send(stamp.stamped(b"a%d" % i * (1 + i % 3)))
+    published.set()
+    counts = recorder.summary.channels[shm_name]
+    wait_until(lambda: counts.messages + counts.lost == 20, "the recorder reading the ring")
+    stop.set()
+    thread.join(timeout=30)
+    assert run_cli("convert", tmp_path / "rec", tmp_path / "rec.mcap").returncode == 0
+
+    from kickmsg.mcap_file import analysis_table
+    rows = pyarrow.parquet.read_table(tmp_path / "rec").to_pylist()
+    converted = analysis_table(str(tmp_path / "rec.mcap")).to_pylist()
+    assert [r["lost"] for r in rows] == [12] + [0] * 7
+    for row, mine in zip(rows, converted, strict=True):
+        assert (mine["recording"], mine["channel"], mine["ring_pos"], mine["size"], mine["lost"]) == (
+            row["recording"], row["channel"], row["ring_pos"], row["size"], row["lost"])
+        assert mine["recv_mono_ns"] == mine["recv_wall_ns"] == row["recv_wall_ns"]
+        assert mine["recv_mono_ns"] - mine["stamp_ns"] == row["recv_mono_ns"] - row["stamp_ns"]
+
+    pytest.importorskip("pyspark")
+    result = run_cli("analyze", tmp_path / "rec.mcap", "--master", "local[1]", "--json", tmp_path / "figures.json",
+                     timeout=300)
+    assert result.returncode == 0, result.stderr
+    figures = json.loads((tmp_path / "figures.json").read_text())[shm_name]
+    assert (figures["messages"], figures["lost"], figures["gaps"], figures["stamped"]) == (8, 12, 0, True)
+    assert figures["size_bytes"]["max"] == max(row["size"] for row in rows)

@@ -4,6 +4,7 @@ import argparse
 import glob
 import os
 import re
+import tempfile
 from types import ModuleType
 
 from kickmsg import shm
@@ -14,6 +15,7 @@ from kickmsg.cli.receiving import tell_rejoined
 URI_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")  # hdfs://, s3a://, file://: Spark's to resolve
 GLOB_CHARACTERS = "*?["
 PARQUET_MAGIC = b"PAR1"
+MCAP_MAGIC = b"\x89MCAP0\r\n"
 
 
 def cmd_record(args: argparse.Namespace) -> int:
@@ -76,44 +78,68 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:
-    for path in args.paths:
-        check_recording_path(path)
-    analysis = import_extra("kickmsg.spark.analysis")
-    if args.html_path:
-        import_extra("matplotlib")
-    errors = import_extra("pyspark.errors")
-    try:
-        result = analysis.run(args.paths, master=args.master, json_path=args.json_path, html_path=args.html_path)
-    except errors.PySparkException as error:
-        raise CommandError(str(error).strip().splitlines()[0]) from None
+    with tempfile.TemporaryDirectory(prefix="kickmsg-analyze-") as scratch:
+        paths = [spark_path for path in args.paths for spark_path in spark_paths(path, scratch)]
+        analysis = import_extra("kickmsg.spark.analysis")
+        if args.html_path:
+            import_extra("matplotlib")
+        errors = import_extra("pyspark.errors")
+        try:
+            result = analysis.run(paths, master=args.master, json_path=args.json_path, html_path=args.html_path)
+        except errors.PySparkException as error:
+            raise CommandError(str(error).strip().splitlines()[0]) from None
     print(analysis.format_table(result))
     if args.html_path:
         print(f"report: {os.path.abspath(args.html_path)}")
     return EXIT_OK
 
 
-def check_recording_path(path: str) -> None:
-    """Refuse, before Spark starts, a local path that holds no recording: a
-    missing path, a directory without *.parquet files, a file without the
-    Parquet magic, a glob that matches nothing. URIs (hdfs://, s3a://) are
-    Spark's to resolve."""
+def spark_paths(path: str, scratch: str) -> list[str]:
+    """What Spark reads for one path given to analyze. URIs (hdfs://,
+    s3a://) and globs are Spark's to resolve (Parquet only; a glob that
+    matches nothing is refused). A local directory or file is checked before
+    Spark starts: it must hold Parquet or MCAP files (by their magic); its
+    MCAP files are written as Parquet files into ``scratch``."""
     if URI_SCHEME.match(path):
-        return
+        return [path]
     if any(character in path for character in GLOB_CHARACTERS):
         if not glob.glob(path):
             raise CommandError(f"nothing matches {path}")
-        return
+        return [path]
     if os.path.isdir(path):
-        files = [os.path.join(top, name) for top, _, names in os.walk(path) for name in names if name.endswith(".parquet")]
+        files = [os.path.join(top, name) for top, _, names in os.walk(path) for name in names
+                 if name.endswith((".parquet", ".mcap"))]
         if not files:
-            raise CommandError(f"no .parquet files in {path}")
+            raise CommandError(f"no .parquet or .mcap files in {path}")
     elif os.path.exists(path):
         files = [path]
     else:
         raise CommandError(f"no such file or directory: {path}")
+    parquet, mcap = [], []
     for file in files:
-        if not is_parquet(file):
-            raise CommandError(f"not a Parquet file: {file} (no {PARQUET_MAGIC.decode()} magic at its start and end)")
+        if is_mcap(file):
+            mcap.append(file)
+        elif is_parquet(file):
+            parquet.append(file)
+        else:
+            raise CommandError(f"not a Parquet or MCAP file: {file} (neither {PARQUET_MAGIC.decode()} at its start and "
+                               "end nor the MCAP magic)")
+    return ([path] if parquet else []) + [parquet_of_mcap(file, scratch) for file in mcap]
+
+
+def parquet_of_mcap(file: str, scratch: str) -> str:
+    """Write an MCAP recording file as a Parquet one (without payloads) into ``scratch``; its path."""
+    record = import_extra("kickmsg.record")
+    parquet = import_extra("pyarrow.parquet")
+    out = os.path.join(scratch, f"{len(os.listdir(scratch)):04d}.parquet")
+    parquet.write_table(record.mcap_module().analysis_table(file), out)
+    return out
+
+
+def is_mcap(path: str) -> bool:
+    """Whether the file starts with the MCAP magic."""
+    with open(path, "rb") as file:
+        return file.read(len(MCAP_MAGIC)) == MCAP_MAGIC
 
 
 def is_parquet(path: str) -> bool:
