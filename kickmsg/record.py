@@ -171,14 +171,16 @@ class Recorder:
 
     def __init__(self, names: list[str], out_dir: str, rotate_mb: float = 64, payload: bool = True,
                  on_rejoin: Callable[[str, Subscriber], None] | None = None, format: str = "parquet",
-                 flush_interval: float = FLUSH_INTERVAL_S, discover: str | None = None):
+                 flush_interval: float = FLUSH_INTERVAL_S, discover: str | None = None,
+                 on_found: Callable[[str], None] | None = None):
         """``on_rejoin(name, subscriber)`` is called (from that channel's
         thread) when a channel is re-created and the recorder follows it.
         ``format``: ``parquet`` or ``mcap`` (which needs the payloads).
         ``flush_interval``: seconds between writes to the file, what a
         recorder killed outright loses at most. ``discover``: also record
         every channel whose name starts with ``/discover`` (``""``: every
-        channel), those created later included (looked for at each flush)."""
+        channel), those created later included (looked for at each flush);
+        ``on_found(name)`` is called for each one found after the start."""
         if not names and discover is None:
             raise ValueError("the recorder needs at least one channel, or a prefix to discover channels by")
         if not (math.isfinite(flush_interval) and flush_interval > 0):
@@ -194,6 +196,7 @@ class Recorder:
         self.rotate_bytes = int(rotate_mb * 1024 * 1024)
         self.payload = payload
         self.on_rejoin = on_rejoin
+        self.on_found = on_found
         self.flush_interval = flush_interval
         started = time.time_ns()
         self.recording = f"{socket.gethostname()}-{os.getpid()}-{started}"
@@ -252,6 +255,8 @@ class Recorder:
         self.schema = self.schema.with_metadata({SCHEMA_KEY: json.dumps(self.metadata).encode()})
         for name, region in found.items():
             self._start_receiving(name, region)
+            if self.on_found is not None:
+                self.on_found(name)
 
     def _receive(self, name: str, subscriber: Subscriber) -> None:
         """One channel's thread: every message becomes a buffered row."""

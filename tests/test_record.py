@@ -470,6 +470,7 @@ def test_record_prefix_picks_up_a_channel_created_later(prefix, tmp_path, format
     finally:
         recorder.kill()
     assert recorder.returncode == 0, err
+    assert err == f"kickmsg record: {later} appeared; recording it\n"
     assert {name: counts["messages"] for name, counts in json.loads(out)["channels"].items()} == {first: 30, later: 20}
     files = recording_files(str(tmp_path))
     played = [message for file in files for message in record._played_file(file)[1]]

@@ -4,6 +4,7 @@ import argparse
 import glob
 import os
 import re
+import sys
 import tempfile
 from types import ModuleType
 
@@ -33,10 +34,13 @@ def cmd_record(args: argparse.Namespace) -> int:
     def tell_rejoin(name: str, subscriber: Subscriber) -> None:  # from that channel's thread; the rows so far carry its earlier losses
         tell_rejoined("record", name, subscriber.lost - recorder.summary.channels[name].lost)
 
+    def tell_found(name: str) -> None:
+        print(f"kickmsg record: {name} appeared; recording it", file=sys.stderr, flush=True)
+
     try:
         recorder = record.Recorder(names, args.out, rotate_mb=args.rotate_mb, payload=not args.no_payload,
                                    on_rejoin=tell_rejoin, format=args.format, flush_interval=args.flush_interval,
-                                   discover=discover)
+                                   discover=discover, on_found=tell_found)
     except shm.RegionNotFoundError as error:
         raise CommandError(str(error)) from None
     if not args.json:
