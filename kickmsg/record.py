@@ -382,16 +382,21 @@ def _flushed_batches(partial: str) -> tuple[pyarrow.Schema, list[pyarrow.RecordB
     source = pyarrow.memory_map(partial)
     try:
         reader = pyarrow.ipc.open_stream(source)
-    except (pyarrow.ArrowInvalid, OSError) as error:
+    except (pyarrow.ArrowException, OSError) as error:
         raise ValueError(f"{partial} holds no complete row (remove it): {error}") from None
+    columns = reader.schema.remove_metadata()
+    if not any(columns.equals(pyarrow.schema(recorded)) for recorded in (COLUMNS, COLUMNS[:-1])):
+        raise ValueError(f"{partial} does not have a recording's columns: {', '.join(columns.names)}")
     batches = []
     while True:
         try:
-            batches.append(reader.read_next_batch())
+            batch = reader.read_next_batch()
+            batch.validate(full=True)  # offsets within the buffers, before anything reads them
         except StopIteration:
             break
-        except (pyarrow.ArrowInvalid, OSError):  # the batch being written when the recorder was killed
+        except (pyarrow.ArrowException, OSError):  # the batch being written when the recorder was killed
             break
+        batches.append(batch)
     return reader.schema, batches
 
 
@@ -431,6 +436,19 @@ def _process_alive(pid: int) -> bool:
     return True
 
 
+def _recover_file(partial: str) -> "Recovered":
+    """One ``.partial`` file made complete (see ``recover``)."""
+    out = partial.removesuffix(PARTIAL)
+    if os.path.exists(out):
+        raise ValueError(f"{out} exists already: {partial} is left over from it (remove one of them)")
+    writer = _writer_pid(partial)
+    if writer is not None and _process_alive(writer[1]):
+        raise ValueError(f"{partial} is still being written by recorder {writer[0]} (pid {writer[1]} is alive)")
+    if out.endswith(".mcap"):
+        return Recovered(out, mcap_module().recover(partial, out))
+    return Recovered(out, _parquet_from_stream(partial, out))
+
+
 @dataclass
 class Recovered:
     file: str  # the complete file written
@@ -455,17 +473,14 @@ def recover(path: str) -> list[Recovered]:
         raise ValueError(f"no such file or directory: {path}")
     recovered = []
     for partial in partials:
-        out = partial.removesuffix(PARTIAL)
-        if os.path.exists(out):
-            raise ValueError(f"{out} exists already: {partial} is left over from it (remove one of them)")
-        writer = _writer_pid(partial)
-        if writer is not None and _process_alive(writer[1]):
-            raise ValueError(f"{partial} is still being written by recorder {writer[0]} (pid {writer[1]} is alive)")
-        if out.endswith(".mcap"):
-            messages = mcap_module().recover(partial, out)
-        else:
-            messages = _parquet_from_stream(partial, out)
-        recovered.append(Recovered(out, messages))
+        try:
+            recovered.append(_recover_file(partial))
+        except (ValueError, KeyError, TypeError, AttributeError) as error:  # what damaged metadata gives
+            if os.path.exists(partial.removesuffix(PARTIAL) + CLOSING):
+                os.unlink(partial.removesuffix(PARTIAL) + CLOSING)
+            if partial in str(error):
+                raise
+            raise ValueError(f"{partial} cannot be recovered (damaged?): {type(error).__name__}: {error}") from None
     return recovered
 
 
