@@ -426,33 +426,23 @@ def _writer_pid(partial: str) -> tuple[str, int] | None:
     return run, int(run[len(host) + 1:].split("-")[0])  # recording ids are HOST-PID-START
 
 
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, another user's
-        return True
-    return True
+@dataclass
+class Recovered:
+    file: str  # the complete file written
+    messages: int  # messages it holds
 
 
-def _recover_file(partial: str) -> "Recovered":
+def _recover_file(partial: str) -> Recovered:
     """One ``.partial`` file made complete (see ``recover``)."""
     out = partial.removesuffix(PARTIAL)
     if os.path.exists(out):
         raise ValueError(f"{out} exists already: {partial} is left over from it (remove one of them)")
     writer = _writer_pid(partial)
-    if writer is not None and _process_alive(writer[1]):
+    if writer is not None and diagnostics.pid_alive(writer[1]):
         raise ValueError(f"{partial} is still being written by recorder {writer[0]} (pid {writer[1]} is alive)")
     if out.endswith(".mcap"):
         return Recovered(out, mcap_module().recover(partial, out))
     return Recovered(out, _parquet_from_stream(partial, out))
-
-
-@dataclass
-class Recovered:
-    file: str  # the complete file written
-    messages: int  # messages it holds
 
 
 def recover(path: str) -> list[Recovered]:

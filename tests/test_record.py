@@ -520,7 +520,7 @@ def test_recover_a_partial_file_cut_anywhere_or_damaged(channels, tmp_path, form
     finally:
         stopped.set()
         thread.join(timeout=30)
-    monkeypatch.setattr(record, "_process_alive", lambda pid: False)  # as if the recorder (this process) had died
+    monkeypatch.setattr(diagnostics, "pid_alive", lambda pid: False)  # as if the recorder (this process) had died
     sent = [payload for _, _, _, payload in record._played_file(recorder.summary.files[0])[1]]
     damaged_file = tmp_path / f"x.{format}.partial"
     randomness = random.Random(24)
