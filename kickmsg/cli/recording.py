@@ -22,7 +22,7 @@ MCAP_MAGIC = b"\x89MCAP0\r\n"
 def cmd_record(args: argparse.Namespace) -> int:
     record = import_extra("kickmsg.record")
     if args.recover is not None:
-        return recover(args, record)
+        return recover_partial_files(args, record)
     discover = "" if args.all else None if args.prefix is None else args.prefix.lstrip("/")
     if not args.names and discover is None:
         raise CommandError("record needs the channels to record (NAME ..., --prefix P or --all)")
@@ -54,7 +54,7 @@ def cmd_record(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def recover(args: argparse.Namespace, record: ModuleType) -> int:
+def recover_partial_files(args: argparse.Namespace, record: ModuleType) -> int:
     """``record --recover PATH``: the .partial files of a killed recorder made complete."""
     if args.names or args.out is not None or args.all or args.prefix is not None:
         raise CommandError("record --recover PATH takes no channels and no --out: the files are recovered where they are")
