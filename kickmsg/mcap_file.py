@@ -42,13 +42,15 @@ import pyarrow.parquet
 import zstandard
 from mcap.exceptions import McapError
 from mcap.reader import SeekingReader
+from mcap.records import Channel, Message, Metadata
+from mcap.stream_reader import StreamReader
 from mcap.well_known import MessageEncoding, SchemaEncoding
 from mcap.writer import CompressionType, Writer
 
 import kickmsg
 from kickmsg import jsontext
 from kickmsg.description import schema_from_json
-from kickmsg.record import SCHEMA_KEY, file_format, recording_files
+from kickmsg.record import COLUMNS, SCHEMA_KEY, file_format, recording_files
 from kickmsg.typed import RecordType
 
 PAYLOAD_SCHEMA_NAME = "kickmsg.Payload"
@@ -252,6 +254,20 @@ class McapRecordingWriter:
             target.lost += lost
             target.losses.append([ring_pos, lost])
 
+    def copy_message(self, channel: str, message: Message, lost: int) -> None:
+        """A message of another kickmsg MCAP file, as it is."""
+        target = self.channels[channel]
+        self.writer.add_message(target.channel_id, log_time=message.log_time, data=message.data,
+                                publish_time=message.publish_time, sequence=message.sequence)
+        target.messages += 1
+        if lost:
+            target.lost += lost
+            target.losses.append([message.sequence, lost])
+
+    def flush(self) -> None:
+        """Write the messages so far as a chunk and hand them to the operating system."""
+        self.writer.flush()
+
     def size(self) -> int:
         """Bytes written to the file so far (complete, compressed chunks)."""
         return self.stream.tell()
@@ -324,30 +340,117 @@ def read_recording(path: str) -> McapRecording:
     return recording
 
 
+def _messages(path: str, recording: McapRecording) -> Iterator[tuple[str, Message, bytes]]:
+    """A recording's messages in log-time order as (channel, message, payload)."""
+    record_types = {name: channel_record_type(description) for name, description in recording.channels.items()}
+    try:
+        with open(path, "rb") as file:
+            for _, channel, message in _reader(file, path).iter_messages(log_time_order=True):
+                if channel.topic not in recording.channels:
+                    raise ValueError(f"{path}: topic {channel.topic!r} has no kickmsg.channel metadata")
+                data = json.loads(message.data)
+                record_type = record_types[channel.topic]
+                if channel.metadata.get(MAPPING_KEY) == "fields" and record_type is not None:
+                    payload = decode_records(data, record_type)
+                else:
+                    payload = base64.b64decode(data["payload"], validate=True)
+                yield channel.topic, message, payload
+    except _READ_ERRORS as error:
+        raise _unreadable(path, error) from None
+
+
+def _recording_id(path: str, recording: McapRecording) -> str:
+    return str(recording.recordings[0]["recording"]) if recording.recordings else path
+
+
 def played_messages(path: str) -> tuple[McapRecording, Iterator[tuple[str, str, int, bytes]]]:
     """A recording's metadata and its messages in log-time order as
     (recording, channel, receive time ns, payload), for ``kickmsg play``."""
     recording = read_recording(path)
-    record_types = {name: channel_record_type(description) for name, description in recording.channels.items()}
-    recording_id = recording.recordings[0]["recording"] if recording.recordings else path
+    recording_id = _recording_id(path, recording)
+    messages = ((recording_id, channel, message.log_time, payload) for channel, message, payload in _messages(path, recording))
+    return recording, messages
 
-    def messages() -> Iterator[tuple[str, str, int, bytes]]:
+
+def analysis_table(path: str) -> pyarrow.Table:
+    """A recording's messages as the rows of a Parquet recording without
+    payloads, for ``kickmsg analyze``: ``ring_pos`` = the
+    sequence, both receive times = ``log_time`` (the wall clock: MCAP keeps
+    no monotonic time), ``lost`` from ``kickmsg.losses``, ``stamp_ns`` =
+    ``publish_time`` where it is a stamp (not the receive time), so that
+    receive time - stamp is the latency the recorder saw."""
+    recording = read_recording(path)
+    recording_id = _recording_id(path, recording)
+    schema = pyarrow.schema(COLUMNS[:-1])
+    lost_at = {(name, ring_pos & SEQUENCE_MASK): lost for name, losses in recording.losses.items()
+               for ring_pos, lost in losses.get("before", [])}
+    rows = [
+        (recording_id, channel, message.sequence, message.log_time, message.log_time, len(payload),
+         lost_at.get((channel, message.sequence), 0),
+         message.publish_time if message.publish_time != message.log_time else None)
+        for channel, message, payload in _messages(path, recording)
+    ]
+    columns = list(zip(*rows)) or [() for _ in schema]
+    return pyarrow.Table.from_arrays([pyarrow.array(values, type=column.type) for values, column in zip(columns, schema)],
+                                     schema=schema)
+
+
+# -- recovering the file of a killed recorder ---------------------------------------
+
+
+def _flushed_records(partial: str) -> Iterator[Metadata | Channel | Message]:
+    """The metadata, channels and messages of an MCAP file cut short, in file
+    order, up to its last complete chunk (CRCs checked)."""
+    with open(partial, "rb") as file:
+        records = StreamReader(file, validate_crcs=True, record_size_limit=max(1, os.path.getsize(partial))).records
         try:
-            with open(path, "rb") as file:
-                for _, channel, message in _reader(file, path).iter_messages(log_time_order=True):
-                    if channel.topic not in recording.channels:
-                        raise ValueError(f"{path}: topic {channel.topic!r} has no kickmsg.channel metadata")
-                    data = json.loads(message.data)
-                    record_type = record_types[channel.topic]
-                    if channel.metadata.get(MAPPING_KEY) == "fields" and record_type is not None:
-                        payload = decode_records(data, record_type)
-                    else:
-                        payload = base64.b64decode(data["payload"], validate=True)
-                    yield recording_id, channel.topic, message.log_time, payload
-        except _READ_ERRORS as error:
-            raise _unreadable(path, error) from None
+            for record in records:
+                if isinstance(record, (Metadata, Channel, Message)):
+                    yield record
+        except _READ_ERRORS:  # the record being written when the recorder was killed
+            return
 
-    return recording, messages()
+
+def partial_recording(partial: str) -> dict[str, Any]:
+    """The ``kickmsg.recording`` metadata (recording id, host, start) of an
+    MCAP file cut short."""
+    for record in _flushed_records(partial):
+        if isinstance(record, Metadata) and record.name == "kickmsg.recording":
+            return _from_json_values(record.metadata)
+    raise ValueError(f"{partial} holds no kickmsg recording metadata (remove it: it holds no message either)")
+
+
+def recover(partial: str, out: str) -> int:
+    """Write what an MCAP file cut short holds (a killed recorder's
+    ``.mcap.partial``: every message of its complete chunks) as the complete
+    MCAP file ``out`` (through ``out.closing``), remove ``partial``, and
+    return the number of messages. The losses are rebuilt from the gaps in
+    each channel's sequence numbers (a loss before a channel's first message
+    is not known)."""
+    recordings, channels, topics, messages = [], {}, {}, []
+    for record in _flushed_records(partial):
+        if isinstance(record, Metadata) and record.name == "kickmsg.recording":
+            recordings.append(_from_json_values(record.metadata))
+        elif isinstance(record, Metadata) and record.name == "kickmsg.channel":
+            values = _from_json_values(record.metadata)
+            channels[values.pop("channel")] = values
+        elif isinstance(record, Channel):
+            topics[record.id] = record.topic
+        elif isinstance(record, Message) and topics.get(record.channel_id) in channels:
+            messages.append((topics[record.channel_id], record))
+    if not channels:
+        raise ValueError(f"{partial} holds no kickmsg channel metadata (remove it: it holds no message either)")
+    closing = out + ".closing"
+    writer = McapRecordingWriter(closing, recordings, channels)
+    previous: dict[str, int] = {}  # channel -> last sequence
+    for topic, message in messages:
+        last = previous.get(topic, message.sequence - 1)
+        writer.copy_message(topic, message, max(0, message.sequence - last - 1))
+        previous[topic] = message.sequence
+    writer.close()
+    os.replace(closing, out)
+    os.unlink(partial)
+    return len(messages)
 
 
 # -- converting a Parquet recording -------------------------------------------------

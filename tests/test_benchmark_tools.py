@@ -168,3 +168,16 @@ def test_a_shared_memory_file_counts_as_in_use_while_a_process_holds_it(prefix):
     finally:
         holder.communicate(timeout=10)
     assert path not in bench_core.shm_files_in_use()
+
+
+def test_record_flush_compares_both_formats_and_leaves_no_region(prefix):
+    """benchmarks/record_flush.py: each format recorded flushed and not, every
+    message recorded, a ratio per format; its channel is removed."""
+    output = run_tool("benchmarks/record_flush.py", "--seconds", "0.3", "--rounds", "1", "--name", f"/{prefix}_flush")
+    runs = re.findall(r"^(parquet|mcap) +(flushed|unflushed) +round 0: [\d.]+ s CPU, (\d+) messages$", output, re.MULTILINE)
+    assert [(fmt, setting) for fmt, setting, _ in runs] == [
+        ("parquet", "flushed"), ("parquet", "unflushed"), ("mcap", "flushed"), ("mcap", "unflushed")], output
+    assert all(count == "300" for _, _, count in runs), output
+    assert re.findall(r"^  (parquet|mcap) +flushed every 1 s [\d.]+ +never before the end [\d.]+ +ratio [\d.]+$",
+                      output, re.MULTILINE) == ["parquet", "mcap"], output
+    assert leftovers(prefix) == []

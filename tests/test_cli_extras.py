@@ -7,6 +7,7 @@ a module that is not installed. The same shadowing proves that a refused
 path never got as far as Spark: its error comes first.
 """
 import os
+import pathlib
 import subprocess
 
 import pytest
@@ -16,6 +17,7 @@ from test_cli import name  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.timeout(120)
 
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 EXTRA = "pip install 'kickmsg-py[spark]'"
 PARQUET_LOOKALIKE = b"PAR1" + bytes(16) + b"PAR1"  # the magic at both ends
 
@@ -26,7 +28,7 @@ def without(tmp_path, *modules: str) -> dict:
     shadows.mkdir(exist_ok=True)
     for module in modules:
         (shadows / f"{module}.py").write_text(f"raise ModuleNotFoundError(\"No module named '{module}'\", name={module!r})\n")
-    return dict(os.environ, PYTHONPATH=str(shadows))
+    return dict(os.environ, PYTHONPATH=f"{shadows}{os.pathsep}{ROOT}")  # this tree's kickmsg, not an installed one
 
 
 def cli_in(env: dict, *args) -> Result:
@@ -53,8 +55,8 @@ def test_analyze_without_pyspark(tmp_path):
 
 @pytest.mark.parametrize("case", ["missing", "empty directory", "text file", "text named parquet", "glob of nothing"])
 def test_analyze_refuses_paths_without_recordings_before_spark(tmp_path, case):
-    """A missing path, a directory with no *.parquet, a file without the
-    Parquet magic, a glob that matches nothing: one line, exit 2, before
+    """A missing path, a directory with no *.parquet or *.mcap, a file
+    without the Parquet or MCAP magic, a glob that matches nothing: one line, exit 2, before
     pyspark is even imported (its absence would be the error otherwise)."""
     data = tmp_path / "data"
     data.mkdir()
@@ -70,9 +72,9 @@ def test_analyze_refuses_paths_without_recordings_before_spark(tmp_path, case):
     (mixed / "bad.parquet").write_bytes(b"PAR1 truncated")
     path, phrase = {
         "missing": (tmp_path / "absent", f"no such file or directory: {tmp_path / 'absent'}"),
-        "empty directory": (empty, f"no .parquet files in {empty}"),
-        "text file": (text, f"not a Parquet file: {text} (no PAR1 magic at its start and end)"),
-        "text named parquet": (mixed, f"not a Parquet file: {mixed / 'bad.parquet'}"),
+        "empty directory": (empty, f"no .parquet or .mcap files in {empty}"),
+        "text file": (text, f"not a Parquet or MCAP file: {text} (neither PAR1 at its start and end nor the MCAP magic)"),
+        "text named parquet": (mixed, f"not a Parquet or MCAP file: {mixed / 'bad.parquet'}"),
         "glob of nothing": (tmp_path / "runs*" / "*.parquet", f"nothing matches {tmp_path / 'runs*' / '*.parquet'}"),
     }[case]
     result = cli_in(without(tmp_path, "pyspark"), "analyze", data, path)

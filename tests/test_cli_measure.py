@@ -101,6 +101,7 @@ INVALID_OPTIONS = [
     ("hz", "--timeout", "nan"), ("bw", "--every", "0"), ("bw", "--timeout", "-2"), ("bw", "--count", "0"),
     ("watch", "--interval", "0"), ("watch", "--count", "-1"), ("pub", "--rate", "0"), ("pub", "--rate", "-5"),
     ("pub", "--count", "0"), ("play", "--rate", "0"), ("record", "--duration", "-1"), ("record", "--rotate-mb", "0"),
+    ("record", "--flush-interval", "0"), ("record", "--flush-interval", "nan"),
     ("create", "--pool", "0"), ("create", "--ring", "-8"),
 ]
 POSITIONALS = {"pub": ["/x", "data"], "play": ["dir"], "record": ["/x", "--out", "dir"]}

@@ -22,7 +22,7 @@ import kickmsg
 from kickmsg import stamp, typed
 from kickmsg.mcap_file import channel_record_type, decode_records, encode_records
 from kickmsg.record import Recorder
-from test_record import record_while
+from test_record import drained, messages_on_disk, receiving_after, record_while, wait_until
 
 PYTHON = sys.executable
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -69,11 +69,9 @@ def _has_live_ring(name):
 
 
 def wait_for_subscriber(names, process=None):
-    deadline = time.monotonic() + 20
-    while not all(_has_live_ring(name) for name in names):
-        assert time.monotonic() < deadline, "the recorder never subscribed"
-        assert process is None or process.poll() is None, process.stderr.read()
-        time.sleep(0.02)
+    wait_until(lambda: all(_has_live_ring(name) for name in names) or (process is not None and process.poll() is not None),
+               "the recorder subscribing")
+    assert process is None or process.poll() is None, process.stderr.read()
 
 
 def read_mcap(path):
@@ -118,7 +116,7 @@ def test_record_mcap_from_a_publisher_process(channels, tmp_path, signal_number)
         publisher = subprocess.run([PYTHON, "-c", PUBLISHER, plain, imu, "120"], capture_output=True, text=True,
                                    timeout=60)
         assert publisher.returncode == 0, publisher.stderr
-        time.sleep(0.3)
+        wait_until(lambda: drained(channels, recorder.pid), "the recorder reading every message")
         wall_after = time.time_ns()
         recorder.send_signal(signal_number)
         out, err = recorder.communicate(timeout=30)
@@ -172,8 +170,8 @@ def test_recorder_losses_are_in_the_mcap_metadata(shm_name, tmp_path):
     region = kickmsg.SharedRegion.create(shm_name, kickmsg.ChannelType.PubSub,
                                          kickmsg.Config(max_subscribers=2, sub_ring_capacity=8, pool_size=64), "test")
     recorder = Recorder([shm_name], str(tmp_path), format="mcap")
-    receive = recorder._receive
-    recorder._receive = lambda *args: (time.sleep(0.5), receive(*args))  # the receiving thread starts late
+    published = threading.Event()
+    recorder._receive = receiving_after(published, recorder._receive)  # the receiving thread starts late
     stop = threading.Event()
     thread = threading.Thread(target=recorder.run, kwargs={"stop": stop})
     thread.start()
@@ -181,7 +179,9 @@ def test_recorder_losses_are_in_the_mcap_metadata(shm_name, tmp_path):
     publisher = kickmsg.Publisher(region)
     for i in range(100):
         publisher.send(b"l%d" % i)
-    time.sleep(1.0)
+    published.set()
+    counts = recorder.summary.channels[shm_name]
+    wait_until(lambda: counts.messages + counts.lost == 100, "the recorder reading the ring")
     stop.set()
     thread.join(timeout=30)
     [file] = tmp_path.iterdir()
@@ -204,7 +204,7 @@ def test_convert_a_parquet_recording(channels, tmp_path):
     wait_for_subscriber(channels)
     publisher = subprocess.run([PYTHON, "-c", PUBLISHER, plain, imu, "50"], capture_output=True, text=True, timeout=60)
     assert publisher.returncode == 0, publisher.stderr
-    time.sleep(0.3)
+    wait_until(lambda: drained(channels, os.getpid()), "the recorder reading every message")
     stop.set()
     thread.join(timeout=30)
     result = run_cli("convert", tmp_path / "rec", tmp_path / "rec.mcap", "--json")
@@ -278,7 +278,7 @@ def test_convert_refuses_a_recording_without_payloads(channels, tmp_path):
     thread.start()
     wait_for_subscriber(channels)
     kickmsg.Publisher(kickmsg.SharedRegion.open(channels[0])).send(b"q")
-    time.sleep(0.3)
+    wait_until(lambda: recorder.summary.channels[channels[0]].messages == 1, "the recorder reading the message")
     stop.set()
     thread.join(timeout=30)
     assert_one_line_error(run_cli("convert", tmp_path / "rec", tmp_path / "o.mcap"), "without payloads")
@@ -449,10 +449,53 @@ def test_mcap_files_rotate_by_size(shm_name, tmp_path):
         for burst in range(6):
             for i in range(100):
                 publisher.send(bytes([burst, i]) * 50)
-            time.sleep(0.6)  # one flush per burst
+            wait_until(lambda: messages_on_disk(tmp_path) == 100 * (burst + 1), "the burst being written")  # a flush per burst
 
-    summary = record_while([shm_name], tmp_path, publish, rotate_mb=0.002, format="mcap")
+    summary = record_while([shm_name], tmp_path, publish, rotate_mb=0.002, format="mcap", flush_interval=0.1)
     files = sorted(str(path) for path in tmp_path.iterdir())
     assert files == sorted(summary.files) and len(files) >= 3
     payloads = [base64.b64decode(data["payload"]) for file in files for _, _, data in read_mcap(file)[0]]
     assert payloads == [bytes([burst, i]) * 50 for burst in range(6) for i in range(100)]
+
+
+def test_analyze_reads_an_mcap_recording_as_its_parquet_rows(shm_name, tmp_path):
+    """An MCAP file converted from a Parquet recording (stamped messages, a
+    loss) gives analyze the same rows: ring positions, sizes, losses and
+    latencies (receive time - stamp); the receive time is the wall clock.
+    `kickmsg analyze FILE.mcap` then counts them as from the Parquet file."""
+    region = kickmsg.SharedRegion.create(shm_name, kickmsg.ChannelType.PubSub,
+                                         kickmsg.Config(max_subscribers=2, sub_ring_capacity=8, pool_size=64), "test")
+    recorder = Recorder([shm_name], str(tmp_path / "rec"))
+    published = threading.Event()
+    recorder._receive = receiving_after(published, recorder._receive)  # the ring overflows before it reads
+    stop = threading.Event()
+    thread = threading.Thread(target=recorder.run, kwargs={"stop": stop})
+    thread.start()
+    wait_for_subscriber([shm_name])
+    publisher = kickmsg.Publisher(region)
+    for i in range(20):
+        publisher.send(stamp.stamped(b"a%d" % i * (1 + i % 3)))
+    published.set()
+    counts = recorder.summary.channels[shm_name]
+    wait_until(lambda: counts.messages + counts.lost == 20, "the recorder reading the ring")
+    stop.set()
+    thread.join(timeout=30)
+    assert run_cli("convert", tmp_path / "rec", tmp_path / "rec.mcap").returncode == 0
+
+    from kickmsg.mcap_file import analysis_table
+    rows = pyarrow.parquet.read_table(tmp_path / "rec").to_pylist()
+    converted = analysis_table(str(tmp_path / "rec.mcap")).to_pylist()
+    assert [r["lost"] for r in rows] == [12] + [0] * 7
+    for row, mine in zip(rows, converted, strict=True):
+        assert (mine["recording"], mine["channel"], mine["ring_pos"], mine["size"], mine["lost"]) == (
+            row["recording"], row["channel"], row["ring_pos"], row["size"], row["lost"])
+        assert mine["recv_mono_ns"] == mine["recv_wall_ns"] == row["recv_wall_ns"]
+        assert mine["recv_mono_ns"] - mine["stamp_ns"] == row["recv_mono_ns"] - row["stamp_ns"]
+
+    pytest.importorskip("pyspark")
+    result = run_cli("analyze", tmp_path / "rec.mcap", "--master", "local[1]", "--json", tmp_path / "figures.json",
+                     timeout=300)
+    assert result.returncode == 0, result.stderr
+    figures = json.loads((tmp_path / "figures.json").read_text())[shm_name]
+    assert (figures["messages"], figures["lost"], figures["gaps"], figures["stamped"]) == (8, 12, 0, True)
+    assert figures["size_bytes"]["max"] == max(row["size"] for row in rows)

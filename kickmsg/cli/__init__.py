@@ -48,6 +48,8 @@ from kickmsg.cli.common import (
     positive_int,
     positive_number,
     print_warnings_on_one_line,
+    remapping,
+    shm_name,
 )
 from kickmsg.cli.inspecting import (
     LIST_COLUMNS,
@@ -196,9 +198,21 @@ def build_parser() -> argparse.ArgumentParser:
     sub = command("record", cmd_record, "record channels to Parquet (or MCAP) files (SIGINT/SIGTERM/SIGHUP close them cleanly)",
                   "  kickmsg record /kickmsg_imu /kickmsg_camera --out rec/ --duration 60\n"
                   "  kickmsg record /kickmsg_camera --out rec/ --no-payload --rotate-mb 256\n"
-                  "  kickmsg record /kickmsg_imu --out rec/ --format mcap", channel=False)
-    sub.add_argument("names", nargs="+", metavar="NAME", help="shm names of the channels")
-    sub.add_argument("--out", required=True, metavar="DIR", help="directory for the recording's files")
+                  "  kickmsg record /kickmsg_imu --out rec/ --format mcap\n"
+                  "  kickmsg record --prefix kickmsg_robot --out rec/   # and the channels created later\n"
+                  "  kickmsg record --recover rec/     # the .partial files of a killed recorder", channel=False)
+    sub.add_argument("names", nargs="*", metavar="NAME", help="shm names of the channels")
+    discovering = sub.add_mutually_exclusive_group()
+    discovering.add_argument("--all", action="store_true",
+                             help="record every channel, those created while recording included")
+    discovering.add_argument("--prefix", metavar="P",
+                             help="record every channel named /P..., those created while recording included")
+    sub.add_argument("--out", metavar="DIR", help="directory for the recording's files")
+    sub.add_argument("--recover", metavar="PATH",
+                     help="instead of recording: turn the .partial files a killed recorder left (a file or a directory) "
+                          "into complete files")
+    sub.add_argument("--flush-interval", type=positive_number, default=1.0, metavar="S",
+                     help="seconds between writes to the file: what a killed recorder loses at most (default 1)")
     sub.add_argument("--duration", type=positive_number, help="stop after this many seconds")
     sub.add_argument("--rotate-mb", type=positive_number, default=64, help="start a new file past this size (default 64)")
     sub.add_argument("--no-payload", action="store_true", help="keep sizes and stamps, not the payloads")
@@ -213,8 +227,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--force", action="store_true", help="overwrite OUT.mcap if it exists")
 
     sub = command("play", cmd_play, "republish a recording with its original timing",
-                  "  kickmsg play rec/\n  kickmsg play rec/ --rate 2 --loop\n  kickmsg play rec.mcap", channel=False)
+                  "  kickmsg play rec/\n  kickmsg play rec/ --rate 2 --loop\n  kickmsg play rec.mcap\n"
+                  "  kickmsg play rec/ --only /kickmsg_imu --remap /kickmsg_imu=/kickmsg_imu_replay", channel=False)
     sub.add_argument("path", metavar="PATH", help="a recording directory, or one .parquet or .mcap file")
+    sub.add_argument("--only", action="append", type=shm_name, metavar="NAME",
+                     help="play only this recorded channel (repeat for more; default: all)")
+    sub.add_argument("--remap", action="append", type=remapping, default=[], metavar="OLD=NEW",
+                     help="publish recorded channel OLD into channel NEW (repeat for more)")
     sub.add_argument("--rate", type=positive_number, default=1.0, help="speed factor (default 1: real time)")
     sub.add_argument("--loop", action="store_true", help="start over at the end, until interrupted")
 

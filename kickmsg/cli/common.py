@@ -182,6 +182,14 @@ def positive_int(text: str) -> int:
     return value
 
 
+def remapping(text: str) -> tuple[str, str]:
+    """An argparse type: ``OLD=NEW``, two channel names (``x`` or ``/x``)."""
+    old, equals, new = text.partition("=")
+    if not (equals and old and new):
+        raise argparse.ArgumentTypeError(f"not OLD=NEW: {text!r}")
+    return shm_name(old), shm_name(new)
+
+
 NUMBER_RANGE = (1e-6, 1e6)  # seconds, rates, megabytes: 11 days, a message in 11 days, a terabyte
 
 

@@ -4,6 +4,9 @@ import argparse
 import glob
 import os
 import re
+import sys
+import tempfile
+from types import ModuleType
 
 from kickmsg import shm
 from kickmsg.subscriber import Subscriber
@@ -14,23 +17,36 @@ from kickmsg.terminal import printable
 URI_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")  # hdfs://, s3a://, file://: Spark's to resolve
 GLOB_CHARACTERS = "*?["
 PARQUET_MAGIC = b"PAR1"
+MCAP_MAGIC = b"\x89MCAP0\r\n"
 
 
 def cmd_record(args: argparse.Namespace) -> int:
     record = import_extra("kickmsg.record")
+    if args.recover is not None:
+        return recover_partial_files(args, record)
+    discover = "" if args.all else None if args.prefix is None else args.prefix.lstrip("/")
+    if not args.names and discover is None:
+        raise CommandError("record needs the channels to record (NAME ..., --prefix P or --all)")
+    if args.out is None:
+        raise CommandError("record needs --out DIR, the directory for the recording's files")
     stop = stop_on_signals()
     names = [shm_name(name) for name in args.names]
 
     def tell_rejoin(name: str, subscriber: Subscriber) -> None:  # from that channel's thread; the rows so far carry its earlier losses
         tell_rejoined("record", name, subscriber.lost - recorder.summary.channels[name].lost)
 
+    def tell_found(name: str) -> None:
+        print(f"kickmsg record: {printable(name)} appeared; recording it", file=sys.stderr, flush=True)
+
     try:
         recorder = record.Recorder(names, args.out, rotate_mb=args.rotate_mb, payload=not args.no_payload,
-                                   on_rejoin=tell_rejoin, format=args.format)
+                                   on_rejoin=tell_rejoin, format=args.format, flush_interval=args.flush_interval,
+                                   discover=discover, on_found=tell_found)
     except shm.RegionNotFoundError as error:
         raise CommandError(str(error)) from None
     if not args.json:
-        print(f"recording {printable(', '.join(names))} into {args.out} (Ctrl-C stops)", flush=True)
+        later = "" if discover is None else f" and every channel named /{printable(discover)}* created later"
+        print(f"recording {printable(', '.join(recorder.regions)) or 'nothing yet'}{later} into {args.out} (Ctrl-C stops)", flush=True)
     summary = recorder.run(duration=args.duration, stop=stop)
     channels = {name: vars(counts) for name, counts in summary.channels.items()}
     data = {"recording": summary.recording, "files": summary.files, "channels": channels}
@@ -39,10 +55,20 @@ def cmd_record(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def recover_partial_files(args: argparse.Namespace, record: ModuleType) -> int:
+    """``record --recover PATH``: the .partial files of a killed recorder made complete."""
+    if args.names or args.out is not None or args.all or args.prefix is not None:
+        raise CommandError("record --recover PATH takes no channels and no --out: the files are recovered where they are")
+    recovered = record.recover(args.recover)
+    data = [vars(item) for item in recovered]
+    emit(args, data, "\n".join(f"recovered {item.file}: {item.messages} messages" for item in recovered))
+    return EXIT_OK
+
+
 def cmd_play(args: argparse.Namespace) -> int:
     record = import_extra("kickmsg.record")
     stop = stop_on_signals()
-    summary = record.play(args.path, rate=args.rate, loop=args.loop, stop=stop)
+    summary = record.play(args.path, rate=args.rate, loop=args.loop, stop=stop, remap=dict(args.remap), only=args.only)
     data = {"messages": summary.messages, "dropped": summary.dropped, "channels": sorted(summary.channels)}
     emit(args, data, f"played {summary.messages} messages into {printable(', '.join(sorted(summary.channels)))}"
          + (f" ({summary.dropped} dropped: the pool stayed full)" if summary.dropped else ""))
@@ -57,44 +83,68 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:
-    for path in args.paths:
-        check_recording_path(path)
-    analysis = import_extra("kickmsg.spark.analysis")
-    if args.html_path:
-        import_extra("matplotlib")
-    errors = import_extra("pyspark.errors")
-    try:
-        result = analysis.run(args.paths, master=args.master, json_path=args.json_path, html_path=args.html_path)
-    except errors.PySparkException as error:
-        raise CommandError(str(error).strip().splitlines()[0]) from None
+    with tempfile.TemporaryDirectory(prefix="kickmsg-analyze-") as scratch:
+        paths = [spark_path for path in args.paths for spark_path in spark_paths(path, scratch)]
+        analysis = import_extra("kickmsg.spark.analysis")
+        if args.html_path:
+            import_extra("matplotlib")
+        errors = import_extra("pyspark.errors")
+        try:
+            result = analysis.run(paths, master=args.master, json_path=args.json_path, html_path=args.html_path)
+        except errors.PySparkException as error:
+            raise CommandError(str(error).strip().splitlines()[0]) from None
     print(analysis.format_table(result))
     if args.html_path:
         print(f"report: {os.path.abspath(args.html_path)}")
     return EXIT_OK
 
 
-def check_recording_path(path: str) -> None:
-    """Refuse, before Spark starts, a local path that holds no recording: a
-    missing path, a directory without *.parquet files, a file without the
-    Parquet magic, a glob that matches nothing. URIs (hdfs://, s3a://) are
-    Spark's to resolve."""
+def spark_paths(path: str, scratch: str) -> list[str]:
+    """What Spark reads for one path given to analyze. URIs (hdfs://,
+    s3a://) and globs are Spark's to resolve (Parquet only; a glob that
+    matches nothing is refused). A local directory or file is checked before
+    Spark starts: it must hold Parquet or MCAP files (by their magic); its
+    MCAP files are written as Parquet files into ``scratch``."""
     if URI_SCHEME.match(path):
-        return
+        return [path]
     if any(character in path for character in GLOB_CHARACTERS):
         if not glob.glob(path):
             raise CommandError(f"nothing matches {path}")
-        return
+        return [path]
     if os.path.isdir(path):
-        files = [os.path.join(top, name) for top, _, names in os.walk(path) for name in names if name.endswith(".parquet")]
+        files = [os.path.join(top, name) for top, _, names in os.walk(path) for name in names
+                 if name.endswith((".parquet", ".mcap"))]
         if not files:
-            raise CommandError(f"no .parquet files in {path}")
+            raise CommandError(f"no .parquet or .mcap files in {path}")
     elif os.path.exists(path):
         files = [path]
     else:
         raise CommandError(f"no such file or directory: {path}")
+    parquet, mcap = [], []
     for file in files:
-        if not is_parquet(file):
-            raise CommandError(f"not a Parquet file: {file} (no {PARQUET_MAGIC.decode()} magic at its start and end)")
+        if is_mcap(file):
+            mcap.append(file)
+        elif is_parquet(file):
+            parquet.append(file)
+        else:
+            raise CommandError(f"not a Parquet or MCAP file: {file} (neither {PARQUET_MAGIC.decode()} at its start and "
+                               "end nor the MCAP magic)")
+    return ([path] if parquet else []) + [parquet_of_mcap(file, scratch) for file in mcap]
+
+
+def parquet_of_mcap(file: str, scratch: str) -> str:
+    """Write an MCAP recording file as a Parquet one (without payloads) into ``scratch``; its path."""
+    record = import_extra("kickmsg.record")
+    parquet = import_extra("pyarrow.parquet")
+    out = os.path.join(scratch, f"{len(os.listdir(scratch)):04d}.parquet")
+    parquet.write_table(record.mcap_module().analysis_table(file), out)
+    return out
+
+
+def is_mcap(path: str) -> bool:
+    """Whether the file starts with the MCAP magic."""
+    with open(path, "rb") as file:
+        return file.read(len(MCAP_MAGIC)) == MCAP_MAGIC
 
 
 def is_parquet(path: str) -> bool:
