@@ -252,7 +252,7 @@ class Recorder:
             self._close_file()
         self.regions.update(found)
         self.metadata["channels"].update({name: describe(region) for name, region in found.items()})
-        self.schema = self.schema.with_metadata({SCHEMA_KEY: json.dumps(self.metadata).encode()})
+        self.schema = self.schema.with_metadata({SCHEMA_KEY: jsontext.dumps(self.metadata).encode()})
         for name, region in found.items():
             self._start_receiving(name, region)
             if self.on_found is not None:
