@@ -175,6 +175,11 @@ class Atomics:
     fetch_sub_release_u64: ReadModifyWrite = _lib.km_fetch_sub_release_u64
     fetch_sub_acq_rel_u64: ReadModifyWrite = _lib.km_fetch_sub_acq_rel_u64
 
+    # A seq_cst thread fence (layout 9 orders its waiter handshakes with one
+    # on each side: the waiter after storing has_waiter, the publisher after
+    # committing and before reading has_waiter).
+    fence_seq_cst: Callable[[], None] = _lib.km_fence_seq_cst
+
     # futex_wait(addr, expected_u32, timeout_ns) -> FUTEX_* outcome or -errno;
     # timeout_ns < 0 waits without limit. The GIL is released while asleep.
     futex_wait: Callable[[int, int, int], int] = _futex_lib.km_futex_wait
