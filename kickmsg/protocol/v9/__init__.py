@@ -1,0 +1,25 @@
+"""Layout 9: channels byte-compatible with native ``kickmsg==0.9.2``.
+
+Each module reads beside its section of WIRE9.md:
+
+- ``layout``: constants, byte layout, sizes, hashes, validation, naming (A);
+- ``freestack``: the slot pool's Treiber stack (B.14);
+- ``region``: create, open, create_or_open, info, stats (B.1-B.3, B.18);
+- ``publish``: allocate and publish with lock, steal, takeover, wake (B.5-B.9, B.15);
+- ``receive``: join, receive, blocking receive, leave and drain (B.4, B.10-B.12);
+- ``handles``: small ``Publisher`` and ``Subscriber`` classes over those flows.
+
+Nothing here is wired into ``kickmsg.SharedRegion`` yet.
+"""
+from kickmsg.protocol.v9.layout import CorruptRegionError, Geometry, VersionMismatchError
+from kickmsg.protocol.v9.region import Region, RegionInfo, RegionStats, RingStats
+
+__all__ = [
+    "CorruptRegionError",
+    "Geometry",
+    "Region",
+    "RegionInfo",
+    "RegionStats",
+    "RingStats",
+    "VersionMismatchError",
+]
