@@ -5,21 +5,26 @@ Each module reads beside its section of WIRE9.md:
 - ``layout``: constants, byte layout, sizes, hashes, validation, naming (A);
 - ``freestack``: the slot pool's Treiber stack (B.14);
 - ``region``: create, open, create_or_open, info, stats (B.1-B.3, B.18);
-- ``publish``: allocate and publish with lock, steal, takeover, wake (B.5-B.9, B.15);
-- ``receive``: join, receive, blocking receive, leave and drain (B.4, B.10-B.12);
-- ``handles``: small ``Publisher`` and ``Subscriber`` classes over those flows.
+- ``publish``: ``Publisher``: allocate and publish with lock, steal, takeover, wake (B.5-B.9, B.15);
+- ``receive``: ``Subscriber``, ``SampleView``: join, receive, blocking receive, leave and drain (B.4, B.10-B.12).
 
 Nothing here is wired into ``kickmsg.SharedRegion`` yet.
 """
+from kickmsg.protocol.v9.publish import Publisher
+from kickmsg.protocol.v9.receive import SampleView, Subscriber
 from kickmsg.protocol.v9.layout import CorruptRegionError, Geometry, VersionMismatchError
-from kickmsg.protocol.v9.region import Region, RegionInfo, RegionStats, RingStats
+from kickmsg.protocol.v9.region import ChannelConfig, Region, RegionInfo, RegionStats, RingStats
 
 __all__ = [
+    "ChannelConfig",
     "CorruptRegionError",
     "Geometry",
+    "Publisher",
     "Region",
     "RegionInfo",
     "RegionStats",
     "RingStats",
+    "SampleView",
+    "Subscriber",
     "VersionMismatchError",
 ]
