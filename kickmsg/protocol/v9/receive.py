@@ -335,6 +335,11 @@ class Subscriber:
             if ops.cas_acq_rel_u64(entry + META_OFFSET, meta, meta & ~META_SLOT_MASK) == meta:
                 freestack.release(region, field - 1)
 
+    def __del__(self) -> None:
+        # As the native Subscriber's destructor: leave when dropped.
+        if getattr(self, "ring_index", -1) >= 0:
+            self.close()
+
     def __enter__(self) -> "Subscriber":
         return self
 

@@ -1,0 +1,358 @@
+"""Layout 9 against the native kickmsg 0.9.2 wheel, both ways.
+
+The wheel only ever runs in subprocesses (tests/nativepeer.py); our side runs
+in the test process or in subprocesses of its own. Every scenario is bounded
+in time; children are killed and regions removed whatever the outcome.
+Waits are on observable state (a child's ``ready`` line, a ring's
+has_waiter word), never on sleeps.
+"""
+import threading
+import time
+
+import pytest
+
+from kickmsg.protocol.v9 import ChannelConfig, Publisher, Region, Subscriber
+from kickmsg.protocol.v9.layout import HAS_WAITER_OFFSET, OWNER_PID_OFFSET, WAITER_FUTEX
+from nativepeer import check_payload, make_payload, run_native9, start_native9, start_ours
+
+# The same small API over either implementation, for the children.
+NATIVE_API = r'''
+def open_region(name):
+    return kickmsg.SharedRegion.open(name)
+
+def new_subscriber(region):
+    return kickmsg.Subscriber(region)
+
+def new_publisher(region):
+    return kickmsg.Publisher(region)
+
+def send_zero_copy(pub, payload):
+    slot = pub.allocate()
+    if slot is None:
+        return False
+    with memoryview(slot) as view:
+        view[:len(payload)] = payload
+    slot.publish(len(payload))
+    return True
+
+def ring_lost(region, index):
+    return region.stats().rings[index].lost_count
+
+def leave(sub):
+    del sub  # the native Subscriber leaves in its destructor
+'''
+
+OURS_API = r'''
+from kickmsg.protocol.v9 import Region, Publisher, Subscriber
+
+def open_region(name):
+    return Region.open(name)
+
+def new_subscriber(region):
+    return Subscriber(region)
+
+def new_publisher(region):
+    return Publisher(region)
+
+def send_zero_copy(pub, payload):
+    slot = pub.allocate()
+    if slot == 0xFFFFFFFF:
+        return False
+    pub.payload(slot)[:len(payload)] = payload
+    pub.publish(slot, len(payload))
+    return True
+
+def ring_lost(region, index):
+    return region.stats().rings[index].lost_count
+
+def leave(sub):
+    sub.close()
+'''
+
+# Shared by both: publish and receive loops with self-checking payloads.
+LOOPS = r'''
+import time
+
+def publish_all(pub, seqs, tag=0, how="mixed", seconds=30.0):
+    """make_payload(seq) (prefixed by a one-byte publisher tag) for each seq,
+    by send or zero-copy alternately; retry while the pool is dry."""
+    deadline = time.monotonic() + seconds
+    for index, seq in enumerate(seqs):
+        payload = bytes([tag]) + make_payload(seq)
+        while True:
+            if how == "zero-copy" or (how == "mixed" and index % 2):
+                if send_zero_copy(pub, payload):
+                    break
+            else:
+                try:
+                    assert pub.send(payload) == len(payload)
+                    break
+                except BlockingIOError:
+                    pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the pool stayed dry at message {seq}")
+            time.sleep(0.0005)  # back-off while subscribers free slots
+
+def receive_all(sub, expected, seconds=30.0, block=True, last=None):
+    """Receive (copy and zero-copy alternately) until ``expected`` messages
+    arrived (or the one numbered ``last``), or nothing is left when block is
+    False. Returns [tag, seq, ring_pos or -1] per message and the loss count."""
+    got = []
+    deadline = time.monotonic() + seconds
+    while len(got) < expected and time.monotonic() < deadline and not (got and got[-1][1] == last):
+        if len(got) % 2:
+            view = sub.try_receive_view()
+            if view is None and block:
+                view = sub.receive_view(0.2)
+            if view is None:
+                if not block:
+                    break
+                continue
+            with view:
+                data = bytes(view)
+                position = view.ring_pos
+        else:
+            data = sub.try_receive()
+            if data is None and block:
+                data = sub.receive(0.2)
+            if data is None:
+                if not block:
+                    break
+                continue
+            position = -1
+        got.append([data[0], check_payload(data[1:]), position])
+    return got, sub.lost
+'''
+
+SUBSCRIBE_CHILD = r'''
+region = open_region(P["name"])
+sub = new_subscriber(region)
+ready()
+wait_go()
+got, lost = receive_all(sub, P["expected"], block=P.get("block", True))
+ring = ring_lost(region, P.get("ring", 0))
+leave(sub)
+done({"got": got, "lost": lost, "ring_lost": ring})
+'''
+
+PUBLISH_CHILD = r'''
+region = open_region(P["name"])
+pub = new_publisher(region)
+ready()
+wait_go()
+publish_all(pub, range(P["count"]), tag=P.get("tag", 0), how=P.get("how", "mixed"))
+done({"dropped": pub.dropped})
+'''
+
+
+def native(code: str, **params):
+    return start_native9(NATIVE_API + LOOPS + code, **params)
+
+
+def ours_child(code: str, **params):
+    return start_ours(OURS_API + LOOPS + code, **params)
+
+
+# The loops, for the test process too (with our classes).
+exec(OURS_API + LOOPS)
+
+
+def _region(name: str, subs: int, capacity: int, pool: int, payload: int = 256) -> Region:
+    return Region.create(name, 1, ChannelConfig(subs, capacity, pool, payload), "test")
+
+
+def _check_in_order(got: list, count: int, lost: int) -> None:
+    seqs = [seq for _, seq, _ in got]
+    assert seqs == sorted(set(seqs)), "duplicated or reordered"
+    assert len(seqs) + lost == count
+    assert seqs[-1] == count - 1
+
+
+def test_native_publishes_ours_receives(shm_name):
+    """3000 messages through a 64-entry ring; ours receives while native
+    sends (send and zero-copy allocate/publish alternately). Everything
+    is either received in order or counted lost, and the ring's lost_count
+    agrees."""
+    count = 3000
+    region = _region(shm_name, 2, 64, 200)
+    sub = Subscriber(region)
+    with native(PUBLISH_CHILD, name=shm_name, count=count) as peer:
+        peer.wait_ready()
+        peer.tell()
+        got, lost = receive_all(sub, count, last=count - 1)
+        # what remains once the publisher is done
+        result = peer.result()
+        more, lost = receive_all(sub, count, block=False)
+    got += more
+    _check_in_order(got, count, lost)
+    assert region.stats().rings[0].lost_count == lost
+    assert result["dropped"] == 0
+    positions = [pos for _, _, pos in got if pos >= 0]
+    assert positions == sorted(positions) and positions  # zero-copy views carry their ring positions
+
+
+def test_ours_publishes_native_receives_exactly(shm_name):
+    """Ring large enough for all: native receives all 500 in order, none lost;
+    its zero-copy views report the positions we wrote."""
+    count = 500
+    region = _region(shm_name, 2, 512, 600)
+    pub = Publisher(region)
+    with native(SUBSCRIBE_CHILD, name=shm_name, expected=count) as peer:
+        peer.wait_ready()
+        peer.tell()
+        publish_all(pub, range(count))
+        result = peer.result()
+    seqs = [seq for _, seq, _ in result["got"]]
+    assert seqs == list(range(count)) and result["lost"] == 0
+    assert all(pos == index for index, (_, _, pos) in enumerate(result["got"]) if pos >= 0)
+    stats = region.stats()
+    assert stats.total_writes == count and stats.total_losses == 0 and stats.pool_free == 600
+
+
+def test_native_publishes_ours_receives_exactly(shm_name):
+    count = 500
+    region = _region(shm_name, 2, 512, 600)
+    sub = Subscriber(region)
+    run_native9(NATIVE_API + LOOPS + PUBLISH_CHILD.replace("ready()\nwait_go()\n", ""), name=shm_name, count=count)
+    got, lost = receive_all(sub, count, block=False)
+    assert [seq for _, seq, _ in got] == list(range(count)) and lost == 0
+    assert [pos for _, _, pos in got if pos >= 0] == list(range(1, count, 2))  # zero-copy on odd turns
+    sub.close()
+    assert region.stats().pool_free == 600
+
+
+@pytest.mark.parametrize("direction", ["native-to-ours", "ours-to-native"])
+def test_slow_subscriber_losses_are_counted_alike(shm_name, direction):
+    """100 messages into an 8-entry ring before the subscriber reads: it gets
+    the last 8 and counts 92 lost, as does the ring's lost_count seen by the
+    other implementation."""
+    region = _region(shm_name, 1, 8, 16)
+    if direction == "native-to-ours":
+        sub = Subscriber(region)
+        run_native9(NATIVE_API + LOOPS + PUBLISH_CHILD.replace("ready()\nwait_go()\n", ""), name=shm_name, count=100)
+        got, lost = receive_all(sub, 100, block=False)
+        assert [seq for _, seq, _ in got] == list(range(92, 100)) and lost == 92
+        code = 'done(open_region(P["name"]).stats().rings[0].lost_count)'
+        assert run_native9(NATIVE_API + code, name=shm_name) == 92
+    else:
+        pub = Publisher(region)
+        with native(SUBSCRIBE_CHILD, name=shm_name, expected=100, block=False) as peer:
+            peer.wait_ready()
+            publish_all(pub, range(100))
+            peer.tell()
+            result = peer.result()
+        assert [seq for _, seq, _ in result["got"]] == list(range(92, 100))
+        assert result["lost"] == result["ring_lost"] == 92
+        assert region.stats().rings[0].lost_count == 92
+
+
+def _wait_for(condition, what: str, seconds: float = 20.0) -> None:
+    """Poll observable state until ``condition()`` holds (bounded)."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.001)
+
+
+def test_native_publisher_wakes_our_blocked_subscriber(shm_name):
+    region = _region(shm_name, 1, 8, 16)
+    sub = Subscriber(region)
+    received: list = []
+    thread = threading.Thread(target=lambda: received.append(sub.receive(30.0)))
+    thread.start()
+    try:
+        has_waiter = region.ring_address(0) + HAS_WAITER_OFFSET
+        _wait_for(lambda: region.atomics.load_acquire_u32(has_waiter) == WAITER_FUTEX, "our subscriber to park")
+        run_native9(NATIVE_API + 'done(new_publisher(open_region(P["name"])).send(b"wake up"))', name=shm_name)
+    finally:
+        thread.join(40)
+    assert received == [b"wake up"]
+    assert region.atomics.load_acquire_u32(region.ring_address(0) + HAS_WAITER_OFFSET) == 0
+
+
+def test_our_publisher_wakes_a_blocked_native_subscriber(shm_name):
+    region = _region(shm_name, 1, 8, 16)
+    code = r'''
+sub = new_subscriber(open_region(P["name"]))
+ready()
+data = sub.receive(30.0)
+done(None if data is None else data.decode())
+'''
+    with native(code, name=shm_name) as peer:
+        peer.wait_ready()
+        has_waiter = region.ring_address(0) + HAS_WAITER_OFFSET
+        _wait_for(lambda: region.atomics.load_acquire_u32(has_waiter) == WAITER_FUTEX, "the native subscriber to park")
+        Publisher(region).send(b"wake up")
+        assert peer.result() == "wake up"
+
+
+def test_ring_reuse_after_leave_both_ways(shm_name):
+    """One ring only: a native subscriber leaves, ours takes the ring; ours
+    leaves, a native one takes it; the pool is whole each time."""
+    region = _region(shm_name, 1, 8, 12)
+    pub = Publisher(region)
+    owner = region.ring_address(0) + OWNER_PID_OFFSET
+    code = r'''
+region = open_region(P["name"])
+sub = new_subscriber(region)
+ready()
+wait_go()
+got, lost = receive_all(sub, P["expected"], block=False)
+done({"got": got, "lost": lost})
+'''
+    for round_ in range(2):
+        with native(code, name=shm_name, expected=5) as peer:
+            peer.wait_ready()
+            assert region.atomics.load_acquire_u64(owner) == peer.proc.pid
+            publish_all(pub, range(5))
+            peer.tell()
+            result = peer.result()
+        assert [seq for _, seq, _ in result["got"]] == list(range(5)) and result["lost"] == 0
+        assert region.stats().pool_free == 12 and region.atomics.load_acquire_u64(owner) == 0
+        with Subscriber(region) as sub:
+            assert sub.ring_index == 0
+            run_native9(NATIVE_API + LOOPS + 'done(publish_all(new_publisher(open_region(P["name"])), range(20)))', name=shm_name)
+            got, lost = receive_all(sub, 20, block=False)
+            assert [seq for _, seq, _ in got] == list(range(12, 20)) and lost == 12
+        assert region.stats().pool_free == 12 and region.stats().live_rings == 0
+
+
+def test_many_publishers_and_subscribers_mixed(shm_name):
+    """Two native and two of our publishers (subprocesses), two native and
+    two of our subscribers: every subscriber gets every message, each
+    publisher's in order, nothing lost (the rings hold all of them)."""
+    per_publisher = 300
+    publishers = 4
+    total = per_publisher * publishers
+    _region(shm_name, 4, 2048, 4 * 2048 + 16, payload=240)
+    subscribers = [
+        native(SUBSCRIBE_CHILD, name=shm_name, expected=total, timeout=90),
+        native(SUBSCRIBE_CHILD, name=shm_name, expected=total, timeout=90),
+        ours_child(SUBSCRIBE_CHILD, name=shm_name, expected=total, timeout=90),
+        ours_child(SUBSCRIBE_CHILD, name=shm_name, expected=total, timeout=90),
+    ]
+    publishers_: list = []
+    try:
+        for peer in subscribers:  # every ring is claimed before anyone publishes
+            peer.wait_ready()
+        publishers_ += [
+            (native if tag < 2 else ours_child)(PUBLISH_CHILD, name=shm_name, count=per_publisher, tag=tag, timeout=90)
+            for tag in range(publishers)
+        ]
+        for peer in publishers_:
+            peer.wait_ready()
+        for peer in subscribers + publishers_:
+            peer.tell()
+        results = [peer.result() for peer in publishers_ + subscribers]
+    finally:
+        for peer in subscribers + publishers_:
+            peer.kill()
+    for result in results[:publishers]:
+        assert result["dropped"] == 0
+    for result in results[publishers:]:
+        assert result["lost"] == 0 and len(result["got"]) == total
+        for tag in range(publishers):
+            assert [seq for t, seq, _ in result["got"] if t == tag] == list(range(per_publisher))
+    stats = Region.open(shm_name).stats()
+    assert stats.total_drops == stats.total_losses == 0 and stats.pool_free == stats.pool_size
