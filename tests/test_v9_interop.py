@@ -356,3 +356,139 @@ def test_many_publishers_and_subscribers_mixed(shm_name):
             assert [seq for t, seq, _ in result["got"] if t == tag] == list(range(per_publisher))
     stats = Region.open(shm_name).stats()
     assert stats.total_drops == stats.total_losses == 0 and stats.pool_free == stats.pool_size
+
+
+# -- 0.9.2's recovery behaviours, both ways ----------------------------------------
+
+from kickmsg.protocol.v9 import layout  # noqa: E402
+
+
+def _forge_dead_claim(region: Region, pos: int) -> None:
+    """As if a publisher claimed ``pos`` on ring 0, locked its entry and died:
+    write_pos = pos + 1, sequence = the publisher lock of pos."""
+    ops = region.atomics
+    assert ops.load_acquire_u64(region.ring_address(0) + layout.WRITE_POS_OFFSET) == pos
+    ops.store_release_u64(region.entry_address(0, pos) + layout.SEQUENCE_OFFSET, layout.publisher_lock(pos))
+    ops.store_release_u64(region.ring_address(0) + layout.WRITE_POS_OFFSET, pos + 1)
+
+
+STEAL_PUBLISHER = r'''
+pub = new_publisher(open_region(P["name"]))
+publish_all(pub, P["seqs"], how="send")
+done({"dropped": pub.dropped})
+'''
+
+
+@pytest.mark.parametrize("publisher", ["native", "ours"])
+def test_a_stable_lock_is_stolen_and_skipped_and_both_count_it(shm_name, publisher):
+    """8-entry ring, commit timeout 20 ms. Positions 0-5 delivered and read;
+    a dead publisher's lock is forged at position 6. Positions 7-13 go
+    through; position 14 (same entry) finds the lock unchanged for a whole
+    timeout, steals it and writes skip(14) = 0x400000000000000f, dropping
+    its own delivery. The subscriber (the other implementation) loses 6
+    (overrun) and 14 (the skip marker): 2 losses, messages 7-13 received."""
+    region = Region.create(shm_name, 1, ChannelConfig(1, 8, 24, 256, commit_timeout_us=20_000), "steal")
+    ours_pub = Publisher(region)
+    subscriber_code = r'''
+region = open_region(P["name"])
+sub = new_subscriber(region)
+ready()
+first, _ = receive_all(sub, 6, block=True)
+ready()
+wait_go()
+rest, lost = receive_all(sub, 10, block=False)
+stats = region.stats()
+done({"first": first, "rest": rest, "lost": lost, "ring_lost": stats.rings[0].lost_count,
+      "dropped": stats.rings[0].dropped_count, "steals": stats.total_steals})
+'''
+    if publisher == "ours":
+        peer = native(subscriber_code, name=shm_name)
+    else:
+        peer = None
+        sub = Subscriber(region)
+    try:
+        if peer is not None:
+            peer.wait_ready()
+        publish_all(ours_pub, range(6), how="send")
+        if peer is not None:
+            peer.wait_ready()  # it read 0-5
+        else:
+            first, _ = receive_all(sub, 6, block=False)
+            assert [seq for _, seq, _ in first] == list(range(6))
+        _forge_dead_claim(region, 6)
+        if publisher == "ours":
+            publish_all(ours_pub, range(7, 15), how="send")
+            dropped = ours_pub.dropped
+            peer.tell()
+            result = peer.result()
+            assert [seq for _, seq, _ in result["first"]] == list(range(6))
+            rest, lost, ring_lost = result["rest"], result["lost"], result["ring_lost"]
+            assert (result["dropped"], result["steals"]) == (1, 1)
+        else:
+            dropped = run_native9(NATIVE_API + LOOPS + STEAL_PUBLISHER, name=shm_name, seqs=list(range(7, 15)))["dropped"]
+            rest, lost = receive_all(sub, 10, block=False)
+            ring_lost = region.stats().rings[0].lost_count
+    finally:
+        if peer is not None:
+            peer.kill()
+    assert [seq for _, seq, _ in rest] == list(range(7, 14))
+    assert lost == ring_lost == 2
+    assert dropped == 1
+    entry = region.entry_address(0, 14)
+    assert region.atomics.load_acquire_u64(entry + layout.SEQUENCE_OFFSET) == 0x400000000000000F
+    stats = region.stats()
+    assert (stats.total_steals, stats.total_drops) == (1, 1)
+
+
+@pytest.mark.parametrize("receiver", ["native", "ours"])
+def test_a_claim_tagged_for_another_position_is_a_loss(shm_name, receiver):
+    """0.9.2's receive checks the meta tag: a committed entry whose claim
+    carries another position's tag is counted lost, not delivered."""
+    region = _region(shm_name, 1, 8, 16)
+    code = r'''
+region = open_region(P["name"])
+sub = new_subscriber(region)
+ready()
+wait_go()
+got, lost = receive_all(sub, 2, block=False)
+done({"got": got, "lost": lost})
+'''
+    peer = native(code, name=shm_name) if receiver == "native" else None
+    try:
+        sub = None
+        if peer is not None:
+            peer.wait_ready()
+        else:
+            sub = Subscriber(region)
+        publish_all(Publisher(region), range(2), how="send")
+        meta = region.entry_address(0, 0) + layout.META_OFFSET
+        value = region.atomics.load_acquire_u64(meta)
+        assert layout.meta_tag(value) == 1
+        region.atomics.store_release_u64(meta, layout.pack_meta(8, layout.meta_slot_field(value) - 1))  # tag of position 8
+        if peer is not None:
+            peer.tell()
+            result = peer.result()
+            got, lost = result["got"], result["lost"]
+        else:
+            got, lost = receive_all(sub, 2, block=False)
+    finally:
+        if peer is not None:
+            peer.kill()
+    assert [seq for _, seq, _ in got] == [1] and lost == 1
+
+
+def test_a_corrupt_free_stack_head_fails_allocation_on_both(shm_name):
+    region = _region(shm_name, 1, 8, 16)
+    region.atomics.store_release_u64(region.free_top_address, 5 << 32 | 1000)  # index beyond the pool
+    assert Publisher(region).allocate() == layout.INVALID_SLOT
+    code = r'''
+pub = new_publisher(open_region(P["name"]))
+try:
+    pub.send(b"x")
+    sent = "sent"
+except BlockingIOError as error:
+    sent = str(error)
+done({"allocate": pub.allocate() is None, "send": sent})
+'''
+    result = run_native9(NATIVE_API + code, name=shm_name)
+    assert result["allocate"] is True and "exhausted" in result["send"]
