@@ -325,3 +325,34 @@ done({"got": got, "lost": sub.lost, "creator": region.info().creator_name, "writ
     assert stats.total_writes == 40 and stats.live_rings == 0  # the child left: its ring is Free again
     # the ring kept its last 16 claims until the leave drained them: the pool is whole
     assert stats.pool_free == 24 and result["free"] == 24 - 16
+
+
+@pytest.mark.parametrize("mode", ["", "0640", "0666", "01640", "bogus", "017777"])
+def test_file_modes_follow_kickmsg_shm_mode_as_the_wheel(shm_name, monkeypatch, mode, capfd):
+    """Same variable, same umask: our object's mode equals the wheel's (A.12),
+    and an invalid value warns alike."""
+    monkeypatch.setenv("KICKMSG_SHM_MODE", mode)
+    monkeypatch.setattr(layout, "_process_mode", None)  # read once per process: read it again here
+    Region.create(shm_name, 1, ChannelConfig(1, 2, 4, 8))
+    ours_warning = capfd.readouterr().err
+    code = r'''
+import tempfile
+cfg = make_config({"max_subscribers": 1, "sub_ring_capacity": 2, "pool_size": 4, "max_payload_size": 8})
+with tempfile.TemporaryFile() as err:
+    saved = os.dup(2)
+    os.dup2(err.fileno(), 2)  # the wheel warns on fd 2 from C++
+    try:
+        kickmsg.SharedRegion.create(P["name"], kickmsg.ChannelType.PubSub, cfg, "")
+    finally:
+        os.dup2(saved, 2)
+    err.seek(0)
+    warning = err.read().decode()
+done([os.stat("/dev/shm" + P["name"]).st_mode & 0o7777, warning])
+'''
+    try:
+        native_mode, native_warning = run_native9(code, name=shm_name + "_n")
+        assert os.stat("/dev/shm" + shm_name).st_mode & 0o7777 == native_mode
+        assert bool(ours_warning) == (mode in ("bogus", "017777"))
+        assert native_warning.strip() == ours_warning.strip()
+    finally:
+        shm.unlink(shm_name + "_n")

@@ -518,7 +518,7 @@ def shm_mode() -> int:
             if 0 <= value <= 0o7777:
                 mode = value
             else:
-                print(f"kickmsg: ignoring invalid {MODE_VARIABLE}={text!r}; using 0600", file=sys.stderr)
+                print(f"kickmsg: invalid {MODE_VARIABLE} '{text}' (expected octal permission bits, e.g. \"0666\"); using 0600", file=sys.stderr)
         _process_mode = mode
     return _process_mode
 

@@ -22,6 +22,7 @@ from kickmsg.protocol.v9.layout import (
     RING_LIVE,
     RING_STATE_MASK,
     SEQUENCE_OFFSET,
+    SEQ_VALUE_MASK,
     STATE_FLIGHT_OFFSET,
     U32_MAX,
     WAITER_CARRIER,
@@ -149,6 +150,10 @@ class Publisher:
                 continue
             # c. claim a position
             pos = ops.fetch_add_acq_rel_u64(ring + WRITE_POS_OFFSET, 1)
+            if pos >= SEQ_VALUE_MASK:  # ours: a corrupt write_pos no sequence word can express
+                self._abandon(ring)
+                excess += 1
+                continue
             entry = region.entry_address(index, pos)
             prev_seq = pos - g.capacity + 1 if pos >= g.capacity else 0
             # d. wrapped: wait for the previous lap's commit
