@@ -257,18 +257,34 @@ def test_the_geometry_snapshot_ignores_later_header_writes(shm_name):
     assert region.stats().pool_size == 8 and region.stats().pool_free == 8
 
 
-def test_native_refuses_our_corrupt_header(shm_name):
-    """Both sides refuse the same corruption."""
-    Region.create(shm_name, 1, ChannelConfig(4, 8, 16, 256), "wire")
-    _forge(shm_name, 48, "<Q", 6)
+def test_native_refuses_every_corruption_we_refuse_with_the_same_words(shm_name):
+    """The wheel opens each corrupt copy and refuses it; our message begins
+    with its words (then names the region, the field and the value)."""
+    names = []
+    for index, (offset, fmt, value, _) in enumerate(CORRUPTIONS):
+        names.append(f"{shm_name}_{index}")
+        Region.create(names[-1], 1, ChannelConfig(4, 8, 16, 256), "wire")
+        _forge(names[-1], offset, fmt, value)
     code = r'''
-try:
-    kickmsg.SharedRegion.open(P["name"])
-    done("opened")
-except RuntimeError as error:
-    done(str(error))
+out = []
+for name in P["names"]:
+    try:
+        kickmsg.SharedRegion.open(name)
+        out.append("opened")
+    except RuntimeError as error:
+        out.append(str(error))
+done(out)
 '''
-    assert "geometry" in run_native9(code, name=shm_name).lower()
+    try:
+        verdicts = run_native9(code, names=names)
+        for name, verdict in zip(names, verdicts):
+            with pytest.raises(CorruptRegionError) as caught:
+                Region.open(name)
+            assert verdict != "opened"
+            assert str(caught.value).startswith(verdict), (str(caught.value), verdict)
+    finally:
+        for name in names:
+            shm.unlink(name)
 
 
 def test_create_replaces_and_keeps_old_mappings(shm_name):

@@ -361,48 +361,55 @@ def validate(name: str, header_bytes: bytes, mapped_size: int, magic: int, expec
     if mapped_size < h.total_size:
         raise CorruptRegionError(f"Header geometry: {name} total_size {h.total_size} exceeds the mapped size {mapped_size}")
 
-    # 5. geometry
-    def bad(what: str) -> CorruptRegionError:
-        return CorruptRegionError(f"Header geometry: {name}: {what}")
+    # 5. geometry: 0.9.2's phrase first, then the region, the field and its value
+    def bad(phrase: str, detail: str) -> CorruptRegionError:
+        return CorruptRegionError(f"Header geometry: {phrase} ({name}: {detail})")
 
     if h.channel_type not in (CHANNEL_PUBSUB, CHANNEL_BROADCAST):
-        raise bad(f"channel_type {h.channel_type} is neither 1 (PubSub) nor 2 (Broadcast)")
+        raise bad("unsupported channel type", f"channel_type {h.channel_type} is neither 1 (PubSub) nor 2 (Broadcast)")
     if h.total_size < HEADER_SIZE:
-        raise bad(f"total_size {h.total_size} < {HEADER_SIZE}")
+        raise bad("total_size smaller than Header", f"total_size {h.total_size} < {HEADER_SIZE}")
     for field in ("max_subs", "pool_size", "slot_data_size", "sub_ring_capacity", "slot_stride", "sub_ring_stride"):
         if getattr(h, field) == 0:
-            raise bad(f"{field} is 0")
+            raise bad("zero-cardinality field", f"{field} is 0")
     capacity = h.sub_ring_capacity
     if h.pool_size > MAX_POOL_SIZE:
-        raise bad(f"pool_size {h.pool_size} exceeds MAX_POOL_SIZE {MAX_POOL_SIZE}")
+        raise bad("pool_size exceeds MAX_POOL_SIZE", f"pool_size {h.pool_size} exceeds MAX_POOL_SIZE {MAX_POOL_SIZE}")
     if capacity & (capacity - 1):
-        raise bad(f"sub_ring_capacity {capacity} is not a power of two")
+        raise bad("sub_ring_capacity not a power of 2", f"sub_ring_capacity {capacity} is not a power of two")
     if h.sub_ring_mask != capacity - 1:
-        raise bad(f"sub_ring_mask {h.sub_ring_mask} != sub_ring_capacity - 1 ({capacity - 1})")
+        raise bad("sub_ring_mask inconsistent with capacity", f"sub_ring_mask {h.sub_ring_mask} != sub_ring_capacity - 1 ({capacity - 1})")
     if not HEADER_SIZE <= h.sub_rings_offset < h.pool_offset < h.total_size:
         raise bad(
+            "ring/pool offsets out of range",
             f"offsets out of order: sub_rings_offset {h.sub_rings_offset}, pool_offset {h.pool_offset}, "
-            f"total_size {h.total_size} (need {HEADER_SIZE} <= sub_rings_offset < pool_offset < total_size)"
+            f"total_size {h.total_size} (need {HEADER_SIZE} <= sub_rings_offset < pool_offset < total_size)",
         )
     if h.creator_name_len > h.sub_rings_offset - HEADER_SIZE:
-        raise bad(f"creator_name_len {h.creator_name_len} overlaps the rings at {h.sub_rings_offset}")
+        raise bad("creator_name_len exceeds tail", f"creator_name_len {h.creator_name_len} overlaps the rings at {h.sub_rings_offset}")
     for field in ("sub_rings_offset", "pool_offset", "sub_ring_stride", "slot_stride"):
         if getattr(h, field) % CACHE_LINE:
-            raise bad(f"{field} {getattr(h, field)} is not a multiple of {CACHE_LINE}")
+            raise bad("offset or stride not cache-line aligned", f"{field} {getattr(h, field)} is not a multiple of {CACHE_LINE}")
     if capacity > h.total_size // ENTRY_SIZE:
-        raise bad(f"sub_ring_capacity {capacity} exceeds total_size / {ENTRY_SIZE}")
+        raise bad("sub_ring_capacity too large", f"sub_ring_capacity {capacity} exceeds total_size / {ENTRY_SIZE}")
     if h.sub_ring_stride < RING_HEADER_SIZE + ENTRY_SIZE * capacity:
-        raise bad(f"sub_ring_stride {h.sub_ring_stride} < {RING_HEADER_SIZE} + {ENTRY_SIZE} x sub_ring_capacity {capacity}")
+        raise bad("sub_ring_stride too small", f"sub_ring_stride {h.sub_ring_stride} < {RING_HEADER_SIZE} + {ENTRY_SIZE} x sub_ring_capacity {capacity}")
     if h.slot_data_size > h.total_size - SLOT_HEADER_SIZE:
-        raise bad(f"slot_data_size {h.slot_data_size} exceeds total_size - {SLOT_HEADER_SIZE}")
+        raise bad("slot_data_size too large", f"slot_data_size {h.slot_data_size} exceeds total_size - {SLOT_HEADER_SIZE}")
     if h.slot_stride < SLOT_HEADER_SIZE + h.slot_data_size:
-        raise bad(f"slot_stride {h.slot_stride} < {SLOT_HEADER_SIZE} + slot_data_size {h.slot_data_size}")
+        raise bad("slot_stride too small", f"slot_stride {h.slot_stride} < {SLOT_HEADER_SIZE} + slot_data_size {h.slot_data_size}")
     if h.max_subs > (h.pool_offset - h.sub_rings_offset) // h.sub_ring_stride:
-        raise bad(f"max_subs {h.max_subs} rings of {h.sub_ring_stride} bytes do not fit between {h.sub_rings_offset} and {h.pool_offset}")
+        raise bad(
+            "subscriber rings overflow pool_offset",
+            f"max_subs {h.max_subs} rings of {h.sub_ring_stride} bytes do not fit between {h.sub_rings_offset} and {h.pool_offset}",
+        )
     if h.pool_size > (h.total_size - h.pool_offset) // h.slot_stride:
-        raise bad(f"pool_size {h.pool_size} slots of {h.slot_stride} bytes do not fit between {h.pool_offset} and {h.total_size}")
+        raise bad(
+            "slot pool overflow total_size",
+            f"pool_size {h.pool_size} slots of {h.slot_stride} bytes do not fit between {h.pool_offset} and {h.total_size}",
+        )
     if h.commit_timeout_us > MAX_COMMIT_TIMEOUT_US:  # ours: 0.9.2 takes any value
-        raise bad(f"commit_timeout_us {h.commit_timeout_us} exceeds {MAX_COMMIT_TIMEOUT_US}")
+        raise bad("commit_timeout_us too large", f"commit_timeout_us {h.commit_timeout_us} exceeds {MAX_COMMIT_TIMEOUT_US}")
     # 6. the private snapshot
     geometry = Geometry(
         channel_type=h.channel_type,
