@@ -6,7 +6,9 @@ Each module reads beside its section of WIRE9.md:
 - ``freestack``: the slot pool's Treiber stack (B.14);
 - ``region``: create, open, create_or_open, info, stats (B.1-B.3, B.18);
 - ``publish``: ``Publisher``: allocate and publish with lock, steal, takeover, wake (B.5-B.9, B.15);
-- ``receive``: ``Subscriber``, ``SampleView``: join, receive, blocking receive, leave and drain (B.4, B.10-B.12).
+- ``receive``: ``Subscriber``, ``SampleView``: join, receive, blocking receive, leave and drain (B.4, B.10-B.12);
+- ``repair``: diagnose, repair_locked_entries, reset_retired_rings, reclaim_dead_rings,
+  reclaim_orphaned_slots, owner liveness, the schema claim (B.13, B.16, B.17).
 
 Nothing here is wired into ``kickmsg.SharedRegion`` yet.
 """
