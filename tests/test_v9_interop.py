@@ -548,3 +548,133 @@ done({"got": got, "lost": lost, "write_pos": stats.write_pos, "ring_lost": stats
             assert seqs == sorted(set(seqs)), f"publisher {tag}: duplicated or reordered"
     stats = Region.open(shm_name).stats()
     assert stats.pool_free == stats.pool_size and stats.live_rings == 0
+
+
+# -- A publisher stalled between its claim takeover and its commit -------------------
+
+from kickmsg.atomics import Atomics  # noqa: E402
+
+
+class StallBeforeCommit(Atomics):
+    """The hardware atomics, except that the commit CAS on one address
+    (a sequence word, release order) first runs ``stall()``: the publisher
+    holds its lock and claim while another process acts."""
+
+    def __init__(self) -> None:
+        self.address = -1
+        self.stall = lambda: None
+
+    def cas_release_u64(self, address: int, expected: int, desired: int) -> int:  # type: ignore[override]
+        if address == self.address:
+            self.address = -1
+            self.stall()
+        return Atomics.cas_release_u64(address, expected, desired)
+
+
+NATIVE_LAP = r'''
+pub = kickmsg.Publisher(kickmsg.SharedRegion.open(P["name"]))
+ready()
+for i in range(P["count"]):
+    pub.send(b"native %d" % i)
+done({"dropped": pub.dropped})
+'''
+
+
+@pytest.mark.parametrize("subscriber", ["ours", "native"])
+def test_a_stalled_publishers_late_commit_fails_after_a_steal(shm_name, subscriber):
+    """Our publisher stalls holding the lock of position 8 (claim installed).
+    A native publisher sends 8 more: its position 16 (same entry) sees the
+    lock unchanged for a whole commit timeout (20 ms), steals it and writes
+    a skip marker. Our commit CAS then fails: dropped, no excess (the entry
+    owns our reference). The subscriber loses 8 (overwritten) and 16 (skip),
+    whichever implementation it is; the pool is whole after it leaves."""
+    hooked = StallBeforeCommit()
+    Region.create(shm_name, 1, ChannelConfig(1, 8, 24, 64, commit_timeout_us=20_000), "stall")
+    region = Region.open(shm_name, atomics=hooked)
+    pub = Publisher(region)
+    sub_code = r'''
+region = kickmsg.SharedRegion.open(P["name"])
+sub = kickmsg.Subscriber(region)
+ready()
+wait_go()
+got = []
+while True:
+    data = sub.try_receive()
+    if data is None:
+        break
+    got.append(data.decode())
+done({"got": got, "lost": sub.lost})
+'''
+    peer = start_native9(sub_code, name=shm_name) if subscriber == "native" else None
+    sub = Subscriber(region) if peer is None else None
+    try:
+        if peer is not None:
+            peer.wait_ready()
+        for i in range(8):
+            pub.send(b"ours %d" % i)
+        if sub is not None:
+            assert [sub.try_receive() for _ in range(8)] == [b"ours %d" % i for i in range(8)]
+
+        def steal_meanwhile() -> None:
+            result = run_native9(NATIVE_LAP, name=shm_name, count=8)
+            assert result["dropped"] == 1
+
+        hooked.address = region.entry_address(0, 8) + layout.SEQUENCE_OFFSET
+        hooked.stall = steal_meanwhile
+        assert pub.send(b"ours late") == 9  # send reports the length, delivered or not
+        assert hooked.address == -1  # the stall ran
+        assert pub.dropped == 1
+        entry = region.entry_address(0, 8)
+        assert region.atomics.load_acquire_u64(entry + layout.SEQUENCE_OFFSET) == layout.skip_marker(16)
+        assert layout.meta_tag(region.atomics.load_acquire_u64(entry + layout.META_OFFSET)) == 9  # our claim stays
+        if peer is not None:
+            peer.tell()
+            result = peer.result()
+            got, lost = result["got"], result["lost"]
+        else:
+            got = []
+            while (data := sub.try_receive()) is not None:
+                got.append(data.decode())
+            lost = sub.lost
+            sub.close()
+    finally:
+        if peer is not None:
+            peer.kill()
+    # ours read 0-7 before the stall; the native one reads only now, a lap
+    # behind: 0-8 overwritten (9 lost) instead of 8 alone
+    assert got == [f"native {i}" for i in range(7)] and lost == (2 if peer is None else 10)
+    stats = region.stats()
+    assert (stats.total_steals, stats.total_drops) == (1, 2)
+    assert stats.pool_free == 24
+
+
+def test_the_grace_period_spares_a_live_commit(shm_name):
+    """Commit timeout 5 s. Our publisher stalls before its commit until a
+    native publisher has claimed the position one lap later (it now waits
+    for our commit); then we commit. Nothing is stolen or dropped."""
+    hooked = StallBeforeCommit()
+    Region.create(shm_name, 1, ChannelConfig(1, 8, 24, 64, commit_timeout_us=5_000_000), "grace")
+    region = Region.open(shm_name, atomics=hooked)
+    sub = Subscriber(region)
+    pub = Publisher(region)
+    for i in range(8):
+        pub.send(b"ours %d" % i)
+    assert [sub.try_receive() for _ in range(8)] == [b"ours %d" % i for i in range(8)]
+    write_pos = region.ring_address(0) + layout.WRITE_POS_OFFSET
+    with start_native9(NATIVE_LAP, name=shm_name, count=8) as peer:
+        def let_it_wait() -> None:
+            peer.wait_ready()
+            _wait_for(lambda: region.atomics.load_acquire_u64(write_pos) == 17, "the native publisher to claim position 16")
+
+        hooked.address = region.entry_address(0, 8) + layout.SEQUENCE_OFFSET
+        hooked.stall = let_it_wait
+        pub.send(b"ours late")
+        assert peer.result()["dropped"] == 0
+    assert pub.dropped == 0
+    got = []
+    while (data := sub.try_receive()) is not None:
+        got.append(data)
+    # the lap overwrote "ours late" before we read (1 lost); what counts: it was committed, not stolen
+    assert got == [b"native %d" % i for i in range(8)] and sub.lost == 1
+    stats = region.stats()
+    assert (stats.total_steals, stats.total_drops) == (0, 0)
