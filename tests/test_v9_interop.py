@@ -39,7 +39,9 @@ def ring_lost(region, index):
     return region.stats().rings[index].lost_count
 
 def leave(sub):
-    del sub  # the native Subscriber leaves in its destructor
+    """Use as ``sub = leave(sub)``: the native Subscriber leaves in its
+    destructor, once the last reference goes."""
+    return None
 '''
 
 OURS_API = r'''
@@ -67,6 +69,7 @@ def ring_lost(region, index):
 
 def leave(sub):
     sub.close()
+    return None
 '''
 
 # Shared by both: publish and receive loops with self-checking payloads.
@@ -131,7 +134,7 @@ ready()
 wait_go()
 got, lost = receive_all(sub, P["expected"], block=P.get("block", True))
 ring = ring_lost(region, P.get("ring", 0))
-leave(sub)
+sub = leave(sub)
 done({"got": got, "lost": lost, "ring_lost": ring})
 '''
 
@@ -678,3 +681,104 @@ def test_the_grace_period_spares_a_live_commit(shm_name):
     assert got == [b"native %d" % i for i in range(8)] and sub.lost == 1
     stats = region.stats()
     assert (stats.total_steals, stats.total_drops) == (0, 0)
+
+
+# -- Mixed traffic with publishers killed mid-flight ------------------------------------
+
+from kickmsg.protocol.v9 import repair  # noqa: E402
+
+READ_UNTIL_TOLD = r'''
+import threading
+region = open_region(P["name"])
+sub = new_subscriber(region)
+stop = threading.Event()
+got = []
+
+def reader():
+    while not stop.is_set():
+        data = sub.receive(0.05)
+        if data is not None:
+            got.append([data[0], check_payload(data[1:])])
+
+thread = threading.Thread(target=reader)
+thread.start()
+ready()
+wait_go()
+stop.set()
+thread.join()
+while (data := sub.try_receive()) is not None:
+    got.append([data[0], check_payload(data[1:])])
+lost = sub.lost
+sub = leave(sub)
+done({"got": got, "lost": lost})
+'''
+
+KILLABLE_PUBLISHER = r'''
+pub = new_publisher(open_region(P["name"]))
+publish_all(pub, range(P["before"]), tag=P["tag"])
+ready()
+publish_all(pub, range(P["before"], P["count"]), tag=P["tag"])
+done({"dropped": pub.dropped})
+'''
+
+
+def test_publishers_killed_mid_flight_leave_order_intact_and_the_pool_recoverable(shm_name):
+    """Four publishers (two of each implementation) into two subscribers
+    (one of each) reading as messages come; one publisher of each kind is
+    SIGKILLed at an arbitrary point of its run. Nothing arrives twice or out
+    of order, every message read is intact; once everyone has stopped, the
+    repairs (locked entries, retired rings, orphaned slots) make the pool
+    whole and every ring Free."""
+    region = _region(shm_name, 2, 64, 256, payload=240)
+    subscribers = [native(READ_UNTIL_TOLD, name=shm_name, timeout=120), ours_child(READ_UNTIL_TOLD, name=shm_name, timeout=120)]
+    publishers: list = []
+    try:
+        for peer in subscribers:
+            peer.wait_ready()
+        publishers = [(native if tag % 2 == 0 else ours_child)(KILLABLE_PUBLISHER, name=shm_name, tag=tag, before=400,
+                                                              count=4000, timeout=120) for tag in range(4)]
+        for peer in publishers:
+            peer.wait_ready()  # each has published 400 and goes on
+        publishers[0].kill()  # native, somewhere in its next messages
+        publishers[1].kill()  # ours
+        survivors = [publishers[2].result(), publishers[3].result()]
+        for peer in subscribers:
+            peer.tell()
+        results = [peer.result() for peer in subscribers]
+    finally:
+        for peer in subscribers + publishers:
+            peer.kill()
+    for result in results:
+        for tag in range(4):
+            seqs = [seq for t, seq in result["got"] if t == tag]
+            assert seqs == sorted(set(seqs)), f"publisher {tag}: duplicated or reordered"
+            if tag >= 2:
+                assert seqs, f"nothing of surviving publisher {tag}"
+    assert all(result["dropped"] >= 0 for result in survivors)
+    # everyone stopped: repair what the killed ones left
+    repair.repair_locked_entries(region)
+    repair.reset_retired_rings(region)
+    repair.reclaim_orphaned_slots(region)
+    health = repair.diagnose(region)
+    assert (health.locked_entries, health.retired_rings, health.draining_rings, health.live_rings) == (0, 0, 0, 0)
+    stats = region.stats()
+    assert all(ring.state == "Free" and ring.in_flight == 0 for ring in stats.rings)
+    # a ring left retired (a killed publisher was counted in it) was reset
+    # without a drain: its entries keep their claims (B.13), and every slot
+    # is either free or held by exactly its claims
+    ops, g = region.atomics, region.geometry
+    claims = [0] * g.pool_size
+    for ring in range(g.max_subs):
+        for pos in range(g.capacity):
+            field = layout.meta_slot_field(ops.load_acquire_u64(region.entry_address(ring, pos) + layout.META_OFFSET))
+            if field:
+                claims[field - 1] += 1
+    refcounts = [ops.load_acquire_u32(region.slot_address(slot) + layout.REFCOUNT_OFFSET) for slot in range(g.pool_size)]
+    assert stats.pool_free + sum(1 for c in claims if c) == g.pool_size
+    assert all(refcounts[slot] == claims[slot] for slot in range(g.pool_size) if claims[slot])
+    # the next subscribers and a lap of publishing replace those claims: the pool ends whole
+    rejoined = [Subscriber(region) for _ in range(g.max_subs)]
+    publish_all(Publisher(region), range(g.capacity), how="send")
+    for sub in rejoined:
+        sub.close()
+    assert region.stats().pool_free == g.pool_size
