@@ -372,3 +372,30 @@ done([os.stat("/dev/shm" + P["name"]).st_mode & 0o7777, warning])
         assert native_warning.strip() == ours_warning.strip()
     finally:
         shm.unlink(shm_name + "_n")
+
+
+def test_each_native_version_refuses_the_other_layout(shm_name):
+    """A layout-9 region (ours) is refused by native 0.1.0; a layout-4
+    region (our layout-4 code) is refused by native 0.9.2 and by our
+    layout-9 open, each naming the version."""
+    import kickmsg
+    from nativepeer import run_native
+
+    code = r'''
+try:
+    kickmsg.SharedRegion.open(P["name"])
+    done("opened")
+except Exception as error:
+    done(type(error).__name__ + ": " + str(error))
+'''
+    Region.create(shm_name, 1, ChannelConfig(1, 2, 4, 8))
+    assert run_native(code, name=shm_name) == "RuntimeError: Version mismatch"
+    cfg = kickmsg.Config()
+    cfg.max_subscribers, cfg.sub_ring_capacity, cfg.pool_size, cfg.max_payload_size = 1, 2, 4, 8
+    kickmsg.SharedRegion.create(shm_name + "_4", kickmsg.ChannelType.PubSub, cfg)
+    try:
+        assert run_native9(code, name=shm_name + "_4") == "RuntimeError: Region version mismatch"
+        with pytest.raises(VersionMismatchError, match="version 4"):
+            Region.open(shm_name + "_4")
+    finally:
+        shm.unlink(shm_name + "_4")
