@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from kickmsg.protocol.v9 import ChannelConfig, Publisher, Region, Subscriber
+from kickmsg.atomics import Atomics
+from kickmsg.protocol.v9 import ChannelConfig, Publisher, Region, Subscriber, layout, repair
 from kickmsg.protocol.v9.layout import HAS_WAITER_OFFSET, OWNER_PID_OFFSET, WAITER_FUTEX
 from nativepeer import check_payload, make_payload, run_native9, start_native9, start_ours
 
@@ -157,7 +158,10 @@ def ours_child(code: str, **params):
 
 
 # The loops, for the test process too (with our classes).
-exec(OURS_API + LOOPS)
+_ours_namespace: dict = {"make_payload": make_payload, "check_payload": check_payload}
+exec(OURS_API + LOOPS, _ours_namespace)
+publish_all = _ours_namespace["publish_all"]
+receive_all = _ours_namespace["receive_all"]
 
 
 def _region(name: str, subs: int, capacity: int, pool: int, payload: int = 256) -> Region:
@@ -363,8 +367,6 @@ def test_many_publishers_and_subscribers_mixed(shm_name):
 
 # -- 0.9.2's recovery behaviours, both ways ----------------------------------------
 
-from kickmsg.protocol.v9 import layout  # noqa: E402
-
 
 def _forge_dead_claim(region: Region, pos: int) -> None:
     """As if a publisher claimed ``pos`` on ring 0, locked its entry and died:
@@ -555,8 +557,6 @@ done({"got": got, "lost": lost, "write_pos": stats.write_pos, "ring_lost": stats
 
 # -- A publisher stalled between its claim takeover and its commit -------------------
 
-from kickmsg.atomics import Atomics  # noqa: E402
-
 
 class StallBeforeCommit(Atomics):
     """The hardware atomics, except that the commit CAS on one address
@@ -685,7 +685,6 @@ def test_the_grace_period_spares_a_live_commit(shm_name):
 
 # -- Mixed traffic with publishers killed mid-flight ------------------------------------
 
-from kickmsg.protocol.v9 import repair  # noqa: E402
 
 READ_UNTIL_TOLD = r'''
 import threading
