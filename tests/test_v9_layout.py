@@ -399,3 +399,12 @@ except Exception as error:
             Region.open(shm_name + "_4")
     finally:
         shm.unlink(shm_name + "_4")
+
+
+def test_create_or_open_gives_up_on_a_region_never_initialised(shm_name):
+    """MAGIC zeroed (a creator died before storing it): about 200 polls of
+    10 ms, then the 0.9.2 message, as a RuntimeError."""
+    Region.create(shm_name, 1, ChannelConfig(1, 2, 4, 8))
+    _forge(shm_name, 0, "<Q", 0)
+    with pytest.raises(RuntimeError, match="Timed out waiting for region init: " + shm_name):
+        Region.create_or_open(shm_name, 1, ChannelConfig(1, 2, 4, 8))

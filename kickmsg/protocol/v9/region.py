@@ -46,6 +46,11 @@ OPEN_ATTEMPTS = 200  # B.3: create_or_open polls an uninitialised region this of
 OPEN_RETRY_S = 0.010  # ...this far apart (about 2 s in all)
 
 
+class RegionInitTimeout(TimeoutError, RuntimeError):
+    """create_or_open found the region but it never became initialised
+    (0.9.2 raises RuntimeError: this is one)."""
+
+
 @dataclass(frozen=True)
 class ChannelConfig:
     """0.9.2's Config: the five geometry fields, commit timeout, schema, identity."""
@@ -241,7 +246,7 @@ class Region:
                     return cls(opened, cls._validate(opened, config.identity, atomics), atomics)
             time.sleep(OPEN_RETRY_S)  # the protocol's own poll (B.3 step 3)
         # 4. never initialised
-        raise TimeoutError(f"Timed out waiting for region init: {name}")
+        raise RegionInitTimeout(f"Timed out waiting for region init: {name}")
 
     # -- Addresses (from the snapshot only) ------------------------------------------
 
