@@ -9,6 +9,9 @@ INSTALLED := $(VENV)/.installed
 # its own directory and only ever runs in subprocesses (never vendored).
 NATIVE := .native/kickmsg-0.1.0
 NATIVE_INSTALLED := $(NATIVE)/.installed
+# The native kickmsg 0.9.2 wheel, our layout-9 peer, likewise.
+NATIVE9 := .native/kickmsg-0.9.2
+NATIVE9_INSTALLED := $(NATIVE9)/.installed
 
 .PHONY: demo test bench soak clean check-java
 
@@ -16,7 +19,7 @@ demo: $(INSTALLED) check-java
 	$(PY) examples/demo.py
 
 # The type checker first (settings: [tool.mypy] in pyproject.toml), then the tests.
-test: $(INSTALLED) $(NATIVE_INSTALLED) check-java
+test: $(INSTALLED) $(NATIVE_INSTALLED) $(NATIVE9_INSTALLED) check-java
 	$(PY) -m mypy
 	$(PY) -m pytest
 
@@ -25,7 +28,7 @@ test: $(INSTALLED) $(NATIVE_INSTALLED) check-java
 # or missed; then waiting (asyncio, WaitSet) against pyzmq, about a minute;
 # then two Zenoh bridges on loopback against pyzmq PUB/SUB, under a minute;
 # results in benchmarks/results/. Smoke run: make bench BENCH_ARGS=--quick
-bench: $(INSTALLED) $(NATIVE_INSTALLED)
+bench: $(INSTALLED) $(NATIVE_INSTALLED) $(NATIVE9_INSTALLED)
 	status=0; \
 	$(PY) benchmarks/bench_core.py $(BENCH_ARGS) || status=$$?; \
 	$(PY) benchmarks/bench_wait.py $(BENCH_ARGS) || status=$$?; \
@@ -51,6 +54,11 @@ soak: $(INSTALLED) $(NATIVE_INSTALLED)
 $(NATIVE_INSTALLED): | $(INSTALLED)
 	rm -rf $(NATIVE)
 	$(PY) -m pip install --quiet --no-deps --target $(NATIVE) kickmsg==0.1.0
+	touch $@
+
+$(NATIVE9_INSTALLED): | $(INSTALLED)
+	rm -rf $(NATIVE9)
+	$(PY) -m pip install --quiet --no-deps --target $(NATIVE9) kickmsg==0.9.2
 	touch $@
 
 # PySpark 4 runs on Java 17 or newer.

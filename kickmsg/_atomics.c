@@ -64,3 +64,10 @@
 
 KM_ALL_OPS(uint32_t, u32)
 KM_ALL_OPS(uint64_t, u64)
+
+/* A fence orders this thread's accesses to every word around it (layout 9's
+ * Dekker pairs: the waiter's has_waiter store, the publisher's commit). */
+void km_fence_seq_cst(void)
+{
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+}

@@ -73,6 +73,7 @@ COMPILE_ARGS = ["-O2", "-Wall", "-Wextra"]
 atomics_builder = FFI()
 for c_type, suffix in (("uint32_t", "u32"), ("uint64_t", "u64")):
     atomics_builder.cdef(ATOMIC_DECLARATIONS.replace("SUFFIX", suffix).replace("T ", c_type + " "))
+atomics_builder.cdef("void km_fence_seq_cst(void);")
 atomics_builder.set_source(
     "kickmsg._atomics_cffi", KEEP_THE_GIL + (HERE / "_atomics.c").read_text(), extra_compile_args=COMPILE_ARGS
 )

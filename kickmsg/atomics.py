@@ -127,6 +127,12 @@ def _sleep_in_slices(
         slice_ns = min(2 * slice_ns, POLL_SLICE_MAX_NS)
 
 
+def _shim_without_fence() -> None:
+    """Stands in for km_fence_seq_cst in a compiled shim built before it
+    existed (layout 4 never calls it): refuse rather than run unfenced."""
+    raise RuntimeError("kickmsg's compiled atomics shim predates km_fence_seq_cst; rebuild it (`make`, or pip install -e .)")
+
+
 # The operations' signatures (addresses and values are plain integers).
 Load = Callable[[int], int]  # (address) -> value
 Store = Callable[[int, int], None]  # (address, value)
@@ -174,6 +180,11 @@ class Atomics:
     fetch_sub_acquire_u64: ReadModifyWrite = _lib.km_fetch_sub_acquire_u64
     fetch_sub_release_u64: ReadModifyWrite = _lib.km_fetch_sub_release_u64
     fetch_sub_acq_rel_u64: ReadModifyWrite = _lib.km_fetch_sub_acq_rel_u64
+
+    # A seq_cst thread fence (layout 9 orders its waiter handshakes with one
+    # on each side: the waiter after storing has_waiter, the publisher after
+    # committing and before reading has_waiter).
+    fence_seq_cst: Callable[[], None] = getattr(_lib, "km_fence_seq_cst", None) or staticmethod(_shim_without_fence)
 
     # futex_wait(addr, expected_u32, timeout_ns) -> FUTEX_* outcome or -errno;
     # timeout_ns < 0 waits without limit. The GIL is released while asleep.

@@ -1,7 +1,9 @@
 """Run Python snippets against a Kickmsg implementation in a subprocess.
 
 The native ``kickmsg`` 0.1.0 (installed by ``make test`` into
-``.native/kickmsg-0.1.0``) is our interop peer. It never shares a process
+``.native/kickmsg-0.1.0``) is our interop peer for layout 4, the native
+0.9.2 (``.native/kickmsg-0.9.2``, ``start_native9``/``run_native9``) for
+layout 9. It never shares a process
 with this package: ``run_native``/``start_native`` run a snippet under
 ``python -I -S`` (isolated: no PYTHON* variables, no working directory on
 ``sys.path``, no site-packages, so our editable install is invisible) with
@@ -35,6 +37,7 @@ import kickmsg  # ours: the native one is only ever imported by children
 from conftest import ROOT
 
 NATIVE_DIR = ROOT / ".native" / "kickmsg-0.1.0"
+NATIVE9_DIR = ROOT / ".native" / "kickmsg-0.9.2"
 DEFAULT_TIMEOUT = 30.0
 
 # Shared by every child and by the test process: a config from a dict, and
@@ -177,17 +180,22 @@ def wait_go():
 exec(HELPERS)
 
 
-def native_dir() -> pathlib.Path:
-    """The native wheel's directory; fail (never skip) when it is missing."""
-    if not (NATIVE_DIR / "kickmsg.abi3.so").is_file():
-        pytest.fail(f"native kickmsg 0.1.0 is not installed in {NATIVE_DIR}; `make test` installs it")
-    return NATIVE_DIR
+def native_dir(version: str = "0.1.0") -> pathlib.Path:
+    """A native wheel's directory (0.1.0 or 0.9.2); fail (never skip) when
+    it is missing."""
+    directory, module = {"0.1.0": (NATIVE_DIR, "kickmsg.abi3.so"), "0.9.2": (NATIVE9_DIR, "kickmsg/_native.abi3.so")}[version]
+    if not (directory / module).is_file():
+        pytest.fail(f"native kickmsg {version} is not installed in {directory}; `make test` installs it")
+    return directory
 
 
 def _command(impl: str, code: str, params: dict) -> list[str]:
     """The command line of a child."""
     if impl == "native":
         prelude = PRELUDE.format(path=str(native_dir()), suffix=".so")
+        python = [sys.executable, "-I", "-S"]
+    elif impl == "native9":  # 0.9.2: a package around kickmsg/_native.abi3.so
+        prelude = PRELUDE.format(path=str(native_dir("0.9.2")), suffix="kickmsg-0.9.2/kickmsg/__init__.py")
         python = [sys.executable, "-I", "-S"]
     elif impl == "ours":
         # Exactly the package the test process imported.
@@ -288,6 +296,17 @@ class Peer:
 def start_native(code: str, timeout: float = DEFAULT_TIMEOUT, **params) -> Peer:
     """Start ``code`` with the native kickmsg; use as a context manager."""
     return Peer("native", code, params, timeout)
+
+
+def start_native9(code: str, timeout: float = DEFAULT_TIMEOUT, **params) -> Peer:
+    """Start ``code`` with the native kickmsg 0.9.2; use as a context manager."""
+    return Peer("native9", code, params, timeout)
+
+
+def run_native9(code: str, timeout: float = DEFAULT_TIMEOUT, **params):
+    """Run ``code`` with the native kickmsg 0.9.2 to completion; its JSON result."""
+    with start_native9(code, timeout, **params) as peer:
+        return peer.result()
 
 
 def start_ours(code: str, timeout: float = DEFAULT_TIMEOUT, **params) -> Peer:

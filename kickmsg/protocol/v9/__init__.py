@@ -1,0 +1,32 @@
+"""Layout 9: channels byte-compatible with native ``kickmsg==0.9.2``.
+
+Each module reads beside its section of WIRE9.md:
+
+- ``layout``: constants, byte layout, sizes, hashes, validation, naming (A);
+- ``freestack``: the slot pool's Treiber stack (B.14);
+- ``region``: create, open, create_or_open, info, stats (B.1-B.3, B.18);
+- ``publish``: ``Publisher``: allocate and publish with lock, steal, takeover, wake (B.5-B.9, B.15);
+- ``receive``: ``Subscriber``, ``SampleView``: join, receive, blocking receive, leave and drain (B.4, B.10-B.12);
+- ``repair``: diagnose, repair_locked_entries, reset_retired_rings, reclaim_dead_rings,
+  reclaim_orphaned_slots, owner liveness, the schema claim (B.13, B.16, B.17).
+
+Nothing here is wired into ``kickmsg.SharedRegion`` yet.
+"""
+from kickmsg.protocol.v9.publish import Publisher
+from kickmsg.protocol.v9.receive import SampleView, Subscriber
+from kickmsg.protocol.v9.layout import CorruptRegionError, Geometry, VersionMismatchError
+from kickmsg.protocol.v9.region import ChannelConfig, Region, RegionInfo, RegionStats, RingStats
+
+__all__ = [
+    "ChannelConfig",
+    "CorruptRegionError",
+    "Geometry",
+    "Publisher",
+    "Region",
+    "RegionInfo",
+    "RegionStats",
+    "RingStats",
+    "SampleView",
+    "Subscriber",
+    "VersionMismatchError",
+]

@@ -1,0 +1,348 @@
+"""Subscribing on a layout-9 region (WIRE9.md B.4, B.10-B.12).
+
+``Subscriber`` claims a ring at construction (join, B.4), receives without
+blocking (B.10: skip markers and overwritten entries counted as losses, the
+claim's tag checked against the position as 0.9.2 does, pin, seqlock
+re-check, length read from the slot under the pin), blocks on the ring's
+futex word (B.11), and gives the ring back with ``close`` (leave and drain,
+B.12). Every atomic goes through the region's ``kickmsg.atomics`` door.
+"""
+import os
+import time
+
+from kickmsg.atomics import FUTEX_TIMED_OUT
+from kickmsg.protocol.v9 import freestack
+from kickmsg.protocol.v9.layout import (
+    HAS_WAITER_OFFSET,
+    LOST_COUNT_OFFSET,
+    META_OFFSET,
+    OWNER_PID_OFFSET,
+    OWNER_STARTTIME_OFFSET,
+    PAYLOAD_LEN_OFFSET,
+    REFCOUNT_OFFSET,
+    RING_DRAINING,
+    RING_FREE,
+    RING_LIVE,
+    RING_STATE_MASK,
+    SEQUENCE_OFFSET,
+    STATE_FLIGHT_OFFSET,
+    U32_MAX,
+    WAITER_FUTEX,
+    WAITER_NONE,
+    WRITE_POS_OFFSET,
+    META_SLOT_MASK,
+    meta_slot_field,
+    meta_tag,
+    meta_tag_of,
+    seq_locked,
+    seq_pos,
+    seq_skip,
+)
+from kickmsg.protocol.v9.region import Region
+
+RECEIVE_ITERATIONS = 64  # B.10
+YIELDS_BEFORE_SLEEP = 64  # B.11
+POLL_SLEEP_S = 0.0001  # B.11: 100 us naps while the head is claimed but not committed
+
+
+def process_start_time(pid: int) -> int:
+    """Field 22 of /proc/<pid>/stat (clock ticks after boot), 0 if unknown (B.16)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields_after_name = stat.read().rpartition(b")")[2].split()
+        return int(fields_after_name[19])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+class SampleView:
+    """A received message in place: one pinned reference to its slot,
+    released by ``release()`` (or leaving a ``with`` block). Read-only
+    ``memoryview(view)`` works until then."""
+
+    def __init__(self, region: Region, slot: int, length: int, ring_pos: int) -> None:
+        self._region = region
+        self._slot = slot
+        self._length = length
+        self.ring_pos = ring_pos
+        self._exports = 0
+        self.valid = True
+
+    def __len__(self) -> int:
+        return self._length
+
+    def __buffer__(self, flags: int) -> memoryview:
+        if not self.valid:
+            raise BufferError("SampleView was released")
+        self._exports += 1
+        return self._region.payload(self._slot, self._length).toreadonly()
+
+    def __release_buffer__(self, view: memoryview) -> None:
+        self._exports -= 1
+        view.release()
+
+    def __bytes__(self) -> bytes:
+        if not self.valid:
+            raise BufferError("SampleView was released")
+        return bytes(self._region.payload(self._slot, self._length))
+
+    def release(self) -> None:
+        """Drop the pin (acq_rel); the last reference pushes the slot."""
+        if not self.valid:
+            return
+        if self._exports:
+            raise BufferError(f"SampleView still has {self._exports} memoryview(s) open")
+        self.valid = False
+        freestack.release(self._region, self._slot)
+
+    def __enter__(self) -> "SampleView":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.release()
+
+
+class Subscriber:
+    """One claimed ring of a layout-9 region."""
+
+    def __init__(self, region: Region) -> None:
+        self.region = region
+        self.lost = 0
+        self.drain_timeouts = 0
+        self.ring_index = -1
+        self.ring = 0
+        self._join()
+
+    # -- B.4 Join ---------------------------------------------------------------
+
+    def _join(self) -> None:
+        region = self.region
+        ops = region.atomics
+        for index in range(region.geometry.max_subs):
+            ring = region.ring_address(index)
+            # 1. the drain floor, read before the claim
+            write_pos = ops.load_acquire_u64(ring + WRITE_POS_OFFSET)
+            # 2. Free with no publisher in flight -> Live
+            if ops.cas_acq_rel_u32(ring + STATE_FLIGHT_OFFSET, RING_FREE, RING_LIVE) != RING_FREE:
+                continue
+            # 3. owner identity: start time first, then the pid (release)
+            pid = os.getpid()
+            ops.store_relaxed_u64(ring + OWNER_STARTTIME_OFFSET, process_start_time(pid))
+            ops.store_release_u64(ring + OWNER_PID_OFFSET, pid)
+            # 4. where reading starts
+            write_pos_again = ops.load_acquire_u64(ring + WRITE_POS_OFFSET)
+            self.ring_index = index
+            self.ring = ring
+            self.start_pos = write_pos
+            self.read_pos = max(write_pos, write_pos_again)
+            return
+        # 5. none free
+        raise RuntimeError(f"No free subscriber slots in {region.name} ({region.geometry.max_subs} rings)")
+
+    # -- B.10 Receive ---------------------------------------------------------------
+
+    def _lose(self, count: int = 1) -> None:
+        self.lost += count
+        self.region.atomics.fetch_add_relaxed_u64(self.ring + LOST_COUNT_OFFSET, count)
+
+    def _unpin(self, slot: int) -> None:
+        freestack.release(self.region, slot)
+
+    def try_receive_view(self) -> SampleView | None:
+        """The next message in place, or None (nothing committed yet)."""
+        if self.ring_index < 0:
+            raise RuntimeError("Subscriber was closed")
+        region = self.region
+        g = region.geometry
+        ops = region.atomics
+        ring = self.ring
+        for _ in range(RECEIVE_ITERATIONS):
+            # 1. anything new?
+            write_pos = ops.load_acquire_u64(ring + WRITE_POS_OFFSET)
+            if write_pos <= self.read_pos:
+                return None
+            # 2. overrun by more than a lap: skip what was overwritten
+            if write_pos - self.read_pos > g.capacity:
+                self._lose(write_pos - self.read_pos - g.capacity)
+                self.read_pos = write_pos - g.capacity
+            # 3. the entry's sequence
+            entry = region.entry_address(self.ring_index, self.read_pos)
+            expected = self.read_pos + 1
+            s1 = ops.load_acquire_u64(entry + SEQUENCE_OFFSET)
+            # 4. not this position's commit
+            if s1 != expected:
+                if seq_skip(s1) and seq_pos(s1) == expected:
+                    self._lose()  # a skip marker: consumed, no sample
+                    self.read_pos += 1
+                    continue
+                if seq_locked(s1) or seq_pos(s1) < expected:
+                    return None  # claimed, not yet committed
+                self._lose()  # overwritten by a later lap
+                self.read_pos += 1
+                continue
+            # 5. the claim must be this position's and name a slot in range
+            meta = ops.load_relaxed_u64(entry + META_OFFSET)
+            field = meta_slot_field(meta)
+            if meta_tag(meta) != meta_tag_of(self.read_pos) or field == 0 or field - 1 >= g.pool_size:
+                self._lose()
+                self.read_pos += 1
+                continue
+            slot = field - 1
+            slot_address = region.slot_address(slot)
+            # 6. pin: refcount + 1 unless it is 0 (free) or saturated
+            refcount = ops.load_acquire_u32(slot_address + REFCOUNT_OFFSET)
+            pinned = False
+            while refcount not in (0, U32_MAX):
+                found = ops.cas_acq_rel_u32(slot_address + REFCOUNT_OFFSET, refcount, refcount + 1)
+                if found == refcount:
+                    pinned = True
+                    break
+                refcount = found
+            if not pinned:
+                self._lose()
+                self.read_pos += 1
+                continue
+            # 7. seqlock re-check
+            if ops.load_acquire_u64(entry + SEQUENCE_OFFSET) != s1:
+                self._unpin(slot)
+                self._lose()
+                self.read_pos += 1
+                continue
+            # 8. the length, under the pin
+            length = ops.load_relaxed_u32(slot_address + PAYLOAD_LEN_OFFSET)
+            if length > g.slot_data_size:
+                self._unpin(slot)
+                self._lose()
+                self.read_pos += 1
+                continue
+            # 9. success
+            view = SampleView(region, slot, length, self.read_pos)
+            self.read_pos += 1
+            return view
+        return None
+
+    def try_receive(self) -> bytes | None:
+        """The next message copied out (under the pin), or None."""
+        view = self.try_receive_view()
+        if view is None:
+            return None
+        with view:
+            return bytes(view)
+
+    # -- B.11 Blocking receive ---------------------------------------------------------
+
+    def receive_view(self, timeout_s: float) -> SampleView | None:
+        """Wait up to ``timeout_s`` seconds for the next message in place."""
+        ops = self.region.atomics
+        ring = self.ring
+        deadline = time.monotonic_ns() + int(timeout_s * 1e9)
+        idle = 0
+        while True:
+            view = self.try_receive_view()
+            if view is not None:
+                return view
+            remaining = deadline - time.monotonic_ns()
+            if remaining <= 0:
+                return None
+            current = ops.load_relaxed_u64(ring + WRITE_POS_OFFSET)
+            if current <= self.read_pos:
+                # nothing claimed: park on the low 32 bits of write_pos
+                idle = 0
+                ops.store_relaxed_u32(ring + HAS_WAITER_OFFSET, WAITER_FUTEX)
+                ops.fence_seq_cst()
+                outcome = ops.futex_wait(ring + WRITE_POS_OFFSET, current & U32_MAX, remaining)
+                ops.store_relaxed_u32(ring + HAS_WAITER_OFFSET, WAITER_NONE)
+                if outcome < 0:
+                    raise OSError(-outcome, f"futex_wait: {os.strerror(-outcome)}")
+                if outcome == FUTEX_TIMED_OUT:
+                    continue  # one last try above, then the deadline ends it
+            else:
+                # head claimed, not committed: no wake will come for its commit
+                idle += 1
+                if idle <= YIELDS_BEFORE_SLEEP:
+                    os.sched_yield()
+                else:
+                    time.sleep(min(POLL_SLEEP_S, remaining / 1e9))
+
+    def receive(self, timeout_s: float) -> bytes | None:
+        view = self.receive_view(timeout_s)
+        if view is None:
+            return None
+        with view:
+            return bytes(view)
+
+    # -- B.12 Leave and drain --------------------------------------------------------
+
+    def close(self) -> bool:
+        """Give the ring back: Draining, wait for admitted publishers, drain
+        every claim in the window, Free. Returns whether it quiesced (else
+        the ring is left retired: Free with publishers still counted)."""
+        if self.ring_index < 0:
+            return True
+        region = self.region
+        ops = region.atomics
+        address = self.ring + STATE_FLIGHT_OFFSET
+        # 1. Draining, keeping in_flight (also overrides a Reclaiming)
+        state_flight = ops.load_relaxed_u32(address)
+        while True:
+            found = ops.cas_acq_rel_u32(address, state_flight, (state_flight & ~RING_STATE_MASK) | RING_DRAINING)
+            if found == state_flight:
+                break
+            state_flight = found
+        # 2. wait for in_flight = 0, at most one commit timeout
+        deadline = time.monotonic_ns() + region.geometry.commit_timeout_us * 1000
+        quiesced = True
+        while ops.load_acquire_u32(address) >> 2:
+            if time.monotonic_ns() >= deadline:
+                quiesced = False
+                self.drain_timeouts += 1
+                break
+            os.sched_yield()
+        # 3. clear the owner
+        ops.store_relaxed_u32(self.ring + HAS_WAITER_OFFSET, WAITER_NONE)
+        ops.store_relaxed_u64(self.ring + OWNER_PID_OFFSET, 0)
+        ops.store_relaxed_u64(self.ring + OWNER_STARTTIME_OFFSET, 0)
+        # 4. drain and free, or leave it retired
+        if quiesced:
+            self._drain()
+            ops.store_release_u32(address, RING_FREE)
+        else:
+            state_flight = ops.load_acquire_u32(address)
+            while True:
+                # CAS(weak, release/acq): acq_rel is the door's release CAS that fails acquire
+                found = ops.cas_acq_rel_u32(address, state_flight, (state_flight & ~RING_STATE_MASK) | RING_FREE)
+                if found == state_flight:
+                    break
+                state_flight = found
+        self.ring_index = -1
+        return quiesced
+
+    def _drain(self) -> None:
+        """Give back every valid claim in [max(wp - capacity, start_pos), wp),
+        whatever the sequence or tag says; the tag stays."""
+        region = self.region
+        g = region.geometry
+        ops = region.atomics
+        write_pos = ops.load_acquire_u64(self.ring + WRITE_POS_OFFSET)
+        if write_pos == 0:
+            return
+        for pos in range(max(write_pos - g.capacity, self.start_pos), write_pos):
+            entry = region.entry_address(self.ring_index, pos)
+            meta = ops.load_acquire_u64(entry + META_OFFSET)
+            field = meta_slot_field(meta)
+            if field == 0 or field - 1 >= g.pool_size:
+                continue
+            if ops.cas_acq_rel_u64(entry + META_OFFSET, meta, meta & ~META_SLOT_MASK) == meta:
+                freestack.release(region, field - 1)
+
+    def __del__(self) -> None:
+        # As the native Subscriber's destructor: leave when dropped.
+        if getattr(self, "ring_index", -1) >= 0:
+            self.close()
+
+    def __enter__(self) -> "Subscriber":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+

@@ -1,0 +1,332 @@
+"""A layout-9 channel region: create, open, create_or_open (WIRE9.md B.1-B.3),
+info and stats (B.18).
+
+``Region`` holds the mapping, the validated geometry snapshot and the atomics
+door; every address it hands out is computed from the snapshot.
+"""
+import os
+import time
+from dataclasses import dataclass, field
+
+from kickmsg import shm
+from kickmsg.atomics import HARDWARE, Atomics
+from kickmsg.protocol.v9 import freestack
+from kickmsg.protocol.v9.layout import (
+    DEFAULT_COMMIT_TIMEOUT_US,
+    FREE_TOP_OFFSET,
+    HEADER_SIZE,
+    INVALID_SLOT,
+    MAGIC,
+    MAGIC_OFFSET,
+    RING_STATE_MASK,
+    RING_STATE_NAMES,
+    SCHEMA_DATA_OFFSET,
+    SCHEMA_SET,
+    SCHEMA_STATE_OFFSET,
+    SLOT_HEADER_SIZE,
+    STATE_FLIGHT_OFFSET,
+    STEAL_COUNT_OFFSET,
+    VERSION,
+    WRITE_POS_OFFSET,
+    DROPPED_COUNT_OFFSET,
+    LOST_COUNT_OFFSET,
+    REFCOUNT_OFFSET,
+    CorruptRegionError,
+    Geometry,
+    Header,
+    SchemaInfoLayout,
+    VersionMismatchError,
+    realtime_ns,
+    shm_mode,
+    validate,
+)
+from kickmsg.schema import SchemaInfo
+
+OPEN_ATTEMPTS = 200  # B.3: create_or_open polls an uninitialised region this often...
+OPEN_RETRY_S = 0.010  # ...this far apart (about 2 s in all)
+
+
+class RegionInitTimeout(TimeoutError, RuntimeError):
+    """create_or_open found the region but it never became initialised
+    (0.9.2 raises RuntimeError: this is one)."""
+
+
+@dataclass(frozen=True)
+class ChannelConfig:
+    """0.9.2's Config: the five geometry fields, commit timeout, schema, identity."""
+
+    max_subscribers: int = 16
+    sub_ring_capacity: int = 64
+    pool_size: int = 256
+    max_payload_size: int = 4096
+    commit_timeout_us: int = DEFAULT_COMMIT_TIMEOUT_US
+    schema: SchemaInfo | None = None
+    identity: int = 0
+
+    def geometry(self, channel_type: int, creator_name_len: int = 0) -> Geometry:
+        return Geometry.for_config(
+            channel_type, self.max_subscribers, self.sub_ring_capacity, self.pool_size, self.max_payload_size,
+            self.commit_timeout_us, creator_name_len,
+        )
+
+
+@dataclass(frozen=True)
+class RegionInfo:
+    """What 0.9.2's ``SharedRegion.info()`` reports."""
+
+    shm_name: str
+    channel_type: int
+    version: int
+    config_hash: int
+    total_size: int
+    max_subs: int
+    sub_ring_capacity: int
+    pool_size: int
+    max_payload_size: int
+    commit_timeout_us: int
+    creator_pid: int
+    creator_name: str
+    created_at_ns: int
+
+
+@dataclass(frozen=True)
+class RingStats:
+    state: str
+    in_flight: int
+    write_pos: int
+    dropped_count: int
+    lost_count: int
+
+
+@dataclass(frozen=True)
+class RegionStats:
+    """What 0.9.2's ``SharedRegion.stats()`` reports (B.18)."""
+
+    rings: list[RingStats] = field(default_factory=list)
+    total_writes: int = 0
+    total_drops: int = 0
+    total_losses: int = 0
+    total_steals: int = 0
+    live_rings: int = 0
+    pool_free: int = 0
+    pool_size: int = 0
+
+
+class Region:
+    """One mapped layout-9 region and its validated geometry."""
+
+    def __init__(self, mapping: shm.Mapping, geometry: Geometry, atomics: Atomics = HARDWARE) -> None:
+        if mapping.size < geometry.total_size:  # validate() saw to it; a private mapping must too
+            raise CorruptRegionError(f"{mapping.name}: mapping of {mapping.size} bytes < total_size {geometry.total_size}")
+        self.mapping = mapping
+        self.geometry = geometry
+        self.atomics = atomics
+        self.base = mapping.address
+        self.free_top_address = self.base + FREE_TOP_OFFSET
+        self.steal_count_address = self.base + STEAL_COUNT_OFFSET
+
+    # -- B.1 Create (exclusive) ----------------------------------------------
+
+    @classmethod
+    def create(
+        cls, name: str, channel_type: int, config: ChannelConfig = ChannelConfig(), creator: str = "",
+        atomics: Atomics = HARDWARE,
+    ) -> "Region":
+        """Remove any object of that name, create it exclusively (mode
+        0600 / $KICKMSG_SHM_MODE), initialise it and store MAGIC last."""
+        # 1. validate the config; 2. compute the layout
+        creator_bytes = creator.encode("utf-8")
+        geometry = config.geometry(channel_type, len(creator_bytes))
+        shm.check_name(name)
+        # 2. unlink, then create exclusive (never O_TRUNC: peers keep their old mapping)
+        shm.unlink(name)
+        mapping = shm.create_exclusive(name, geometry.total_size, shm_mode())
+        region = cls(mapping, geometry, atomics)
+        region._initialise(creator_bytes, config)
+        return region
+
+    def _initialise(self, creator_bytes: bytes, config: ChannelConfig) -> None:
+        """B.1 steps 3-8 on a fresh mapping of total_size zero bytes."""
+        g = self.geometry
+        ops = self.atomics
+        buffer = self.mapping.buffer
+        # 3. (a new object is all zeros already) plain stores of the header fields and the name
+        header = Header.from_buffer(buffer)
+        header.version = VERSION
+        header.channel_type = g.channel_type
+        header.total_size = g.total_size
+        header.sub_rings_offset = g.sub_rings_offset
+        header.pool_offset = g.pool_offset
+        header.max_subs = g.max_subs
+        header.sub_ring_capacity = g.capacity
+        header.sub_ring_mask = g.mask
+        header.pool_size = g.pool_size
+        header.slot_data_size = g.slot_data_size
+        header.slot_stride = g.slot_stride
+        header.sub_ring_stride = g.ring_stride
+        header.commit_timeout_us = g.commit_timeout_us
+        header.config_hash = g.config_hash
+        header.creator_pid = os.getpid()
+        header.created_at_ns = realtime_ns()
+        header.creator_name_len = len(creator_bytes)
+        buffer[HEADER_SIZE : HEADER_SIZE + len(creator_bytes)] = creator_bytes
+        # 4. the schema, if given (MAGIC's release publishes it)
+        if config.schema is not None:
+            config.schema.write_to(SchemaInfoLayout.from_buffer(buffer, SCHEMA_DATA_OFFSET))
+            ops.store_relaxed_u32(self.base + SCHEMA_STATE_OFFSET, SCHEMA_SET)
+        # 5. free_top empty, steal_count 0, identity
+        ops.store_relaxed_u64(self.free_top_address, INVALID_SLOT)
+        ops.store_relaxed_u64(self.steal_count_address, 0)
+        header.identity_hash = config.identity
+        del header  # no ctypes view outlives this function
+        # 6. every slot onto the stack, in order (slot pool_size - 1 ends on top)
+        for slot in range(g.pool_size):
+            ops.store_relaxed_u32(self.slot_address(slot) + REFCOUNT_OFFSET, 0)
+            freestack.push(self, slot)
+        # 7. the rings are all zero already (Free, no owner, counters 0)
+        # 8. MAGIC last, with release
+        ops.store_release_u64(self.base + MAGIC_OFFSET, MAGIC)
+
+    # -- B.2 Open -------------------------------------------------------------
+
+    @classmethod
+    def open(cls, name: str, expected_identity: int = 0, atomics: Atomics = HARDWARE) -> "Region":
+        """Map an existing region and validate it (A.10); no write to it."""
+        try:
+            mapping = shm.open_existing(name)
+        except shm.EmptyObjectError:
+            raise shm.RegionNotFoundError(f"no shared memory named {name} (the object is empty)") from None
+        return cls(mapping, cls._validate(mapping, expected_identity, atomics), atomics)
+
+    @staticmethod
+    def _validate(mapping: shm.Mapping, expected_identity: int, atomics: Atomics) -> Geometry:
+        magic = atomics.load_acquire_u64(mapping.address + MAGIC_OFFSET) if mapping.size >= 8 else 0
+        header_bytes = bytes(mapping.buffer[:HEADER_SIZE])
+        return validate(mapping.name, header_bytes, mapping.size, magic, expected_identity)
+
+    # -- B.3 Create or open ------------------------------------------------------
+
+    @classmethod
+    def create_or_open(
+        cls, name: str, channel_type: int, config: ChannelConfig = ChannelConfig(), creator: str = "",
+        atomics: Atomics = HARDWARE,
+    ) -> "Region":
+        # 1. validate, compute the layout
+        creator_bytes = creator.encode("utf-8")
+        geometry = config.geometry(channel_type, len(creator_bytes))
+        # 2. try an exclusive create
+        try:
+            mapping = shm.create_exclusive(name, geometry.total_size, shm_mode())
+        except FileExistsError:
+            pass
+        else:
+            region = cls(mapping, geometry, atomics)
+            region._initialise(creator_bytes, config)
+            return region
+        # 3. open once it is initialised (the caller's schema is ignored here)
+        for _ in range(OPEN_ATTEMPTS):
+            opened: shm.Mapping | None
+            try:
+                opened = shm.open_existing(name)
+            except (shm.RegionNotFoundError, shm.EmptyObjectError):
+                opened = None
+            if opened is not None and opened.size >= HEADER_SIZE:
+                if atomics.load_acquire_u64(opened.address + MAGIC_OFFSET) == MAGIC:
+                    header = Header.from_buffer_copy(bytes(opened.buffer[:HEADER_SIZE]))
+                    if header.version != VERSION:
+                        raise VersionMismatchError(
+                            f"Region version mismatch on {name}: stamped by an incompatible kickmsg build "
+                            f"(version {header.version}, this layout speaks {VERSION}); stop its users and unlink it"
+                        )
+                    if header.config_hash != geometry.config_hash:
+                        raise RuntimeError(
+                            f"Config mismatch on existing region: {name} (config_hash 0x{header.config_hash:016x}, "
+                            f"ours 0x{geometry.config_hash:016x})"
+                        )
+                    return cls(opened, cls._validate(opened, config.identity, atomics), atomics)
+            time.sleep(OPEN_RETRY_S)  # the protocol's own poll (B.3 step 3)
+        # 4. never initialised
+        raise RegionInitTimeout(f"Timed out waiting for region init: {name}")
+
+    # -- Addresses (from the snapshot only) ------------------------------------------
+
+    @property
+    def name(self) -> str:
+        return self.mapping.name
+
+    def ring_address(self, ring: int) -> int:
+        return self.base + self.geometry.ring_offset(ring)
+
+    def entry_address(self, ring: int, pos: int) -> int:
+        return self.base + self.geometry.entry_offset(ring, pos)
+
+    def slot_address(self, slot: int) -> int:
+        return self.base + self.geometry.slot_offset(slot)
+
+    def payload(self, slot: int, length: int) -> memoryview:
+        """The first ``length`` payload bytes of ``slot`` (both in range)."""
+        start = self.geometry.slot_offset(slot) + SLOT_HEADER_SIZE
+        return self.mapping.buffer[start : start + length]
+
+    def unlink(self) -> None:
+        shm.unlink(self.name)
+
+    # -- Reports ---------------------------------------------------------------
+
+    def info(self) -> RegionInfo:
+        g = self.geometry
+        header = Header.from_buffer_copy(bytes(self.mapping.buffer[:HEADER_SIZE]))
+        name_bytes = bytes(self.mapping.buffer[HEADER_SIZE : HEADER_SIZE + g.creator_name_len])
+        return RegionInfo(
+            shm_name=self.name,
+            channel_type=g.channel_type,
+            version=header.version,
+            config_hash=g.config_hash,
+            total_size=g.total_size,
+            max_subs=g.max_subs,
+            sub_ring_capacity=g.capacity,
+            pool_size=g.pool_size,
+            max_payload_size=g.slot_data_size,
+            commit_timeout_us=g.commit_timeout_us,
+            creator_pid=header.creator_pid,
+            creator_name=name_bytes.decode("utf-8", errors="replace"),
+            created_at_ns=header.created_at_ns,
+        )
+
+    def stats(self) -> RegionStats:
+        """B.18: lock-free and racy by nature."""
+        ops = self.atomics
+        rings = []
+        for index in range(self.geometry.max_subs):
+            ring = self.ring_address(index)
+            state_flight = ops.load_acquire_u32(ring + STATE_FLIGHT_OFFSET)
+            rings.append(
+                RingStats(
+                    state=RING_STATE_NAMES[state_flight & RING_STATE_MASK],
+                    in_flight=state_flight >> 2,
+                    write_pos=ops.load_acquire_u64(ring + WRITE_POS_OFFSET),
+                    dropped_count=ops.load_relaxed_u64(ring + DROPPED_COUNT_OFFSET),
+                    lost_count=ops.load_relaxed_u64(ring + LOST_COUNT_OFFSET),
+                )
+            )
+        return RegionStats(
+            rings=rings,
+            total_writes=max((r.write_pos for r in rings), default=0),
+            total_drops=sum(r.dropped_count for r in rings),
+            total_losses=sum(r.lost_count for r in rings),
+            total_steals=ops.load_relaxed_u64(self.steal_count_address),
+            live_rings=sum(r.state == "Live" for r in rings),
+            pool_free=freestack.count_free(self),
+            pool_size=self.geometry.pool_size,
+        )
+
+    def schema(self) -> SchemaInfo | None:
+        """B.17 read: the descriptor once Set, else None."""
+        if self.atomics.load_acquire_u32(self.base + SCHEMA_STATE_OFFSET) != SCHEMA_SET:
+            return None
+        copy = SchemaInfoLayout.from_buffer_copy(bytes(self.mapping.buffer[SCHEMA_DATA_OFFSET : SCHEMA_DATA_OFFSET + 512]))
+        return SchemaInfo.read_from(copy)
+
+    def __repr__(self) -> str:
+        return f"Region(name={self.name!r}, layout={VERSION}, size={self.geometry.total_size})"
+

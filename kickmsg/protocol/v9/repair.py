@@ -1,0 +1,279 @@
+"""Operator calls on a layout-9 region (WIRE9.md B.13, B.16, B.17): health
+report, repair of locked entries, retired and dead rings, orphaned slots,
+and the schema claim. All of them walk the validated geometry snapshot.
+"""
+import errno
+import os
+import time
+from dataclasses import dataclass
+
+from kickmsg.protocol.v9 import freestack
+from kickmsg.protocol.v9.layout import (
+    HAS_WAITER_OFFSET,
+    INVALID_SLOT,
+    META_OFFSET,
+    NEXT_FREE_OFFSET,
+    OWNER_PID_OFFSET,
+    OWNER_STARTTIME_OFFSET,
+    REFCOUNT_OFFSET,
+    RING_DRAINING,
+    RING_FREE,
+    RING_LIVE,
+    RING_RECLAIMING,
+    RING_STATE_MASK,
+    SCHEMA_CLAIMING,
+    SCHEMA_DATA_OFFSET,
+    SCHEMA_SET,
+    SCHEMA_STATE_OFFSET,
+    SCHEMA_UNSET,
+    SEQUENCE_OFFSET,
+    STATE_FLIGHT_OFFSET,
+    U32_MAX,
+    WRITE_POS_OFFSET,
+    SchemaInfoLayout,
+    meta_slot_field,
+    seq_locked,
+    seq_pos,
+)
+from kickmsg.protocol.v9.publish import steal_and_skip
+from kickmsg.protocol.v9.receive import process_start_time
+from kickmsg.protocol.v9.region import Region
+from kickmsg.schema import SchemaInfo
+
+SCHEMA_WAIT_YIELDS = 1024  # B.17
+
+
+@dataclass(frozen=True)
+class HealthReport:
+    """0.9.2's HealthReport, plus dead_rings (C++ only there)."""
+
+    locked_entries: int = 0
+    retired_rings: int = 0
+    draining_rings: int = 0
+    live_rings: int = 0
+    schema_stuck: bool = False
+    dead_rings: int = 0
+
+
+# -- B.16 Owner liveness ---------------------------------------------------------
+
+
+def owner_is_dead(pid: int, recorded_start: int) -> bool:
+    """Provably dead: gone, a zombie, or another process now under that pid."""
+    if pid == 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except OSError as error:
+        if error.errno != errno.EPERM:
+            return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            after_name = stat.read().rpartition(b")")[2].split()
+        if after_name and after_name[0] == b"Z":
+            return True
+    except OSError:
+        pass
+    current_start = process_start_time(pid)
+    if recorded_start == 0 or current_start == 0:
+        return False  # pid-only verdict: alive
+    return current_start != recorded_start
+
+
+def _clear_owner(region: Region, ring: int) -> None:
+    ops = region.atomics
+    ops.store_relaxed_u32(ring + HAS_WAITER_OFFSET, 0)
+    ops.store_relaxed_u64(ring + OWNER_PID_OFFSET, 0)
+    ops.store_relaxed_u64(ring + OWNER_STARTTIME_OFFSET, 0)
+
+
+def _ring_is_dead(region: Region, ring: int) -> bool:
+    ops = region.atomics
+    pid = ops.load_acquire_u64(ring + OWNER_PID_OFFSET)
+    start = ops.load_relaxed_u64(ring + OWNER_STARTTIME_OFFSET)
+    return owner_is_dead(pid, start)
+
+
+def _window(region: Region, index: int) -> range:
+    write_pos = region.atomics.load_acquire_u64(region.ring_address(index) + WRITE_POS_OFFSET)
+    return range(max(0, write_pos - region.geometry.capacity), write_pos)
+
+
+def _entry_is_locked(seq: int, pos: int, capacity: int) -> bool:
+    """Locked, or more than one wrap stale."""
+    return seq_locked(seq) or seq_pos(seq) + capacity < pos + 1
+
+
+# -- B.13 diagnose ---------------------------------------------------------------
+
+
+def diagnose(region: Region) -> HealthReport:
+    ops = region.atomics
+    g = region.geometry
+    locked = retired = draining = live = dead = 0
+    for index in range(g.max_subs):
+        ring = region.ring_address(index)
+        for pos in _window(region, index):
+            if _entry_is_locked(ops.load_acquire_u64(region.entry_address(index, pos) + SEQUENCE_OFFSET), pos, g.capacity):
+                locked += 1
+        state_flight = ops.load_acquire_u32(ring + STATE_FLIGHT_OFFSET)
+        state, in_flight = state_flight & RING_STATE_MASK, state_flight >> 2
+        if state == RING_LIVE:
+            live += 1
+        elif state == RING_FREE and in_flight:
+            retired += 1
+        elif state == RING_DRAINING and in_flight:
+            draining += 1
+        if state in (RING_LIVE, RING_DRAINING, RING_RECLAIMING) and _ring_is_dead(region, ring):
+            dead += 1
+    schema_stuck = ops.load_acquire_u32(region.base + SCHEMA_STATE_OFFSET) == SCHEMA_CLAIMING
+    return HealthReport(locked, retired, draining, live, schema_stuck, dead)
+
+
+# -- B.13 repair_locked_entries -------------------------------------------------------
+
+
+def repair_locked_entries(region: Region) -> int:
+    """Steal every lock that stays the same for a whole commit timeout, and
+    every entry more than one wrap stale, into skip markers. Returns how
+    many entries were repaired."""
+    ops = region.atomics
+    g = region.geometry
+    repaired = 0
+    candidates: list[tuple[int, int, int]] = []  # (entry, pos, sequence seen)
+    for index in range(g.max_subs):
+        for pos in _window(region, index):
+            entry = region.entry_address(index, pos)
+            seq = ops.load_acquire_u64(entry + SEQUENCE_OFFSET)
+            if seq_locked(seq):
+                candidates.append((entry, pos, seq))
+            elif seq_pos(seq) + g.capacity < pos + 1:  # stale: at once
+                repaired += int(steal_and_skip(region, entry, seq, pos))
+    if candidates:
+        time.sleep(g.commit_timeout_us / 1e6)  # B.13: one commit timeout, then only unchanged locks
+        for entry, pos, seq in candidates:
+            if ops.load_acquire_u64(entry + SEQUENCE_OFFSET) == seq:
+                repaired += int(steal_and_skip(region, entry, seq, pos))
+    return repaired
+
+
+# -- B.13 reset_retired_rings ---------------------------------------------------------
+
+
+def reset_retired_rings(region: Region) -> int:
+    """Free rings still counting admitted publishers become claimable again.
+    Only safe once those publishers are known to have stopped."""
+    ops = region.atomics
+    reset = 0
+    for index in range(region.geometry.max_subs):
+        ring = region.ring_address(index)
+        state_flight = ops.load_acquire_u32(ring + STATE_FLIGHT_OFFSET)
+        if state_flight & RING_STATE_MASK == RING_FREE and state_flight >> 2:
+            _clear_owner(region, ring)
+            ops.store_release_u32(ring + STATE_FLIGHT_OFFSET, RING_FREE)
+            reset += 1
+    return reset
+
+
+# -- B.13 reclaim_dead_rings --------------------------------------------------------------
+
+
+def reclaim_dead_rings(region: Region) -> int:
+    """Rings whose owner is provably dead become Free (keeping in_flight);
+    their entry claims stay until publishers replace them."""
+    ops = region.atomics
+    reclaimed = 0
+    for index in range(region.geometry.max_subs):
+        ring = region.ring_address(index)
+        address = ring + STATE_FLIGHT_OFFSET
+        seen = ops.load_acquire_u32(address)
+        if seen & RING_STATE_MASK not in (RING_LIVE, RING_DRAINING, RING_RECLAIMING) or not _ring_is_dead(region, ring):
+            continue
+        # re-read; a changed state is left for the next call
+        state_flight = ops.load_acquire_u32(address)
+        if state_flight & RING_STATE_MASK != seen & RING_STATE_MASK:
+            continue
+        original_state = state_flight & RING_STATE_MASK
+        reclaiming = (state_flight & ~RING_STATE_MASK) | RING_RECLAIMING
+        # one-shot CAS(strong, acq_rel/relaxed) to Reclaiming
+        if ops.cas_acq_rel_u32(address, state_flight, reclaiming) != state_flight:
+            continue
+        if _ring_is_dead(region, ring):
+            _clear_owner(region, ring)
+            target = RING_FREE
+            reclaimed += 1
+        else:  # the ring changed hands between the checks
+            target = original_state
+        # CAS(weak, release/acq) loop, only while still Reclaiming
+        current = ops.load_acquire_u32(address)
+        while current & RING_STATE_MASK == RING_RECLAIMING:
+            found = ops.cas_acq_rel_u32(address, current, (current & ~RING_STATE_MASK) | target)
+            if found == current:
+                break
+            current = found
+    return reclaimed
+
+
+# -- B.13 reclaim_orphaned_slots (0.9.2: claim counting) ----------------------------------
+
+
+def reclaim_orphaned_slots(region: Region) -> int:
+    """Give every slot that is neither on the free stack nor claimed by any
+    entry back to the pool, and reset every claimed slot's refcount to its
+    number of claims. Requires that no publisher runs and no view is held.
+    Returns the number of slots pushed."""
+    ops = region.atomics
+    g = region.geometry
+    claims = [0] * g.pool_size
+    for index in range(g.max_subs):
+        for pos in range(g.capacity):
+            field = meta_slot_field(ops.load_acquire_u64(region.entry_address(index, pos) + META_OFFSET))
+            if field and field - 1 < g.pool_size:
+                claims[field - 1] += 1
+    on_stack = [False] * g.pool_size
+    slot = ops.load_acquire_u64(region.free_top_address) & U32_MAX
+    steps = 0
+    while slot != INVALID_SLOT and slot < g.pool_size and steps < g.pool_size:
+        on_stack[slot] = True
+        steps += 1
+        slot = ops.load_relaxed_u32(region.slot_address(slot) + NEXT_FREE_OFFSET)
+    pushed = 0
+    for slot in range(g.pool_size):
+        if on_stack[slot]:
+            continue
+        refcount_address = region.slot_address(slot) + REFCOUNT_OFFSET
+        if claims[slot] == 0:
+            ops.store_release_u32(refcount_address, 0)
+            freestack.push(region, slot)
+            pushed += 1
+        else:
+            ops.store_release_u32(refcount_address, min(claims[slot], U32_MAX))
+    return pushed
+
+
+# -- B.17 Schema claim and reset ---------------------------------------------------------------
+
+
+def try_claim_schema(region: Region, info: SchemaInfo) -> bool:
+    """Unset -> Claiming -> copy -> Set (release). False if someone else
+    holds or held the claim (after waiting a little while it is Claiming)."""
+    ops = region.atomics
+    address = region.base + SCHEMA_STATE_OFFSET
+    found = ops.cas_acq_rel_u32(address, SCHEMA_UNSET, SCHEMA_CLAIMING)
+    if found == SCHEMA_UNSET:
+        info.write_to(SchemaInfoLayout.from_buffer(region.mapping.buffer, SCHEMA_DATA_OFFSET))
+        ops.store_release_u32(address, SCHEMA_SET)
+        return True
+    for _ in range(SCHEMA_WAIT_YIELDS):
+        if found != SCHEMA_CLAIMING:
+            break
+        os.sched_yield()
+        found = ops.load_acquire_u32(address)
+    return False
+
+
+def reset_schema_claim(region: Region) -> bool:
+    """Claiming -> Unset (a claimer died mid-copy); True only if it was Claiming."""
+    address = region.base + SCHEMA_STATE_OFFSET
+    return region.atomics.cas_acq_rel_u32(address, SCHEMA_CLAIMING, SCHEMA_UNSET) == SCHEMA_CLAIMING
+
