@@ -29,16 +29,14 @@ line.
 """
 import argparse
 from collections.abc import Callable
+import signal
 import sys
 import warnings
 
 import kickmsg
-from kickmsg import bridge, layout
-from kickmsg.cli.bridging import cmd_bridge
-from kickmsg.cli.checking import cmd_crosscheck, cmd_verify
+from kickmsg import layout
 from kickmsg.cli.common import (
     EXIT_ERROR,
-    EXIT_FORCED,
     EXIT_OK,
     NODE_NAMING,
     CommandError,
@@ -49,24 +47,31 @@ from kickmsg.cli.common import (
     positive_number,
     print_warnings_on_one_line,
 )
-from kickmsg.cli.inspecting import (
-    LIST_COLUMNS,
-    cmd_audit,
-    cmd_diagnose,
-    cmd_exporter,
-    cmd_info,
-    cmd_list,
-    cmd_schema,
-    cmd_schema_diff,
-    cmd_stats,
-    cmd_watch,
-)
-from kickmsg.cli.managing import cmd_clean, cmd_create, cmd_pub, cmd_repair, cmd_rm
-from kickmsg.cli.receiving import DEFAULT_SILENCE_S, cmd_bw, cmd_echo, cmd_hz
-from kickmsg.cli.recording import cmd_analyze, cmd_convert, cmd_play, cmd_record
+from kickmsg.cli.signals import EXIT_FORCED, STOP_SIGNALS, exit_on_signals, interrupt_on_ctrl_c
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """Every command's options and examples (importing the commands: a few
+    tenths of a second, after ``main`` has taken the stop signals)."""
+    from kickmsg import bridge
+    from kickmsg.cli.bridging import cmd_bridge
+    from kickmsg.cli.checking import cmd_crosscheck, cmd_verify
+    from kickmsg.cli.inspecting import (
+        LIST_COLUMNS,
+        cmd_audit,
+        cmd_diagnose,
+        cmd_exporter,
+        cmd_info,
+        cmd_list,
+        cmd_schema,
+        cmd_schema_diff,
+        cmd_stats,
+        cmd_watch,
+    )
+    from kickmsg.cli.managing import cmd_clean, cmd_create, cmd_pub, cmd_repair, cmd_rm
+    from kickmsg.cli.receiving import DEFAULT_SILENCE_S, cmd_bw, cmd_echo, cmd_hz
+    from kickmsg.cli.recording import cmd_analyze, cmd_convert, cmd_play, cmd_record
+
     parser = argparse.ArgumentParser(
         prog="kickmsg",
         description="Inspect, watch, measure and repair Kickmsg shared-memory channels "
@@ -289,7 +294,34 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """Run a ``kickmsg`` command; its exit status. SIGINT, SIGTERM and
+    SIGHUP exit 130 at once while it starts (the imports of the commands);
+    while it runs, a command that runs until stopped stops cleanly and any
+    other ends at Ctrl-C with status 130. Without ``argv`` (the process's
+    own command line: the ``kickmsg`` script, ``python -m kickmsg``) the
+    signals keep exiting at once through the interpreter's shutdown; with
+    ``argv`` (a call from a program) its handlers are given back."""
+    callers = {number: signal.getsignal(number) for number in STOP_SIGNALS}
+    exit_on_signals()
+    try:
+        args = build_parser().parse_args(argv)
+        interrupt_on_ctrl_c()
+        try:
+            return run(args)
+        except KeyboardInterrupt:  # in a command that does not stop on signals; `with` blocks closed what it held
+            exit_on_signals()
+            discard_stdout()
+            return EXIT_FORCED
+    finally:
+        if argv is None:
+            exit_on_signals()
+        else:
+            for number, handler in callers.items():
+                signal.signal(number, handler)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the parsed command: its exit status, an error reported on one line."""
     with warnings.catch_warnings():
         print_warnings_on_one_line(args.command)
         try:
@@ -305,6 +337,3 @@ def main(argv: list[str] | None = None) -> int:
         except (RuntimeError, ValueError, OSError) as error:
             print(f"kickmsg {args.command}: error: {str(error).splitlines()[0] if str(error) else type(error).__name__}", file=sys.stderr)
             return EXIT_ERROR
-        except KeyboardInterrupt:
-            discard_stdout()
-            return EXIT_FORCED
