@@ -363,3 +363,45 @@ def test_ctrl_c_while_a_command_starts_or_works_ends_it_quietly(name, tmp_path, 
             assert code in ({EXIT_INTERRUPTED, status} if sent else {status}), (delay, code, err)
     finally:
         unlink_shm(f"{name}_new")
+
+
+@pytest.mark.parametrize("args", [["record", "NAME", "--out", "TMP"], ["echo", "NAME"],
+                                  ["bridge", "--export", "NAME", "--listen", "tcp/127.0.0.1:0", "--json", "--stats-interval", "0.1"]],
+                         ids=lambda args: args[0])
+def test_two_ctrl_c_end_a_command_that_cannot_stop(name, tmp_path, args):
+    """A command blocked writing into a full pipe (its banner, a message,
+    its figures) cannot stop on the first SIGINT; a second one ends it with
+    status 130 and no traceback."""
+    region = make(name)
+    reader, writer = os.pipe()
+    fcntl.fcntl(reader, fcntl.F_SETPIPE_SZ, 4096)
+    os.set_blocking(writer, False)
+    try:
+        while True:
+            os.write(writer, bytes(4096))  # filled: the command's first write blocks
+    except BlockingIOError:
+        os.set_blocking(writer, True)
+    command = subprocess.Popen(command_line([arg.replace("NAME", name).replace("TMP", str(tmp_path)) for arg in args]),
+                               stdin=subprocess.DEVNULL, stdout=writer, stderr=subprocess.PIPE)
+    os.close(writer)
+    try:
+        deadline = time.monotonic() + 60
+        publisher = Publisher(region)
+        while not pipe_write_blocked(command.pid):
+            assert command.poll() is None and time.monotonic() < deadline, f"{args[0]} never blocked on its full pipe"
+            publisher.send(b"tick")  # what echo prints
+            time.sleep(0.01)
+        while command.poll() is None and time.monotonic() < deadline:  # signals do not queue: repeat until a second one counts
+            command.send_signal(signal.SIGINT)
+            try:
+                command.wait(timeout=0.2)
+            except subprocess.TimeoutExpired:
+                pass
+        assert command.wait(timeout=10) == 130
+        assert b"Traceback" not in command.stderr.read()
+    finally:
+        if command.poll() is None:
+            command.kill()
+        command.wait(timeout=10)
+        command.stderr.close()
+        os.close(reader)
