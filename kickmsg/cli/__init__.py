@@ -28,9 +28,10 @@ for silence before ``--count`` messages arrived; 2 an error, reported on one
 line.
 """
 import argparse
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 import signal
 import sys
+from typing import NoReturn
 import warnings
 
 import kickmsg
@@ -50,7 +51,17 @@ from kickmsg.cli.common import (
 from kickmsg.cli.signals import EXIT_FORCED, STOP_SIGNALS, exit_on_signals, interrupt_on_ctrl_c
 
 
-def build_parser() -> argparse.ArgumentParser:
+class CommandLineParser(argparse.ArgumentParser):
+    """argparse's parser, its errors on one line: the command, the fault,
+    and where to see the usage (not the usage block)."""
+
+    commands: Mapping[str, argparse.ArgumentParser]  # each command's parser, by name (on the top-level parser)
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_ERROR, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def build_parser() -> CommandLineParser:
     """Every command's options and examples (importing the commands: a few
     tenths of a second, after ``main`` has taken the stop signals)."""
     from kickmsg import bridge
@@ -72,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     from kickmsg.cli.receiving import DEFAULT_SILENCE_S, cmd_bw, cmd_echo, cmd_hz
     from kickmsg.cli.recording import cmd_analyze, cmd_convert, cmd_play, cmd_record
 
-    parser = argparse.ArgumentParser(
+    parser = CommandLineParser(
         prog="kickmsg",
         description="Inspect, watch, measure and repair Kickmsg shared-memory channels "
         "(regions of this package and of the native kickmsg 0.1.0).",
@@ -84,6 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
         version=f"kickmsg {kickmsg.__version__} (pure Python; Kickmsg layout v{layout.VERSION}, as native kickmsg 0.1.0)",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parser.commands = commands.choices
 
     def command(name: str, function: Callable[[argparse.Namespace], int], summary: str, examples: str,
                 channel: bool = True, json_flag: bool = True) -> argparse.ArgumentParser:
@@ -304,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     callers = {number: signal.getsignal(number) for number in STOP_SIGNALS}
     exit_on_signals()
     try:
-        args = build_parser().parse_args(argv)
+        args = parse(sys.argv[1:] if argv is None else argv)
         interrupt_on_ctrl_c()
         try:
             return run(args)
@@ -318,6 +330,19 @@ def main(argv: list[str] | None = None) -> int:
         else:
             for number, handler in callers.items():
                 signal.signal(number, handler)
+
+
+def parse(words: list[str]) -> argparse.Namespace:
+    """The command line, with a command's positionals wherever its options
+    put them (``pub /c --hex 01ff --rate 10``: argparse alone takes no
+    positional after the first option)."""
+    parser = build_parser()
+    command = parser.commands.get(words[0]) if words else None
+    if command is None:  # --version, --help, or an error naming the fault
+        return parser.parse_args(words)
+    args = command.parse_intermixed_args(words[1:])
+    args.command = words[0]
+    return args
 
 
 def run(args: argparse.Namespace) -> int:
