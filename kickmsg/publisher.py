@@ -10,6 +10,7 @@ import errno
 import os
 import time
 import weakref
+from typing import Self
 from collections.abc import Buffer
 
 from kickmsg import owners, process, treiber
@@ -64,6 +65,7 @@ class Publisher:
         self._pending: weakref.ref[AllocatedSlot] | None = None  # weak reference to the AllocatedSlot not yet published
         self._sent = 0
         self._record = self._record_ourselves(name)
+        self._closed = False
 
     @property
     def region(self) -> SharedRegion:
@@ -91,6 +93,7 @@ class Publisher:
         Raises ``ValueError`` if it exceeds max_payload_size and
         ``BlockingIOError`` (EAGAIN) if the slot pool is empty, saying why.
         """
+        self._check_open()
         if time.monotonic_ns() >= self._next_check_in_ns:
             self._follow_if_recreated()
         region = self._region
@@ -121,6 +124,7 @@ class Publisher:
         """
         if not isinstance(len, int) or len < 0:
             raise ValueError(f"allocate needs a non-negative int length, got {len!r}")
+        self._check_open()
         if time.monotonic_ns() >= self._next_check_in_ns:
             self._follow_if_recreated()
         if len > self._region.geometry.slot_data_size:
@@ -135,6 +139,30 @@ class Publisher:
         allocated = AllocatedSlot(self, slot, len)
         self._pending = weakref.ref(allocated)
         return allocated
+
+    def close(self) -> None:
+        """Stop publishing: give back a slot allocated and not published
+        (publishing it afterwards delivers nothing) and clear this
+        publisher's record, so tools no longer list it. ``send`` and
+        ``allocate`` then raise ValueError. Also done by garbage collection."""
+        if self._closed:
+            return
+        self._closed = True
+        pending = self._pending() if self._pending else None
+        if pending is not None:
+            pending._abandon()
+        if self._record is not None:
+            self._record.release()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ValueError(f"this publisher of {self._region.name} is closed")
 
     def _record_ourselves(self, name: str | None) -> "owners.PublisherEntry | None":
         """Our publisher record, released when this object goes (None in
