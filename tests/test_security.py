@@ -39,6 +39,7 @@ def act_as_nobody(action: str, name: str, results) -> None:
     """In a spawned child (single-threaded, root): become user nobody, then
     do ``action`` on region ``name``; put its result, or the exception it
     raised, on ``results``."""
+    cli.build_parser()  # imports the commands while the interpreter's files (under /root here) are readable
     os.setgroups([])
     os.setgid(NOBODY.pw_gid)
     os.setuid(NOBODY.pw_uid)

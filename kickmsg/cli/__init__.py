@@ -19,7 +19,9 @@ read-only (``SharedRegion.inspect``), so they cannot modify a region; only
 
 Commands that run until stopped end cleanly on SIGINT, SIGTERM or SIGHUP
 (they leave their ring, close their files and print their summary); a second
-signal forces them out (exit status 130). Output into a closed pipe ends a
+signal forces them out at once (exit status 130). Any other command, and any
+command while it starts or shuts down, ends on them with status 130 and no
+traceback. Output into a closed pipe ends a
 command quietly, as it does a Unix filter.
 
 Exit status: 0 success; 1 a check found something (``diagnose``, ``audit``,

@@ -1,6 +1,6 @@
-"""Stop signals while the command starts and ends: the first module the
-``kickmsg`` command imports (standard library only), so that Ctrl-C during
-the imports that follow exits quietly."""
+"""The ``kickmsg`` command's stop signals outside a command's own handling:
+while it starts (imports its commands) and once it has finished. Standard
+library only, so that ``main`` takes them before anything heavy is imported."""
 import os
 import signal
 from types import FrameType
