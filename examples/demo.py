@@ -13,13 +13,26 @@ job analyses the recording (rates, inter-arrival, losses, sizes, end-to-end
 latency from the stamps) and writes an HTML report with plots.
 
 Run it:  python examples/demo.py [--seconds 10] [--out demo-output]
-Nothing is left in /dev/shm afterwards, even after Ctrl-C.
+Nothing is left in /dev/shm afterwards, even after Ctrl-C (at any moment:
+exit status 130, no traceback).
 """
-import argparse
-import multiprocessing
 import os
-import shutil
 import signal
+
+
+def exit_at_once(number, frame) -> None:
+    """Ctrl-C where there is nothing to clean up (the imports, the end): status 130, quietly."""
+    os._exit(130)
+
+
+if __name__ == "__main__":  # first, before the imports below (the children import this module too)
+    signal.signal(signal.SIGINT, exit_at_once)
+
+import argparse
+import contextlib
+import multiprocessing
+import shutil
+import sys
 import time
 
 import numpy as np
@@ -86,7 +99,6 @@ def subscriber(prefix: str, topic: str, pause_s: float, counts, ready, stop) -> 
 
 
 def recorder(prefix: str, out: str, seconds: float, ready, stop, result) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops us through `stop`
     names = [f"/{prefix}_{topic}" for topic in CHANNELS]
     rec = Recorder(names, out, payload=False)
     ready.release()
@@ -94,17 +106,41 @@ def recorder(prefix: str, out: str, seconds: float, ready, stop, result) -> None
     result.put({name: (c.messages, c.lost) for name, c in summary.channels.items()})
 
 
+@contextlib.contextmanager
+def ctrl_c_held():
+    """Ctrl-C waits until the block ends: children started in it inherit
+    SIGINT blocked (the parent stops them through `stop`), and a cleanup in
+    it completes."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=10.0, help="how long the live part runs (default 10)")
     parser.add_argument("--out", default="demo-output", help="directory for the recording and the report")
     args = parser.parse_args()
-    prefix = f"kmdemo{os.getpid()}"
     recording = os.path.join(args.out, "recording")
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # from here Ctrl-C is a KeyboardInterrupt
+    try:
+        run_live(args.seconds, recording)
+        analyse(args.out, recording)
+    except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, exit_at_once)
+        print("\ninterrupted", file=sys.stderr)
+        sys.exit(130)
+    signal.signal(signal.SIGINT, exit_at_once)
+
+
+def run_live(seconds: float, recording: str) -> None:
+    """The processes publish, receive and record for ``seconds``; their
+    channels are removed however it ends."""
+    prefix = f"kmdemo{os.getpid()}"
     shutil.rmtree(recording, ignore_errors=True)
     node = kickmsg.Node("demo", prefix=prefix)
-    for topic, (_, config) in CHANNELS.items():
-        node.advertise(topic, config)
     context = multiprocessing.get_context("spawn")
     stop, ready, result = context.Event(), context.Semaphore(0), context.Queue()
     counts = {
@@ -115,21 +151,25 @@ def main() -> None:
         context.Process(target=subscriber, args=(prefix, topic, 0.02 if speed == "slow" else 0, counts[topic, speed], ready, stop))
         for topic, speed in counts
     ]
-    rec = context.Process(target=recorder, args=(prefix, recording, args.seconds, ready, stop, result))
+    rec = context.Process(target=recorder, args=(prefix, recording, seconds, ready, stop, result))
     publishers = [context.Process(target=imu_publisher, args=(prefix, stop)),
                   context.Process(target=camera_publisher, args=(prefix, stop))]
     processes = readers + [rec] + publishers
     try:
-        for process in readers + [rec]:
-            process.start()
+        for topic, (_, config) in CHANNELS.items():
+            node.advertise(topic, config)
+        with ctrl_c_held():
+            for process in readers + [rec]:
+                process.start()
         for _ in readers + [rec]:
             ready.acquire(timeout=60)
-        for process in publishers:
-            process.start()
-        print(f"live for {args.seconds:g} s: IMU 1 kHz typed records, camera 30 Hz 640x480x3 frames written in place")
+        with ctrl_c_held():
+            for process in publishers:
+                process.start()
+        print(f"live for {seconds:g} s: IMU 1 kHz typed records, camera 30 Hz 640x480x3 frames written in place")
         print(f"{'t':>4}  {'channel':<7} {'fast: received':>15} {'lost':>5}   {'slow: received':>15} {'lost':>6}")
         began = time.monotonic()
-        while time.monotonic() - began < args.seconds:
+        while time.monotonic() - began < seconds:
             time.sleep(1)
             for topic in CHANNELS:
                 (fast_received, fast_lost), (slow_received, slow_lost) = counts[topic, "fast"], counts[topic, "slow"]
@@ -140,19 +180,24 @@ def main() -> None:
         for name, (messages, lost) in recorded.items():
             print(f"recorded {name}: {messages} messages, lost {lost}")
     finally:
-        stop.set()
-        for process in processes:
-            process.join(timeout=10)
-            if process.is_alive():
-                process.kill()
-        for topic in CHANNELS:
-            node.unlink_topic(topic)
+        with ctrl_c_held():
+            stop.set()
+            for process in processes:
+                if process.pid is not None:  # started
+                    process.join(timeout=10)
+                    if process.is_alive():
+                        process.kill()
+            for topic in CHANNELS:
+                node.unlink_topic(topic)
 
+
+def analyse(out: str, recording: str) -> None:
+    """A local Spark job: the figures, and the HTML report with plots."""
     print("\nanalysing the recording with Spark (local mode) ...", flush=True)
     from kickmsg.spark import analysis
 
-    report = os.path.join(args.out, "report.html")
-    results = analysis.run([recording], master="local[2]", json_path=os.path.join(args.out, "analysis.json"),
+    report = os.path.join(out, "report.html")
+    results = analysis.run([recording], master="local[2]", json_path=os.path.join(out, "analysis.json"),
                            html_path=report)
     print(analysis.format_table(results))
     print(f"\nreport: {os.path.abspath(report)}")

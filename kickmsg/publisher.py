@@ -10,6 +10,7 @@ import errno
 import os
 import time
 import weakref
+from typing import Self
 from collections.abc import Buffer
 
 from kickmsg import owners, process, treiber
@@ -64,6 +65,7 @@ class Publisher:
         self._pending: weakref.ref[AllocatedSlot] | None = None  # weak reference to the AllocatedSlot not yet published
         self._sent = 0
         self._record = self._record_ourselves(name)
+        self._closed = False
 
     @property
     def region(self) -> SharedRegion:
@@ -99,6 +101,7 @@ class Publisher:
     def _send_unless_pool_empty(self, data: Buffer) -> int | None:
         """``send`` without the explanation of an empty pool (one look at
         the whole region): None then. For callers that retry."""
+        self._check_open()
         if time.monotonic_ns() >= self._next_check_in_ns:
             self._follow_if_recreated()
         region = self._region
@@ -129,6 +132,7 @@ class Publisher:
         """
         if not isinstance(len, int) or len < 0:
             raise ValueError(f"allocate needs a non-negative int length, got {len!r}")
+        self._check_open()
         if time.monotonic_ns() >= self._next_check_in_ns:
             self._follow_if_recreated()
         if len > self._region.geometry.slot_data_size:
@@ -143,6 +147,30 @@ class Publisher:
         allocated = AllocatedSlot(self, slot, len)
         self._pending = weakref.ref(allocated)
         return allocated
+
+    def close(self) -> None:
+        """Stop publishing: give back a slot allocated and not published
+        (publishing it afterwards delivers nothing) and clear this
+        publisher's record, so tools no longer list it. ``send`` and
+        ``allocate`` then raise ValueError. Also done by garbage collection."""
+        if self._closed:
+            return
+        self._closed = True
+        pending = self._pending() if self._pending else None
+        if pending is not None:
+            pending._abandon()
+        if self._record is not None:
+            self._record.release()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ValueError(f"this publisher of {self._region.name} is closed")
 
     def _record_ourselves(self, name: str | None) -> "owners.PublisherEntry | None":
         """Our publisher record, released when this object goes (None in

@@ -148,12 +148,13 @@ class Subscriber:
         slot, length, ring_pos = pinned
         return SampleView(region, slot, length, ring_pos)
 
-    def receive(self, timeout: datetime.timedelta | float | None) -> bytes | None:
+    def receive(self, timeout: datetime.timedelta | float | None = None) -> bytes | None:
         """Like ``try_receive``, but sleeps (without the GIL) up to ``timeout``
-        (a timedelta or seconds; None waits without limit). None on timeout."""
+        (a timedelta or seconds; None, the default, waits until a message
+        comes: Ctrl-C interrupts it). None on timeout."""
         return self._receive_blocking(self.try_receive, timeout)
 
-    def receive_view(self, timeout: datetime.timedelta | float | None) -> "SampleView | None":
+    def receive_view(self, timeout: datetime.timedelta | float | None = None) -> "SampleView | None":
         """Like ``try_receive_view``, blocking up to ``timeout``."""
         return self._receive_blocking(self.try_receive_view, timeout)
 
@@ -163,7 +164,7 @@ class Subscriber:
         self._skip_to_newest()
         return self.try_receive()
 
-    def receive_latest(self, timeout: datetime.timedelta | float | None) -> bytes | None:
+    def receive_latest(self, timeout: datetime.timedelta | float | None = None) -> bytes | None:
         """Like ``try_receive_latest``, blocking up to ``timeout``."""
         return self._receive_blocking(self.try_receive_latest, timeout)
 

@@ -329,7 +329,9 @@ class TypedSubscriber:
         """The next message's records (read-only, over the slot), or None."""
         return self._records(self.subscriber.try_receive_view())
 
-    def receive(self, timeout: datetime.timedelta | float | None) -> npt.NDArray[Any] | None:
+    def receive(self, timeout: datetime.timedelta | float | None = None) -> npt.NDArray[Any] | None:
+        """The next message's records, waiting up to ``timeout`` (None, the
+        default: until one comes), or None on timeout."""
         return self._records(self.subscriber.receive_view(timeout))
 
     def try_receive_latest(self) -> npt.NDArray[Any] | None:

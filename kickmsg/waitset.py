@@ -94,8 +94,14 @@ class WaitSet:
         """Wait on ``subscriber`` too. ``handler(message)`` is called by
         ``spin`` for each message (a copy, or a typed subscriber's records);
         with ``latest``, only for the newest one ready (read-latest: those
-        passed over count in ``skipped``)."""
+        passed over count in ``skipped``). A subscriber closed later
+        is removed from the set by the next wait (it can receive nothing
+        more)."""
         owner = ring_owner(subscriber)
+        if handler is not None and not callable(handler):
+            raise TypeError(f"a WaitSet handler must be callable, not {handler!r}")
+        if owner._closed:
+            raise ValueError(f"{subscriber!r} is closed: a WaitSet cannot wait on it")
         if owner in self._members:
             raise ValueError(f"{subscriber!r} is already in this WaitSet")
         self._members[owner] = _Member(subscriber, handler, latest)
@@ -118,7 +124,9 @@ class WaitSet:
         """Sleep (without the GIL) until a subscriber has a message ready,
         at most ``timeout`` (a timedelta or seconds; None: no limit).
         Returns the subscribers with a message ready (empty on timeout);
-        receiving is up to the caller."""
+        receiving is up to the caller. Subscribers closed since they were
+        added are removed first."""
+        self._remove_closed()
         if not self._members:
             raise ValueError("this WaitSet has no subscribers to wait on")
         deadline_ns = _deadline_ns(timeout)
@@ -138,6 +146,11 @@ class WaitSet:
                 owner._end_wait()
         self._idle_gap_ns = time.monotonic_ns() - began_ns
         return ready
+
+    def _remove_closed(self) -> None:
+        """Forget the subscribers closed since they were added."""
+        for owner in [owner for owner in self._members if owner._closed]:
+            del self._members[owner]
 
     def _spin(self, began_ns: int, deadline_ns: int | None) -> list[Waitable]:
         """While the last wait lasted less than the spin budget: look at every
@@ -198,6 +211,8 @@ class WaitSet:
                     break
                 handler(message)
                 handled += 1
+                if owner._closed:  # by its handler: the next wait removes it
+                    break
         return handled
 
     def spin(self, timeout: datetime.timedelta | float | None = None) -> int:

@@ -289,7 +289,7 @@ def test_create_mode_must_be_octal(name):
     result = cli("create", name, "--mode", "0968")
     assert result.code == 2
     assert result.error_lines[-1] == ("kickmsg create: error: argument --mode: not an octal permission mode "
-                                      "such as 0600 or 0660: '0968'")
+                                      "such as 0600 or 0660: '0968' (see kickmsg create --help)")
     assert not exists(name)
 
 

@@ -13,13 +13,14 @@ import os
 import pathlib
 import signal
 import subprocess
+import sys
 import time
 
 import pyarrow.parquet
 import pytest
 
 import rawregion
-from kickmsg import ChannelType, Config, Publisher, SharedRegion, Subscriber, audit, owners
+from kickmsg import ChannelType, Config, Publisher, SharedRegion, Subscriber, audit, owners, unlink_shm
 from nativepeer import start_ours
 from test_cli import SMALL, Running, command_line, first_line, live_rings, make, wait_live
 from test_cli import name  # noqa: F401  (fixture)
@@ -164,8 +165,9 @@ def pipe_write_blocked(pid: int) -> bool:
 def test_second_signal_forces_out(name):
     """echo blocked writing into a full pipe (seen in its kernel wait
     channel): the first SIGTERM asks it to stop, which it cannot do before
-    the write completes; a later one forces it out with exit status 130,
-    and its ring is still left."""
+    the write completes; a later one forces it out at once with exit status
+    130, as a crash: its ring stays Live, held by a dead subscriber (the
+    next join or kickmsg repair reclaims it)."""
     region = make(name)
     reader, writer = os.pipe()
     fcntl.fcntl(reader, fcntl.F_SETPIPE_SZ, 4096)
@@ -190,7 +192,7 @@ def test_second_signal_forces_out(name):
         echo.wait(timeout=10)
         echo.stderr.close()
         os.close(reader)
-    assert live_rings(name) == []
+    assert region.dead_subscriber_rings() == [(0, echo.pid)]
 
 
 # -- closed pipes -----------------------------------------------------------------------------
@@ -288,3 +290,121 @@ def test_record_follows_a_re_created_channel_and_says_so(name, tmp_path):
     assert result.err == b""  # nothing else
     assert result.json()["channels"][name]["rejoined"] == 1
     assert pyarrow.parquet.read_table(tmp_path).column("payload").to_pylist() == [b"before", b"after"]
+
+
+# -- Ctrl-C at any moment ---------------------------------------------------------------------
+
+SIGTERM_BIT = 1 << (signal.SIGTERM - 1)  # in /proc/PID/status SigCgt: Python itself leaves SIGTERM alone
+STARTUP_DELAYS = (0.0, 0.1, 0.3)  # seconds after the command took the stop signals: its imports, then its work
+STOPPED_CLEANLY, ERROR = 0, 2
+# 130, or killed by SIGINT itself (-2: in the last moments of the interpreter's
+# shutdown, Python has given the default disposition back); a shell shows 130 for both
+INTERRUPTED = (130, -signal.SIGINT)
+
+EVERY_COMMAND = [  # arguments (NAME: a region of the test, TMP: a directory of it) and the status without Ctrl-C
+    (["list", "--prefix", "NAME"], 0), (["info", "NAME"], 0), (["stats", "NAME"], 0), (["schema", "NAME"], 0),
+    (["schema-diff", "NAME", "NAME"], 0), (["diagnose", "NAME"], 0), (["audit", "NAME"], 0), (["repair", "NAME"], 0),
+    (["clean", "--dry-run", "--prefix", "NAME"], 0), (["create", "NAME_new"], 0), (["rm", "NAME_none"], ERROR),
+    (["watch", "NAME", "--interval", "0.05"], STOPPED_CLEANLY), (["echo", "NAME"], STOPPED_CLEANLY),
+    (["hz", "NAME"], STOPPED_CLEANLY), (["bw", "NAME"], STOPPED_CLEANLY),
+    (["pub", "NAME", "beat", "--rate", "20", "--count", "100000"], STOPPED_CLEANLY),
+    (["record", "NAME", "--out", "TMP/rec"], STOPPED_CLEANLY), (["play", "TMP/none"], ERROR),
+    (["convert", "TMP/none", "TMP/out.mcap"], ERROR), (["analyze", "TMP/none"], ERROR),
+    (["bridge", "--export", "NAME", "--listen", "tcp/127.0.0.1:0"], STOPPED_CLEANLY),
+    (["exporter", "--port", "0", "--prefix", "NAME"], STOPPED_CLEANLY),
+    (["crosscheck", "--other-python", sys.executable, "--ops", "20"], 0), (["verify", "--seed", "1", "--runs", "5"], 0),
+]
+
+
+def took_stop_signals(pid: int) -> bool:
+    """Whether the process catches SIGTERM: the command's ``main`` has begun
+    (before it, only the interpreter's own start-up and the import of the
+    kickmsg package run, where nothing of the command is in place yet)."""
+    status = pathlib.Path(f"/proc/{pid}/status").read_text()
+    caught = next(line for line in status.splitlines() if line.startswith("SigCgt:"))
+    return bool(int(caught.split()[1], 16) & SIGTERM_BIT)
+
+
+def interrupt_after(args: list[str], delay: float) -> tuple[int, str, bool]:
+    """Run ``kickmsg ARGS``, send it SIGINT ``delay`` seconds after its main
+    has begun; its exit status, its stderr, and whether the signal was sent
+    (False: the command had ended before)."""
+    command = subprocess.Popen(command_line(args), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not took_stop_signals(command.pid):  # it holds them from then to its exit
+            assert command.poll() is None, f"kickmsg {args[0]} ended without taking the stop signals"
+            assert time.monotonic() < deadline, f"kickmsg {args[0]} never took the stop signals"
+            time.sleep(0.001)
+        end_of_delay = time.monotonic() + delay
+        while command.poll() is None and time.monotonic() < end_of_delay:
+            time.sleep(0.005)
+        sent = command.poll() is None
+        if sent:
+            command.send_signal(signal.SIGINT)
+        _, err = command.communicate(timeout=60)
+        return command.returncode, err.decode(errors="replace"), sent
+    finally:
+        if command.poll() is None:
+            os.killpg(command.pid, signal.SIGKILL)
+            command.wait(timeout=10)
+
+
+@pytest.mark.parametrize("args,status", EVERY_COMMAND, ids=[args[0] for args, _ in EVERY_COMMAND])
+def test_ctrl_c_while_a_command_starts_or_works_ends_it_quietly(name, tmp_path, args, status):
+    """SIGINT at a few points from the start of the command's main (while it
+    imports its commands, then while it works): it ends with status 130, or
+    stops cleanly as a command that runs until stopped does (or had ended
+    with its usual status), and never prints a traceback."""
+    make(name)
+    args = [arg.replace("NAME", name).replace("TMP", str(tmp_path)) for arg in args]
+    try:
+        for delay in STARTUP_DELAYS:
+            code, err, sent = interrupt_after(args, delay)
+            assert "Traceback" not in err and "Exception ignored" not in err, (delay, err)
+            assert code in ({*INTERRUPTED, status} if sent else {status}), (delay, code, err)
+    finally:
+        unlink_shm(f"{name}_new")
+
+
+@pytest.mark.parametrize("args", [["record", "NAME", "--out", "TMP"], ["echo", "NAME"],
+                                  ["bridge", "--export", "NAME", "--listen", "tcp/127.0.0.1:0", "--json", "--stats-interval", "0.1"]],
+                         ids=lambda args: args[0])
+def test_two_ctrl_c_end_a_command_that_cannot_stop(name, tmp_path, args):
+    """A command blocked writing into a full pipe (its banner, a message,
+    its figures) cannot stop on the first SIGINT; a second one ends it with
+    status 130 and no traceback."""
+    region = make(name)
+    reader, writer = os.pipe()
+    fcntl.fcntl(reader, fcntl.F_SETPIPE_SZ, 4096)
+    os.set_blocking(writer, False)
+    try:
+        while True:
+            os.write(writer, bytes(4096))  # filled: the command's first write blocks
+    except BlockingIOError:
+        os.set_blocking(writer, True)
+    command = subprocess.Popen(command_line([arg.replace("NAME", name).replace("TMP", str(tmp_path)) for arg in args]),
+                               stdin=subprocess.DEVNULL, stdout=writer, stderr=subprocess.PIPE)
+    os.close(writer)
+    try:
+        deadline = time.monotonic() + 60
+        publisher = Publisher(region)
+        while not pipe_write_blocked(command.pid):
+            assert command.poll() is None and time.monotonic() < deadline, f"{args[0]} never blocked on its full pipe"
+            publisher.send(b"tick")  # what echo prints
+            time.sleep(0.01)
+        while command.poll() is None and time.monotonic() < deadline:  # signals do not queue: repeat until a second one counts
+            command.send_signal(signal.SIGINT)
+            try:
+                command.wait(timeout=0.2)
+            except subprocess.TimeoutExpired:
+                pass
+        assert command.wait(timeout=10) == 130
+        assert b"Traceback" not in command.stderr.read()
+    finally:
+        if command.poll() is None:
+            command.kill()
+        command.wait(timeout=10)
+        command.stderr.close()
+        os.close(reader)

@@ -1,8 +1,10 @@
 """Every example in examples/ runs to completion (they are the README's promises)."""
+import os
 import pathlib
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -36,16 +38,60 @@ def test_demo_writes_the_report_and_leaves_no_shared_memory(tmp_path):
     assert demo_objects(demo.pid) == []
 
 
-def test_demo_interrupted_leaves_no_shared_memory(tmp_path):
-    demo = subprocess.Popen([sys.executable, str(DEMO), "--seconds", "60", "--out", str(tmp_path)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def wait_for(condition, what: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.01)
+
+
+def group_gone(pgid: int) -> bool:
     try:
-        for line in demo.stdout:
-            if line.startswith("live for"):
-                break
-        assert demo_objects(demo.pid), "the demo's channels should exist while it runs"
-        demo.send_signal(signal.SIGINT)
-        demo.communicate(timeout=60)
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def group_runs_java(pgid: int) -> bool:
+    """Whether a JVM (Spark's) runs in the process group."""
+    for stat in pathlib.Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        if int(fields[2]) == pgid and (stat.parent / "comm").read_text().strip() == "java":
+            return True
+    return False
+
+
+@pytest.mark.parametrize("moment", ["creating", "live", "spark"])
+def test_demo_ctrl_c_leaves_nothing(tmp_path, moment):
+    """Ctrl-C to the demo's process group (as a terminal sends it) while it
+    creates its channels and starts its processes, while they run, or once
+    Spark's JVM runs (its start was left orphaned when interrupted): exit
+    status 130, no traceback from it or its processes, none of them left,
+    nothing left in /dev/shm."""
+    seconds = "1" if moment == "spark" else "60"
+    demo = subprocess.Popen([sys.executable, str(DEMO), "--seconds", seconds, "--out", str(tmp_path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        if moment == "creating":
+            wait_for(lambda: demo_objects(demo.pid) or demo.poll() is not None, "the demo created no channel")
+        elif moment == "live":
+            for line in demo.stdout:
+                if line.startswith("live for"):
+                    break
+        else:
+            wait_for(lambda: group_runs_java(demo.pid) or demo.poll() is not None, "the demo started no JVM")
+        assert demo.poll() is None
+        os.killpg(demo.pid, signal.SIGINT)
+        _, err = demo.communicate(timeout=120)
+        assert demo.returncode == 130, err[-3000:]
+        assert "Traceback" not in err and "Exception in thread" not in err, err[-3000:]
+        wait_for(lambda: group_gone(demo.pid), "a process of the demo outlived it", timeout=30)
     finally:
-        demo.kill()
+        if not group_gone(demo.pid):
+            os.killpg(demo.pid, signal.SIGKILL)
+        demo.wait(timeout=30)
     assert demo_objects(demo.pid) == []

@@ -19,7 +19,9 @@ read-only (``SharedRegion.inspect``), so they cannot modify a region; only
 
 Commands that run until stopped end cleanly on SIGINT, SIGTERM or SIGHUP
 (they leave their ring, close their files and print their summary); a second
-signal forces them out (exit status 130). Output into a closed pipe ends a
+signal forces them out at once (exit status 130). Any other command, and any
+command while it starts or shuts down, ends on them with status 130 and no
+traceback. Output into a closed pipe ends a
 command quietly, as it does a Unix filter.
 
 Exit status: 0 success; 1 a check found something (``diagnose``, ``audit``,
@@ -28,17 +30,16 @@ for silence before ``--count`` messages arrived; 2 an error, reported on one
 line.
 """
 import argparse
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+import signal
 import sys
+from typing import NoReturn
 import warnings
 
 import kickmsg
-from kickmsg import bridge, layout
-from kickmsg.cli.bridging import cmd_bridge
-from kickmsg.cli.checking import cmd_crosscheck, cmd_verify
+from kickmsg import layout
 from kickmsg.cli.common import (
     EXIT_ERROR,
-    EXIT_FORCED,
     EXIT_OK,
     NODE_NAMING,
     CommandError,
@@ -51,26 +52,43 @@ from kickmsg.cli.common import (
     remapping,
     shm_name,
 )
-from kickmsg.cli.inspecting import (
-    LIST_COLUMNS,
-    cmd_audit,
-    cmd_diagnose,
-    cmd_exporter,
-    cmd_info,
-    cmd_list,
-    cmd_schema,
-    cmd_schema_diff,
-    cmd_stats,
-    cmd_watch,
-)
-from kickmsg.cli.managing import cmd_clean, cmd_create, cmd_pub, cmd_repair, cmd_rm
-from kickmsg.cli.receiving import DEFAULT_SILENCE_S, cmd_bw, cmd_echo, cmd_hz
-from kickmsg.cli.recording import cmd_analyze, cmd_convert, cmd_play, cmd_record
+from kickmsg.cli.signals import EXIT_FORCED, STOP_SIGNALS, exit_on_signals, interrupt_on_ctrl_c
 from kickmsg.terminal import printable
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+class CommandLineParser(argparse.ArgumentParser):
+    """argparse's parser, its errors on one line: the command, the fault,
+    and where to see the usage (not the usage block)."""
+
+    commands: Mapping[str, argparse.ArgumentParser]  # each command's parser, by name (on the top-level parser)
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_ERROR, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def build_parser() -> CommandLineParser:
+    """Every command's options and examples (importing the commands: a few
+    tenths of a second, after ``main`` has taken the stop signals)."""
+    from kickmsg import bridge
+    from kickmsg.cli.bridging import cmd_bridge
+    from kickmsg.cli.checking import cmd_crosscheck, cmd_verify
+    from kickmsg.cli.inspecting import (
+        LIST_COLUMNS,
+        cmd_audit,
+        cmd_diagnose,
+        cmd_exporter,
+        cmd_info,
+        cmd_list,
+        cmd_schema,
+        cmd_schema_diff,
+        cmd_stats,
+        cmd_watch,
+    )
+    from kickmsg.cli.managing import cmd_clean, cmd_create, cmd_pub, cmd_repair, cmd_rm
+    from kickmsg.cli.receiving import DEFAULT_SILENCE_S, cmd_bw, cmd_echo, cmd_hz
+    from kickmsg.cli.recording import cmd_analyze, cmd_convert, cmd_play, cmd_record
+
+    parser = CommandLineParser(
         prog="kickmsg",
         description="Inspect, watch, measure and repair Kickmsg shared-memory channels "
         "(regions of this package and of the native kickmsg 0.1.0).",
@@ -82,6 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
         version=f"kickmsg {kickmsg.__version__} (pure Python; Kickmsg layout v{layout.VERSION}, as native kickmsg 0.1.0)",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parser.commands = commands.choices
 
     def command(name: str, function: Callable[[argparse.Namespace], int], summary: str, examples: str,
                 channel: bool = True, json_flag: bool = True) -> argparse.ArgumentParser:
@@ -322,7 +341,47 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """Run a ``kickmsg`` command; its exit status. SIGINT, SIGTERM and
+    SIGHUP exit 130 at once while it starts (the imports of the commands);
+    while it runs, a command that runs until stopped stops cleanly and any
+    other ends at Ctrl-C with status 130. Without ``argv`` (the process's
+    own command line: the ``kickmsg`` script, ``python -m kickmsg``) the
+    signals keep exiting at once through the interpreter's shutdown; with
+    ``argv`` (a call from a program) its handlers are given back."""
+    callers = {number: signal.getsignal(number) for number in STOP_SIGNALS}
+    exit_on_signals()
+    try:
+        args = parse(sys.argv[1:] if argv is None else argv)
+        interrupt_on_ctrl_c()
+        try:
+            return run(args)
+        except KeyboardInterrupt:  # in a command that does not stop on signals; `with` blocks closed what it held
+            exit_on_signals()
+            discard_stdout()
+            return EXIT_FORCED
+    finally:
+        if argv is None:
+            exit_on_signals()
+        else:
+            for number, handler in callers.items():
+                signal.signal(number, handler)
+
+
+def parse(words: list[str]) -> argparse.Namespace:
+    """The command line, with a command's positionals wherever its options
+    put them (``pub /c --hex 01ff --rate 10``: argparse alone takes no
+    positional after the first option)."""
+    parser = build_parser()
+    command = parser.commands.get(words[0]) if words else None
+    if command is None:  # --version, --help, or an error naming the fault
+        return parser.parse_args(words)
+    args = command.parse_intermixed_args(words[1:])
+    args.command = words[0]
+    return args
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the parsed command: its exit status, an error reported on one line."""
     with warnings.catch_warnings():
         print_warnings_on_one_line(args.command)
         try:
@@ -339,6 +398,3 @@ def main(argv: list[str] | None = None) -> int:
             print(f"kickmsg {args.command}: error: {printable(str(error).splitlines()[0]) if str(error) else type(error).__name__}",
                   file=sys.stderr)
             return EXIT_ERROR
-        except KeyboardInterrupt:
-            discard_stdout()
-            return EXIT_FORCED

@@ -14,14 +14,13 @@ from types import FrameType, ModuleType
 from typing import Any, TextIO
 
 from kickmsg import jsontext, shm
+from kickmsg.cli.signals import STOP_SIGNALS, exit_forced
 from kickmsg.config import MAX_POOL_SIZE, MAX_SUBSCRIBERS, Config
 from kickmsg.region import SharedRegion
 from kickmsg.terminal import printable
 
 EXIT_OK, EXIT_FOUND, EXIT_ERROR = 0, 1, 2
-EXIT_FORCED = 130  # a second stop signal (or Ctrl-C) forced the command out
 NODE_NAMING = "NAME, --topic T, --broadcast CH or --mailbox OWNER TAG"
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 GEOMETRY_OPTIONS = ("max_subscribers", "ring", "pool", "payload", "commit_timeout")  # of create and pub --create
 
 
@@ -114,12 +113,13 @@ def stop_on_signals() -> threading.Event:
     """An event that SIGINT, SIGTERM or SIGHUP sets: the command checks it
     between receives (never interrupted inside one, where a slot may be
     pinned), leaves its ring, closes its files and prints its summary. A
-    second signal while stopping forces it out (KeyboardInterrupt)."""
+    second signal forces it out at once (``exit_forced``), whatever it is
+    doing."""
     stop = threading.Event()
 
     def handle(number: int, frame: FrameType | None) -> None:
         if stop.is_set():
-            raise KeyboardInterrupt
+            exit_forced(number, frame)
         stop.set()
 
     for number in STOP_SIGNALS:

@@ -28,12 +28,14 @@ Definitions (rows grouped by ``channel``; times compared only within one
 """
 import argparse
 import base64
+import contextlib
 import html
 import io
 import json
 import os
+import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
@@ -348,6 +350,18 @@ def _under_spark_submit() -> bool:
     return "PYSPARK_GATEWAY_PORT" in os.environ
 
 
+@contextlib.contextmanager
+def _ctrl_c_held() -> Iterator[None]:
+    """Ctrl-C (SIGINT) waits until the block ends: a session whose start is
+    interrupted leaves its JVM running, orphaned, printing a Java stack
+    trace; once started, it is stopped on the way out."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
 def _local_session(master: str) -> SparkSession:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -375,12 +389,13 @@ def run(
     run by it, else a local session on ``master`` (stopped at the end if
     this call started it)."""
     started_here = spark is None and SparkSession.getActiveSession() is None
-    if spark is None:
-        spark = SparkSession.builder.getOrCreate() if _under_spark_submit() else _local_session(master or "local[*]")
     try:
+        if spark is None:
+            with _ctrl_c_held():
+                spark = SparkSession.builder.getOrCreate() if _under_spark_submit() else _local_session(master or "local[*]")
         result = analyze(spark, paths)
     finally:
-        if started_here:
+        if started_here and spark is not None:
             spark.stop()
     if json_path:
         with open(json_path, "w", encoding="utf-8") as out:
