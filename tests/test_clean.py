@@ -49,7 +49,10 @@ done(os.getpid())
 
 def command_as_nobody(argv: list[str], results) -> None:
     """In a spawned child (root): become nobody with umask 0, run ``kickmsg
-    ARGV``; put its exit status, stdout and stderr on ``results``."""
+    ARGV``; put its exit status, stdout and stderr on ``results``. The
+    commands are imported first, as root: the interpreter and the checkout
+    may sit in directories only root can read."""
+    cli.build_parser()
     os.setgroups([])
     os.setgid(NOBODY.pw_gid)
     os.setuid(NOBODY.pw_uid)
