@@ -52,7 +52,7 @@ def test_pub_data_wherever_the_options_put_it(name, order):
     ([], "kickmsg", "the following arguments are required: COMMAND"),
     (["pub", "/x", "data", "--bogus", "5"], "kickmsg pub", "unrecognized arguments: --bogus 5"),
     (["echo", "/x", "--count", "two"], "kickmsg echo", "argument --count: not an integer: 'two'"),
-    (["record", "/x"], "kickmsg record", "the following arguments are required: --out"),
+    (["record", "/x"], "kickmsg record", "record needs --out DIR, the directory for the recording's files"),
     (["rm"], "kickmsg rm", "the following arguments are required: NAME"),
     (["echo", "/x", "--format", "yaml"], "kickmsg echo", "argument --format: invalid choice: 'yaml'"),
 ])

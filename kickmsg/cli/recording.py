@@ -26,9 +26,9 @@ def cmd_record(args: argparse.Namespace) -> int:
         return recover_partial_files(args, record)
     discover = "" if args.all else None if args.prefix is None else args.prefix.lstrip("/")
     if not args.names and discover is None:
-        raise CommandError("record needs the channels to record (NAME ..., --prefix P or --all)")
+        raise CommandError("record needs the channels to record (NAME ..., --prefix P or --all; see kickmsg record --help)")
     if args.out is None:
-        raise CommandError("record needs --out DIR, the directory for the recording's files")
+        raise CommandError("record needs --out DIR, the directory for the recording's files (see kickmsg record --help)")
     stop = stop_on_signals()
     names = [shm_name(name) for name in args.names]
 
