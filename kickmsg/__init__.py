@@ -8,6 +8,10 @@ top level adds ``audit(region)``, ``ConfigError`` (every invalid config: a
 (waiting on many subscribers at once, handlers); typed channels are in
 ``kickmsg.typed``, asyncio in ``kickmsg.aio``.
 """
+from kickmsg import stopsignals
+
+stopsignals.exit_while_the_command_starts()  # first: an interrupt while the `kickmsg` command imports exits 130
+
 from kickmsg import hash, schema
 from kickmsg.audit import audit
 from kickmsg.config import ChannelType, Config, ConfigError

@@ -408,3 +408,32 @@ def test_two_ctrl_c_end_a_command_that_cannot_stop(name, tmp_path, args):
         command.wait(timeout=10)
         command.stderr.close()
         os.close(reader)
+
+
+INTERRUPT_AT_IMPORT = r"""
+import importlib.abc, os, runpy, signal, sys
+
+MODULE = sys.argv[1]
+
+class InterruptAtImport(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name == MODULE:
+            os.kill(os.getpid(), signal.SIGINT)
+        return None
+
+sys.meta_path.insert(0, InterruptAtImport())
+sys.argv = [os.path.join(os.path.dirname(sys.executable), "kickmsg"), *sys.argv[2:]]  # as the console script
+runpy.run_module("kickmsg", run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize("module", ["kickmsg.config", "numpy", "kickmsg.region", "kickmsg.cli", "kickmsg.cli.inspecting"])
+def test_ctrl_c_while_the_package_imports_ends_the_command_quietly(name, tmp_path, module):
+    """SIGINT delivered exactly while ``import kickmsg`` (then the commands)
+    runs, before the command's main: status 130, no traceback. Only the
+    interpreter's own start-up, before the package's first line, is left
+    to Python's default handling."""
+    make(name)
+    done = subprocess.run([sys.executable, "-c", INTERRUPT_AT_IMPORT, module, "list", "--prefix", name],
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert done.returncode == 130 and "Traceback" not in done.stderr, (done.returncode, done.stderr)

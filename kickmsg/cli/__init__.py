@@ -52,7 +52,7 @@ from kickmsg.cli.common import (
     remapping,
     shm_name,
 )
-from kickmsg.cli.signals import EXIT_FORCED, STOP_SIGNALS, exit_on_signals, interrupt_on_ctrl_c
+from kickmsg.stopsignals import EXIT_FORCED, STOP_SIGNALS, exit_on_signals, interrupt_on_ctrl_c
 from kickmsg.terminal import printable
 
 

@@ -14,7 +14,7 @@ from types import FrameType, ModuleType
 from typing import Any, TextIO
 
 from kickmsg import jsontext, shm
-from kickmsg.cli.signals import STOP_SIGNALS, exit_forced
+from kickmsg.stopsignals import STOP_SIGNALS, exit_forced
 from kickmsg.config import MAX_POOL_SIZE, MAX_SUBSCRIBERS, Config
 from kickmsg.region import SharedRegion
 from kickmsg.terminal import printable
