@@ -487,3 +487,29 @@ except RuntimeError as error:
     done(str(error))
 ''', ns=prefix)
     assert got.startswith("Blackboard version mismatch on " + board.name)
+
+
+def test_a_forked_child_declares_as_itself_and_cannot_write_for_its_parent(prefix):
+    """D.9: EPERM for a writer used in a fork child; the child's own declare
+    and lock token carry its own pid."""
+    board = Blackboard.open_or_create(prefix, "state", config())
+    writer = board.declare("parent")
+    pid = os.fork()
+    if pid == 0:  # the child: exit status says what it saw, no destructor runs
+        code = 0
+        try:
+            writer.write(b"x")
+        except OSError as error:
+            code = 1 if error.errno == errno.EPERM else 2
+        try:
+            held = board.declare("child")  # held past os._exit: never released
+            held.write(b"from child")
+        except Exception:
+            code = 3
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 1
+    statuses = {s.key: s for s in board.snapshot()}
+    assert statuses["child"].owner_pid == pid and not statuses["child"].owner_alive
+    assert statuses["parent"].owner_pid == os.getpid() and writer.valid
+    assert board.observe("child").read().data == b"from child"

@@ -205,8 +205,15 @@ class Blackboard:
         self.owner_name = owner_name
         self.atomics = atomics
         self.base = mapping.address
-        self.pid = os.getpid()
-        self.token = lock_token(self.pid, process_start_time(self.pid))
+        self._pid = 0  # whose start time is cached (a forked child re-reads its own)
+        self._start_time = 0
+
+    def owner(self) -> tuple[int, int]:
+        """This process's pid and start time: what it stamps as an owner."""
+        pid = os.getpid()
+        if pid != self._pid:
+            self._pid, self._start_time = pid, process_start_time(pid)
+        return self._pid, self._start_time
 
     @property
     def name(self) -> str:
@@ -352,14 +359,15 @@ class Blackboard:
         ops = self.atomics
         address = self.base + LOCK_TOKEN_OFFSET
         deadline = None if seconds is None else time.monotonic() + seconds
+        mine = lock_token(*self.owner())
         attempt = 0
         while True:
             token = ops.load_acquire_u64(address)
             if token == 0:
-                if ops.cas_acq_rel_u64(address, 0, self.token) == 0:
+                if ops.cas_acq_rel_u64(address, 0, mine) == 0:
                     return True
             elif lock_holder_is_dead(token):
-                if ops.cas_acq_rel_u64(address, token, self.token) == token:
+                if ops.cas_acq_rel_u64(address, token, mine) == token:
                     for index in range(self.capacity):
                         self._normalise(index)
                     return True
@@ -458,8 +466,9 @@ class Blackboard:
             raise RuntimeError(f"Blackboard key already owned by a live process: {key} (pid {pid}, board {self.name})")
         # owner_node, owner_starttime (relaxed), owner_pid (release), tenancy + 1 (release); publish and value kept
         self._write_owner_node(index, node)
-        ops.store_relaxed_u64(entry + OWNER_STARTTIME_OFFSET, process_start_time(self.pid))
-        ops.store_release_u64(entry + OWNER_PID_OFFSET, self.pid)
+        pid, start_time = self.owner()
+        ops.store_relaxed_u64(entry + OWNER_STARTTIME_OFFSET, start_time)
+        ops.store_release_u64(entry + OWNER_PID_OFFSET, pid)
         ops.fetch_add_release_u64(entry + TENANCY_OFFSET, 1)
         return index
 
@@ -478,8 +487,9 @@ class Blackboard:
             self._write_owner_node(index, node)
             ops.store_relaxed_u64(entry + DECLARED_AT_OFFSET, time.monotonic_ns())
             # owner_starttime, owner_pid, key_hash (relaxed); tenancy + 1 (release); Active (release)
-            ops.store_relaxed_u64(entry + OWNER_STARTTIME_OFFSET, process_start_time(self.pid))
-            ops.store_relaxed_u64(entry + OWNER_PID_OFFSET, self.pid)
+            pid, start_time = self.owner()
+            ops.store_relaxed_u64(entry + OWNER_STARTTIME_OFFSET, start_time)
+            ops.store_relaxed_u64(entry + OWNER_PID_OFFSET, pid)
             ops.store_relaxed_u64(entry + KEY_HASH_OFFSET, _key_hash(data))
             ops.fetch_add_release_u64(entry + TENANCY_OFFSET, 1)
             ops.store_release_u32(entry + STATE_OFFSET, ACTIVE)
@@ -692,7 +702,7 @@ class BlackboardWriter:
         self._index = index
         self._tenancy = tenancy
         self._writes = writes  # completed writes so far (a takeover continues the count)
-        self._pid = board.pid
+        self._pid = os.getpid()  # the declaring process
         self.valid = True
 
     def write(self, data: bytes) -> None:
