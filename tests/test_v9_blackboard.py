@@ -18,6 +18,7 @@ import pytest
 
 from kickmsg import Blackboard, BlackboardConfig
 from kickmsg.atomics import HARDWARE
+from kickmsg.hash import fnv1a_64
 from kickmsg.layout import CorruptRegionError
 from kickmsg.protocol.v9 import blackboard as bb
 from kickmsg.protocol.v9.layout import VersionMismatchError, blackboard_identity
@@ -197,7 +198,7 @@ def test_native_waiter_woken_by_our_write(prefix):
 b = board()
 seen = b.change_seq
 ready()
-woken = b.wait(seen, datetime.timedelta(seconds=20))
+woken = b.wait(seen, datetime.timedelta(hours=1))  # only a wake ends it (the Peer timeout bounds the test)
 done({"woken": woken, "seen": seen, "read": outcome(b.observe("k").read())})
 '''
     with start_native9(code, ns=prefix) as child:
@@ -222,7 +223,7 @@ done(0)
 b = board()
 seen = b.change_seq
 ready()
-woken = b.wait(seen, datetime.timedelta(seconds=20))
+woken = b.wait(seen, datetime.timedelta(hours=1))  # only a wake ends it (the Peer timeout bounds the test)
 done({"woken": woken, "read": outcome(b.observe("k").read())})
 '''
     with start_native9(code, ns=prefix) as native, start_ours(waiter_code, ns=prefix) as ours:
@@ -464,6 +465,9 @@ def test_hostile_entries_and_cells_never_crash(prefix):
     board.mapping.buffer[start + bb.OWNER_NODE_OFFSET : start + bb.OWNER_NODE_OFFSET + 64] = b"\xfe" * 64
     corrupt(board, start + bb.KEY_HASH_OFFSET, "<Q", 7)
     assert board.keys() == ["\ufffd" * 128]
+    assert board.read_all() == {}  # its hash no longer matches: dropped, not fatal
+    corrupt(board, start + bb.KEY_HASH_OFFSET, "<Q", fnv1a_64(b"\xff" * 128))
+    assert board.read_all() == {"\ufffd" * 128: b"good" + bytes(12)}  # the raw key still reads (value_len bounded)
     [status] = board.snapshot()
     assert status.owner_node == "\ufffd" * 64
     # an owner pid no process can have is dead: swept, never an OverflowError
@@ -513,3 +517,61 @@ def test_a_forked_child_declares_as_itself_and_cannot_write_for_its_parent(prefi
     assert statuses["child"].owner_pid == pid and not statuses["child"].owner_alive
     assert statuses["parent"].owner_pid == os.getpid() and writer.valid
     assert board.observe("child").read().data == b"from child"
+
+
+# -- The board lock's liveness token ----------------------------------------------------------
+
+
+def test_lock_token_names_its_holder(prefix):
+    """D.5/D.7: a live holder's token is alive; the same pid with another
+    start time (a reused pid) or a vanished pid is dead."""
+    board = Blackboard.open_or_create(prefix, "state", config())
+    pid, start_time = board.owner()
+    mine = bb.lock_token(pid, start_time)
+    assert mine & 0xFFFFFFFF == pid and mine >> 32 == (fnv1a_64(start_time.to_bytes(8, "little")) >> 32 or 1)
+    assert not bb.lock_holder_is_dead(mine)
+    assert bb.lock_holder_is_dead(bb.lock_token(pid, start_time + 1))
+    with start_ours("ready()\nwait_go()\ndone(0)", ns=prefix) as child:
+        child.wait_ready()
+        other = child.proc.pid
+        child.tell()
+        child.result()
+    assert bb.lock_holder_is_dead(bb.lock_token(other, 1))
+
+
+def test_a_lock_held_by_a_live_process_makes_the_board_busy(prefix):
+    board = Blackboard.open_or_create(prefix, "state", config())
+    kept = board.declare("kept")
+    lock = board.base + bb.LOCK_TOKEN_OFFSET
+    HARDWARE.store_release_u64(lock, bb.lock_token(*board.owner()))  # held by a live process (this one)
+    with pytest.raises(RuntimeError, match="Blackboard is busy: could not take the board lock"):
+        board.declare("k")
+    assert board.snapshot() == [] and board.sweep_stale() == 0
+    got = run_native9(BOARD + r'''
+b = board()
+try:
+    b.declare("k")
+    done("declared")
+except RuntimeError as error:
+    done(str(error))
+''', ns=prefix)
+    assert got == "Blackboard is busy: could not take the board lock"
+    HARDWARE.store_release_u64(lock, 0)
+    assert [s.key for s in board.snapshot()] == ["kept"] and kept.valid
+
+
+def test_the_wheel_takes_over_a_lock_left_by_a_dead_process_of_ours(prefix):
+    """D.7: a lock token of a dead holder is replaced directly, entries
+    normalised (a Claiming entry left mid-declare becomes Free)."""
+    board = Blackboard.open_or_create(prefix, "state", config(capacity=1))
+    with start_ours("ready()\nwait_go()\ndone(0)", ns=prefix) as child:
+        child.wait_ready()
+        dead = child.proc.pid
+        child.tell()
+        child.result()
+    HARDWARE.store_release_u64(board.base + bb.LOCK_TOKEN_OFFSET, bb.lock_token(dead, 12345))
+    HARDWARE.store_release_u32(board.entry_address(0) + bb.STATE_OFFSET, bb.CLAIMING)
+    got = run_native9(BOARD + 'b = board(capacity=1)\nw = b.declare("k")\nw.write(b"v")\ndone(b.keys())' + DIE, ns=prefix)
+    assert got == ["k"]
+    assert HARDWARE.load_relaxed_u64(board.base + bb.LOCK_TOKEN_OFFSET) == 0
+    assert board.observe("k").read().data == b"v"

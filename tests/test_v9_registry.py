@@ -302,3 +302,16 @@ except RuntimeError as error:
     done(str(error))
 ''', ns=prefix)
     assert got.startswith(f"Registry version mismatch on /{prefix}_registry")
+
+
+def test_a_registry_failure_latches_registration_off(prefix, capfd):
+    """C.4: one stderr line, then no more attempts for that Node."""
+    registry = Registry.open_or_create(prefix, capacity=2)
+    struct.pack_into("<I", registry.mapping.buffer, reg.VERSION_OFFSET, 7)
+    rows = NodeRows(prefix, "py")
+    rows.register(f"/{prefix}_a", "a", Kind.Pubsub, Role.Publisher)
+    rows.register(f"/{prefix}_b", "b", Kind.Pubsub, Role.Publisher)
+    err = capfd.readouterr().err
+    assert err.count("\n") == 1 and "participant registry disabled for node 'py'" in err and "version 7" in err
+    assert rows.disabled and rows.rows == {}
+    rows.deregister_all()  # nothing to give back

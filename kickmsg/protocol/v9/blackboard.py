@@ -663,24 +663,30 @@ class Blackboard:
             for key, node, pid, start_time, k, length, stamp in rows
         ]
 
-    def keys(self, prefix: str = "") -> list[str]:
-        """Active keys starting with ``prefix``, in entry order (no lock)."""
+    def _active_keys(self, prefix: str) -> list[tuple[str, bytes]]:
+        """(text, raw bytes up to NUL) of the Active entries' keys starting
+        with ``prefix``, in entry order; a hostile key text is replaced, not fatal."""
         ops = self.atomics
         found = []
         for index in range(self.capacity):
             if ops.load_acquire_u32(self.entry_address(index) + STATE_OFFSET) != ACTIVE:
                 continue
-            key = _decode(self._key_text(index))
-            if key and key.startswith(prefix):
-                found.append(key)
+            raw = self._key_text(index).split(b"\0", 1)[0]
+            key = raw.decode("utf-8", errors="replace")
+            if raw and key.startswith(prefix):
+                found.append((key, raw))
         return found
+
+    def keys(self, prefix: str = "") -> list[str]:
+        """Active keys starting with ``prefix``, in entry order (no lock)."""
+        return [key for key, _ in self._active_keys(prefix)]
 
     def read_all(self, prefix: str = "") -> dict[str, bytes]:
         """Every prefix-matching key holding a value (no lock); a key
         overtaken mid-read is dropped."""
         values = {}
-        for key in self.keys(prefix):
-            outcome = self.observe(key).read()
+        for key, raw in self._active_keys(prefix):
+            outcome = BlackboardReader(self, key, raw).read()
             if outcome:
                 values[key] = outcome.data
         return values
