@@ -422,14 +422,16 @@ class Blackboard:
                 index = self._claim_free(data, node)
             if index is None:
                 raise RuntimeError(f"Blackboard is at capacity ({self.capacity} keys) on {self.name}: cannot declare {key!r}")
+            # the writer's tenancy, and its count continuing the kept value's
+            entry = self.entry_address(index)
+            writer = BlackboardWriter(
+                self, key, index, self.atomics.load_acquire_u64(entry + TENANCY_OFFSET),
+                self.atomics.load_relaxed_u64(entry + PUBLISH_OFFSET) >> 1,
+            )
         finally:
             self._unlock()
         self._notify()
-        entry = self.entry_address(index)
-        ops = self.atomics
-        return BlackboardWriter(
-            self, key, index, ops.load_acquire_u64(entry + TENANCY_OFFSET), ops.load_relaxed_u64(entry + PUBLISH_OFFSET) >> 1
-        )
+        return writer
 
     def _find_active(self, data: bytes) -> int | None:
         """The Active entry holding this key text (hash as a pre-filter)."""
