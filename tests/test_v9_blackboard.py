@@ -575,3 +575,43 @@ def test_the_wheel_takes_over_a_lock_left_by_a_dead_process_of_ours(prefix):
     assert got == ["k"]
     assert HARDWARE.load_relaxed_u64(board.base + bb.LOCK_TOKEN_OFFSET) == 0
     assert board.observe("k").read().data == b"v"
+
+
+# -- Reads racing a writer: never torn, never backwards ------------------------------------------
+
+READ_RACING = BOARD + r'''
+b = board()
+r = b.observe("k")
+last, torn, backwards, again, good = 0, 0, 0, 0, 0
+for _ in range(P["reads"]):
+    o = r.read()
+    if o.errno == 11:
+        again += 1
+        continue
+    if o.errno:
+        continue
+    good += 1
+    torn += o.data != struct.pack("<Q", o.update_count) * 3
+    backwards += o.update_count < last
+    last = o.update_count
+done({"good": good, "torn": torn, "backwards": backwards, "again": again, "last": last})
+'''
+
+
+@pytest.mark.parametrize("writer_impl, reader_impl", [("native", "ours"), ("ours", "native")])
+def test_reads_racing_a_writer_of_the_other_implementation(prefix, writer_impl, reader_impl):
+    """D.9/D.10: a value is read whole (it names its own update count) or
+    not at all, and counts never go back, while the other implementation
+    writes as fast as it can."""
+    start_writer = start_native9 if writer_impl == "native" else start_ours
+    start_reader = start_ours if reader_impl == "ours" else start_native9
+    board = Blackboard.open_or_create(prefix, "state", config())
+    reader = board.observe("k")
+    with start_writer(STREAM, ns=prefix) as writer:
+        writer.wait_ready()
+        until(lambda: reader.read().update_count >= 1, "the first write")
+        with start_reader(READ_RACING, ns=prefix, reads=20_000) as racing:
+            got = racing.result()
+        writer.kill()
+    assert got["torn"] == 0 and got["backwards"] == 0
+    assert got["good"] > 0 and got["good"] + got["again"] <= 20_000
