@@ -615,3 +615,24 @@ def test_reads_racing_a_writer_of_the_other_implementation(prefix, writer_impl, 
         writer.kill()
     assert got["torn"] == 0 and got["backwards"] == 0
     assert got["good"] > 0 and got["good"] + got["again"] <= 20_000
+
+
+def test_native_kickmsg_bb_shows_our_board(prefix):
+    """The wheel's own `kickmsg bb NAME --json` (kickmsg/cli.py of 0.9.2) on a board of ours."""
+    board = Blackboard.open_or_create(prefix, "state", config(), "py-node")
+    speed = board.declare("speed")
+    speed.write(b"12")
+    got = run_native9(r'''
+import contextlib, io
+from kickmsg import cli
+out = io.StringIO()
+with contextlib.redirect_stdout(out):
+    status = cli.main(["bb", "state", "-n", P["ns"], "--json"])
+done({"status": status, "json": json.loads(out.getvalue())})
+''', ns=prefix)
+    assert got["status"] == 0
+    shown = got["json"]
+    assert (shown["shm_name"], shown["capacity"], shown["max_value_size"], shown["status"]) == (board.name, 8, 64, "healthy")
+    [key] = shown["keys"]
+    assert (key["key"], key["value_len"], key["update_count"], key["owner_pid"], key["owner_node"], key["owner_alive"]) == (
+        "speed", 2, 1, os.getpid(), "py-node", True)

@@ -315,3 +315,29 @@ def test_a_registry_failure_latches_registration_off(prefix, capfd):
     assert err.count("\n") == 1 and "participant registry disabled for node 'py'" in err and "version 7" in err
     assert rows.disabled and rows.rows == {}
     rows.deregister_all()  # nothing to give back
+
+
+# The wheel's own command line (kickmsg/cli.py of 0.9.2), its stdout as JSON.
+NATIVE_CLI = r'''
+import contextlib, io
+from kickmsg import cli
+out = io.StringIO()
+with contextlib.redirect_stdout(out):
+    status = cli.main(P["argv"])
+done({"status": status, "json": json.loads(out.getvalue())})
+'''
+
+
+def test_native_kickmsg_list_shows_our_processes(prefix):
+    rows = NodeRows(prefix, "py-node")
+    rows.register(f"/{prefix}_robot.arm", "robot/arm", Kind.Pubsub, Role.Publisher)
+    rows.register(f"/{prefix}_py-node_mbx_in", "/py-node/in", Kind.Mailbox, Role.Subscriber)
+    got = run_native9(NATIVE_CLI, argv=["list", "-n", prefix, "--json"])
+    assert got["status"] == 0
+    listed = {t["topic_name"]: t for t in got["json"]}
+    assert sorted(listed) == ["/py-node/in", "/robot/arm"]
+    [producer] = listed["/robot/arm"]["producers"]
+    assert (producer["node_name"], producer["pid"], producer["role"]) == ("py-node", os.getpid(), "publisher")
+    assert [c["node_name"] for c in listed["/py-node/in"]["consumers"]] == ["py-node"]
+    assert listed["/py-node/in"]["kind"] == "mailbox"
+    rows.deregister_all()
