@@ -636,3 +636,13 @@ done({"status": status, "json": json.loads(out.getvalue())})
     [key] = shown["keys"]
     assert (key["key"], key["value_len"], key["update_count"], key["owner_pid"], key["owner_node"], key["owner_alive"]) == (
         "speed", 2, 1, os.getpid(), "py-node", True)
+
+
+def test_a_board_never_initialised_times_out_clearly(prefix):
+    """D.6: magic still 0 after 200 × 10 ms, each way of opening with its text."""
+    with open(f"/dev/shm/{prefix}_bb_state", "wb") as file:
+        file.write(bytes(2240))
+    with pytest.raises(RuntimeError, match=f"Blackboard region exists but was never initialized: /{prefix}_bb_state"):
+        Blackboard.try_open(prefix, "state")
+    with pytest.raises(RuntimeError, match=f"Timed out waiting for blackboard init: /{prefix}_bb_state"):
+        Blackboard.open_or_create(prefix, "state", config(4, 40))

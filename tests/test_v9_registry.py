@@ -341,3 +341,11 @@ def test_native_kickmsg_list_shows_our_processes(prefix):
     assert [c["node_name"] for c in listed["/py-node/in"]["consumers"]] == ["py-node"]
     assert listed["/py-node/in"]["kind"] == "mailbox"
     rows.deregister_all()
+
+
+def test_a_registry_never_initialised_times_out_clearly(prefix):
+    """C.1: magic still 0 after 200 × 10 ms (a creator that died mid-create)."""
+    with open(f"/dev/shm/{prefix}_registry", "wb") as file:
+        file.write(bytes(64 + 512))
+    with pytest.raises(RuntimeError, match=f"Timed out waiting for registry init: /{prefix}_registry"):
+        Registry.open_or_create(prefix)
