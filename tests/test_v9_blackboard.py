@@ -226,14 +226,15 @@ ready()
 woken = b.wait(seen, datetime.timedelta(hours=1))  # only a wake ends it (the Peer timeout bounds the test)
 done({"woken": woken, "read": outcome(b.observe("k").read())})
 '''
-    with start_native9(code, ns=prefix) as native, start_ours(waiter_code, ns=prefix) as ours:
-        native.wait_ready()
-        ours.wait_ready()
-        board = Blackboard.open_or_create(prefix, "state", config())
-        until(lambda: waiters(board) == 1, "our reader to park on change_seq")
-        native.tell()
-        native.result()
-        got = ours.result()
+    with start_native9(code, ns=prefix) as native:
+        native.wait_ready()  # declared: our reader's change_seq comes after it
+        with start_ours(waiter_code, ns=prefix) as ours:
+            ours.wait_ready()
+            board = Blackboard.open_or_create(prefix, "state", config())
+            until(lambda: waiters(board) == 1, "our reader to park on change_seq")
+            native.tell()
+            native.result()
+            got = ours.result()
     assert got["woken"] is True and bytes.fromhex(got["read"]["data"]) == b"wake up"
 
 
