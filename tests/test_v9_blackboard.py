@@ -22,7 +22,7 @@ from kickmsg.hash import fnv1a_64
 from kickmsg.layout import CorruptRegionError
 from kickmsg.protocol.v9 import blackboard as bb
 from kickmsg.protocol.v9.layout import VersionMismatchError, blackboard_identity
-from nativepeer import run_native9, start_native9, start_ours
+from nativepeer import run_native9, run_ours, start_native9, start_ours
 
 DEADLINE_S = 20.0
 
@@ -647,3 +647,17 @@ def test_a_board_never_initialised_times_out_clearly(prefix):
         Blackboard.try_open(prefix, "state")
     with pytest.raises(RuntimeError, match=f"Timed out waiting for blackboard init: /{prefix}_bb_state"):
         Blackboard.open_or_create(prefix, "state", config(4, 40))
+
+
+def test_our_process_ending_normally_releases_its_keys(prefix):
+    """As the wheel's (note 8 of docs/WIRE9-NOTES.md): at interpreter exit the
+    key is released, value kept, so the native side declares it without any
+    sweep."""
+    assert run_ours(BOARD + 'b = board()\nw = b.declare("k")\nw.write(b"left")\ndone(0)', ns=prefix) == 0
+    got = run_native9(BOARD + r'''
+b = board()
+[s] = b.snapshot()
+w = b.declare("k")
+done({"owner": s.owner_pid, "read": outcome(b.observe("k").read())})
+''', ns=prefix)
+    assert got["owner"] == 0 and bytes.fromhex(got["read"]["data"]) == b"left"
