@@ -43,3 +43,28 @@ __all__ = [
     "schema",
     "unlink_shm",
 ]
+
+# Layout 9's participant registry and Blackboard (WIRE9.md C, D), named as 0.9.2 names them.
+from kickmsg.protocol.v9.blackboard import (
+    Blackboard,
+    BlackboardConfig,
+    BlackboardReader,
+    BlackboardWriter,
+    KeyStatus,
+    ReadOutcome,
+)
+from kickmsg.protocol.v9.registry import Kind, Participant, Registry, Role, TopicSummary
+
+__all__ += [
+    "Blackboard",
+    "BlackboardConfig",
+    "BlackboardReader",
+    "BlackboardWriter",
+    "KeyStatus",
+    "Kind",
+    "Participant",
+    "ReadOutcome",
+    "Registry",
+    "Role",
+    "TopicSummary",
+]

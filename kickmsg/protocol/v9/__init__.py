@@ -8,7 +8,9 @@ Each module reads beside its section of WIRE9.md:
 - ``publish``: ``Publisher``: allocate and publish with lock, steal, takeover, wake (B.5-B.9, B.15);
 - ``receive``: ``Subscriber``, ``SampleView``: join, receive, blocking receive, leave and drain (B.4, B.10-B.12);
 - ``repair``: diagnose, repair_locked_entries, reset_retired_rings, reclaim_dead_rings,
-  reclaim_orphaned_slots, owner liveness, the schema claim (B.13, B.16, B.17).
+  reclaim_orphaned_slots, owner liveness, the schema claim (B.13, B.16, B.17);
+- ``registry``: ``Registry``, ``NodeRows``: the participant registry, version 4 (C);
+- ``blackboard``: ``Blackboard`` and its writers and readers, region version 2 (D).
 
 Nothing here is wired into ``kickmsg.SharedRegion`` yet.
 """

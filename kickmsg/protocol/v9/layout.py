@@ -458,6 +458,11 @@ def mailbox_identity(namespace: str, owner: str, tag: str) -> int:
     return _chain(tag, _chain(owner, _chain(namespace, _chain("mailbox", FNV1A_64_OFFSET_BASIS))))
 
 
+def blackboard_identity(namespace: str, name: str) -> int:
+    """D.5: ``namespace`` and ``name`` raw; 0 is mapped to 1."""
+    return _chain(name, _chain(namespace, _chain("blackboard", FNV1A_64_OFFSET_BASIS))) or 1
+
+
 # -- A.11 Naming -----------------------------------------------------------------
 
 NAME_MAX = 255
@@ -500,6 +505,14 @@ def broadcast_shm_name(namespace: str, channel: str) -> str:
 def mailbox_shm_name(namespace: str, owner: str, tag: str) -> str:
     suffix = sanitize_component(owner, "mailbox owner") + "_mbx_" + sanitize_component(tag, "mailbox tag")
     return compose_shm_name(sanitize_component(namespace, "namespace"), suffix)
+
+
+def blackboard_shm_name(namespace: str, name: str) -> str:
+    return compose_shm_name(sanitize_component(namespace, "namespace"), "bb_" + sanitize_component(name, "blackboard"))
+
+
+def registry_shm_name(namespace: str) -> str:
+    return compose_shm_name(sanitize_component(namespace, "namespace"), "registry")
 
 
 # -- A.12 File modes ---------------------------------------------------------------

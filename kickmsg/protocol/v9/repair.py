@@ -62,6 +62,8 @@ def owner_is_dead(pid: int, recorded_start: int) -> bool:
     """Provably dead: gone, a zombie, or another process now under that pid."""
     if pid == 0:
         return False
+    if pid > 0x7FFFFFFF:
+        return True  # no process can hold it (a corrupt word): os.kill would overflow
     try:
         os.kill(pid, 0)
     except OSError as error:
