@@ -103,7 +103,14 @@ def publish(pub, seqs, how="mixed", seconds=20.0):
         payload = make_payload(seq)
         zero_copy = how == "allocate" or (how == "mixed" and index % 2 == 1)
         while True:
-            if zero_copy:
+            if zero_copy and hasattr(kickmsg.AllocatedSlot, "max_size"):  # 0.9.2's form (ours too)
+                slot = pub.allocate()
+                if slot is not None:
+                    with memoryview(slot) as view:
+                        view[: len(payload)] = payload
+                    reached.add(slot.publish(len(payload)))
+                    break
+            elif zero_copy:  # 0.1.0's form
                 slot = pub.allocate(len(payload))
                 if slot is not None:
                     with memoryview(slot) as view:
