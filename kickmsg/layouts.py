@@ -18,9 +18,8 @@ LAYOUT_ENV = "KICKMSG_LAYOUT"
 
 def check_layout(layout: object, source: str = "layout") -> int:
     """``layout`` if it is a supported layout version, else ValueError naming it."""
-    if isinstance(layout, bool) or layout not in SUPPORTED_LAYOUTS:
+    if type(layout) is not int or layout not in SUPPORTED_LAYOUTS:
         raise ValueError(f"{source} must be 4 or 9, got {layout!r}")
-    assert isinstance(layout, int)
     return layout
 
 

@@ -251,6 +251,11 @@ class SharedRegion:
                 return _initialise(mapping, geometry, creator_bytes, cfg.schema, in_place=False)
             # Not ours: wait until its creator has stored magic (None: it was
             # unlinked meanwhile, or its creator is before ftruncate).
+            if mapping is not None and _stamped_version(mapping) not in (None, layouts.LAYOUT_4):
+                raise RuntimeError(
+                    f"Region version mismatch on {name}: it has layout {_stamped_version(mapping)}, "
+                    f"create_or_open was asked for layout 4"
+                )
             if mapping is not None and _is_initialised(mapping):
                 region = _attach(mapping, 0)
                 if region.geometry.config_hash != geometry.config_hash:
@@ -339,6 +344,31 @@ class SharedRegion:
             creator_pid=self.header.creator_pid,
             creator_name=creator.decode("utf-8", errors="replace"),
             created_at_ns=self.header.created_at_ns,
+        )
+
+    def stats(self) -> v9.RegionStats:
+        """0.9.2's ``RegionStats`` (lock-free, racy by nature). Layout 4 has
+        no counters in shared memory: drops, losses and steals read 0 (the
+        rings' lost counts of our subscribers are in ``kickmsg.owners``)."""
+        ops = self.atomics
+        rings = []
+        for ring in self.rings:
+            state_flight = ops.load_acquire_u32(ring.state_flight)
+            rings.append(
+                v9.RingStats(
+                    state=v9.layout.RING_STATE_NAMES[state_flight & layout.RING_STATE_MASK],
+                    in_flight=state_flight >> 2,
+                    write_pos=ops.load_acquire_u64(ring.write_pos),
+                    dropped_count=0,
+                    lost_count=0,
+                )
+            )
+        return v9.RegionStats(
+            rings=rings,
+            total_writes=max((r.write_pos for r in rings), default=0),
+            live_rings=sum(r.state == "Live" for r in rings),
+            pool_free=treiber.count_free(self),
+            pool_size=self.geometry.pool_size,
         )
 
     def __repr__(self) -> str:
@@ -869,6 +899,13 @@ def _is_initialised(mapping: shm.Mapping) -> bool:
         return False
     magic = HARDWARE.load_acquire_u64(mapping.address + layout.MAGIC_OFFSET)
     return magic == layout.MAGIC and Header.from_address(mapping.address).version == layout.VERSION
+
+
+def _stamped_version(mapping: shm.Mapping) -> int | None:
+    """The version word of an initialised region (magic read with acquire), else None."""
+    if mapping.size < layout.HEADER_SIZE or HARDWARE.load_acquire_u64(mapping.address + layout.MAGIC_OFFSET) != layout.MAGIC:
+        return None
+    return HARDWARE.load_relaxed_u32(mapping.address + layout.VERSION_OFFSET)
 
 
 def _open_if_ready(name: str) -> SharedRegion | None:

@@ -10,7 +10,8 @@ Each module reads beside its section of WIRE9.md:
 - ``repair``: diagnose, repair_locked_entries, reset_retired_rings, reclaim_dead_rings,
   reclaim_orphaned_slots, owner liveness, the schema claim (B.13, B.16, B.17).
 
-Nothing here is wired into ``kickmsg.SharedRegion`` yet.
+``kickmsg.SharedRegion`` and the API classes hand layout-9 regions to this
+core (``kickmsg.region9``, ``Publisher9``, ``Subscriber9``, ``SampleView9``).
 """
 from kickmsg.protocol.v9.publish import Publisher
 from kickmsg.protocol.v9.receive import SampleView, Subscriber
