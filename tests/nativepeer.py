@@ -345,3 +345,15 @@ def run_ours(code: str, timeout: float = DEFAULT_TIMEOUT, **params):
     """Run ``code`` with this package in a subprocess; its JSON result."""
     with start_ours(code, timeout, **params) as peer:
         return peer.result()
+
+
+def start_native_of_layout(code: str, timeout: float = DEFAULT_TIMEOUT, **params) -> Peer:
+    """Start ``code`` with the native kickmsg of the layout under test:
+    0.9.2 when $KICKMSG_LAYOUT is 9 (the ``layout`` fixture sets it), else 0.1.0."""
+    return (start_native9 if os.environ.get("KICKMSG_LAYOUT") == "9" else start_native)(code, timeout, **params)
+
+
+def run_native_of_layout(code: str, timeout: float = DEFAULT_TIMEOUT, **params):
+    """Run ``code`` to completion with the native kickmsg of the layout under test; its JSON result."""
+    with start_native_of_layout(code, timeout, **params) as peer:
+        return peer.result()

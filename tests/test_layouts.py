@@ -11,6 +11,7 @@ import pytest
 
 import kickmsg
 import rawregion
+from nativepeer import run_native, run_native9
 from kickmsg import ChannelType, Config, Node, Publisher, SharedRegion, Subscriber, layouts
 from kickmsg.protocol.v9 import layout as layout9
 
@@ -73,6 +74,26 @@ def test_open_and_inspect_attach_to_either_layout(shm_name, layout):
         assert (info.max_subs, info.sub_ring_capacity, info.max_payload_size) == (2, 8, 32)
         assert info.creator_pid == os.getpid()
     assert SharedRegion.inspect(shm_name).read_only
+
+
+TRY_OPEN = r"""
+try:
+    region = kickmsg.SharedRegion.open(P["name"])
+    done("opened")
+except Exception as error:
+    done(type(error).__name__ + ": " + str(error))
+"""
+
+
+@pytest.mark.parametrize("layout, other_native", [(4, run_native9), (9, run_native)], ids=["layout4-0.9.2", "layout9-0.1.0"])
+def test_the_native_of_the_other_layout_fails_cleanly_where_ours_opens_both(shm_name, layout, other_native):
+    SharedRegion.create(shm_name, ChannelType.PubSub, Config(**SMALL), layout=layout)
+    refusal = {4: "RuntimeError: Region version mismatch", 9: "RuntimeError: Version mismatch"}[layout]
+    assert other_native(TRY_OPEN, name=shm_name) == refusal
+    region = SharedRegion.open(shm_name)
+    subscriber = Subscriber(region)
+    Publisher(region).send(b"still works")
+    assert (region.layout, subscriber.try_receive()) == (layout, b"still works")
 
 
 @pytest.mark.parametrize("version", [0, 5, 8, 10])
