@@ -7,6 +7,8 @@ mapping and its validated geometry, ``repair`` for diagnose, the repairs
 and the schema claim). The layout-4 internals of ``SharedRegion`` (ring
 addresses, the owner sidecars) are not available on it.
 """
+from typing import NoReturn
+
 from kickmsg import layout, shm
 from kickmsg.atomics import HARDWARE, Atomics
 from kickmsg.protocol import v9
@@ -49,6 +51,11 @@ def described_geometry(geometry: v9.Geometry) -> layout.Geometry:
     )
 
 
+class Layout4Only(AttributeError, RuntimeError):
+    """A layout-4 internal asked of a layout-9 region (a RuntimeError, as the
+    tools report them)."""
+
+
 class Layout9Region(SharedRegion):
     """A mapped layout-9 region (built by ``SharedRegion``'s constructors)."""
 
@@ -59,6 +66,14 @@ class Layout9Region(SharedRegion):
         self.mapping = core.mapping
         self.geometry = described_geometry(core.geometry)
         self.created_at_ns = core.info().created_at_ns  # which incarnation of the name this object is
+
+    def __getattr__(self, attribute: str) -> NoReturn:
+        """Only for attributes this object lacks: layout 4's internals (ring
+        and slot addresses, its header view, ...), which a tool that does not
+        handle layout 9 yet reaches for. A clear error instead of a crash."""
+        mapping = self.__dict__.get("mapping")
+        name = mapping.name if mapping is not None else "this region"
+        raise Layout4Only(f"{name} is a layout-9 region: {attribute} is layout 4's (this tool does not handle layout 9 yet)")
 
     @property
     def atomics(self) -> Atomics:

@@ -278,3 +278,13 @@ def test_node_keeps_0_1_0s_names_on_layout_4(prefix):
     node = Node("my node", prefix, layout=4)
     node.advertise("a:b", Config(**SMALL))
     assert version_word(f"/{prefix}_a:b") == 4
+
+
+def test_layout_4_internals_asked_of_a_layout_9_region_are_a_clear_error(shm_name):
+    """What a tool that does not handle layout 9 yet reaches for: a
+    RuntimeError naming the region (the tools report those), not a crash."""
+    region = SharedRegion.create(shm_name, ChannelType.PubSub, Config(**SMALL), layout=9)
+    for internal in ("header", "rings", "free_top_address"):
+        with pytest.raises(RuntimeError, match=f"{shm_name} is a layout-9 region: {internal} is layout 4's"):
+            getattr(region, internal)
+    assert not hasattr(region, "slot_addresses")  # still an AttributeError
