@@ -11,7 +11,7 @@ import pytest
 
 import kickmsg
 import rawregion
-from nativepeer import run_native, run_native9
+from nativepeer import run_native, run_native9, run_ours
 from kickmsg import ChannelType, Config, Node, Publisher, SharedRegion, Subscriber, layouts
 from kickmsg.protocol.v9 import layout as layout9
 
@@ -288,3 +288,51 @@ def test_layout_4_internals_asked_of_a_layout_9_region_are_a_clear_error(shm_nam
         with pytest.raises(RuntimeError, match=f"{shm_name} is a layout-9 region: {internal} is layout 4's"):
             getattr(region, internal)
     assert not hasattr(region, "slot_addresses")  # still an AttributeError
+
+
+SLOT_ERRORS = r"""
+region = kickmsg.SharedRegion.open(P["name"])
+publisher = kickmsg.Publisher(region)
+texts = []
+
+def error_of(action):
+    try:
+        action()
+    except Exception as error:
+        texts.append([type(error).__name__, str(error)])
+    else:
+        texts.append(None)
+
+first = publisher.allocate()
+second = publisher.allocate()
+facts = [first.max_size, len(second), first.valid, second.valid]
+error_of(lambda: first.publish(1))
+error_of(lambda: memoryview(first))
+error_of(lambda: second.publish(second.max_size + 1))
+second.publish(2)
+facts.append(second.valid)
+error_of(lambda: second.publish(2))
+error_of(lambda: memoryview(second))
+done({"facts": facts, "errors": texts})
+"""
+
+
+@pytest.mark.parametrize("implementation", ["native 0.9.2", "ours"])
+def test_allocated_slot_facts_and_errors_are_0_9_2s(shm_name, implementation):
+    """The same calls on a layout-9 region by the 0.9.2 wheel and by us:
+    the same facts, the same exception types, our texts beginning with
+    0.9.2's (ours may add the values at fault)."""
+    SharedRegion.create(shm_name, ChannelType.PubSub, Config(**SMALL), layout=9)
+    run = run_native9 if implementation == "native 0.9.2" else run_ours
+    result = run(SLOT_ERRORS, name=shm_name)
+    assert result["facts"] == [32, 32, False, True, False]
+    expected = [
+        ["ValueError", "AllocatedSlot was superseded by a later Publisher.allocate(); publishing it would commit the newer reservation"],
+        ["BufferError", "AllocatedSlot was superseded by a later Publisher.allocate(); its slot is back in the pool and writing through it would corrupt another reservation"],
+        ["ValueError", "publish(len) exceeds slot max_size"],
+        ["ValueError", "AllocatedSlot.publish() called more than once"],
+        ["BufferError", "AllocatedSlot has already been published; its buffer is no longer writable"],
+    ]
+    assert [kind for kind, _ in result["errors"]] == [kind for kind, _ in expected]
+    for (_, text), (_, words) in zip(result["errors"], expected):
+        assert text.startswith(words), (text, words)
