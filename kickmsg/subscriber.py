@@ -647,6 +647,7 @@ class SampleView9(SampleView):
 
     def __init__(self, core: v9.SampleView):
         self._core = core
+        self._slot = core.slot
         self._length = len(core)
         self._ring_pos = core.ring_pos
         self._released = False

@@ -62,7 +62,7 @@ class SampleView:
 
     def __init__(self, region: Region, slot: int, length: int, ring_pos: int) -> None:
         self._region = region
-        self._slot = slot
+        self.slot = slot  # the pinned slot
         self._length = length
         self.ring_pos = ring_pos
         self._exports = 0
@@ -75,7 +75,7 @@ class SampleView:
         if not self.valid:
             raise BufferError("SampleView was released")
         self._exports += 1
-        return self._region.payload(self._slot, self._length).toreadonly()
+        return self._region.payload(self.slot, self._length).toreadonly()
 
     def __release_buffer__(self, view: memoryview) -> None:
         self._exports -= 1
@@ -84,7 +84,7 @@ class SampleView:
     def __bytes__(self) -> bytes:
         if not self.valid:
             raise BufferError("SampleView was released")
-        return bytes(self._region.payload(self._slot, self._length))
+        return bytes(self._region.payload(self.slot, self._length))
 
     def release(self) -> None:
         """Drop the pin (acq_rel); the last reference pushes the slot."""
@@ -93,7 +93,7 @@ class SampleView:
         if self._exports:
             raise BufferError(f"SampleView still has {self._exports} memoryview(s) open")
         self.valid = False
-        freestack.release(self._region, self._slot)
+        freestack.release(self._region, self.slot)
 
     def __enter__(self) -> "SampleView":
         return self
