@@ -766,9 +766,6 @@ class Subscriber9(Subscriber):
         self._drain_timeouts += old.drain_timeouts
         self._rejoined += 1
 
-    def _report_if_stale(self) -> None:
-        """No sidecar on layout 9: the ring header holds owner and lost_count."""
-
     def _sleep_until_written(self, deadline_ns: int | None) -> None:
         """B.11: park on the low 32 bits of write_pos with has_waiter = 1 and
         the seq_cst fence; nap briefly while the head is claimed but not
