@@ -304,8 +304,16 @@ class SharedRegion:
     def reopen_if_recreated(self) -> "SharedRegion | None":
         """The region now under this one's name, if it was re-created (see
         ``replaced``) and the new one is ready; else None. A new object that
-        is not a usable Kickmsg region raises, as ``open`` would."""
-        return _open_if_ready(self.name) if self.replaced() else None
+        is not a usable Kickmsg region raises, as ``open`` would, and so
+        does one of the other layout (a publisher or subscriber of one
+        layout cannot go on in the other: make a new one)."""
+        new_region = _open_if_ready(self.name) if self.replaced() else None
+        if new_region is not None and new_region.layout != self.layout:
+            raise RuntimeError(
+                f"{self.name} was re-created with layout {new_region.layout}; users of its layout-{self.layout} "
+                f"region cannot follow it: open it anew"
+            )
+        return new_region
 
     @property
     def read_only(self) -> bool:

@@ -336,3 +336,13 @@ def test_allocated_slot_facts_and_errors_are_0_9_2s(shm_name, implementation):
     assert [kind for kind, _ in result["errors"]] == [kind for kind, _ in expected]
     for (_, text), (_, words) in zip(result["errors"], expected):
         assert text.startswith(words), (text, words)
+
+
+@pytest.mark.parametrize("layout", [4, 9])
+def test_a_region_re_created_with_the_other_layout_is_not_followed(shm_name, layout):
+    region = SharedRegion.create(shm_name, ChannelType.PubSub, Config(**SMALL), layout=layout)
+    SharedRegion.create(shm_name, ChannelType.PubSub, Config(**SMALL), layout=13 - layout)
+    with pytest.raises(RuntimeError, match=f"re-created with layout {13 - layout}; users of its layout-{layout} region cannot follow it"):
+        region.reopen_if_recreated()
+    with pytest.raises(RuntimeError, match="cannot follow it"):
+        Publisher(region)  # a publisher starts where the name leads
