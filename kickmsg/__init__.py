@@ -1,8 +1,10 @@
 """Kickmsg in pure Python: lock-free shared-memory publish/subscribe.
 
 Byte-compatible with the native ``kickmsg`` 0.1.0 (layout version 4) and
-offering the same Python API: a process using this package and one using the
-native library can share a channel in either direction. Beyond that API, the
+0.9.2 (layout version 9), offering their Python API on both layouts: a
+process using this package and one using the native library can share a
+channel in either direction. ``kickmsg.layouts`` says which layout a new
+region gets. Beyond that API, the
 top level adds ``audit(region)``, ``ConfigError`` (every invalid config: a
 ``ValueError`` that is also 0.1.0's ``RuntimeError``) and ``WaitSet``
 (waiting on many subscribers at once, handlers); typed channels are in
@@ -17,6 +19,8 @@ from kickmsg.audit import audit
 from kickmsg.config import ChannelType, Config, ConfigError
 from kickmsg.publisher import AllocatedSlot, Publisher
 from kickmsg.node import BroadcastHandle, Node
+from kickmsg.process import current_pid, process_exists
+from kickmsg.protocol.v9 import RegionInfo, RegionStats, RingStats
 from kickmsg.region import HealthReport, SharedRegion, unlink_shm
 from kickmsg.schema import SchemaInfo
 from kickmsg.subscriber import SampleView, Subscriber
@@ -33,13 +37,18 @@ __all__ = [
     "HealthReport",
     "Node",
     "Publisher",
+    "RegionInfo",
+    "RegionStats",
+    "RingStats",
     "SampleView",
     "SchemaInfo",
     "SharedRegion",
     "Subscriber",
     "WaitSet",
     "audit",
+    "current_pid",
     "hash",
+    "process_exists",
     "schema",
     "unlink_shm",
 ]

@@ -26,6 +26,7 @@ class ConfigError(ValueError, RuntimeError):
 class ChannelType(enum.IntEnum):
     """What a region is for; stored in the header as ``channel_type``."""
 
+    NoChannel = 0  # 0.9.2's: no region is made of it
     PubSub = layout.CHANNEL_PUBSUB
     Broadcast = layout.CHANNEL_BROADCAST
 
@@ -70,6 +71,7 @@ class Config:
             microseconds=layout.DEFAULT_COMMIT_TIMEOUT_US
         ),
         schema: SchemaInfo | None = None,
+        identity: int = 0,
     ) -> None:
         self.max_subscribers = max_subscribers
         self.sub_ring_capacity = sub_ring_capacity
@@ -77,6 +79,7 @@ class Config:
         self.max_payload_size = max_payload_size
         self.commit_timeout = commit_timeout
         self.schema = schema
+        self.identity = identity
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name in self._COUNT_FIELDS:
@@ -84,6 +87,11 @@ class Config:
                 raise TypeError(f"Config.{name} must be an int, got {value!r}")
             if not 0 <= value <= layout.U64_MAX:
                 raise ConfigError(f"Config.{name} must be an unsigned 64-bit integer, got {value}")
+        elif name == "identity":  # 0.9.2's: stamped in a layout-9 header, checked by open(expected_identity)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise TypeError(f"Config.identity must be an int, got {value!r}")
+            if not 0 <= value <= layout.U64_MAX:
+                raise ConfigError(f"Config.identity must be an unsigned 64-bit integer, got {value}")
         elif name == "commit_timeout":
             pass  # the property's setter converts it
         elif name == "schema":
@@ -134,6 +142,7 @@ class Config:
 
     def __repr__(self) -> str:
         schema = f", schema={self.schema!r}" if self.schema is not None else ""
+        schema += f", identity=0x{self.identity:016x}" if self.identity else ""
         return (
             f"Config(max_subscribers={self.max_subscribers}, sub_ring_capacity={self.sub_ring_capacity}, "
             f"pool_size={self.pool_size}, max_payload_size={self.max_payload_size}, "

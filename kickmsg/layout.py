@@ -138,6 +138,7 @@ assert (SubRingHeader.write_pos.offset, SubRingHeader.has_waiter.offset) == (64,
 
 # Offsets of the atomic words, for address arithmetic.
 MAGIC_OFFSET = Header.magic.offset
+VERSION_OFFSET = Header.version.offset  # the same word, offset 8, in every layout
 CREATED_AT_OFFSET = Header.created_at_ns.offset  # changes when a region is re-created in place
 SCHEMA_STATE_OFFSET = Header.schema_state.offset
 FREE_TOP_OFFSET = Header.free_top.offset

@@ -9,7 +9,14 @@ Mailbox    ``/{prefix}_{owner}_mbx_{tag}``    create_mailbox (owner reads),
                                               open_mailbox (others write)
 =========  ================================  ==============================
 
-Names are not sanitised (as in 0.1.0): a topic that breaks the naming rule
+On layout 9 (``Node(..., layout=9)``, or ``$KICKMSG_LAYOUT``) the names
+and checks are 0.9.2's: the second argument is the ``namespace``; node
+name, namespace, topic, channel, owner and tag are sanitized
+(``kickmsg.protocol.v9.layout.sanitize_component``), a name longer than
+255 bytes is a RuntimeError, and every region a node creates is stamped
+with its identity hash (``Config.identity``), which opening checks.
+
+On layout 4, names are not sanitised (as in 0.1.0): a topic that breaks the naming rule
 (``kickmsg.shm.NAME_RULE``: a ``/``, a control character, ...) is refused
 as an invalid shared-memory name. A node keeps every region it mapped and
 reuses it for later calls on the same name (unless it was re-created since),
@@ -18,8 +25,11 @@ any region of that name: publishers and subscribers of this package attached
 to the old one follow the name to the new one).
 """
 import copy
+from collections.abc import Callable
 
+from kickmsg import layouts
 from kickmsg.config import ChannelType, Config
+from kickmsg.protocol.v9 import layout as layout9
 from kickmsg.publisher import Publisher
 from kickmsg.region import SharedRegion, unlink_shm
 from kickmsg.schema import SchemaInfo
@@ -40,9 +50,21 @@ class BroadcastHandle:
 class Node:
     """A named participant: creates and opens channels by topic name."""
 
-    def __init__(self, name: str, prefix: str = "kickmsg") -> None:
+    def __init__(self, name: str, prefix: str = "kickmsg", *, namespace: str | None = None, layout: int | None = None) -> None:
+        """``prefix`` (0.1.0's word) and ``namespace`` (0.9.2's) are the
+        same thing, default "kickmsg"; ``layout`` (4 or 9, default
+        ``$KICKMSG_LAYOUT``, else ``kickmsg.layouts.DEFAULT_LAYOUT``) is
+        the layout of the regions the node creates, and its naming."""
+        if namespace is not None:
+            if prefix != "kickmsg":
+                raise TypeError(f"give the namespace once: prefix={prefix!r} and namespace={namespace!r}")
+            prefix = namespace
         if not isinstance(name, str) or not isinstance(prefix, str):
             raise TypeError(f"Node name and prefix must be str, got {name!r} and {prefix!r}")
+        self._layout = layouts.chosen_layout(layout)
+        if self._layout == layouts.LAYOUT_9:
+            name = layout9.sanitize_component(name, "node")
+            prefix = layout9.sanitize_component(prefix, "namespace")
         self._name = name
         self._prefix = prefix
         self._regions: dict[str, SharedRegion] = {}  # shm name -> region this node mapped
@@ -55,21 +77,52 @@ class Node:
     def prefix(self) -> str:
         return self._prefix
 
+    @property
+    def namespace(self) -> str:
+        """0.9.2's name for ``prefix``."""
+        return self._prefix
+
+    @property
+    def layout(self) -> int:
+        return self._layout
+
     # -- names ------------------------------------------------------------
 
     def _topic_name(self, topic: str) -> str:
+        if self._layout == layouts.LAYOUT_9:
+            return _composed(layout9.topic_shm_name, self._prefix, topic)
         return f"/{self._prefix}_{topic}"
 
     def _broadcast_name(self, channel: str) -> str:
+        if self._layout == layouts.LAYOUT_9:
+            return _composed(layout9.broadcast_shm_name, self._prefix, channel)
         return f"/{self._prefix}_broadcast_{channel}"
 
     def _mailbox_name(self, owner: str, tag: str) -> str:
+        if self._layout == layouts.LAYOUT_9:
+            return _composed(layout9.mailbox_shm_name, self._prefix, owner, tag)
         return f"/{self._prefix}_{owner}_mbx_{tag}"
+
+    def _identity(self, kind: str, *names: str) -> int:
+        """The identity a layout-9 region of this node is stamped with (A.9); 0 on layout 4."""
+        if self._layout != layouts.LAYOUT_9:
+            return 0
+        if kind == "topic":
+            return layout9.topic_identity(self._prefix, names[0])
+        if kind == "broadcast":
+            return layout9.broadcast_identity(self._prefix, names[0])
+        return layout9.mailbox_identity(self._prefix, layout9.sanitize_component(names[0], "mailbox owner"), names[1])
+
+    def _stamped(self, cfg: Config | None, identity: int) -> Config:
+        """A copy of ``cfg`` (default Config()) carrying ``identity``."""
+        stamped = copy.copy(cfg or Config())
+        stamped.identity = identity
+        return stamped
 
     # -- the three ways to get a region -------------------------------------
 
     def _create(self, shm_name: str, channel_type: ChannelType, cfg: Config) -> SharedRegion:
-        region = SharedRegion.create(shm_name, channel_type, cfg, self._name)
+        region = SharedRegion.create(shm_name, channel_type, cfg, self._name, layout=self._layout)
         self._regions[shm_name] = region
         return region
 
@@ -79,13 +132,15 @@ class Node:
         region = self._regions.get(shm_name)
         return region if region is not None and not region.replaced() else None
 
-    def _open(self, shm_name: str) -> SharedRegion:
-        region = self._mapped(shm_name) or SharedRegion.open(shm_name)
+    def _open(self, shm_name: str, identity: int) -> SharedRegion:
+        region = self._mapped(shm_name) or SharedRegion.open(shm_name, identity)
         self._regions[shm_name] = region
         return region
 
     def _create_or_open(self, shm_name: str, channel_type: ChannelType, cfg: Config) -> SharedRegion:
-        region = self._mapped(shm_name) or SharedRegion.create_or_open(shm_name, channel_type, cfg, self._name)
+        region = self._mapped(shm_name) or SharedRegion.create_or_open(
+            shm_name, channel_type, cfg, self._name, layout=self._layout
+        )
         self._regions[shm_name] = region
         return region
 
@@ -93,18 +148,21 @@ class Node:
 
     def advertise(self, topic: str, cfg: Config | None = None) -> Publisher:
         """Create the topic's region (replacing any) and publish into it."""
-        return Publisher(self._create(self._topic_name(topic), ChannelType.PubSub, cfg or Config()), name=self._name)
+        cfg = self._stamped(cfg, self._identity("topic", topic))
+        return Publisher(self._create(self._topic_name(topic), ChannelType.PubSub, cfg), name=self._name)
 
     def subscribe(self, topic: str) -> Subscriber:
         """Open an existing topic and subscribe to it."""
-        return Subscriber(self._open(self._topic_name(topic)))
+        return Subscriber(self._open(self._topic_name(topic), self._identity("topic", topic)))
 
     def advertise_or_join(self, topic: str, cfg: Config) -> Publisher:
         """Publish into the topic, creating it unless it exists with this config."""
+        cfg = self._stamped(cfg, self._identity("topic", topic))
         return Publisher(self._create_or_open(self._topic_name(topic), ChannelType.PubSub, cfg), name=self._name)
 
     def subscribe_or_create(self, topic: str, cfg: Config) -> Subscriber:
         """Subscribe to the topic, creating it unless it exists with this config."""
+        cfg = self._stamped(cfg, self._identity("topic", topic))
         return Subscriber(self._create_or_open(self._topic_name(topic), ChannelType.PubSub, cfg))
 
     def unlink_topic(self, topic: str) -> None:
@@ -114,7 +172,8 @@ class Node:
 
     def join_broadcast(self, channel: str, cfg: Config | None = None) -> BroadcastHandle:
         """Join an N-to-N channel as both publisher and subscriber."""
-        region = self._create_or_open(self._broadcast_name(channel), ChannelType.Broadcast, cfg or Config())
+        cfg = self._stamped(cfg, self._identity("broadcast", channel))
+        region = self._create_or_open(self._broadcast_name(channel), ChannelType.Broadcast, cfg)
         return BroadcastHandle(Publisher(region, name=self._name), Subscriber(region))
 
     def unlink_broadcast(self, channel: str) -> None:
@@ -124,13 +183,14 @@ class Node:
 
     def create_mailbox(self, tag: str, cfg: Config | None = None) -> Subscriber:
         """Create this node's mailbox ``tag`` (one subscriber: us) and read it."""
-        mailbox_cfg = copy.copy(cfg or Config())
+        mailbox_cfg = self._stamped(cfg, self._identity("mailbox", self._name, tag))
         mailbox_cfg.max_subscribers = 1
         return Subscriber(self._create(self._mailbox_name(self._name, tag), ChannelType.PubSub, mailbox_cfg))
 
     def open_mailbox(self, owner_node: str, tag: str) -> Publisher:
         """Write into another node's mailbox."""
-        return Publisher(self._open(self._mailbox_name(owner_node, tag)), name=self._name)
+        identity = self._identity("mailbox", owner_node, tag)
+        return Publisher(self._open(self._mailbox_name(owner_node, tag), identity), name=self._name)
 
     def unlink_mailbox(self, tag: str, owner_node: str | None = None) -> None:
         unlink_shm(self._mailbox_name(owner_node or self._name, tag))
@@ -149,4 +209,12 @@ class Node:
         return region.try_claim_schema(info) if region is not None else False
 
     def __repr__(self) -> str:
-        return f"Node(name={self._name!r}, prefix={self._prefix!r}, regions={sorted(self._regions)})"
+        return f"Node(name={self._name!r}, prefix={self._prefix!r}, layout={self._layout}, regions={sorted(self._regions)})"
+
+
+def _composed(compose: Callable[..., str], *parts: str) -> str:
+    """A layout-9 shm name (A.11); too long is 0.9.2's RuntimeError."""
+    try:
+        return compose(*parts)
+    except OSError as error:
+        raise RuntimeError(f"{error.strerror}: File name too long") from None

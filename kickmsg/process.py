@@ -17,3 +17,22 @@ def _note_child_pid() -> None:
 
 
 os.register_at_fork(after_in_child=_note_child_pid)
+
+
+def current_pid() -> int:
+    """This process's id (0.9.2's ``kickmsg.current_pid``)."""
+    return pid
+
+
+def process_exists(process_id: int) -> bool:
+    """Whether a process of that id exists (0.9.2's ``kickmsg.process_exists``):
+    signal 0 reaches it, or it exists but is another user's (EPERM)."""
+    if not isinstance(process_id, int) or isinstance(process_id, bool) or process_id <= 0:
+        raise ValueError(f"process_exists needs a positive int pid, got {process_id!r}")
+    try:
+        os.kill(process_id, 0)
+    except PermissionError:
+        return True
+    except ProcessLookupError:
+        return False
+    return True

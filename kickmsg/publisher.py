@@ -13,7 +13,7 @@ import weakref
 from typing import Self
 from collections.abc import Buffer
 
-from kickmsg import owners, process, treiber
+from kickmsg import layouts, owners, process, treiber
 from kickmsg.atomics import Atomics
 from kickmsg.audit import explain_empty_pool
 from kickmsg.layout import (
@@ -30,7 +30,10 @@ from kickmsg.layout import (
     U64_MAX,
     entry_is_stuck,
 )
+from kickmsg.protocol import v9
+from kickmsg.protocol.v9 import freestack
 from kickmsg.region import SharedRegion
+from kickmsg.region9 import Layout9Region
 
 MAX_LOCK_ATTEMPTS = 64  # CAS attempts on a ring entry before giving up on that ring
 CLOCK_CHECK_SPINS = 1024  # wait_and_capture_slot reads the clock once per this many spins
@@ -52,7 +55,15 @@ class Publisher:
     default the program's; ``kickmsg.owners``) so that tools see it, with
     its counts as of its last check-in, until it is garbage-collected or
     its process ends.
+
+    On a layout-9 region the object is a ``Publisher9``, which hands each
+    message to the layout-9 core (``kickmsg.protocol.v9.publish``).
     """
+
+    def __new__(cls, region: SharedRegion, name: str | None = None) -> "Publisher":
+        if cls is Publisher and isinstance(region, SharedRegion) and region.layout == layouts.LAYOUT_9:
+            return super().__new__(Publisher9)
+        return super().__new__(cls)
 
     def __init__(self, region: SharedRegion, name: str | None = None):
         if not isinstance(region, SharedRegion):
@@ -123,30 +134,43 @@ class Publisher:
         self._publish(slot, size)
         return size
 
-    def allocate(self, len: int) -> "AllocatedSlot | None":
-        """Reserve a slot for a ``len``-byte message to be written in place
-        (``memoryview(slot)``, ``numpy.frombuffer(slot, ...)``), then call
-        ``slot.publish()``. Returns None if ``len`` exceeds max_payload_size
-        or the pool is empty. A slot still pending from an earlier
-        ``allocate`` is given back first.
+    def allocate(self, len: int | None = None) -> "AllocatedSlot | None":
+        """Reserve a slot for a message to be written in place
+        (``memoryview(slot)``, ``numpy.frombuffer(slot, ...)``), then
+        publish it. Returns None if the pool is empty. A slot still pending
+        from an earlier ``allocate`` is given back first.
+
+        0.9.2's form, ``allocate()``: the slot's buffer is ``max_size``
+        (max_payload_size) bytes; ``slot.publish(n)`` publishes its first n.
+        0.1.0's form, ``allocate(len)``: a buffer of ``len`` bytes, None if
+        ``len`` exceeds max_payload_size; ``slot.publish()`` publishes it.
         """
-        if not isinstance(len, int) or len < 0:
+        if len is not None and (not isinstance(len, int) or isinstance(len, bool) or len < 0):
             raise ValueError(f"allocate needs a non-negative int length, got {len!r}")
         self._check_open()
         if time.monotonic_ns() >= self._next_check_in_ns:
             self._follow_if_recreated()
-        if len > self._region.geometry.slot_data_size:
+        max_size = self._region.geometry.slot_data_size
+        if len is not None and len > max_size:
             return None
         pending = self._pending() if self._pending else None
         if pending is not None:
             pending._abandon()
         # 1. Pop a free slot; step 2 is the caller's, through the buffer.
-        slot = treiber.pop(self._region)
+        slot = self._reserve_slot()
         if slot == INVALID_SLOT:
             return None
-        allocated = AllocatedSlot(self, slot, len)
+        allocated = AllocatedSlot(self, slot, max_size if len is None else len, sized=len is not None)
         self._pending = weakref.ref(allocated)
         return allocated
+
+    def _reserve_slot(self) -> int:
+        """Publish flow step 1 for ``allocate``: pop a free slot (INVALID_SLOT: none)."""
+        return treiber.pop(self._region)
+
+    def _give_back(self, region: SharedRegion, slot: int) -> None:
+        """Return an unpublished slot of ``region`` to its free stack."""
+        treiber.push(region, slot)
 
     def close(self) -> None:
         """Stop publishing: give back a slot allocated and not published
@@ -324,13 +348,20 @@ class AllocatedSlot:
     subscribers may be reading. A slot that is never published goes back to
     the pool when it is garbage collected, or replaced, and no buffer of it
     is alive.
+
+    A slot of ``allocate()`` (0.9.2's form) publishes with ``publish(n)``
+    (n <= ``max_size``; no n: all of it), and ``publish()`` after a newer
+    ``allocate`` raises ValueError as in 0.9.2. A slot of ``allocate(len)``
+    (0.1.0's form) publishes its ``len`` bytes, and a replaced one delivers
+    nothing and returns 0, as in 0.1.0.
     """
 
-    def __init__(self, publisher: Publisher, slot: int, length: int):
+    def __init__(self, publisher: Publisher, slot: int, length: int, sized: bool = True):
         self._publisher = publisher
         self._region = publisher._region
         self._slot = slot
         self._length = length
+        self._sized = sized  # allocate(len): 0.1.0's semantics
         self._published = False
         self._abandoned = False  # replaced by a newer allocate() before publish()
         self._returned = False  # given back to the free stack
@@ -344,11 +375,31 @@ class AllocatedSlot:
     def published(self) -> bool:
         return self._published
 
-    def publish(self) -> int:
-        """Deliver the message to every Live ring; returns how many. A slot
-        replaced by a newer ``allocate`` delivers nothing and returns 0."""
+    @property
+    def max_size(self) -> int:
+        """The bytes the buffer holds: the most ``publish(len)`` takes."""
+        return self._length
+
+    @property
+    def valid(self) -> bool:
+        """Neither published nor replaced by a newer ``allocate``."""
+        return not (self._published or self._abandoned)
+
+    def publish(self, len: int | None = None) -> int:
+        """Deliver the first ``len`` bytes (default: all ``max_size``) to
+        every Live ring; returns how many rings."""
         if self._published:
             raise ValueError("AllocatedSlot.publish() called more than once")
+        if len is None:
+            len = self._length
+        elif not isinstance(len, int) or isinstance(len, bool) or len < 0:
+            raise ValueError(f"publish needs a non-negative int length, got {len!r}")
+        elif len > self._length:
+            raise ValueError(f"publish(len) exceeds slot max_size: {len} > {self._length}")
+        if self._abandoned and not self._sized:
+            raise ValueError(
+                "AllocatedSlot was superseded by a later Publisher.allocate(); publishing it would commit the newer reservation"
+            )
         if self._region is not self._publisher._region:
             # The region was re-created since allocate(): the slot belongs
             # to the old one. Give it back there; the message is dropped.
@@ -359,14 +410,18 @@ class AllocatedSlot:
         self._published = True
         if self._abandoned:
             return 0
-        return self._publisher._publish(self._slot, self._length)
+        return self._publisher._publish(self._slot, len)
 
     def __buffer__(self, flags: int) -> memoryview:
+        if self._abandoned and not self._published and not self._sized:
+            raise BufferError(
+                "AllocatedSlot was superseded by a later Publisher.allocate(); its slot is back in the pool "
+                "and writing through it would corrupt another reservation"
+            )
         if self._published or self._abandoned:
             raise BufferError("AllocatedSlot has already been published; its buffer is no longer writable")
         self._exports += 1
-        start = self._region.payload_offsets[self._slot]
-        return self._region.mapping.buffer[start : start + self._length]
+        return self._region.payload_view(self._slot, self._length)
 
     def __release_buffer__(self, view: memoryview) -> None:
         self._exports -= 1
@@ -381,7 +436,7 @@ class AllocatedSlot:
     def _give_back_if_abandoned(self) -> None:
         if self._abandoned and not self._returned and self._exports == 0:
             self._returned = True
-            treiber.push(self._region, self._slot)
+            self._publisher._give_back(self._region, self._slot)
 
     def __del__(self) -> None:
         if process.pid == self._owner_pid:  # not a forked child's copy
@@ -389,3 +444,82 @@ class AllocatedSlot:
 
     def __repr__(self) -> str:
         return f"AllocatedSlot(len={self._length}, published={self._published}, region={self._region.name!r})"
+
+
+class Publisher9(Publisher):
+    """``Publisher`` on a layout-9 region: each message goes through the
+    layout-9 core (``kickmsg.protocol.v9.Publisher``: B.5-B.9, B.15).
+    Re-created regions are followed and the publisher is recorded beside
+    the region, as on layout 4."""
+
+    def __init__(self, region: SharedRegion, name: str | None = None):
+        super().__init__(region, name)
+        self._core = self._core_of(self._region)
+        self._old_dropped = 0  # dropped by the cores of regions we followed away from
+
+    @staticmethod
+    def _core_of(region: SharedRegion) -> v9.Publisher:
+        if not isinstance(region, Layout9Region):
+            raise TypeError(f"{region.name} is not a layout-9 region")  # the name now leads to a layout-4 one
+        return v9.Publisher(region.core)
+
+    @property
+    def dropped(self) -> int:
+        """Deliveries abandoned (B.9: no lock within its attempts, the
+        entry taken over, a late commit after a steal), plus slots allocated
+        in a region that was re-created before they were published."""
+        return self._dropped + self._old_dropped + self._core.dropped
+
+    def _send_unless_pool_empty(self, data: Buffer) -> int | None:
+        self._check_open()
+        if time.monotonic_ns() >= self._next_check_in_ns:
+            self._follow_if_recreated()
+        payload = data if isinstance(data, (bytes, bytearray)) else memoryview(data).cast("B")
+        size = len(payload)
+        max_size = self._region.geometry.slot_data_size
+        if size > max_size:
+            raise ValueError(
+                f"message too large: exceeds max_payload_size: {size} bytes > {max_size} of {self._region.name}"
+            )
+        # B.5 allocate (no reservation of the core is pending: AllocatedSlot keeps its own)
+        slot = self._core.allocate()
+        if slot == INVALID_SLOT:
+            return None
+        self._core.region.payload(slot, size)[:] = payload
+        self._sent += 1
+        self._core.publish(slot, size)  # B.6
+        return size
+
+    def send(self, data: Buffer) -> int:
+        """As on layout 4; an empty pool raises 0.9.2's BlockingIOError."""
+        size = self._send_unless_pool_empty(data)
+        if size is None:
+            raise BlockingIOError(
+                errno.EAGAIN, f"slot pool exhausted; try again after subscribers drain ({self._region.name}, "
+                f"pool_size {self._region.geometry.pool_size})",
+            )
+        return size
+
+    def _reserve_slot(self) -> int:
+        slot = self._core.allocate()  # B.5
+        self._core.pending = INVALID_SLOT  # the reservation is the AllocatedSlot's from now on
+        return slot
+
+    def _give_back(self, region: SharedRegion, slot: int) -> None:
+        assert isinstance(region, Layout9Region)
+        freestack.push(region.core, slot)
+
+    def _publish(self, slot: int, payload_len: int) -> int:
+        self._sent += 1
+        self._core.pending = slot  # the AllocatedSlot's reservation, handed back to the core to publish
+        return self._core.publish(slot, payload_len)
+
+    def _follow_if_recreated(self) -> None:
+        region = self._region
+        super()._follow_if_recreated()
+        if self._region is not region:
+            self._old_dropped += self._core.dropped
+            self._core = self._core_of(self._region)
+
+    def __repr__(self) -> str:
+        return f"Publisher(region={self._region.name!r}, layout=9, dropped={self.dropped})"

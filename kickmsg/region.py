@@ -7,10 +7,11 @@ import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from kickmsg import layout, owners, shm, treiber
+from kickmsg import layout, layouts, owners, shm, treiber
 from kickmsg.atomics import HARDWARE, Atomics
 from kickmsg.config import MAX_POOL_SIZE, MAX_SUBSCRIBERS, ChannelType, Config, ConfigError
 from kickmsg.layout import CorruptRegionError, Geometry, Header
+from kickmsg.protocol import v9
 from kickmsg.schema import SchemaInfo
 
 INIT_POLL_ATTEMPTS = 200  # create_or_open waits up to 200 x 10 ms for the creator
@@ -150,8 +151,16 @@ class SharedRegion:
     # -- constructors -----------------------------------------------------
 
     @staticmethod
-    def create(name: str, type: ChannelType, cfg: Config, creator: str = "", *, mode: int | None = None) -> "SharedRegion":
+    def create(
+        name: str, type: ChannelType, cfg: Config, creator: str = "", *, mode: int | None = None, layout: int | None = None
+    ) -> "SharedRegion":
         """Create a fresh region, replacing any object of that name.
+
+        ``layout`` (4 or 9; default ``$KICKMSG_LAYOUT``, else
+        ``kickmsg.layouts.DEFAULT_LAYOUT``) chooses the channel layout:
+        4 is native 0.1.0's, 9 native 0.9.2's. Layout 9 creates as 0.9.2
+        does (unlink, then an exclusive create of mode 0600 /
+        ``$KICKMSG_SHM_MODE``); what follows describes layout 4.
 
         An existing region with exactly this layout is re-initialised in
         place, as 0.1.0 does, so every process attached to it sees the new
@@ -173,6 +182,9 @@ class SharedRegion:
         ``ConfigError`` (a ``ValueError``) before anything is created; the
         memory is reserved at once.
         """
+        if layouts.chosen_layout(layout) == layouts.LAYOUT_9:
+            return _create9(name, type, cfg, creator, mode, create_or_open=False)
+        _refuse_identity_on_layout_4(name, cfg)
         geometry, creator_bytes = _new_geometry(name, type, cfg, creator)
         permissions = shm.creation_mode(mode)
         reusable = shm.allocated_bytes(name) if shm.object_size(name) == geometry.total_size else 0
@@ -190,15 +202,19 @@ class SharedRegion:
         raise RuntimeError(f"could not create {name}: other processes keep re-creating it")
 
     @staticmethod
-    def open(name: str) -> "SharedRegion":
-        """Attach to an initialised region. A geometry that cannot work
-        (``Geometry.hazards``, e.g. made by another implementation) is
-        flagged with a ``RuntimeWarning``."""
+    def open(name: str, expected_identity: int = 0) -> "SharedRegion":
+        """Attach to an initialised region of layout 4 or 9 (the version word
+        says which). A geometry that cannot work (``Geometry.hazards``, e.g.
+        made by another implementation) is flagged with a ``RuntimeWarning``.
+        ``expected_identity`` (0.9.2's; 0: any) must match a layout-9
+        region's stamped identity; layout 4 stamps none, so there it must be 0."""
+        if not isinstance(expected_identity, int) or not 0 <= expected_identity <= layout.U64_MAX:
+            raise ValueError(f"expected_identity must be an unsigned 64-bit int, got {expected_identity!r}")
         try:
             mapping = shm.open_existing(name)
         except shm.EmptyObjectError:
             raise RuntimeError(f"Invalid shared memory (bad magic): {name} is empty (0 bytes)") from None
-        return _attach(mapping)
+        return _attach(mapping, expected_identity)
 
     @staticmethod
     def inspect(name: str) -> "SharedRegion":
@@ -209,17 +225,21 @@ class SharedRegion:
             mapping = shm.open_existing(name, writable=False)
         except shm.EmptyObjectError:
             raise RuntimeError(f"Invalid shared memory (bad magic): {name} is empty (0 bytes)") from None
-        return _attach(mapping)
+        return _attach(mapping, 0)
 
     @staticmethod
     def create_or_open(
-        name: str, type: ChannelType, cfg: Config, creator: str = "", *, mode: int | None = None
+        name: str, type: ChannelType, cfg: Config, creator: str = "", *, mode: int | None = None, layout: int | None = None
     ) -> "SharedRegion":
         """Create the region if no object has this name, else open it once its
         creator has finished, and require the same config (same hash).
         ``mode`` and the refusals are ``create``'s, for the creating case
         (so a region of the native library beyond this package's bounds can
-        be joined)."""
+        be joined). ``layout`` is ``create``'s: the layout of a region this
+        call creates; an existing region of the other layout is refused."""
+        if layouts.chosen_layout(layout) == layouts.LAYOUT_9:
+            return _create9(name, type, cfg, creator, mode, create_or_open=True)
+        _refuse_identity_on_layout_4(name, cfg)
         geometry, creator_bytes = _new_geometry(name, type, cfg, creator)
         permissions = shm.creation_mode(mode)
         if shm.object_size(name) is None:
@@ -231,8 +251,13 @@ class SharedRegion:
                 return _initialise(mapping, geometry, creator_bytes, cfg.schema, in_place=False)
             # Not ours: wait until its creator has stored magic (None: it was
             # unlinked meanwhile, or its creator is before ftruncate).
+            if mapping is not None and _stamped_version(mapping) not in (None, layouts.LAYOUT_4):
+                raise RuntimeError(
+                    f"Region version mismatch on {name}: it has layout {_stamped_version(mapping)}, "
+                    f"create_or_open was asked for layout 4"
+                )
             if mapping is not None and _is_initialised(mapping):
-                region = _attach(mapping)
+                region = _attach(mapping, 0)
                 if region.geometry.config_hash != geometry.config_hash:
                     raise RuntimeError(
                         f"Config mismatch on existing region: {name} ({_config_differences(region.geometry, geometry)})"
@@ -279,8 +304,16 @@ class SharedRegion:
     def reopen_if_recreated(self) -> "SharedRegion | None":
         """The region now under this one's name, if it was re-created (see
         ``replaced``) and the new one is ready; else None. A new object that
-        is not a usable Kickmsg region raises, as ``open`` would."""
-        return _open_if_ready(self.name) if self.replaced() else None
+        is not a usable Kickmsg region raises, as ``open`` would, and so
+        does one of the other layout (a publisher or subscriber of one
+        layout cannot go on in the other: make a new one)."""
+        new_region = _open_if_ready(self.name) if self.replaced() else None
+        if new_region is not None and new_region.layout != self.layout:
+            raise RuntimeError(
+                f"{self.name} was re-created with layout {new_region.layout}; users of its layout-{self.layout} "
+                f"region cannot follow it: open it anew"
+            )
+        return new_region
 
     @property
     def read_only(self) -> bool:
@@ -295,6 +328,56 @@ class SharedRegion:
     def unlink(self) -> None:
         """Remove the region's name; attached processes keep their mapping."""
         unlink_shm(self.name)
+
+    def payload_view(self, slot: int, length: int) -> memoryview:
+        """The first ``length`` payload bytes of ``slot`` (both in range)."""
+        start = self.payload_offsets[slot]
+        return self.mapping.buffer[start : start + length]
+
+    def info(self) -> v9.RegionInfo:
+        """0.9.2's ``RegionInfo``: what the header says (both layouts)."""
+        g = self.geometry
+        creator = bytes(self.mapping.buffer[layout.HEADER_SIZE : layout.HEADER_SIZE + g.creator_name_len])
+        return v9.RegionInfo(
+            shm_name=self.name,
+            channel_type=g.channel_type,
+            version=self.layout,
+            config_hash=g.config_hash,
+            total_size=g.total_size,
+            max_subs=g.max_subs,
+            sub_ring_capacity=g.capacity,
+            pool_size=g.pool_size,
+            max_payload_size=g.slot_data_size,
+            commit_timeout_us=g.commit_timeout_us,
+            creator_pid=self.header.creator_pid,
+            creator_name=creator.decode("utf-8", errors="replace"),
+            created_at_ns=self.header.created_at_ns,
+        )
+
+    def stats(self) -> v9.RegionStats:
+        """0.9.2's ``RegionStats`` (lock-free, racy by nature). Layout 4 has
+        no counters in shared memory: drops, losses and steals read 0 (the
+        rings' lost counts of our subscribers are in ``kickmsg.owners``)."""
+        ops = self.atomics
+        rings = []
+        for ring in self.rings:
+            state_flight = ops.load_acquire_u32(ring.state_flight)
+            rings.append(
+                v9.RingStats(
+                    state=v9.layout.RING_STATE_NAMES[state_flight & layout.RING_STATE_MASK],
+                    in_flight=state_flight >> 2,
+                    write_pos=ops.load_acquire_u64(ring.write_pos),
+                    dropped_count=0,
+                    lost_count=0,
+                )
+            )
+        return v9.RegionStats(
+            rings=rings,
+            total_writes=max((r.write_pos for r in rings), default=0),
+            live_rings=sum(r.state == "Live" for r in rings),
+            pool_free=treiber.count_free(self),
+            pool_size=self.geometry.pool_size,
+        )
 
     def __repr__(self) -> str:
         g = self.geometry
@@ -613,6 +696,8 @@ class SharedRegion:
                 f"{self.name}: {source} holds slot index {slot}, but the pool has {self.geometry.pool_size} slots"
             )
 
+    layout: int = layouts.LAYOUT_4  # the region's layout version (last in the class: ``layout`` above is the module)
+
 
 def unlink_shm(name: str) -> None:
     """Remove a shared-memory object by name with its sidecars, as a whole:
@@ -634,10 +719,7 @@ def _new_geometry(name: str, type: ChannelType, cfg: Config, creator: str) -> tu
     shm.check_name(name)
     if not isinstance(cfg, Config):
         raise TypeError(f"cfg must be a kickmsg.Config, got {cfg!r}")
-    try:
-        channel_type = ChannelType(type)
-    except ValueError:
-        raise ConfigError(f"channel type must be ChannelType.PubSub or ChannelType.Broadcast, got {type!r}") from None
+    channel_type = _channel_type(type)
     problem = cfg.validation_error()
     if problem:
         raise ConfigError(f"{problem} (creating {name})")
@@ -827,6 +909,13 @@ def _is_initialised(mapping: shm.Mapping) -> bool:
     return magic == layout.MAGIC and Header.from_address(mapping.address).version == layout.VERSION
 
 
+def _stamped_version(mapping: shm.Mapping) -> int | None:
+    """The version word of an initialised region (magic read with acquire), else None."""
+    if mapping.size < layout.HEADER_SIZE or HARDWARE.load_acquire_u64(mapping.address + layout.MAGIC_OFFSET) != layout.MAGIC:
+        return None
+    return HARDWARE.load_relaxed_u32(mapping.address + layout.VERSION_OFFSET)
+
+
 def _open_if_ready(name: str) -> SharedRegion | None:
     """``SharedRegion.open(name)``, or None while there is no object of that
     name or it is not initialised yet (being created)."""
@@ -836,22 +925,35 @@ def _open_if_ready(name: str) -> SharedRegion | None:
         return None
     if mapping.size < 8 or HARDWARE.load_acquire_u64(mapping.address + layout.MAGIC_OFFSET) != layout.MAGIC:
         return None
-    return _attach(mapping)
+    return _attach(mapping, 0)
 
 
-def _attach(mapping: shm.Mapping) -> SharedRegion:
-    """Check an initialised-looking mapping and wrap it; flag a geometry
+def _attach(mapping: shm.Mapping, expected_identity: int) -> SharedRegion:
+    """Check an initialised-looking mapping and wrap it as the layout its
+    version word (offset 8, after magic) names; flag a layout-4 geometry
     that cannot work (when attached to use it, not to inspect it)."""
     name = mapping.name
     if mapping.size < 8 or HARDWARE.load_acquire_u64(mapping.address + layout.MAGIC_OFFSET) != layout.MAGIC:
         raise RuntimeError(f"Invalid shared memory (bad magic): {name}")
+    version = HARDWARE.load_relaxed_u32(mapping.address + layout.VERSION_OFFSET) if mapping.size >= 12 else None
+    if version == layouts.LAYOUT_9:
+        from kickmsg import region9  # it builds on this module
+
+        return region9.attach(mapping, expected_identity)
+    if version not in layouts.SUPPORTED_LAYOUTS:
+        raise RuntimeError(
+            f"Version mismatch: {name} has layout version {version}, this library reads layouts 4 and 9"
+        )
+    if expected_identity:
+        raise RuntimeError(
+            f"Identity mismatch on {name}: it is a layout-4 region, which stamps no identity "
+            f"(expected 0x{expected_identity:016x})"
+        )
     if mapping.size < layout.HEADER_SIZE:
         raise RuntimeError(
             f"Region {name} is truncated: {mapping.size} bytes, smaller than the {layout.HEADER_SIZE}-byte header"
         )
     header = Header.from_address(mapping.address)
-    if header.version != layout.VERSION:
-        raise RuntimeError(f"Version mismatch: {name} has layout version {header.version}, this library reads {layout.VERSION}")
     geometry = Geometry.from_header(header)
     problems = geometry.problems(mapping.size, header.sub_ring_mask)
     if problems:
@@ -860,3 +962,50 @@ def _attach(mapping: shm.Mapping) -> SharedRegion:
         for hazard in geometry.hazards():
             warnings.warn(f"{name}: {hazard}", RuntimeWarning, stacklevel=3)
     return SharedRegion(mapping, geometry)
+
+
+def _refuse_identity_on_layout_4(name: str, cfg: Config) -> None:
+    if cfg.identity:
+        raise ConfigError(
+            f"cannot create {name} with Config.identity 0x{cfg.identity:016x}: layout 4 stamps no identity "
+            f"(layout=9 does)"
+        )
+
+
+def _create9(
+    name: str, type: ChannelType, cfg: Config, creator: str, mode: int | None, create_or_open: bool
+) -> SharedRegion:
+    """``create``/``create_or_open`` of a layout-9 region (``kickmsg.region9``)."""
+    from kickmsg import region9  # it builds on this module
+
+    shm.check_name(name)
+    if not isinstance(cfg, Config):
+        raise TypeError(f"cfg must be a kickmsg.Config, got {cfg!r}")
+    if mode is not None:
+        raise ValueError(f"mode={mode!r}: a layout-9 region takes its mode from $KICKMSG_SHM_MODE (else 0600), as 0.9.2")
+    channel_type = _channel_type(type)
+    problem = cfg.validation_error()
+    if problem:
+        raise ConfigError(f"{problem} (creating {name})")
+    config = v9.ChannelConfig(
+        cfg.max_subscribers, cfg.sub_ring_capacity, cfg.pool_size, cfg.max_payload_size, cfg.commit_timeout_us,
+        cfg.schema, cfg.identity,
+    )
+    try:
+        geometry = config.geometry(channel_type, len(creator.encode("utf-8")))
+    except ValueError as error:
+        raise ConfigError(f"{error} (creating {name})") from None
+    if create_or_open and shm.object_size(name) is not None:
+        return region9.create_or_open(name, channel_type, config, creator)
+    _check_creatable(name, region9.described_geometry(geometry), 0)
+    if create_or_open:
+        return region9.create_or_open(name, channel_type, config, creator)
+    owners.unlink(name)  # sidecars of a layout-4 region of that name
+    return region9.create(name, channel_type, config, creator)
+
+
+def _channel_type(type: int) -> ChannelType:
+    """A channel type a region can be made of (not ``NoChannel``)."""
+    if type in (ChannelType.PubSub, ChannelType.Broadcast) and not isinstance(type, bool):
+        return ChannelType(type)
+    raise ConfigError(f"channel type must be ChannelType.PubSub or ChannelType.Broadcast, got {type!r}")

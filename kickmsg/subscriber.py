@@ -11,7 +11,8 @@ import weakref
 from collections.abc import Callable
 from typing import Self, TypeVar
 
-from kickmsg import owners, process, treiber
+from kickmsg import layouts, owners, process, treiber
+from kickmsg.atomics import FUTEX_TIMED_OUT
 from kickmsg.config import to_microseconds
 from kickmsg.layout import (
     LOCKED_SEQUENCE,
@@ -24,7 +25,18 @@ from kickmsg.layout import (
     SLOT_IDX_OFFSET,
     U32_MAX,
 )
+from kickmsg.protocol import v9
+from kickmsg.protocol.v9.layout import (
+    HAS_WAITER_OFFSET,
+    SEQUENCE_OFFSET as SEQUENCE_OFFSET_9,
+    WAITER_FUTEX,
+    WAITER_NONE,
+    WRITE_POS_OFFSET,
+    seq_locked,
+    seq_pos,
+)
 from kickmsg.region import RingAddresses, SharedRegion
+from kickmsg.region9 import Layout9Region
 
 M = TypeVar("M")  # what a receive gives: bytes or a SampleView
 
@@ -52,7 +64,15 @@ class Subscriber:
     Beyond 0.1.0, ``spin`` (a timedelta or seconds; 0: never): a blocking
     receive whose previous wait took less than ``spin`` keeps trying for up
     to that long, holding the GIL, before it sleeps on the futex.
+
+    On a layout-9 region the object is a ``Subscriber9``, which receives
+    through the layout-9 core (``kickmsg.protocol.v9.receive``).
     """
+
+    def __new__(cls, region: SharedRegion, *, spin: datetime.timedelta | float = DEFAULT_SPIN_S) -> "Subscriber":
+        if cls is Subscriber and isinstance(region, SharedRegion) and region.layout == layouts.LAYOUT_9:
+            return super().__new__(Subscriber9)
+        return super().__new__(cls)
 
     def __init__(self, region: SharedRegion, *, spin: datetime.timedelta | float = DEFAULT_SPIN_S):
         if not isinstance(region, SharedRegion):
@@ -619,3 +639,209 @@ class SampleView:
 
     def __repr__(self) -> str:
         return f"SampleView(len={len(self)}, ring_pos={self._ring_pos}, valid={self.valid})"
+
+
+class SampleView9(SampleView):
+    """``SampleView`` of a layout-9 message: the core's view (one pinned
+    reference, B.10), released once no buffer of it is alive."""
+
+    def __init__(self, core: v9.SampleView):
+        self._core = core
+        self._slot = core.slot
+        self._length = len(core)
+        self._ring_pos = core.ring_pos
+        self._released = False
+        self._pinned = True
+        self._exports = 0
+        self._owner_pid = process.pid
+
+    def __buffer__(self, flags: int) -> memoryview:
+        if self._released:
+            raise BufferError("SampleView is no longer valid (pin already released)")
+        self._exports += 1
+        return memoryview(self._core)
+
+    def __release_buffer__(self, view: memoryview) -> None:
+        view.release()  # the core's own buffer
+        self._exports -= 1
+        self._unpin_if_done()
+
+    def _unpin_if_done(self) -> None:
+        if self._released and self._pinned and self._exports == 0:
+            self._pinned = False
+            self._core.release()
+
+
+class Subscriber9(Subscriber):
+    """``Subscriber`` on a layout-9 region: join, receive, blocking receive
+    and leave through the layout-9 core (``kickmsg.protocol.v9.Subscriber``:
+    B.4, B.10-B.12). The ring's owner is the pid and start time the core
+    stores in the ring header (no sidecar); ``lost`` is also counted there.
+    Spin-then-park, read-latest, WaitSet and asyncio waiting, and following a
+    re-created region work as on layout 4."""
+
+    def __init__(self, region: SharedRegion, *, spin: datetime.timedelta | float = DEFAULT_SPIN_S):
+        self._spin_ns = to_microseconds(spin, "spin") * 1000
+        self._idle_gap_ns = None
+        region.require_writable("subscribe")
+        region = region.reopen_if_recreated() or region
+        self._lost = 0  # lost in rings of regions we followed away from
+        self._skipped = 0
+        self._drain_timeouts = 0
+        self._rejoined = 0
+        self._waiting = False  # a WaitSet set has_waiter on our ring
+        self._owner_pid = process.pid
+        self._closed = True  # until a ring is ours
+        self._take(region)
+        self._closed = False
+
+    def _take(self, region: SharedRegion) -> None:
+        if not isinstance(region, Layout9Region):
+            raise TypeError(f"{region.name} is not a layout-9 region")  # the name now leads to a layout-4 one
+        self._region = region
+        self._core = v9.Subscriber(region.core)  # B.4 join
+        self._next_check_in_ns = region.next_check_in_ns()
+
+    @property
+    def lost(self) -> int:
+        return self._lost + self._core.lost
+
+    @property
+    def drain_timeouts(self) -> int:
+        return self._drain_timeouts + self._core.drain_timeouts
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ValueError(f"this subscriber of {self._region.name} is closed")
+
+    def try_receive(self) -> bytes | None:
+        self._check_open()
+        if time.monotonic_ns() >= self._next_check_in_ns:
+            self._check_in()
+        return self._core.try_receive()  # B.10, copied under the pin
+
+    def try_receive_view(self) -> "SampleView | None":
+        self._check_open()
+        if time.monotonic_ns() >= self._next_check_in_ns:
+            self._check_in()
+        core_view = self._core.try_receive_view()  # B.10
+        return None if core_view is None else SampleView9(core_view)
+
+    def _skip_to_newest(self) -> None:
+        """Read-latest: move the core's read position to the newest entry
+        committed at its own position (a skip marker or lock is passed by)."""
+        self._check_open()
+        core = self._core
+        region = core.region
+        ops = region.atomics
+        write_pos = ops.load_acquire_u64(core.ring + WRITE_POS_OFFSET)
+        if write_pos - core.read_pos > region.geometry.capacity:
+            skipped_to = write_pos - region.geometry.capacity
+            core.lose(skipped_to - core.read_pos)  # overwritten: lost, as in receive
+            core.read_pos = skipped_to
+        for position in range(write_pos - 1, core.read_pos, -1):
+            sequence = ops.load_acquire_u64(region.entry_address(core.ring_index, position) + SEQUENCE_OFFSET_9)
+            if sequence == position + 1:
+                self._skipped += position - core.read_pos
+                core.read_pos = position
+                return
+
+    def _check_in(self) -> None:
+        self._next_check_in_ns = self._region.next_check_in_ns()
+        self._follow_if_recreated()
+
+    def _follow_if_recreated(self) -> None:
+        """A layout-9 region is re-created as a new object: join a ring of
+        it, leave the old ring; what we had not read there counts as lost."""
+        new_region = self._region.reopen_if_recreated()
+        if new_region is None:
+            return
+        old = self._core
+        write_pos = old.region.atomics.load_acquire_u64(old.ring + WRITE_POS_OFFSET)
+        unread = min(max(0, write_pos - old.read_pos), old.region.geometry.capacity)
+        self._take(new_region)  # none free: raise, try again at the next call
+        if not old.close():
+            self._drain_timeouts += 1
+        self._lost += old.lost + unread
+        self._drain_timeouts += old.drain_timeouts
+        self._rejoined += 1
+
+    def _sleep_until_written(self, deadline_ns: int | None) -> None:
+        """B.11: park on the low 32 bits of write_pos with has_waiter = 1 and
+        the seq_cst fence; nap briefly while the head is claimed but not
+        committed (its commit brings no wake)."""
+        remaining_ns = -1 if deadline_ns is None else deadline_ns - time.monotonic_ns()
+        if deadline_ns is not None and remaining_ns <= 0:
+            return
+        core = self._core
+        ops = core.region.atomics
+        current = ops.load_relaxed_u64(core.ring + WRITE_POS_OFFSET)
+        if current > core.read_pos:
+            time.sleep(_at_most(remaining_ns, UNCOMMITTED_POLL_NS) / 1e9)  # B.11: the head is claimed
+            return
+        if self._region.mapping.shared:
+            remaining_ns = _at_most(remaining_ns, max(0, self._next_check_in_ns - time.monotonic_ns()))
+        ops.store_relaxed_u32(core.ring + HAS_WAITER_OFFSET, WAITER_FUTEX)
+        ops.fence_seq_cst()
+        outcome = ops.futex_wait(core.ring + WRITE_POS_OFFSET, current & U32_MAX, remaining_ns)
+        ops.store_relaxed_u32(core.ring + HAS_WAITER_OFFSET, WAITER_NONE)
+        if outcome < 0 and outcome != FUTEX_TIMED_OUT:
+            raise OSError(-outcome, f"futex_wait on {self._region.name}: {os.strerror(-outcome)}")
+
+    def _announce_wait(self, check_in: bool) -> tuple[int, int, int] | None:
+        """B.11's steps before the sleep, for a WaitSet: has_waiter = 1,
+        seq_cst fence, write_pos. As ``Subscriber._announce_wait``."""
+        self._check_open()
+        if check_in:
+            self._end_wait()
+            self._check_in()
+        core = self._core
+        ops = core.region.atomics
+        ops.store_relaxed_u32(core.ring + HAS_WAITER_OFFSET, WAITER_FUTEX)
+        ops.fence_seq_cst()
+        self._waiting = True
+        write_pos = ops.load_acquire_u64(core.ring + WRITE_POS_OFFSET)
+        ready = self._ready_at(write_pos)
+        if ready:
+            return None
+        return core.ring + WRITE_POS_OFFSET, write_pos & U32_MAX, -1 if ready is None else UNCOMMITTED_POLL_NS
+
+    def _has_message_ready(self) -> bool:
+        self._check_open()
+        core = self._core
+        return bool(self._ready_at(core.region.atomics.load_acquire_u64(core.ring + WRITE_POS_OFFSET)))
+
+    def _ready_at(self, write_pos: int) -> bool | None:
+        """True if a receive has something to do (a committed entry, a skip
+        marker, or the ring lapped us), None if the ring is empty, False
+        while the next entry is claimed but not committed."""
+        core = self._core
+        if write_pos <= core.read_pos:
+            return None
+        if write_pos - core.read_pos > core.region.geometry.capacity:
+            return True
+        entry = core.region.entry_address(core.ring_index, core.read_pos)
+        sequence = core.region.atomics.load_acquire_u64(entry + SEQUENCE_OFFSET_9)
+        return not seq_locked(sequence) and seq_pos(sequence) > core.read_pos
+
+    def _end_wait(self) -> None:
+        if self._waiting:
+            self._waiting = False
+            core = self._core
+            core.region.atomics.store_relaxed_u32(core.ring + HAS_WAITER_OFFSET, WAITER_NONE)
+
+    def close(self) -> None:
+        """Leave the ring (B.12: drain every claim of its window, free it)."""
+        if not self._closed:
+            self._closed = True
+            self._end_wait()
+            self._core.close()
+
+    def __del__(self) -> None:
+        """Leave when collected, as 0.9.2's Subscriber (not in a forked child: the ring is the parent's)."""
+        if getattr(self, "_closed", True) is False and process.pid == self._owner_pid:
+            self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"ring={self._core.ring_index}, read_pos={self._core.read_pos}"
+        return f"Subscriber(region={self._region.name!r}, layout=9, {state}, lost={self.lost}, rejoined={self._rejoined})"

@@ -56,3 +56,15 @@ def release_slot(region: "SharedRegion", slot: int, references: int = 1) -> None
     previous = region.atomics.fetch_sub_acq_rel_u32(region.slot_addresses[slot] + REFCOUNT_OFFSET, references)
     if previous == references:
         push(region, slot)
+
+
+def count_free(region: "SharedRegion") -> int:
+    """Slots on the stack now (racy), walking at most pool_size links."""
+    ops = region.atomics
+    pool_size = region.geometry.pool_size
+    slot = ops.load_acquire_u64(region.free_top_address) & U32_MAX
+    count = 0
+    while slot != INVALID_SLOT and slot < pool_size and count < pool_size:
+        count += 1
+        slot = ops.load_relaxed_u32(region.slot_addresses[slot] + NEXT_FREE_OFFSET)
+    return count

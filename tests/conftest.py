@@ -54,3 +54,16 @@ def procs():
     started = crashworkers.Processes()
     yield started
     started.kill_all()
+
+
+@pytest.fixture(params=[4, 9], ids=["layout4", "layout9"])
+def layout(request, monkeypatch):
+    """Run the test on layout 4 and on layout 9: regions created without a
+    ``layout=`` (SharedRegion.create/create_or_open, Node), here and in the
+    test's children, get this one (through $KICKMSG_LAYOUT)."""
+    monkeypatch.setenv("KICKMSG_LAYOUT", str(request.param))
+    return request.param
+
+
+# On a test of a module that runs on both layouts: this one holds for layout 4 only.
+layout4_only = pytest.mark.parametrize("layout", [4], ids=["layout4"], indirect=True)

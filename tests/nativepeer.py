@@ -103,7 +103,14 @@ def publish(pub, seqs, how="mixed", seconds=20.0):
         payload = make_payload(seq)
         zero_copy = how == "allocate" or (how == "mixed" and index % 2 == 1)
         while True:
-            if zero_copy:
+            if zero_copy and hasattr(kickmsg.AllocatedSlot, "max_size"):  # 0.9.2's form (ours too)
+                slot = pub.allocate()
+                if slot is not None:
+                    with memoryview(slot) as view:
+                        view[: len(payload)] = payload
+                    reached.add(slot.publish(len(payload)))
+                    break
+            elif zero_copy:  # 0.1.0's form
                 slot = pub.allocate(len(payload))
                 if slot is not None:
                     with memoryview(slot) as view:
@@ -337,4 +344,16 @@ def run_native(code: str, timeout: float = DEFAULT_TIMEOUT, **params):
 def run_ours(code: str, timeout: float = DEFAULT_TIMEOUT, **params):
     """Run ``code`` with this package in a subprocess; its JSON result."""
     with start_ours(code, timeout, **params) as peer:
+        return peer.result()
+
+
+def start_native_of_layout(code: str, timeout: float = DEFAULT_TIMEOUT, **params) -> Peer:
+    """Start ``code`` with the native kickmsg of the layout under test:
+    0.9.2 when $KICKMSG_LAYOUT is 9 (the ``layout`` fixture sets it), else 0.1.0."""
+    return (start_native9 if os.environ.get("KICKMSG_LAYOUT") == "9" else start_native)(code, timeout, **params)
+
+
+def run_native_of_layout(code: str, timeout: float = DEFAULT_TIMEOUT, **params):
+    """Run ``code`` to completion with the native kickmsg of the layout under test; its JSON result."""
+    with start_native_of_layout(code, timeout, **params) as peer:
         return peer.result()

@@ -13,10 +13,11 @@ import time
 import pytest
 
 from kickmsg import Config, Node, Publisher, Subscriber, aio, typed
-from nativepeer import check_payload, race, start_native, start_ours
+from nativepeer import check_payload, race, start_native, start_native9, start_ours
 from test_waitset import RECREATE_AND_PUBLISH, SMALL, channels, has_waiters, waitv_path  # noqa: F401 (fixtures)
 
-pytestmark = pytest.mark.timeout(120)
+# Every test on layout 4 and layout 9 (the ``layout`` fixture), but those marked layout4_only.
+pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("layout")]
 
 
 def waiter_threads() -> list[threading.Thread]:
@@ -158,17 +159,18 @@ done({"published": P["count"]})
 """
 
 
-def test_three_channels_fed_by_three_processes_one_of_them_native(channels, waitv_path):
+def test_three_channels_fed_by_three_processes_one_of_them_native(channels, waitv_path, layout):
     """``aio.messages`` over three channels, each fed by a process (ours by
-    copy, ours in place, native 0.1.0): per channel, messages arrive in
-    order, intact, and received + lost is exactly what was published."""
+    copy, ours in place, native 0.1.0 or 0.9.2 as the layout): per channel,
+    messages arrive in order, intact, and received + lost is exactly what
+    was published."""
     count = 3000
     regions = channels(3, sub_ring_capacity=64, pool_size=256, max_payload_size=256)
     subscribers = [Subscriber(region) for region in regions]
     publishers = [
         start_ours(BURSTS, name=regions[0].name, count=count, how="send"),
         start_ours(BURSTS, name=regions[1].name, count=count, how="allocate"),
-        start_native(BURSTS, name=regions[2].name, count=count, how="mixed"),
+        {4: start_native, 9: start_native9}[layout](BURSTS, name=regions[2].name, count=count, how="mixed"),
     ]
     received = {subscriber: [] for subscriber in subscribers}
     for thread in waiter_threads():  # those of earlier tests' loops end within a second

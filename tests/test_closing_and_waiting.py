@@ -11,7 +11,8 @@ from kickmsg import ChannelType, Config, Publisher, SharedRegion, Subscriber, Wa
 from kickmsg.region import unlink_shm
 from nativepeer import start_ours
 
-pytestmark = pytest.mark.timeout(120)
+# Every test on layout 4 and layout 9 (the ``layout`` fixture).
+pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("layout")]
 
 SMALL = Config(max_subscribers=4, sub_ring_capacity=8, pool_size=16, max_payload_size=64)
 

@@ -17,10 +17,15 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from kickmsg import ChannelType, Config, Publisher, SharedRegion, Subscriber, process
 import rawregion
 
 CHILD_TIMEOUT_S = 20
+
+# On layout 4 and on layout 9 (the scenario's interpreter inherits $KICKMSG_LAYOUT).
+pytestmark = pytest.mark.usefixtures("layout")
 
 
 def refcounts(name: str) -> list:

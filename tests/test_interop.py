@@ -1,4 +1,5 @@
-"""Interop with the native kickmsg 0.1.0, which runs only in subprocesses.
+"""Interop with the native kickmsg 0.1.0 on layout 4 and 0.9.2 on layout 9
+(the ``layout`` fixture), which run only in subprocesses.
 
 Each test shares one channel between this package and the native library:
 native creates -> we publish -> native receives, and the reverse; the copy
@@ -23,9 +24,9 @@ from nativepeer import (
     make_config,
     publish,
     receive_until,
-    run_native,
+    run_native_of_layout,
     run_ours,
-    start_native,
+    start_native_of_layout,
     start_ours,
 )
 
@@ -33,6 +34,9 @@ from nativepeer import (
 ROOMY = {"max_subscribers": 4, "sub_ring_capacity": 256, "pool_size": 512, "max_payload_size": 256}
 # A channel that wraps: 8 entries per ring.
 TIGHT = {"max_subscribers": 2, "sub_ring_capacity": 8, "pool_size": 32, "max_payload_size": 256}
+
+# Every test on layout 4 against 0.1.0, and on layout 9 against 0.9.2.
+pytestmark = pytest.mark.usefixtures("layout")
 
 # -- snippets, run by either implementation (see nativepeer) -----------------
 
@@ -115,11 +119,11 @@ done(check_payload(data))
 
 
 def start(impl, code, **params):
-    return (start_native if impl == "native" else start_ours)(code, **params)
+    return (start_native_of_layout if impl == "native" else start_ours)(code, **params)
 
 
 def run(impl, code, **params):
-    return (run_native if impl == "native" else run_ours)(code, **params)
+    return (run_native_of_layout if impl == "native" else run_ours)(code, **params)
 
 
 def assert_stream(result, published, lossless):
@@ -154,9 +158,11 @@ def first_differences(a: bytes, b: bytes, limit=10) -> list:
 # -- the helper itself --------------------------------------------------------
 
 
-def test_peers_run_the_intended_implementations():
-    """The native child imports the compiled module, ours the package."""
-    assert run_native("done(kickmsg.__file__)").endswith("kickmsg.abi3.so")
+def test_peers_run_the_intended_implementations(layout):
+    """The native child imports the compiled module (0.9.2's package around
+    it, on layout 9), ours the package."""
+    native = {4: "kickmsg-0.1.0/kickmsg.abi3.so", 9: "kickmsg-0.9.2/kickmsg/__init__.py"}[layout]
+    assert run_native_of_layout("done(kickmsg.__file__)").endswith(native)
     assert run_ours("done(kickmsg.__file__)") == kickmsg.__file__
 
 
@@ -192,15 +198,16 @@ HEADER_CASES = {
 
 
 @pytest.mark.parametrize("case", HEADER_CASES)
-def test_fresh_region_bytes_match_native(shm_name, case):
+def test_fresh_region_bytes_match_native(shm_name, case, layout):
     """A region we create is byte-identical to the native one for the same
-    arguments, apart from creator_pid and created_at_ns. Both stamp
-    created_at_ns from CLOCK_MONOTONIC (WIRE.md's table says wall clock;
-    0.1.0 does not)."""
+    arguments, apart from creator_pid and created_at_ns. On layout 4 both
+    stamp created_at_ns from CLOCK_MONOTONIC (WIRE.md's table says wall
+    clock; 0.1.0 does not), on layout 9 from CLOCK_REALTIME (WIRE9.md G.1)."""
     channel_type, config, creator, config_hash, total_size = HEADER_CASES[case]
-    before = time.monotonic_ns()
-    pid = run_native(CREATE, name=shm_name, how="create", type=channel_type, config=config, creator=creator)["pid"]
-    after = time.monotonic_ns()
+    clock_ns = time.monotonic_ns if layout == 4 else time.time_ns
+    before = clock_ns()
+    pid = run_native_of_layout(CREATE, name=shm_name, how="create", type=channel_type, config=config, creator=creator)["pid"]
+    after = clock_ns()
     native = rawregion.read_bytes(shm_name)
 
     region = SharedRegion.create(shm_name, getattr(ChannelType, channel_type), make_config(config), creator)
@@ -211,9 +218,9 @@ def test_fresh_region_bytes_match_native(shm_name, case):
     assert native_header["creator_pid"] == pid
     assert our_header["creator_pid"] == os.getpid()
     assert before <= native_header["created_at_ns"] <= after
-    assert after <= our_header["created_at_ns"] <= time.monotonic_ns()
+    assert after <= our_header["created_at_ns"] <= clock_ns()
     assert our_header["creator_name"] == creator
-    if config_hash is not None:
+    if config_hash is not None and layout == 4:  # the sizes measured on 0.1.0
         assert (native_header["config_hash"], native_header["total_size"]) == (config_hash, total_size)
     assert len(ours) == len(native)
     assert masked(ours) == masked(native), f"(offset, ours, native): {first_differences(masked(ours), masked(native))}"
@@ -242,7 +249,7 @@ def test_schema_written_by_one_side_is_read_by_the_other(writer, shm_name):
 def test_native_creates_and_receives_what_we_publish(shm_name, mode):
     """Native creates and subscribes; we publish by send and by allocate."""
     count = 150
-    with start_native(SUBSCRIBE, name=shm_name, how="create", config=ROOMY, mode=mode, last=[count - 1]) as peer:
+    with start_native_of_layout(SUBSCRIBE, name=shm_name, how="create", config=ROOMY, mode=mode, last=[count - 1]) as peer:
         peer.wait_ready()
         pub = Publisher(SharedRegion.open(shm_name))
         assert publish(pub, range(count), "mixed") == [1]
@@ -262,7 +269,7 @@ def test_we_create_and_receive_what_native_publishes(shm_name, mode):
     count = 150
     region = SharedRegion.create(shm_name, ChannelType.PubSub, make_config(ROOMY), "ours")
     with Subscriber(region) as sub:
-        with start_native(PUBLISH, name=shm_name, first=0, count=count) as peer:
+        with start_native_of_layout(PUBLISH, name=shm_name, first=0, count=count) as peer:
             result = receive_until(sub, [count - 1], mode)
             assert peer.result() == [1]
         result["more"] = sub.try_receive() is not None
@@ -278,7 +285,7 @@ def test_zero_copy_view_of_native_message_outlives_the_subscriber(shm_name):
     subscriber leaves; releasing it makes the pool whole."""
     region = SharedRegion.create(shm_name, ChannelType.PubSub, make_config(ROOMY), "ours")
     sub = Subscriber(region)
-    run_native(PUBLISH, name=shm_name, first=0, count=3)
+    run_native_of_layout(PUBLISH, name=shm_name, first=0, count=3)
     view = sub.try_receive_view()
     sub.close()
     assert check_payload(view) == 0
@@ -366,7 +373,7 @@ def test_we_read_along_a_native_publisher_wrapping_the_ring(shm_name):
     count = 5000
     region = SharedRegion.create(shm_name, ChannelType.PubSub, make_config(TIGHT), "ours")
     with Subscriber(region) as sub:
-        with start_native(PUBLISH, name=shm_name, first=0, count=count) as peer:
+        with start_native_of_layout(PUBLISH, name=shm_name, first=0, count=count) as peer:
             result = receive_until(sub, [count - 1], "mixed")
             assert peer.result() == [1]
         result["more"] = sub.try_receive() is not None
@@ -387,7 +394,7 @@ def test_our_create_or_open_accepts_a_native_region(shm_name):
     """Native creates and subscribes; our create_or_open with the same config
     opens that region (no re-creation) and our messages reach native."""
     count = 50
-    with start_native(SUBSCRIBE, name=shm_name, how="create", config=ROOMY, creator="native", mode="copy",
+    with start_native_of_layout(SUBSCRIBE, name=shm_name, how="create", config=ROOMY, creator="native", mode="copy",
                       last=[count - 1]) as peer:
         peer.wait_ready()
         region = SharedRegion.create_or_open(shm_name, ChannelType.PubSub, make_config(ROOMY), "ours")
@@ -403,7 +410,7 @@ def test_our_create_or_open_accepts_a_native_region(shm_name):
 def test_our_create_or_open_rejects_a_different_native_region(shm_name, mismatch):
     """A different config (or channel type) on a native region is refused,
     and the region is left as it was."""
-    run_native(CREATE, name=shm_name, how="create", config=ROOMY, creator="native")
+    run_native_of_layout(CREATE, name=shm_name, how="create", config=ROOMY, creator="native")
     before = rawregion.read_bytes(shm_name)
     channel_type, config = MISMATCHES[mismatch]
     with pytest.raises(RuntimeError, match=f"Config mismatch on existing region: {shm_name}"):
@@ -417,7 +424,7 @@ def test_native_create_or_open_accepts_our_region(shm_name):
     count = 50
     region = SharedRegion.create(shm_name, ChannelType.PubSub, make_config(ROOMY), "ours")
     with Subscriber(region) as sub:
-        published = run_native(PUBLISH, name=shm_name, how="create_or_open", config=ROOMY, creator="native",
+        published = run_native_of_layout(PUBLISH, name=shm_name, how="create_or_open", config=ROOMY, creator="native",
                                first=0, count=count)
         assert published == [1]
         result = receive_until(sub, [count - 1], "mixed")
@@ -434,7 +441,7 @@ def test_native_create_or_open_rejects_a_different_region_of_ours(shm_name, mism
     region = SharedRegion.create(shm_name, ChannelType.PubSub, make_config(ROOMY), "ours")
     before = rawregion.read_bytes(shm_name)
     channel_type, config = MISMATCHES[mismatch]
-    outcome = run_native(TRY_CREATE_OR_OPEN, name=shm_name, how="create_or_open", type=channel_type, config=config)
+    outcome = run_native_of_layout(TRY_CREATE_OR_OPEN, name=shm_name, how="create_or_open", type=channel_type, config=config)
     assert outcome == {"error": "RuntimeError", "message": f"Config mismatch on existing region: {shm_name}"}
     assert rawregion.read_bytes(shm_name) == before
     del region
@@ -452,7 +459,7 @@ def test_create_or_open_race_between_implementations():
         name = new_shm_name("race")
         spec = dict(name=name, how="create_or_open", config=ROOMY, mode="copy", last=[count - 1], wait=True)
         with (
-            start_native(SUBSCRIBE, creator="native", **spec) as native,
+            start_native_of_layout(SUBSCRIBE, creator="native", **spec) as native,
             start_ours(SUBSCRIBE, creator="ours", **spec) as ours,
         ):
             native.wait_ready()
@@ -483,12 +490,12 @@ def test_native_and_our_publishers_share_a_channel(shm_name):
     native_seqs = [1_000_000 + i for i in range(count)]
     our_seqs = [2_000_000 + i for i in range(count)]
     last = [native_seqs[-1], our_seqs[-1]]
-    run_native(CREATE, name=shm_name, how="create", type="Broadcast", config=config, creator="native")
+    run_native_of_layout(CREATE, name=shm_name, how="create", type="Broadcast", config=config, creator="native")
     with Subscriber(SharedRegion.open(shm_name)) as our_sub:
-        with start_native(SUBSCRIBE, name=shm_name, mode="mixed", last=last) as native_sub:
+        with start_native_of_layout(SUBSCRIBE, name=shm_name, mode="mixed", last=last) as native_sub:
             native_sub.wait_ready()
             with (
-                start_native(PUBLISH, name=shm_name, first=native_seqs[0], count=count, wait=True) as native_pub,
+                start_native_of_layout(PUBLISH, name=shm_name, first=native_seqs[0], count=count, wait=True) as native_pub,
                 start_ours(PUBLISH, name=shm_name, first=our_seqs[0], count=count, wait=True) as our_pub,
             ):
                 native_pub.wait_ready()
@@ -515,7 +522,7 @@ def test_float_commit_timeout_gives_the_native_config_hash(shm_name, seconds):
     seconds * 1e6), or create_or_open of the other side's region fails
     for the very same Config."""
     config = dict(ROOMY, commit_timeout=seconds)
-    run_native(CREATE, name=shm_name, how="create", config=config)
+    run_native_of_layout(CREATE, name=shm_name, how="create", config=config)
     native_us = rawregion.header(rawregion.read_bytes(shm_name))["commit_timeout_us"]
     assert native_us == int(seconds * 1e6)
     assert make_config(config).commit_timeout // datetime.timedelta(microseconds=1) == native_us
@@ -526,7 +533,7 @@ def test_we_open_a_native_region_with_a_long_commit_timeout(shm_name):
     """A 2-hour commit timeout is a valid native config: we open that region
     and our messages reach its native subscriber."""
     config = dict(ROOMY, commit_timeout=7200.0)
-    with start_native(SUBSCRIBE, name=shm_name, how="create", config=config, mode="copy", last=[0]) as peer:
+    with start_native_of_layout(SUBSCRIBE, name=shm_name, how="create", config=config, mode="copy", last=[0]) as peer:
         peer.wait_ready()
         publish(Publisher(SharedRegion.open(shm_name)), [0], "send")
         assert_stream(peer.result(), [0], lossless=True)

@@ -1,5 +1,6 @@
-"""Interop with the native kickmsg 0.1.0 for the Node patterns, the schema
-descriptor and typed channels.
+"""Interop with the native kickmsg 0.1.0 (layout 4) and 0.9.2 (layout 9:
+the ``layout`` fixture) for the Node patterns, the schema descriptor and
+typed channels.
 
 The same snippets run under either implementation (see ``nativepeer``), so
 each pattern is tested in both directions: topics (advertise on one side,
@@ -16,11 +17,14 @@ from kickmsg import ChannelType, Config, Node, SchemaInfo, SharedRegion, Subscri
 from kickmsg import typed
 import rawregion
 from conftest import new_shm_name
-from nativepeer import publish, race, start_native, start_ours
+from nativepeer import publish, race, start_native_of_layout, start_ours
 
 DIRECTIONS = [("native", "ours"), ("ours", "native")]
 CONFIG = {"max_subscribers": 4, "sub_ring_capacity": 128, "pool_size": 256, "max_payload_size": 256}
 COUNT = 60
+
+# Every test on layout 4 against 0.1.0, and on layout 9 against 0.9.2.
+pytestmark = pytest.mark.usefixtures("layout")
 
 SCHEMA = {
     "identity": bytes(range(1, 65)).hex(),
@@ -44,7 +48,7 @@ def schema_dict(info):
 """
 
 COMMON = SCHEMA_DICT + """
-node = kickmsg.Node(P["node"], prefix=P["prefix"])
+node = kickmsg.Node(P["node"], P["prefix"])  # positional: 0.1.0 calls it prefix, 0.9.2 namespace
 cfg = make_config(P.get("config", {}))
 """
 
@@ -146,7 +150,7 @@ done(region.try_claim_schema(info))
 
 
 def start(impl, code, **params):
-    return (start_native if impl == "native" else start_ours)(code, **params)
+    return (start_native_of_layout if impl == "native" else start_ours)(code, **params)
 
 
 def run(impl, code, **params):
@@ -170,8 +174,9 @@ def assert_all_received(result, published):
         assert mine == sorted(mine)
 
 
-def test_snippets_run_the_intended_implementations(prefix):
-    assert run("native", COMMON + "done(kickmsg.__file__)", node="n", prefix=prefix).endswith(".so")
+def test_snippets_run_the_intended_implementations(prefix, layout):
+    native = {4: "kickmsg-0.1.0/kickmsg.abi3.so", 9: "kickmsg-0.9.2/kickmsg/__init__.py"}[layout]
+    assert run("native", COMMON + "done(kickmsg.__file__)", node="n", prefix=prefix).endswith(native)
     assert run("ours", COMMON + "done(kickmsg.__file__)", node="n", prefix=prefix).endswith("__init__.py")
 
 
@@ -251,7 +256,7 @@ def test_native_mailbox_has_no_room_for_our_subscriber(prefix):
     """max_subscribers 1 as the native owner made it: our second
     subscriber is refused while the owner reads."""
     params = dict(prefix=prefix, topic="inbox", config=CONFIG)
-    with start_native(READER, node="owner", how="create_mailbox", last=[0], **params) as inbox:
+    with start_native_of_layout(READER, node="owner", how="create_mailbox", last=[0], **params) as inbox:
         inbox.wait_ready()
         region = SharedRegion.open(f"/{prefix}_owner_mbx_inbox")
         with pytest.raises(RuntimeError, match="No free subscriber slots"):
@@ -387,7 +392,7 @@ def test_our_typed_channel_read_by_a_native_plain_subscriber(prefix):
     batch["accel"] = np.arange(9, dtype="<f4").reshape(3, 3)
     batch["ok"] = [True, False, True]
     single = np.array([(7, (0.5, -0.5, 9.81), True)], dtype=Imu.dtype)
-    with start_native(RAW_READER, node="native-sub", prefix=prefix, topic="imu", count=3) as reader:
+    with start_native_of_layout(RAW_READER, node="native-sub", prefix=prefix, topic="imu", count=3) as reader:
         reader.wait_ready()
         assert pub.send((7, (0.5, -0.5, 9.81), True)) == 1
         assert pub.send(batch) == 3

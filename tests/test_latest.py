@@ -20,6 +20,9 @@ from nativepeer import check_payload, publish, start_ours
 
 LOCKED = 0xFFFFFFFFFFFFFFFF
 
+# Every test on layout 4 and layout 9 (the ``layout`` fixture), but those marked layout4_only.
+pytestmark = pytest.mark.usefixtures("layout")
+
 
 def make(name: str, **fields):
     cfg = Config(**{**dict(max_subscribers=2, sub_ring_capacity=8, pool_size=32, max_payload_size=64), **fields})

@@ -35,6 +35,9 @@ from conftest import new_shm_name
 
 SMALL = dict(max_subscribers=2, sub_ring_capacity=4, pool_size=8, max_payload_size=64)
 
+# Every test on layout 4 and layout 9 (the ``layout`` fixture).
+pytestmark = pytest.mark.usefixtures("layout")
+
 
 def small(**fields) -> Config:
     return Config(**{**SMALL, **fields})

@@ -11,9 +11,12 @@ import pytest
 
 from kickmsg import BroadcastHandle, ChannelType, Config, Node, Publisher, SchemaInfo, Subscriber
 import rawregion
-from conftest import SESSION_PREFIX
+from conftest import SESSION_PREFIX, layout4_only
 
 SMALL = dict(max_subscribers=4, sub_ring_capacity=4, pool_size=16, max_payload_size=64)
+
+# Every test on layout 4 and layout 9 (the ``layout`` fixture), but those marked layout4_only.
+pytestmark = pytest.mark.usefixtures("layout")
 
 
 def small(**fields) -> Config:
@@ -108,6 +111,7 @@ def test_subscribe_to_a_missing_topic_raises(prefix):
     assert not exists(f"/{prefix}_nothing")
 
 
+@layout4_only
 def test_topic_with_a_slash_is_refused(prefix):
     """Names are not sanitised: a '/' makes an invalid shm name."""
     node = Node("driver", prefix=prefix)

@@ -1,5 +1,7 @@
 """Publish/receive semantics in one process: fan-out, loss, pool exhaustion,
-zero-copy buffers and their lifetimes, subscriber teardown, blocking."""
+zero-copy buffers and their lifetimes, subscriber teardown, blocking. Each
+test runs on layout 4 and layout 9 (the ``layout`` fixture), but those that
+read layout 4's ring entries or its words."""
 import datetime
 import errno
 import gc
@@ -11,8 +13,12 @@ import numpy as np
 import pytest
 
 import rawregion
+from conftest import layout4_only
 from kickmsg.atomics import Atomics
 from kickmsg import AllocatedSlot, ChannelType, Config, Publisher, SampleView, SharedRegion, Subscriber
+
+
+pytestmark = pytest.mark.usefixtures("layout")
 
 
 def make_region(name, channel_type=ChannelType.PubSub, **changes):
@@ -173,6 +179,7 @@ def test_broadcast_channel(shm_name):
 # -- errors -------------------------------------------------------------------------
 
 
+@layout4_only
 def test_pool_exhaustion_by_views_says_so(shm_name):
     """A ring of 2 keeps 2 slots; views held pin the others until the pool
     is empty. The error names the cause: slots pinned by views."""
@@ -200,6 +207,7 @@ def test_pool_exhaustion_by_views_says_so(shm_name):
     rawregion.assert_pool_whole(shm_name)
 
 
+@layout4_only
 def test_pool_exhaustion_by_unpublished_slots_says_so(shm_name):
     """Slots allocated and never published are named as the cause."""
     region = make_region(shm_name, max_subscribers=1, sub_ring_capacity=2, pool_size=4)
@@ -323,6 +331,7 @@ def test_dropped_unpublished_slot_returns_to_pool(shm_name):
     rawregion.assert_pool_whole(shm_name)
 
 
+@layout4_only
 def test_numpy_over_allocated_slot_is_zero_copy(shm_name):
     region = make_region(shm_name)
     subscriber = Subscriber(region)
@@ -355,6 +364,7 @@ def test_numpy_over_allocated_slot_is_zero_copy(shm_name):
 # -- SampleView ------------------------------------------------------------------------------
 
 
+@layout4_only
 def test_sample_view_basics(shm_name):
     region = make_region(shm_name, max_subscribers=1)
     subscriber = Subscriber(region)
@@ -377,6 +387,7 @@ def test_sample_view_basics(shm_name):
     rawregion.assert_pool_whole(shm_name)
 
 
+@layout4_only
 def test_sample_view_context_manager(shm_name):
     region = make_region(shm_name, max_subscribers=1)
     subscriber = Subscriber(region)
@@ -391,6 +402,7 @@ def test_sample_view_context_manager(shm_name):
     rawregion.assert_pool_whole(shm_name)
 
 
+@layout4_only
 def test_memoryview_keeps_view_and_pin_alive(shm_name):
     region = make_region(shm_name, max_subscribers=1)
     subscriber = Subscriber(region)
@@ -410,6 +422,7 @@ def test_memoryview_keeps_view_and_pin_alive(shm_name):
     rawregion.assert_pool_whole(shm_name)
 
 
+@layout4_only
 def test_memoryview_outlives_release(shm_name):
     region = make_region(shm_name, max_subscribers=1)
     subscriber = Subscriber(region)
@@ -439,6 +452,7 @@ def test_view_outlives_subscriber_and_region(shm_name):
     rawregion.assert_pool_whole(shm_name)
 
 
+@layout4_only
 def test_numpy_asarray_of_view(shm_name):
     region = make_region(shm_name, max_subscribers=1)
     subscriber = Subscriber(region)
@@ -586,6 +600,7 @@ class CountingAtomics(Atomics):
         return super().load_relaxed_u32(address)
 
 
+@layout4_only
 def test_send_retrying_reads_only_the_top_of_a_dry_pool(shm_name):
     """Each retry of send_retrying on an empty pool reads the free stack's
     top and nothing else: the explanation of send's error (a look at every

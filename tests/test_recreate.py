@@ -25,9 +25,12 @@ import pytest
 
 from kickmsg import ChannelType, Config, Node, Publisher, SharedRegion, Subscriber, typed
 from kickmsg.region import CHECK_IN_INTERVAL_NS
+from conftest import layout4_only
 from nativepeer import start_native, start_ours
 
-pytestmark = pytest.mark.timeout(120)
+# Every test on layout 4 and layout 9 (layout 9 re-creates as a new object
+# only), but those marked layout4_only.
+pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("layout")]
 CONFIG = dict(max_subscribers=4, sub_ring_capacity=256, pool_size=512, max_payload_size=64)
 CHECK_IN_INTERVAL_S = CHECK_IN_INTERVAL_NS / 1e9
 
@@ -111,6 +114,7 @@ def run_two_advertisers(prefix: str, second_config: dict, wait_for_subscriber: b
             return listener.result(), a.result(), b.result()
 
 
+@layout4_only
 def test_two_advertisers_in_place_lose_nothing_uncounted(prefix):
     """The ROS habit: two processes advertise the same topic with the same
     config. The second re-creates the region in place; the listener's ring
@@ -159,6 +163,7 @@ done(region.diagnose().live_rings)
 """
 
 
+@layout4_only
 def test_a_native_re_create_in_place_is_followed(shm_name):
     """The native library re-creates the region in place and wipes our
     subscriber's ring (its write position drops to 0). Our subscriber

@@ -9,6 +9,10 @@ import time
 import pytest
 
 import kickmsg
+from conftest import layout4_only
+
+# Every test on layout 4 and layout 9 (the ``layout`` fixture), but those marked layout4_only.
+pytestmark = pytest.mark.usefixtures("layout")
 
 
 def subscriber_counting_waits(region, spin):
@@ -138,6 +142,7 @@ def minor_faults_touching(buffer, start, end) -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
 
 
+@layout4_only
 def test_a_writable_mapping_has_its_pages_mapped_already(shm_name):
     """Create and open map every page (MADV_POPULATE_WRITE): a first pass over
     a 4 MiB pool takes (almost) no page faults, where it used to take one

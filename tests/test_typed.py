@@ -22,6 +22,9 @@ ALGO = 0x4B4D5459  # "KMTY"
 IMU_FIELDS = [("stamp_ns", "<u8"), ("accel", "<f4", (3,))]
 Imu = RecordType("Imu", IMU_FIELDS)
 
+# Every test on layout 4 and layout 9 (the ``layout`` fixture), but those marked layout4_only.
+pytestmark = pytest.mark.usefixtures("layout")
+
 
 @pytest.fixture
 def node(prefix):

@@ -21,9 +21,11 @@ from kickmsg import ChannelType, Config, Node, Publisher, SharedRegion, Subscrib
 from kickmsg.atomics import Atomics
 from kickmsg.layout import LOCKED_SEQUENCE, SEQUENCE_OFFSET, U32_MAX
 from kickmsg.region import unlink_shm
-from nativepeer import start_native, start_ours
+from nativepeer import start_native, start_native9, start_ours
+from conftest import layout4_only
 
-pytestmark = pytest.mark.timeout(120)
+# Every test on layout 4 and layout 9 (the ``layout`` fixture), but those marked layout4_only.
+pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("layout")]
 SMALL = dict(max_subscribers=2, sub_ring_capacity=8, pool_size=16, max_payload_size=64)
 WAITV_PATHS = {"kernel": atomics.futex_waitv_kernel, "polling": atomics.futex_waitv_polling}
 
@@ -197,6 +199,7 @@ def check_announced_before_every_sleep(trace: list, write_pos: int) -> None:
     assert any(event[0] == "sleep on" for event in trace) and has_waiter[-1] == ("has_waiter =", 0), trace
 
 
+@layout4_only
 def test_a_wait_announces_itself_on_each_ring_as_a_blocking_receive_does(channels, monkeypatch):
     (region,) = channels(1)
     subscriber = Subscriber(region)
@@ -214,6 +217,7 @@ def test_a_wait_announces_itself_on_each_ring_as_a_blocking_receive_does(channel
     assert ("write_pos ->", 1) in recording.trace
 
 
+@layout4_only
 def test_an_entry_claimed_but_not_committed_is_not_ready(channels):
     """A publisher between claiming a position and committing it: the
     WaitSet naps (as a blocking receive does) instead of reporting it."""
@@ -377,17 +381,18 @@ done({"woken": region.atomics.woken if P["count_wakes"] else None})
 @pytest.mark.parametrize(
     "impl, path", [("ours", "kernel"), ("ours", "polling"), ("native", "kernel")], ids=["ours", "ours-polling", "native"]
 )
-def test_a_hundred_subscribers_woken_by_another_process(channels, monkeypatch, impl, path):
+def test_a_hundred_subscribers_woken_by_another_process(channels, monkeypatch, layout, impl, path):
     """A publish from another process into one of 100 channels wakes the
     WaitSet, which returns exactly that subscriber; the publisher's
-    wake-up found it asleep on that ring's futex (kernel path)."""
+    wake-up found it asleep on that ring's futex (kernel path). The native
+    publisher is the one of the layout: 0.1.0 or 0.9.2."""
     monkeypatch.setattr(Atomics, "futex_waitv", staticmethod(WAITV_PATHS[path]))
     regions = channels(100)
     subscribers = [Subscriber(region) for region in regions]
     waitset = WaitSet()
     for subscriber in subscribers:
         waitset.add(subscriber)
-    start = start_ours if impl == "ours" else start_native
+    start = start_ours if impl == "ours" else {4: start_native, 9: start_native9}[layout]
     params = dict(
         name=regions[99].name, pid=os.getpid(), syscall="449" if path == "kernel" else "202", message=f"from {impl}",
         count_wakes=impl == "ours",

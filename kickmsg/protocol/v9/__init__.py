@@ -12,7 +12,8 @@ Each module reads beside its section of WIRE9.md:
 - ``registry``: ``Registry``, ``NodeRows``: the participant registry, version 4 (C);
 - ``blackboard``: ``Blackboard`` and its writers and readers, region version 2 (D).
 
-Nothing here is wired into ``kickmsg.SharedRegion`` yet.
+``kickmsg.SharedRegion`` and the API classes hand layout-9 regions to this
+core (``kickmsg.region9``, ``Publisher9``, ``Subscriber9``, ``SampleView9``).
 """
 from kickmsg.protocol.v9.publish import Publisher
 from kickmsg.protocol.v9.receive import SampleView, Subscriber

@@ -163,6 +163,7 @@ assert SlotHeader.payload_len.offset == 8
 
 # Offsets of the atomic words, for address arithmetic.
 MAGIC_OFFSET = Header.magic.offset
+CREATED_AT_OFFSET = Header.created_at_ns.offset
 SCHEMA_STATE_OFFSET = Header.schema_state.offset
 SCHEMA_DATA_OFFSET = Header.schema_data.offset
 FREE_TOP_OFFSET = Header.free_top.offset

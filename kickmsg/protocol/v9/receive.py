@@ -62,7 +62,7 @@ class SampleView:
 
     def __init__(self, region: Region, slot: int, length: int, ring_pos: int) -> None:
         self._region = region
-        self._slot = slot
+        self.slot = slot  # the pinned slot
         self._length = length
         self.ring_pos = ring_pos
         self._exports = 0
@@ -75,7 +75,7 @@ class SampleView:
         if not self.valid:
             raise BufferError("SampleView was released")
         self._exports += 1
-        return self._region.payload(self._slot, self._length).toreadonly()
+        return self._region.payload(self.slot, self._length).toreadonly()
 
     def __release_buffer__(self, view: memoryview) -> None:
         self._exports -= 1
@@ -84,7 +84,7 @@ class SampleView:
     def __bytes__(self) -> bytes:
         if not self.valid:
             raise BufferError("SampleView was released")
-        return bytes(self._region.payload(self._slot, self._length))
+        return bytes(self._region.payload(self.slot, self._length))
 
     def release(self) -> None:
         """Drop the pin (acq_rel); the last reference pushes the slot."""
@@ -93,7 +93,7 @@ class SampleView:
         if self._exports:
             raise BufferError(f"SampleView still has {self._exports} memoryview(s) open")
         self.valid = False
-        freestack.release(self._region, self._slot)
+        freestack.release(self._region, self.slot)
 
     def __enter__(self) -> "SampleView":
         return self
@@ -111,6 +111,7 @@ class Subscriber:
         self.drain_timeouts = 0
         self.ring_index = -1
         self.ring = 0
+        self.owner_pid = os.getpid()
         self._join()
 
     # -- B.4 Join ---------------------------------------------------------------
@@ -141,7 +142,8 @@ class Subscriber:
 
     # -- B.10 Receive ---------------------------------------------------------------
 
-    def _lose(self, count: int = 1) -> None:
+    def lose(self, count: int = 1) -> None:
+        """Count ``count`` messages lost, here and in the ring header's lost_count."""
         self.lost += count
         self.region.atomics.fetch_add_relaxed_u64(self.ring + LOST_COUNT_OFFSET, count)
 
@@ -163,7 +165,7 @@ class Subscriber:
                 return None
             # 2. overrun by more than a lap: skip what was overwritten
             if write_pos - self.read_pos > g.capacity:
-                self._lose(write_pos - self.read_pos - g.capacity)
+                self.lose(write_pos - self.read_pos - g.capacity)
                 self.read_pos = write_pos - g.capacity
             # 3. the entry's sequence
             entry = region.entry_address(self.ring_index, self.read_pos)
@@ -172,19 +174,19 @@ class Subscriber:
             # 4. not this position's commit
             if s1 != expected:
                 if seq_skip(s1) and seq_pos(s1) == expected:
-                    self._lose()  # a skip marker: consumed, no sample
+                    self.lose()  # a skip marker: consumed, no sample
                     self.read_pos += 1
                     continue
                 if seq_locked(s1) or seq_pos(s1) < expected:
                     return None  # claimed, not yet committed
-                self._lose()  # overwritten by a later lap
+                self.lose()  # overwritten by a later lap
                 self.read_pos += 1
                 continue
             # 5. the claim must be this position's and name a slot in range
             meta = ops.load_relaxed_u64(entry + META_OFFSET)
             field = meta_slot_field(meta)
             if meta_tag(meta) != meta_tag_of(self.read_pos) or field == 0 or field - 1 >= g.pool_size:
-                self._lose()
+                self.lose()
                 self.read_pos += 1
                 continue
             slot = field - 1
@@ -199,20 +201,20 @@ class Subscriber:
                     break
                 refcount = found
             if not pinned:
-                self._lose()
+                self.lose()
                 self.read_pos += 1
                 continue
             # 7. seqlock re-check
             if ops.load_acquire_u64(entry + SEQUENCE_OFFSET) != s1:
                 self._unpin(slot)
-                self._lose()
+                self.lose()
                 self.read_pos += 1
                 continue
             # 8. the length, under the pin
             length = ops.load_relaxed_u32(slot_address + PAYLOAD_LEN_OFFSET)
             if length > g.slot_data_size:
                 self._unpin(slot)
-                self._lose()
+                self.lose()
                 self.read_pos += 1
                 continue
             # 9. success
@@ -336,8 +338,8 @@ class Subscriber:
                 freestack.release(region, field - 1)
 
     def __del__(self) -> None:
-        # As the native Subscriber's destructor: leave when dropped.
-        if getattr(self, "ring_index", -1) >= 0:
+        # As the native Subscriber's destructor: leave when dropped (not a forked child's copy).
+        if getattr(self, "ring_index", -1) >= 0 and self.owner_pid == os.getpid():
             self.close()
 
     def __enter__(self) -> "Subscriber":

@@ -1,0 +1,348 @@
+"""Both layouts through one API: choosing the layout of a new region, open
+and inspect reading the version word, identities, info/stats, and 0.9.2's
+Python API (allocate() and AllocatedSlot, ChannelType.NoChannel,
+current_pid/process_exists, Node naming) on layout 4 and layout 9."""
+import os
+import struct
+import subprocess
+import sys
+
+import pytest
+
+import kickmsg
+import rawregion
+from nativepeer import run_native, run_native9, run_ours
+from kickmsg import ChannelType, Config, Node, Publisher, SharedRegion, Subscriber, layouts
+from kickmsg.protocol.v9 import layout as layout9
+
+SMALL = dict(max_subscribers=2, sub_ring_capacity=8, pool_size=16, max_payload_size=32)
+
+
+def version_word(name: str) -> int:
+    return struct.unpack_from("<I", rawregion.read_bytes(name), 8)[0]
+
+
+# -- which layout a new region gets ---------------------------------------------------------
+
+
+def test_the_default_is_layout_4_until_the_tools_speak_9(shm_name, monkeypatch):
+    monkeypatch.delenv("KICKMSG_LAYOUT", raising=False)
+    assert layouts.DEFAULT_LAYOUT == 4
+    region = SharedRegion.create(shm_name, ChannelType.PubSub, Config(**SMALL))
+    assert (region.layout, version_word(shm_name)) == (4, 4)
+
+
+@pytest.mark.parametrize("env, wanted", [("4", 4), ("9", 9)])
+def test_kickmsg_layout_chooses_and_the_keyword_overrides_it(shm_name, monkeypatch, env, wanted):
+    monkeypatch.setenv("KICKMSG_LAYOUT", env)
+    region = SharedRegion.create(shm_name, ChannelType.PubSub, Config(**SMALL))
+    assert (region.layout, version_word(shm_name)) == (wanted, wanted)
+    other = 13 - wanted
+    region = SharedRegion.create(shm_name, ChannelType.PubSub, Config(**SMALL), layout=other)
+    assert (region.layout, version_word(shm_name)) == (other, other)
+    with pytest.raises(RuntimeError, match=f"{shm_name}.*layout {other}.*layout {wanted}|version {other}, this layout speaks {wanted}"):
+        SharedRegion.create_or_open(shm_name, ChannelType.PubSub, Config(**SMALL))  # the other layout exists
+
+
+@pytest.mark.parametrize("value", ["5", "nine", "", "4.0"])
+def test_a_bad_kickmsg_layout_is_a_value_error_naming_it(shm_name, monkeypatch, value):
+    monkeypatch.setenv("KICKMSG_LAYOUT", value)
+    with pytest.raises(ValueError, match=f"KICKMSG_LAYOUT must be 4 or 9, got {value!r}"):
+        SharedRegion.create(shm_name, ChannelType.PubSub, Config(**SMALL))
+    with pytest.raises(ValueError, match="KICKMSG_LAYOUT"):
+        Node("n", "x")
+    assert not os.path.exists("/dev/shm" + shm_name)
+
+
+@pytest.mark.parametrize("value", [5, True, "9", 4.0])
+def test_a_bad_layout_keyword_is_a_value_error_naming_it(shm_name, value):
+    with pytest.raises(ValueError, match=f"layout must be 4 or 9, got {value!r}"):
+        SharedRegion.create(shm_name, ChannelType.PubSub, Config(**SMALL), layout=value)
+
+
+# -- open and inspect read the version word -----------------------------------------------------
+
+
+@pytest.mark.parametrize("layout", [4, 9])
+def test_open_and_inspect_attach_to_either_layout(shm_name, layout):
+    SharedRegion.create(shm_name, ChannelType.Broadcast, Config(**SMALL), "maker", layout=layout)
+    for region in (SharedRegion.open(shm_name), SharedRegion.inspect(shm_name)):
+        assert region.layout == layout
+        assert region.channel_type == ChannelType.Broadcast
+        info = region.info()
+        assert (info.version, info.shm_name, info.creator_name, info.pool_size) == (layout, shm_name, "maker", 16)
+        assert (info.max_subs, info.sub_ring_capacity, info.max_payload_size) == (2, 8, 32)
+        assert info.creator_pid == os.getpid()
+    assert SharedRegion.inspect(shm_name).read_only
+
+
+TRY_OPEN = r"""
+try:
+    region = kickmsg.SharedRegion.open(P["name"])
+    done("opened")
+except Exception as error:
+    done(type(error).__name__ + ": " + str(error))
+"""
+
+
+@pytest.mark.parametrize("layout, other_native", [(4, run_native9), (9, run_native)], ids=["layout4-0.9.2", "layout9-0.1.0"])
+def test_the_native_of_the_other_layout_fails_cleanly_where_ours_opens_both(shm_name, layout, other_native):
+    SharedRegion.create(shm_name, ChannelType.PubSub, Config(**SMALL), layout=layout)
+    refusal = {4: "RuntimeError: Region version mismatch", 9: "RuntimeError: Version mismatch"}[layout]
+    assert other_native(TRY_OPEN, name=shm_name) == refusal
+    region = SharedRegion.open(shm_name)
+    subscriber = Subscriber(region)
+    Publisher(region).send(b"still works")
+    assert (region.layout, subscriber.try_receive()) == (layout, b"still works")
+
+
+@pytest.mark.parametrize("version", [0, 5, 8, 10])
+def test_any_other_version_is_refused_naming_it_and_the_versions_read(shm_name, version):
+    SharedRegion.create(shm_name, ChannelType.PubSub, Config(**SMALL), layout=4)
+    with open("/dev/shm" + shm_name, "r+b") as file:
+        file.seek(8)
+        file.write(struct.pack("<I", version))
+    for attach in (SharedRegion.open, SharedRegion.inspect):
+        with pytest.raises(RuntimeError, match=f"{shm_name} has layout version {version}, this library reads layouts 4 and 9"):
+            attach(shm_name)
+
+
+def test_a_corrupt_layout_9_region_is_refused_by_its_validation(shm_name):
+    SharedRegion.create(shm_name, ChannelType.PubSub, Config(**SMALL), layout=9)
+    with open("/dev/shm" + shm_name, "r+b") as file:
+        file.seek(rawregion.HEADER_OFFSETS["sub_ring_capacity"][0])
+        file.write(struct.pack("<Q", 6))
+    with pytest.raises(RuntimeError, match="sub_ring_capacity not a power of 2"):
+        SharedRegion.open(shm_name)
+
+
+# -- identity (layout 9 stamps one; layout 4 has none) ------------------------------------------
+
+
+def test_expected_identity_is_checked_on_layout_9(shm_name):
+    SharedRegion.create(shm_name, ChannelType.PubSub, Config(**SMALL, identity=0x1234), layout=9)
+    assert SharedRegion.open(shm_name, 0x1234).layout == 9
+    assert SharedRegion.open(shm_name).layout == 9  # 0: any
+    with pytest.raises(RuntimeError, match="0x0000000000001234.*0x0000000000004321"):
+        SharedRegion.open(shm_name, expected_identity=0x4321)
+
+
+def test_layout_4_stamps_no_identity_and_says_so(shm_name):
+    with pytest.raises(ValueError, match="Config.identity 0x0000000000000007: layout 4 stamps no identity"):
+        SharedRegion.create(shm_name, ChannelType.PubSub, Config(**SMALL, identity=7), layout=4)
+    SharedRegion.create(shm_name, ChannelType.PubSub, Config(**SMALL), layout=4)
+    with pytest.raises(RuntimeError, match="layout-4 region, which stamps no identity"):
+        SharedRegion.open(shm_name, expected_identity=7)
+    with pytest.raises(ValueError, match="Config.identity must be an unsigned 64-bit integer, got -1"):
+        Config(identity=-1)
+
+
+def test_no_channel_makes_no_region(shm_name, layout):
+    assert ChannelType.NoChannel == 0
+    with pytest.raises(ValueError, match="got <ChannelType.NoChannel: 0>"):
+        SharedRegion.create(shm_name, ChannelType.NoChannel, Config(**SMALL))
+    assert not os.path.exists("/dev/shm" + shm_name)
+
+
+# -- stats ----------------------------------------------------------------------------------------
+
+
+def test_stats_count_writes_losses_and_the_free_pool(shm_name, layout):
+    region = SharedRegion.create(shm_name, ChannelType.PubSub, Config(**SMALL))
+    subscriber = Subscriber(region)
+    publisher = Publisher(region)
+    for number in range(10):  # 10 into an 8-entry ring: 2 overwritten
+        publisher.send(bytes([number]))
+    assert [message[0] for message in subscriber] == list(range(2, 10))
+    stats = region.stats()
+    assert (stats.total_writes, stats.live_rings, stats.pool_size, stats.total_steals) == (10, 1, 16, 0)
+    assert stats.pool_free == 16 - 8  # the ring keeps its last 8 messages' slots
+    assert [ring.state for ring in stats.rings] == ["Live", "Free"]
+    assert stats.total_losses == (2 if layout == 9 else 0)  # layout 9 counts them in the ring header
+    subscriber.close()
+    assert region.stats().pool_free == 16
+
+
+# -- 0.9.2's allocate() and AllocatedSlot, on both layouts ---------------------------------------
+
+
+def test_allocate_without_a_length_publishes_what_it_is_told(shm_name, layout):
+    region = SharedRegion.create(shm_name, ChannelType.PubSub, Config(**SMALL))
+    subscriber = Subscriber(region)
+    publisher = Publisher(region)
+    slot = publisher.allocate()
+    assert (slot.max_size, len(slot), slot.valid, slot.published) == (32, 32, True, False)
+    with memoryview(slot) as view:
+        view[:5] = b"hello"
+    assert slot.publish(5) == 1
+    assert (slot.valid, slot.published) == (False, True)
+    assert subscriber.try_receive() == b"hello"
+    with pytest.raises(ValueError, match=r"AllocatedSlot.publish\(\) called more than once"):
+        slot.publish(5)
+    with pytest.raises(BufferError, match="already been published"):
+        memoryview(slot)
+    whole = publisher.allocate()
+    memoryview(whole)[:] = bytes(range(32))
+    assert whole.publish() == 1  # no length: all max_size bytes
+    assert subscriber.try_receive() == bytes(range(32))
+    subscriber.close()
+    rawregion.assert_pool_whole(shm_name)
+
+
+def test_a_superseded_slot_refuses_as_0_9_2_and_goes_back(shm_name, layout):
+    region = SharedRegion.create(shm_name, ChannelType.PubSub, Config(**SMALL))
+    publisher = Publisher(region)
+    first = publisher.allocate()
+    second = publisher.allocate()
+    assert (first.valid, second.valid) == (False, True)
+    with pytest.raises(ValueError, match=r"superseded by a later Publisher.allocate\(\); publishing it would commit"):
+        first.publish(1)
+    with pytest.raises(BufferError, match="superseded by a later Publisher.allocate"):
+        memoryview(first)
+    with pytest.raises(ValueError, match=r"publish\(len\) exceeds slot max_size: 33 > 32"):
+        second.publish(33)
+    assert second.valid  # a refused length publishes nothing
+    del first, second
+    rawregion.assert_pool_whole(shm_name)
+
+
+def test_allocate_with_a_length_keeps_0_1_0s_semantics(shm_name, layout):
+    region = SharedRegion.create(shm_name, ChannelType.PubSub, Config(**SMALL))
+    subscriber = Subscriber(region)
+    publisher = Publisher(region)
+    assert publisher.allocate(33) is None
+    first = publisher.allocate(3)
+    assert (len(first), first.max_size) == (3, 3)
+    publisher.allocate(2)
+    assert first.publish() == 0  # replaced: delivers nothing, as in 0.1.0
+    slot = publisher.allocate(4)
+    memoryview(slot)[:] = b"abcd"
+    assert slot.publish() == 1
+    assert subscriber.try_receive() == b"abcd"
+
+
+# -- functions ------------------------------------------------------------------------------------
+
+
+def test_current_pid_and_process_exists():
+    assert kickmsg.current_pid() == os.getpid()
+    assert kickmsg.process_exists(os.getpid()) and kickmsg.process_exists(1)
+    child = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True)
+    assert not kickmsg.process_exists(int(child.stdout))  # exited and reaped
+    with pytest.raises(ValueError, match="got 0"):
+        kickmsg.process_exists(0)
+
+
+# -- Node: 0.9.2's naming on layout 9, 0.1.0's on layout 4 ----------------------------------------
+
+
+def test_node_names_and_identities_of_0_9_2_on_layout_9(prefix):
+    namespace = prefix + " ns!"
+    node = Node("my node/x", namespace=namespace, layout=9)
+    clean = prefix + "_ns_"
+    assert (node.name, node.namespace, node.prefix, node.layout) == ("my_node.x", clean, clean, 9)
+    publisher = node.advertise("/robot/arm:joint 1", Config(**SMALL))
+    broadcast = node.join_broadcast("all", Config(**SMALL))
+    mailbox = node.create_mailbox("in box", Config(**SMALL))
+    names = {
+        f"/{clean}_robot.arm_joint_1": layout9.topic_identity(clean, "/robot/arm:joint 1"),
+        f"/{clean}_broadcast_all": layout9.broadcast_identity(clean, "all"),
+        f"/{clean}_my_node.x_mbx_in_box": layout9.mailbox_identity(clean, "my_node.x", "in box"),
+    }
+    for name, identity in names.items():
+        data = rawregion.read_bytes(name)
+        assert struct.unpack_from("<IQ", data, 8)[0] == 9
+        assert struct.unpack_from("<Q", data, 784)[0] == identity  # A.2: identity_hash
+    subscriber = Node("reader", clean, layout=9).subscribe("/robot/arm:joint 1")
+    Node("writer", clean, layout=9).open_mailbox("my node/x", "in box").send(b"to x")
+    publisher.send(b"joint")
+    broadcast.pub.send(b"all")
+    assert (subscriber.try_receive(), mailbox.try_receive(), broadcast.sub.try_receive()) == (b"joint", b"to x", b"all")
+
+
+def test_node_refuses_empty_components_and_long_names_as_0_9_2(prefix):
+    with pytest.raises(ValueError, match="sanitize_shm_component: topic name is empty after sanitization"):
+        Node("n", prefix, layout=9).advertise("///")
+    with pytest.raises(RuntimeError, match="shm name exceeds platform limit: .*t: File name too long"):
+        Node("n", prefix, layout=9).advertise("t" * 300)
+
+
+def test_a_node_opening_another_identity_is_refused(prefix):
+    """Same shm name, other identity: the topic "a b" and "a_b" sanitize alike."""
+    Node("n", prefix, layout=9).advertise("a b", Config(**SMALL))
+    with pytest.raises(RuntimeError, match="Identity mismatch on existing region"):
+        Node("m", prefix, layout=9).subscribe("a_b")  # 0.9.2: "Identity mismatch on existing region (shm name collision)"
+
+
+def test_node_keeps_0_1_0s_names_on_layout_4(prefix):
+    node = Node("my node", prefix, layout=4)
+    node.advertise("a:b", Config(**SMALL))
+    assert version_word(f"/{prefix}_a:b") == 4
+
+
+def test_layout_4_internals_asked_of_a_layout_9_region_are_a_clear_error(shm_name):
+    """What a tool that does not handle layout 9 yet reaches for: a
+    RuntimeError naming the region (the tools report those), not a crash."""
+    region = SharedRegion.create(shm_name, ChannelType.PubSub, Config(**SMALL), layout=9)
+    for internal in ("header", "rings", "free_top_address"):
+        with pytest.raises(RuntimeError, match=f"{shm_name} is a layout-9 region: {internal} is layout 4's"):
+            getattr(region, internal)
+    assert not hasattr(region, "slot_addresses")  # still an AttributeError
+
+
+SLOT_ERRORS = r"""
+region = kickmsg.SharedRegion.open(P["name"])
+publisher = kickmsg.Publisher(region)
+texts = []
+
+def error_of(action):
+    try:
+        action()
+    except Exception as error:
+        texts.append([type(error).__name__, str(error)])
+    else:
+        texts.append(None)
+
+first = publisher.allocate()
+second = publisher.allocate()
+facts = [first.max_size, len(second), first.valid, second.valid]
+error_of(lambda: first.publish(1))
+error_of(lambda: memoryview(first))
+error_of(lambda: second.publish(second.max_size + 1))
+second.publish(2)
+facts.append(second.valid)
+error_of(lambda: second.publish(2))
+error_of(lambda: memoryview(second))
+done({"facts": facts, "errors": texts})
+"""
+
+
+@pytest.mark.parametrize("implementation", ["native 0.9.2", "ours"])
+def test_allocated_slot_facts_and_errors_are_0_9_2s(shm_name, implementation):
+    """The same calls on a layout-9 region by the 0.9.2 wheel and by us:
+    the same facts, the same exception types, our texts beginning with
+    0.9.2's (ours may add the values at fault)."""
+    SharedRegion.create(shm_name, ChannelType.PubSub, Config(**SMALL), layout=9)
+    run = run_native9 if implementation == "native 0.9.2" else run_ours
+    result = run(SLOT_ERRORS, name=shm_name)
+    assert result["facts"] == [32, 32, False, True, False]
+    expected = [
+        ["ValueError", "AllocatedSlot was superseded by a later Publisher.allocate(); publishing it would commit the newer reservation"],
+        ["BufferError", "AllocatedSlot was superseded by a later Publisher.allocate(); its slot is back in the pool and writing through it would corrupt another reservation"],
+        ["ValueError", "publish(len) exceeds slot max_size"],
+        ["ValueError", "AllocatedSlot.publish() called more than once"],
+        ["BufferError", "AllocatedSlot has already been published; its buffer is no longer writable"],
+    ]
+    assert [kind for kind, _ in result["errors"]] == [kind for kind, _ in expected]
+    for (_, text), (_, words) in zip(result["errors"], expected):
+        assert text.startswith(words), (text, words)
+
+
+@pytest.mark.parametrize("layout", [4, 9])
+def test_a_region_re_created_with_the_other_layout_is_not_followed(shm_name, layout):
+    region = SharedRegion.create(shm_name, ChannelType.PubSub, Config(**SMALL), layout=layout)
+    SharedRegion.create(shm_name, ChannelType.PubSub, Config(**SMALL), layout=13 - layout)
+    with pytest.raises(RuntimeError, match=f"re-created with layout {13 - layout}; users of its layout-{layout} region cannot follow it"):
+        region.reopen_if_recreated()
+    with pytest.raises(RuntimeError, match="cannot follow it"):
+        Publisher(region)  # a publisher starts where the name leads
