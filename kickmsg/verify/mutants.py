@@ -155,7 +155,7 @@ MUTANTS = {
             "payload-after-commit",
             "the payload is written before the commit store that publishes it",
             (
-                Patch(publisher.Publisher, "send", (
+                Patch(publisher.Publisher, "_send_unless_pool_empty", (
                     Edit(
                         ("region.mapping.buffer[start : start + size] = payload", "self._publish(slot, size)"),
                         ("self._publish(slot, size, payload)  # MUTANT: the payload is written after the commit",),
