@@ -31,6 +31,7 @@ any region of that name: publishers and subscribers of this package attached
 to the old one follow the name to the new one).
 """
 import copy
+import os
 import weakref
 from collections.abc import Callable
 from typing import TypeVar
@@ -88,7 +89,7 @@ class Node:
         self._rows: NodeRows | None = None  # layout 9: this node's registry rows
         if self._layout == layouts.LAYOUT_9:
             self._rows = NodeRows(prefix, name)
-            weakref.finalize(self, self._rows.deregister_all)
+            weakref.finalize(self, _deregister_rows, self._rows, os.getpid())
 
     @property
     def name(self) -> str:
@@ -273,6 +274,13 @@ class Node:
 
     def __repr__(self) -> str:
         return f"Node(name={self._name!r}, prefix={self._prefix!r}, layout={self._layout}, regions={sorted(self._regions)})"
+
+
+def _deregister_rows(rows: NodeRows, pid: int) -> None:
+    """Give back a gone node's rows, unless this is a fork child of the
+    process that registered them (its copy of the node goes, theirs stays)."""
+    if os.getpid() == pid:
+        rows.deregister_all()
 
 
 def _composed(compose: Callable[..., str], *parts: str) -> str:

@@ -139,3 +139,21 @@ def test_bbwatch_text_shows_a_released_key(prefix):
         writer.release()
         assert read_line(watch.proc).startswith("mode: owner #1 4 bytes owner py[0] unowned: idle")
         assert watch.finish().code == 0
+
+
+def test_bbwatch_shows_a_killed_owners_key_gone_when_swept(prefix):
+    code = r'''
+b = kickmsg.Blackboard.open_or_create(P["ns"], "state", kickmsg.BlackboardConfig(), "nat")
+w = b.declare("pose")
+w.write(b"x=1")
+ready()
+wait_go()
+'''
+    with start_native9(code, ns=prefix) as writer, Running("bbwatch", "state", "-n", prefix, "--count", "2") as watch:
+        writer.wait_ready()
+        assert read_line(watch.proc).startswith(f"pose: key #1 3 bytes owner nat[{writer.proc.pid}] live: x=1")
+        os.kill(writer.proc.pid, signal.SIGKILL)
+        writer.kill()
+        assert Blackboard.try_open(prefix, "state").sweep_stale() == 1
+        assert read_line(watch.proc) == "pose: gone\n"
+        assert watch.finish().code == 0

@@ -168,3 +168,40 @@ def test_a_registry_failure_leaves_the_node_working(prefix, capfd):
     assert sub.try_receive() == b"still"
     err = capfd.readouterr().err
     assert err.count("participant registry disabled for node 'py'") == 1 and "version 3" in err
+
+
+def test_a_fork_child_dropping_its_copy_of_the_node_keeps_the_parents_rows(prefix):
+    node = Node("parent", namespace=prefix, layout=9)
+    pub = node.advertise("t", small())
+    before = our_rows(prefix)
+    pid = os.fork()
+    if pid == 0:  # the child: its copies of the node and handle go, its finalizers run
+        status = 1
+        try:
+            del node, pub
+            gc.collect()
+            status = 0
+        finally:
+            os._exit(status)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert our_rows(prefix) == before and len(before) == 1
+    del pub
+
+
+def test_native_kickmsg_list_shows_our_node(prefix):
+    node = Node("py-node", namespace=prefix, layout=9)
+    pub = node.advertise("robot/arm", small())
+    got = run_native9(r'''
+import contextlib, io
+from kickmsg import cli
+out = io.StringIO()
+with contextlib.redirect_stdout(out):
+    status = cli.main(P["argv"])
+done({"status": status, "json": json.loads(out.getvalue())})
+''', argv=["list", "-n", prefix, "--json"])
+    assert got["status"] == 0
+    [listed] = got["json"]
+    assert listed["topic_name"] == "/robot/arm"
+    assert [(p["node_name"], p["pid"], p["role"]) for p in listed["producers"]] == [("py-node", os.getpid(), "publisher")]
+    del pub
