@@ -3,10 +3,11 @@
 (a board's keys) and ``bbwatch`` (a board's changes as they happen).
 
 They work on regions of this package and of the native kickmsg 0.9.2. The
-namespace is ``-n NS``, else ``$KICKMSG_NAMESPACE``, else "kickmsg" (as
-0.9.2's tools). An absent registry or board is exit status 1 (as 0.9.2's
-``bb``); only ``--sweep`` writes (it frees the rows or keys of dead
-processes), though reading a board's key list takes its lock for a moment.
+namespace is ``-n NS`` (or ``registry NS``), else ``$KICKMSG_NAMESPACE``,
+else "kickmsg" (as 0.9.2's tools). An absent registry or board is exit
+status 1 (as 0.9.2's ``bb``); only ``--sweep`` writes (it frees the rows or
+keys of dead processes), though reading a board's key list takes its lock
+for a moment.
 """
 import argparse
 import base64
