@@ -15,6 +15,10 @@ was closed (it then ends). The loop's own thread does everything else
 ever used by the thread running the loop. Awaiting never takes a message
 out of its ring: a cancelled await loses nothing. A subscriber is awaited
 by one task at a time.
+
+``await aio.board_change(board, last_seen, timeout)`` waits for a change of
+a Blackboard (layout 9) in the loop's default executor, not in the waiter
+thread: a board is not a WaitSet member (see ``board_change``).
 """
 import asyncio
 import ctypes
@@ -33,12 +37,14 @@ from kickmsg.waitset import WaitSet, Waitable, _Sleep, _sooner, ring_owner
 if TYPE_CHECKING:  # not imported at run time: numpy is only needed by typed channels
     import numpy.typing as npt
 
+    from kickmsg.protocol.v9.blackboard import Blackboard
     from kickmsg.typed import TypedSubscriber
 
 type Timeout = datetime.timedelta | float | None
 type Message = bytes | npt.NDArray[Any]  # a copy from a Subscriber, records from a TypedSubscriber
 
 LOOP_CHECK_NS = 1_000_000_000  # the waiter thread looks this often whether its loop was closed
+BOARD_SLICE_S = 0.1  # board_change's longest sleep in one executor call
 
 
 @overload
@@ -81,6 +87,26 @@ async def messages(*subscribers: Waitable) -> AsyncIterator[tuple[Waitable, Mess
                 yield subscriber, message
         if not received:
             await _waiter().until_ready(subscribers)
+
+
+async def board_change(board: "Blackboard", last_seen: int, timeout: Timeout = None) -> bool:
+    """True once the board's ``change_seq`` differs from ``last_seen`` (a
+    key declared, written, released, taken over or swept), False after
+    ``timeout`` (a timedelta or seconds; None: no limit). The sleep is the
+    board's own ``wait`` (its futex, its waiters count: native writers wake
+    it), run in the loop's default executor in slices of BOARD_SLICE_S, so
+    a cancelled or timed-out await gives its thread back within one slice."""
+    seconds = None if timeout is None else to_microseconds(timeout, "timeout") / 1e6
+    if board.change_seq != last_seen:
+        return True
+    loop = asyncio.get_running_loop()
+    try:
+        async with asyncio.timeout(seconds):
+            while not await loop.run_in_executor(None, board.wait, last_seen, BOARD_SLICE_S):
+                pass
+            return True
+    except TimeoutError:
+        return False
 
 
 async def _receive[T](subscriber: Waitable, try_receive: Callable[[], T | None], timeout: Timeout) -> T | None:

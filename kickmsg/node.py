@@ -15,6 +15,12 @@ name, namespace, topic, channel, owner and tag are sanitized
 (``kickmsg.protocol.v9.layout.sanitize_component``), a name longer than
 255 bytes is a RuntimeError, and every region a node creates is stamped
 with its identity hash (``Config.identity``), which opening checks.
+A layout-9 node also records its channels in the namespace's participant
+registry (``/{namespace}_registry``, WIRE9.md C.4, through ``NodeRows``):
+one row per shm name, the Both upgrade, all rows given back when the node
+and every handle it returned are gone; ``blackboard(name)`` opens or
+creates a Blackboard and registers it too. A layout-4 node (0.1.0 has no
+registry) registers nothing and has no ``blackboard``.
 
 On layout 4, names are not sanitised (as in 0.1.0): a topic that breaks the naming rule
 (``kickmsg.shm.NAME_RULE``: a ``/``, a control character, ...) is refused
@@ -25,15 +31,27 @@ any region of that name: publishers and subscribers of this package attached
 to the old one follow the name to the new one).
 """
 import copy
+import os
+import weakref
 from collections.abc import Callable
+from typing import TypeVar
 
 from kickmsg import layouts
 from kickmsg.config import ChannelType, Config
 from kickmsg.protocol.v9 import layout as layout9
+from kickmsg.protocol.v9.blackboard import Blackboard, BlackboardConfig
+from kickmsg.protocol.v9.registry import Kind, NodeRows, Role
 from kickmsg.publisher import Publisher
 from kickmsg.region import SharedRegion, unlink_shm
 from kickmsg.schema import SchemaInfo
 from kickmsg.subscriber import Subscriber
+
+
+Handle = TypeVar("Handle")
+
+# handle -> the Node that returned it: a handle keeps its node, and so the
+# node's registry rows, alive (as 0.9.2's handles keep their Node).
+_NODE_OF_HANDLE: "weakref.WeakKeyDictionary[object, Node]" = weakref.WeakKeyDictionary()
 
 
 class BroadcastHandle:
@@ -68,6 +86,10 @@ class Node:
         self._name = name
         self._prefix = prefix
         self._regions: dict[str, SharedRegion] = {}  # shm name -> region this node mapped
+        self._rows: NodeRows | None = None  # layout 9: this node's registry rows
+        if self._layout == layouts.LAYOUT_9:
+            self._rows = NodeRows(prefix, name)
+            weakref.finalize(self, _deregister_rows, self._rows, os.getpid())
 
     @property
     def name(self) -> str:
@@ -144,26 +166,44 @@ class Node:
         self._regions[shm_name] = region
         return region
 
+    # -- the participant registry (layout 9) --------------------------------------
+
+    def _registered(self, handle: Handle, shm_name: str, path: str, kind: Kind, role: Role) -> Handle:
+        """Record ``role`` on ``shm_name`` in the registry (layout 9 only) and
+        let ``handle`` keep this node alive; returns ``handle``."""
+        if self._rows is not None:
+            self._rows.register(shm_name, path, kind, role)
+            _NODE_OF_HANDLE[handle] = self
+        return handle
+
     # -- PubSub ---------------------------------------------------------------
 
     def advertise(self, topic: str, cfg: Config | None = None) -> Publisher:
         """Create the topic's region (replacing any) and publish into it."""
         cfg = self._stamped(cfg, self._identity("topic", topic))
-        return Publisher(self._create(self._topic_name(topic), ChannelType.PubSub, cfg), name=self._name)
+        shm_name = self._topic_name(topic)
+        pub = Publisher(self._create(shm_name, ChannelType.PubSub, cfg), name=self._name)
+        return self._registered(pub, shm_name, topic, Kind.Pubsub, Role.Publisher)
 
     def subscribe(self, topic: str) -> Subscriber:
         """Open an existing topic and subscribe to it."""
-        return Subscriber(self._open(self._topic_name(topic), self._identity("topic", topic)))
+        shm_name = self._topic_name(topic)
+        sub = Subscriber(self._open(shm_name, self._identity("topic", topic)))
+        return self._registered(sub, shm_name, topic, Kind.Pubsub, Role.Subscriber)
 
     def advertise_or_join(self, topic: str, cfg: Config) -> Publisher:
         """Publish into the topic, creating it unless it exists with this config."""
         cfg = self._stamped(cfg, self._identity("topic", topic))
-        return Publisher(self._create_or_open(self._topic_name(topic), ChannelType.PubSub, cfg), name=self._name)
+        shm_name = self._topic_name(topic)
+        pub = Publisher(self._create_or_open(shm_name, ChannelType.PubSub, cfg), name=self._name)
+        return self._registered(pub, shm_name, topic, Kind.Pubsub, Role.Publisher)
 
     def subscribe_or_create(self, topic: str, cfg: Config) -> Subscriber:
         """Subscribe to the topic, creating it unless it exists with this config."""
         cfg = self._stamped(cfg, self._identity("topic", topic))
-        return Subscriber(self._create_or_open(self._topic_name(topic), ChannelType.PubSub, cfg))
+        shm_name = self._topic_name(topic)
+        sub = Subscriber(self._create_or_open(shm_name, ChannelType.PubSub, cfg))
+        return self._registered(sub, shm_name, topic, Kind.Pubsub, Role.Subscriber)
 
     def unlink_topic(self, topic: str) -> None:
         unlink_shm(self._topic_name(topic))
@@ -173,8 +213,10 @@ class Node:
     def join_broadcast(self, channel: str, cfg: Config | None = None) -> BroadcastHandle:
         """Join an N-to-N channel as both publisher and subscriber."""
         cfg = self._stamped(cfg, self._identity("broadcast", channel))
-        region = self._create_or_open(self._broadcast_name(channel), ChannelType.Broadcast, cfg)
-        return BroadcastHandle(Publisher(region, name=self._name), Subscriber(region))
+        shm_name = self._broadcast_name(channel)
+        region = self._create_or_open(shm_name, ChannelType.Broadcast, cfg)
+        handle = BroadcastHandle(Publisher(region, name=self._name), Subscriber(region))
+        return self._registered(handle, shm_name, channel, Kind.Broadcast, Role.Both)
 
     def unlink_broadcast(self, channel: str) -> None:
         unlink_shm(self._broadcast_name(channel))
@@ -185,15 +227,37 @@ class Node:
         """Create this node's mailbox ``tag`` (one subscriber: us) and read it."""
         mailbox_cfg = self._stamped(cfg, self._identity("mailbox", self._name, tag))
         mailbox_cfg.max_subscribers = 1
-        return Subscriber(self._create(self._mailbox_name(self._name, tag), ChannelType.PubSub, mailbox_cfg))
+        shm_name = self._mailbox_name(self._name, tag)
+        sub = Subscriber(self._create(shm_name, ChannelType.PubSub, mailbox_cfg))
+        return self._registered(sub, shm_name, self._mailbox_path(self._name, tag), Kind.Mailbox, Role.Subscriber)
 
     def open_mailbox(self, owner_node: str, tag: str) -> Publisher:
         """Write into another node's mailbox."""
         identity = self._identity("mailbox", owner_node, tag)
-        return Publisher(self._open(self._mailbox_name(owner_node, tag), identity), name=self._name)
+        shm_name = self._mailbox_name(owner_node, tag)
+        pub = Publisher(self._open(shm_name, identity), name=self._name)
+        return self._registered(pub, shm_name, self._mailbox_path(owner_node, tag), Kind.Mailbox, Role.Publisher)
+
+    @staticmethod
+    def _mailbox_path(owner_node: str, tag: str) -> str:
+        """A mailbox's registry path (A.11): "/" + sanitized owner + "/" + raw tag."""
+        return f"/{layout9.sanitize_component(owner_node, 'mailbox owner')}/{tag}"
 
     def unlink_mailbox(self, tag: str, owner_node: str | None = None) -> None:
         unlink_shm(self._mailbox_name(owner_node or self._name, tag))
+
+    # -- Blackboard (layout 9) ---------------------------------------------------------
+
+    def blackboard(self, name: str, cfg: BlackboardConfig | None = None) -> Blackboard:
+        """Open or create the namespace's board ``name`` (this node's name is
+        its default key owner) and register it (Blackboard, Both)."""
+        if self._rows is None:
+            raise RuntimeError(f"Node {self._name!r} is on layout {self._layout}: a Blackboard needs a layout-9 node")
+        board = Blackboard.open_or_create(self._prefix, name, cfg, owner_name=self._name)
+        return self._registered(board, board.name, name, Kind.Blackboard, Role.Both)
+
+    def unlink_blackboard(self, name: str) -> None:
+        Blackboard.unlink(self._prefix, name)
 
     # -- schema -----------------------------------------------------------------
 
@@ -210,6 +274,13 @@ class Node:
 
     def __repr__(self) -> str:
         return f"Node(name={self._name!r}, prefix={self._prefix!r}, layout={self._layout}, regions={sorted(self._regions)})"
+
+
+def _deregister_rows(rows: NodeRows, pid: int) -> None:
+    """Give back a gone node's rows, unless this is a fork child of the
+    process that registered them (its copy of the node goes, theirs stays)."""
+    if os.getpid() == pid:
+        rows.deregister_all()
 
 
 def _composed(compose: Callable[..., str], *parts: str) -> str:

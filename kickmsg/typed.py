@@ -19,17 +19,29 @@ native peer sees an ordinary schema descriptor and plain bytes.
 A message carries one or more records back to back. Receiving gives a
 read-only structured array over the slot itself (zero-copy; the slot stays
 pinned while the array is alive).
+
+Blackboard keys (layout 9) hold records too: ``declare(board, key, type)``
+and ``observe(board, key, type)`` write and read them, and
+``snapshot_json(board, types)`` gives a board's keys as strict JSON with
+their values decoded. A board has no schema descriptor, so only a value's
+length is checked against the type.
 """
+import base64
 import copy
+import dataclasses
 import datetime
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Self
 
 import numpy as np
 import numpy.typing as npt
 
+from kickmsg import jsontext
 from kickmsg.config import Config
 from kickmsg.hash import identity_from_fnv1a
 from kickmsg.node import Node
+from kickmsg.protocol.v9.blackboard import Blackboard, BlackboardReader, BlackboardWriter
 from kickmsg.publisher import AllocatedSlot, Publisher
 from kickmsg.region import SharedRegion
 from kickmsg.schema import SchemaInfo
@@ -385,3 +397,145 @@ def advertise(node: Node, topic: str, record_type: RecordType, cfg: Config | Non
 def subscribe(node: Node, topic: str, record_type: RecordType) -> TypedSubscriber:
     """Subscribe to a typed topic, checking its record type."""
     return TypedSubscriber(node.subscribe(topic), record_type)
+
+
+# -- Blackboard values (layout 9) ------------------------------------------------------------
+#
+# A board keeps no schema descriptor: nothing in shared memory says a key's
+# type, so a reader checks only that a value is a whole number of records.
+# Native peers see the records' plain bytes.
+
+
+@dataclass(frozen=True)
+class TypedReadOutcome:
+    """A typed read: ``errno`` 0 (true) with ``records`` (a copy), else the
+    reason as in ``ReadOutcome`` (``records`` None)."""
+
+    errno: int
+    records: npt.NDArray[Any] | None
+    updated_at_ns: int
+    update_count: int
+
+    def __bool__(self) -> bool:
+        return self.errno == 0
+
+
+class TypedBlackboardWriter:
+    """Writes records of one ``RecordType`` to a board key it owns."""
+
+    def __init__(self, writer: BlackboardWriter, record_type: RecordType) -> None:
+        self.writer = writer
+        self.record_type = record_type
+
+    def write(self, records: npt.ArrayLike) -> int:
+        """Write one record (a tuple or numpy record) or an array of them as
+        the key's value; returns the number of records. The board's errors
+        (an OSError with its errno: EMSGSIZE for a value too long, ...)."""
+        dtype = self.record_type.dtype
+        array = np.ascontiguousarray(records, dtype=dtype.base if dtype.subdtype else dtype)
+        if array.nbytes % dtype.itemsize:
+            raise ValueError(f"{array.nbytes} bytes of data are not a whole number of {dtype.itemsize}-byte {self.record_type.name} records")
+        self.writer.write(array.tobytes())
+        return array.nbytes // dtype.itemsize
+
+    def release(self) -> None:
+        self.writer.release()
+
+    @property
+    def key(self) -> str:
+        return self.writer.key
+
+    def __repr__(self) -> str:
+        return f"TypedBlackboardWriter(key={self.key!r}, record_type={self.record_type.name!r})"
+
+
+class TypedBlackboardReader:
+    """Reads a board key's value as records of one ``RecordType``."""
+
+    def __init__(self, reader: BlackboardReader, record_type: RecordType) -> None:
+        self.reader = reader
+        self.record_type = record_type
+
+    def read(self) -> TypedReadOutcome:
+        """The key's latest value as records; a value that is not a whole
+        number of records is a TypeMismatchError naming its length."""
+        outcome = self.reader.read()
+        if not outcome:
+            return TypedReadOutcome(outcome.errno, None, outcome.updated_at_ns, outcome.update_count)
+        return TypedReadOutcome(0, _board_records(self.reader.key, outcome.data, self.record_type),
+                                outcome.updated_at_ns, outcome.update_count)
+
+    def owner_alive(self) -> bool:
+        return self.reader.owner_alive()
+
+    @property
+    def key(self) -> str:
+        return self.reader.key
+
+    def __repr__(self) -> str:
+        return f"TypedBlackboardReader(key={self.key!r}, record_type={self.record_type.name!r})"
+
+
+def _board_records(key: str, data: bytes, record_type: RecordType) -> npt.NDArray[Any]:
+    itemsize = record_type.dtype.itemsize
+    if len(data) % itemsize:
+        raise TypeMismatchError(
+            f"blackboard key {key!r}: a {len(data)}-byte value is not a whole number of "
+            f"{itemsize}-byte {record_type.name} records"
+        )
+    return np.frombuffer(bytearray(data), dtype=record_type.dtype)
+
+
+def declare(board: Blackboard, key: str, record_type: RecordType, owner_node: str | None = None) -> TypedBlackboardWriter:
+    """Own ``key`` on ``board`` and write records of ``record_type`` to it;
+    its value must fit in one record or more (``max_value_size``)."""
+    if record_type.dtype.itemsize > board.max_value_size:
+        raise ValueError(
+            f"a {record_type.dtype.itemsize}-byte {record_type.name} record exceeds max_value_size "
+            f"{board.max_value_size} of {board.name}"
+        )
+    return TypedBlackboardWriter(board.declare(key, owner_node), record_type)
+
+
+def observe(board: Blackboard, key: str, record_type: RecordType) -> TypedBlackboardReader:
+    """Read ``key`` on ``board`` as records of ``record_type``."""
+    return TypedBlackboardReader(board.observe(key), record_type)
+
+
+def snapshot_json(board: Blackboard, record_types: Mapping[str, RecordType] | None = None) -> str:
+    """The board's keys as strict JSON (``kickmsg.jsontext``): each key's
+    status, and its value as ``fields`` (a list of records, field name to
+    value, bytes as base64) when ``record_types`` names its type, else as
+    base64 ``value``; a key with no value has ``null``."""
+    types = record_types or {}
+    keys = []
+    for status in board.snapshot():
+        entry: dict[str, Any] = dataclasses.asdict(status)
+        outcome = board.observe(status.key).read()
+        data = outcome.data if outcome else None
+        record_type = types.get(status.key)
+        if record_type is None:
+            entry["value"] = None if data is None else base64.b64encode(data).decode("ascii")
+        else:
+            entry["fields"] = None if data is None else _records_json(status.key, data, record_type)
+        keys.append(entry)
+    return jsontext.dumps({"board": board.name, "capacity": board.capacity, "max_value_size": board.max_value_size,
+                           "keys": keys})
+
+
+def _records_json(key: str, data: bytes, record_type: RecordType) -> list[Any]:
+    """A value's records as JSON data: field name to value for a structured type."""
+    records = _board_records(key, data, record_type).tolist()
+    names = record_type.dtype.names
+    if names:
+        return [dict(zip(names, _json_value(record))) for record in records]
+    return [_json_value(record) for record in records]
+
+
+def _json_value(value: Any) -> Any:
+    """numpy's ``tolist()`` output as JSON data: tuples as lists, bytes as base64."""
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode("ascii")
+    if isinstance(value, (tuple, list)):
+        return [_json_value(item) for item in value]
+    return value

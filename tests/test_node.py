@@ -52,14 +52,18 @@ def test_name_and_prefix_must_be_strings():
 
 
 def test_default_prefix_names_topics_kickmsg():
-    """With no prefix, a topic is /kickmsg_{topic}."""
+    """With no prefix, a topic is /kickmsg_{topic} (on layout 9 the node
+    also makes /kickmsg_registry: removed after, unless it was there before)."""
     node = Node("default-prefix")
     topic = f"{SESSION_PREFIX}_default"
+    registry_was_there = exists("/kickmsg_registry")
     try:
         node.advertise(topic, small())
         assert exists(f"/kickmsg_{topic}")
     finally:
         node.unlink_topic(topic)
+        if not registry_was_there:
+            pathlib.Path("/dev/shm/kickmsg_registry").unlink(missing_ok=True)
     assert not exists(f"/kickmsg_{topic}")
 
 

@@ -7,7 +7,8 @@ This module holds the parser (every command's options and examples, in
 exporter: renderers of ``kickmsg.diagnostics``), ``receiving`` (echo, hz,
 bw), ``managing`` (pub, create, rm, repair, clean), ``recording`` (record,
 play, convert, analyze), ``bridging`` (bridge) and ``checking`` (crosscheck,
-verify); ``common`` has what they share.
+verify), ``boards`` (registry, blackboard/bb, bbwatch: layout 9's registry
+and boards); ``common`` has what they share.
 
 Works on regions made by this package and by the native library. Channels
 are named by shm name (``/kickmsg_imu``) or with the Node naming rules
@@ -337,6 +338,9 @@ def build_parser() -> CommandLineParser:
         sub.add_argument(f"--{field}", type=int, metavar="N", help=f"{meaning} (default: the mutant's scenario)")
     sub.add_argument("--repair-pass", action="store_true",
                      help="add an actor that runs repair_locked_entries() once, concurrently")
+    from kickmsg.cli.boards import add_board_commands
+
+    add_board_commands(command)
     return parser
 
 
