@@ -86,6 +86,7 @@ class Scenario9:
 
     publishers: int = 2
     messages: int = 1  # each publisher's
+    sends: tuple[int, ...] = ()  # each publisher's message count, if given (overrides messages)
     subscribers: int = 1  # each joins, receives until the publishers are over, leaves (drains)
     capacity: int = 1
     pool: int = 3
@@ -101,9 +102,23 @@ class Scenario9:
 
     def describe(self) -> str:
         mishaps = f", {self.deaths} publisher(s) may die" if self.deaths else ""
-        return (f"layout 9: {self.publishers} publishers x {self.messages} messages, {self.subscribers} "
+        messages = "+".join(map(str, self.sends)) if self.sends else f"{self.publishers} x {self.messages}"
+        return (f"layout 9: {self.publishers} publishers sending {messages} messages, {self.subscribers} "
                 f"{'blocking' if self.blocking else 'polling'} subscriber(s), {self.config().max_subscribers} ring(s) "
                 f"of {self.capacity}, pool {self.pool}, stalls of a commit timeout{mishaps}")
+
+
+# The small configuration, preemptions and stale reads at which the explorer
+# finds each layout-9 mutant (kickmsg.verify.mutants.MUTANTS9).
+MUTANT_SCENARIOS9: dict[str, tuple[Scenario9, int, int]] = {
+    "no-meta-tag-check": (Scenario9(publishers=1, messages=2), 2, 1),
+    "steal-unproven": (Scenario9(), 2, 0),
+    "meta-takeover-any": (Scenario9(sends=(1, 2)), 2, 0),
+    "commit-plain-store": (Scenario9(), 2, 0),
+    "no-publisher-fence": (Scenario9(publishers=1, blocking=True), 1, 1),
+    "no-subscriber-fence": (Scenario9(publishers=1, blocking=True), 1, 1),
+    "pin-fetch-add": (Scenario9(), 1, 0),
+}
 
 
 @dataclass
@@ -156,7 +171,7 @@ def _world(scenario: Scenario9) -> World9:
 
         def publish(region: Region) -> None:
             sender = Publisher(region)
-            for sequence in range(scenario.messages):
+            for sequence in range(scenario.sends[index] if scenario.sends else scenario.messages):
                 data = invariants.message(index, sequence)
                 slot = sender.allocate()
                 if slot == INVALID_SLOT:
@@ -375,7 +390,7 @@ def run_schedule(scenario: Scenario9, choose: Chooser, memory_model: str = "sc")
     """Run every actor once, under the choices ``choose`` makes."""
     world = _world(scenario)
     mishaps = Mishaps(world.clock, TIMEOUT_US * 1000, tuple(f"pub{i}" for i in range(scenario.publishers)),
-                      scenario.deaths)
+                      scenario.deaths, lambda address: describe_address(world.region, address) + " (low 32 bits)")
     execution = Execution(world.region, world.actors, choose, _check(world), memory_model, mishaps=mishaps)
     world.execution = execution
     world.region.atomics = ScheduledAtomics(execution)

@@ -142,6 +142,7 @@ class Mishaps:
     timeout_ns: int
     mortal: tuple[str, ...] = ()
     deaths: int = 0
+    name_of: Callable[[int], str] = hex  # a word's name in the region, for the lost wake-up's message
 
 
 @dataclass
@@ -388,6 +389,7 @@ class Execution:
                 self.outcome.choices.append(choice)
                 self._turns += 1
                 if self._befall(choice.chosen, waiting):
+                    previous = None  # the mishap was the preemption: anyone may go on
                     continue
                 chosen = next(actor for actor in ready if actor.name == choice.chosen)
                 previous = chosen
@@ -441,7 +443,8 @@ class Execution:
             address, expected, _ = actor.parked
             value = atomics.HARDWARE.load_relaxed_u32(address)
             if value != expected and not self.died:
-                return (f"lost wake-up: {actor.name} sleeps on the futex word at 0x{address:x} expecting {expected}, "
+                assert self.mishaps is not None
+                return (f"lost wake-up: {actor.name} sleeps on {self.mishaps.name_of(address)} expecting {expected}, "
                         f"the word is now {value}, and nobody woke it")
         first = min(sleepers, key=lambda actor: actor.parked[2] if actor.parked else 0)
         assert first.parked is not None and self.mishaps is not None
