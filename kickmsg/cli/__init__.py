@@ -311,13 +311,20 @@ def build_parser() -> CommandLineParser:
                   "  kickmsg verify --memory-model ra                # C11 release/acquire: <= 2 preemptions + stale reads\n"
                   "  kickmsg verify --mutant spec-seqlock-orders     # the spec's seqlock orders: a stale re-check (ra)\n"
                   "  kickmsg verify --mutant commit-relaxed          # a memory-order mutant (explored under ra)\n"
-                  "  kickmsg verify --orders                         # weaken each order one step: which are needed?",
+                  "  kickmsg verify --orders                         # weaken each order one step: which are needed?\n"
+                  "  kickmsg verify --layout 9                       # layout 9 (0.9.2): stalls, steals, <= 1 preemption\n"
+                  "  kickmsg verify --layout 9 --deaths 1 --blocking # a publisher may die; subscribers sleep on the futex\n"
+                  "  kickmsg verify --layout 9 --mutant no-meta-tag-check   # 0.9's receive: the bug 0.9.2 fixed (ra)",
                   channel=False)
-    from kickmsg.verify.mutants import MUTANTS
+    from kickmsg.verify.mutants import MUTANTS, MUTANTS9
 
-    sub.add_argument("--mutant", choices=sorted(MUTANTS), help="break one rule of the spec (default: none)")
+    sub.add_argument("--layout", type=int, choices=(4, 9), default=4,
+                     help="the flows explored: layout 4 (kickmsg 0.1.0, default) or layout 9 (kickmsg.protocol.v9)")
+    sub.add_argument("--mutant", choices=sorted({**MUTANTS, **MUTANTS9}),
+                     help="break one rule of the spec (default: none; layout 9's mutants need --layout 9)")
     sub.add_argument("--preemptions", type=int, metavar="K",
-                     help="explore every schedule with at most K preemptions (default 2; 1 with --orders)")
+                     help="explore every schedule with at most K preemptions (default 2; 1 with --orders or "
+                          "--layout 9, or the mutant's)")
     sub.add_argument("--memory-model", choices=("sc", "ra"),
                      help="sc: sequential consistency; ra: the C11 release/acquire/relaxed model, with data races "
                           "on payloads (default: sc, or ra for a memory-order mutant)")
@@ -337,7 +344,11 @@ def build_parser() -> CommandLineParser:
                           ("pool", "pool slots")):
         sub.add_argument(f"--{field}", type=int, metavar="N", help=f"{meaning} (default: the mutant's scenario)")
     sub.add_argument("--repair-pass", action="store_true",
-                     help="add an actor that runs repair_locked_entries() once, concurrently")
+                     help="add an actor that runs repair_locked_entries() once, concurrently (layout 4)")
+    sub.add_argument("--deaths", type=int, metavar="N",
+                     help="layout 9: at most N publishers die, each at any step (default 0)")
+    sub.add_argument("--blocking", action="store_true",
+                     help="layout 9: subscribers sleep on the futex (receive_view) instead of polling")
     from kickmsg.cli.boards import add_board_commands
 
     add_board_commands(command)

@@ -26,9 +26,15 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
     from kickmsg import verify
 
-    for option in ("preemptions", "max_schedules", "runs", "stale", "budget"):
+    for option in ("preemptions", "max_schedules", "runs", "stale", "budget", "deaths"):
         if (getattr(args, option) or 0) < 0:
             raise CommandError(f"--{option.replace('_', '-')} must be 0 or more, not {getattr(args, option)}")
+    if args.layout == 9:
+        return _verify_layout9(args)
+    if args.mutant in verify.MUTANTS9:
+        raise CommandError(f"mutant {args.mutant} breaks layout 9's flows: add --layout 9")
+    if args.deaths or args.blocking:
+        raise CommandError("--deaths and --blocking explore layout 9: add --layout 9")
     preemptions = args.preemptions if args.preemptions is not None else (1 if args.orders else 2)
     mutant = verify.MUTANTS.get(args.mutant)
     model = args.memory_model or ("ra" if args.orders else mutant.model if mutant else "sc")  # memory orders: ra
@@ -53,6 +59,46 @@ def cmd_verify(args: argparse.Namespace) -> int:
     changes = {field: getattr(args, field) for field in ("publishers", "messages", "subscribers", "capacity", "pool")}
     changes["repairer"] = True if args.repair_pass else None
     scenario = dataclasses.replace(scenario, **{k: v for k, v in changes.items() if v is not None})
+    return _explore(args, scenario, model, preemptions, stale, budget)
+
+
+def _verify_layout9(args: argparse.Namespace) -> int:
+    """``kickmsg verify --layout 9``: layout 9's flows, their mutants."""
+    import dataclasses
+
+    from kickmsg import verify
+    from kickmsg.verify.layout9 import MUTANT_SCENARIOS9
+
+    if args.orders:
+        raise CommandError("--orders explores layout 4 only for now (issue 27, item 3)")
+    if args.repair_pass:
+        raise CommandError("--repair-pass adds layout 4's repair actor; layout 9 repairs after a death (--deaths)")
+    if args.mutant is not None and args.mutant not in verify.MUTANTS9:
+        raise CommandError(f"mutant {args.mutant} breaks layout 4's flows: choose one of {', '.join(verify.MUTANTS9)}")
+    scenario, preemptions, stale = MUTANT_SCENARIOS9.get(args.mutant, (verify.Scenario9(), 1, 1))
+    mutant = verify.MUTANTS9.get(args.mutant)
+    model = args.memory_model or (mutant.model if mutant else "sc")
+    if model == "sc" and args.stale:
+        raise CommandError("--stale needs --memory-model ra")
+    preemptions = args.preemptions if args.preemptions is not None else preemptions
+    stale = (args.stale if args.stale is not None else stale) if model == "ra" else 0
+    budget = args.budget
+    changes = {field: getattr(args, field) for field in ("publishers", "messages", "subscribers", "capacity", "pool",
+                                                         "deaths")}
+    changes["blocking"] = True if args.blocking else None
+    if args.publishers is not None or args.messages is not None:
+        changes["sends"] = ()  # the counts given replace the mutant scenario's own
+    scenario = dataclasses.replace(scenario, **{k: v for k, v in changes.items() if v is not None})
+    return _explore(args, scenario, model, preemptions, stale, budget)
+
+
+def _explore(args: argparse.Namespace, scenario: object, model: str, preemptions: int, stale: int,
+             budget: int | None) -> int:
+    import dataclasses
+
+    from kickmsg import verify
+
+    assert isinstance(scenario, (verify.Scenario, verify.Scenario9))
     try:
         if args.seed is not None:
             report = verify.explore_random(scenario, args.mutant, runs=args.runs, seed=args.seed, memory_model=model,

@@ -34,13 +34,14 @@ from kickmsg.atomics import HARDWARE
 from kickmsg.config import ChannelType, Config
 from kickmsg.publisher import Publisher
 from kickmsg.subscriber import Subscriber
-from kickmsg.verify import invariants, mutants
-from kickmsg.verify.mutants import MUTANTS
+from kickmsg.verify import invariants, layout9, mutants
+from kickmsg.verify.mutants import MUTANTS, MUTANTS9
 from kickmsg.verify.memory import PayloadBuffer
 from kickmsg.region import SharedRegion
 from kickmsg.verify.scheduler import Actor, Checker, Choice, Chooser, Execution, Outcome, ScheduledAtomics, Step
+from kickmsg.verify.layout9 import Scenario9
 
-__all__ = ["MUTANTS", "MUTANT_SCENARIOS", "Report", "Scenario", "explore", "explore_random"]
+__all__ = ["MUTANTS", "MUTANTS9", "MUTANT_SCENARIOS", "Report", "Scenario", "Scenario9", "explore", "explore_random"]
 
 
 @dataclass(frozen=True)
@@ -96,7 +97,7 @@ MUTANT_SCENARIOS = {
 class Report:
     """The result of an exploration."""
 
-    scenario: Scenario
+    scenario: "Scenario | Scenario9"
     mutant: str | None
     schedules: int
     complete: bool  # every schedule within the bound was run
@@ -235,6 +236,13 @@ def run_schedule(scenario: Scenario, choose: Chooser, memory_model: str = "sc") 
         region.mapping.buffer = plain_bytes
 
 
+def _run(scenario: "Scenario | Scenario9", choose: Chooser, memory_model: str) -> "tuple[World | layout9.World9, Outcome]":
+    """One execution of a layout-4 or a layout-9 scenario."""
+    if isinstance(scenario, Scenario9):
+        return layout9.run_schedule(scenario, choose, memory_model)
+    return run_schedule(scenario, choose, memory_model)
+
+
 def _follow(prefix: list[Any]) -> Chooser:
     """A chooser that replays ``prefix``, then makes the default choices:
     the running actor goes on, a load reads the newest store."""
@@ -254,7 +262,7 @@ def _spent(choices: list[Choice]) -> list[tuple[int, int]]:
     return spent
 
 
-def explore(scenario: Scenario = Scenario(), mutant: str | mutants.Mutant | None = None, preemptions: int = 2,
+def explore(scenario: "Scenario | Scenario9" = Scenario(), mutant: str | mutants.Mutant | None = None, preemptions: int = 2,
             max_schedules: int = 1_000_000, memory_model: str = "sc", stale: int = 0, budget: int | None = None,
             observe: Callable[[Outcome], object] | None = None) -> Report:
     """Every schedule with at most ``preemptions`` preemptions, (under the
@@ -279,7 +287,7 @@ def explore(scenario: Scenario = Scenario(), mutant: str | mutants.Mutant | None
         for level in pending:
             while level and schedules < max_schedules:
                 prefix = level.popleft()
-                world, outcome = run_schedule(scenario, _follow(prefix), memory_model)
+                world, outcome = _run(scenario, _follow(prefix), memory_model)
                 schedules += 1
                 if observe:
                     observe(outcome)
@@ -294,7 +302,7 @@ def explore(scenario: Scenario = Scenario(), mutant: str | mutants.Mutant | None
                             continue
                         used_preemptions, used_stale = spent[index]
                         if choice.kind == "turn":
-                            used_preemptions += choice.previous in choice.options and alternative != choice.previous
+                            used_preemptions += choice.costs(alternative)
                         else:
                             used_stale += 1
                         spent_in_all = used_preemptions + used_stale
@@ -303,7 +311,7 @@ def explore(scenario: Scenario = Scenario(), mutant: str | mutants.Mutant | None
     return _report(scenario, change, schedules, not any(pending), began, None, None, memory_model, stale, budget)
 
 
-def explore_random(scenario: Scenario = Scenario(), mutant: str | mutants.Mutant | None = None, runs: int = 1000,
+def explore_random(scenario: "Scenario | Scenario9" = Scenario(), mutant: str | mutants.Mutant | None = None, runs: int = 1000,
                    seed: int = 0, switch: float = 0.05, memory_model: str = "sc", stale: int = 0) -> Report:
     """``runs`` seeded random schedules: at each step the running actor goes
     on, except with probability ``switch`` (or when it cannot), when a ready
@@ -329,7 +337,7 @@ def explore_random(scenario: Scenario = Scenario(), mutant: str | mutants.Mutant
                     return rng.choice(choice.options[1:])
                 return 0
 
-            world, outcome = run_schedule(scenario, choose, memory_model)
+            world, outcome = _run(scenario, choose, memory_model)
             if outcome.violation:
                 return _report(scenario, change, run + 1, False, began, world, outcome, memory_model, stale)
     return _report(scenario, change, runs, False, began, None, None, memory_model, stale)
@@ -341,14 +349,16 @@ def _resolve(mutant: str | mutants.Mutant | None) -> mutants.Mutant | None:
 
 
 def _report(
-    scenario: Scenario, change: mutants.Mutant | None, schedules: int, complete: bool, began: float, world: World | None,
+    scenario: "Scenario | Scenario9", change: mutants.Mutant | None, schedules: int, complete: bool, began: float,
+    world: "World | layout9.World9 | None",
     outcome: Outcome | None, memory_model: str, stale: int, budget: int | None = None,
 ) -> Report:
     report = Report(scenario, change.name if change else None, schedules, complete, time.monotonic() - began,
                     memory_model=memory_model, stale=stale, budget=budget)
     if world is not None and outcome is not None:
         report.violation = outcome.violation
-        report.trace = format_trace(world, outcome)
+        report.trace = layout9.format_trace(world, outcome) if isinstance(world, layout9.World9) else format_trace(
+            world, outcome)
     return report
 
 

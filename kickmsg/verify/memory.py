@@ -27,11 +27,19 @@ order behaves alike: the model cannot tell a release from a relaxed store.
   sequence);
 - ``futex_wait`` compares the newest store, as the kernel reads the word
   itself;
-- seq_cst acts as acq_rel. The single total order S of seq_cst operations
-  only constrains what seq_cst loads and fences may read, and the door has
-  neither: its seq_cst operations are stores and CASes, and a CAS reads the
-  newest store anyway. For these flows the model is thus exact, not a
-  weaker approximation of seq_cst;
+- seq_cst acts as acq_rel for the door's seq_cst stores and CASes: the
+  single total order S of seq_cst operations only constrains what seq_cst
+  loads and fences may read, and a CAS reads the newest store anyway;
+- a seq_cst fence (layout 9's wake pair) takes its place in S in the order
+  the fences run. C++20 [atomics.order] p4.4: if fence X happens before A,
+  B happens before fence Y and A is coherence-ordered before B, then X
+  precedes Y in S. Made operational: a fence joins into the fence clock
+  (every event that happens before some fence so far), and the actor's
+  later loads may read no store older than one the fence clock knows of
+  (written, or read, by an event before an earlier fence). This is no
+  happens-before: the fence's own acquire and release parts are not
+  modelled, which only allows more executions (a violation so found must
+  be checked by hand; none relies on them in layout 9's flows);
 - payload bytes are plain memory: each slot's payload keeps its last write
   and the reads since. A write not ordered after every earlier access, or a
   read not ordered after the last write, is a data race.
@@ -78,7 +86,7 @@ class Operation:
 
 
 HARDWARE_OPERATIONS = {name: getattr(HARDWARE, name) for name in dir(HARDWARE) if not name.startswith("_")}
-# Fences (layout 9) touch no word: not modelled yet, they run on the hardware.
+# A fence touches no word: WeakMemory models it apart.
 OPERATIONS = {name: Operation.named(name) for name in HARDWARE_OPERATIONS if not name.startswith(("futex_", "fence_"))}
 
 
@@ -91,6 +99,8 @@ class SequentialMemory:
         self, actor: int, name: str, address: int, operands: tuple[int, ...], step: int, newest: bool = False
     ) -> tuple[int | None, Stale | None]:
         """(result, None): nothing is ever read stale."""
+        if name == "fence_seq_cst":
+            return None, None  # every operation is sequentially consistent already
         return HARDWARE_OPERATIONS[name](address, *operands), None
 
 
@@ -135,12 +145,17 @@ class WeakMemory:
         self.words: dict[int, list[Store]] = {}  # address -> its stores, oldest first
         self.payloads: dict[int, PayloadAccesses] = {}  # slot -> accesses to its payload
         self.race: str | None = None  # the first data race, described
+        self.fenced = [0] * len(actors)  # what happens before some seq_cst fence so far (the fence clock)
+        self.floors = [[0] * len(actors) for _ in actors]  # per actor: the fence clock at its last fence
 
     def perform(
         self, actor: int, name: str, address: int, operands: tuple[int, ...], step: int, newest: bool = False
     ) -> tuple[int | None, Stale | None]:
         """Run operation ``name`` for ``actor``: (result, stale), where stale
         is (value, step) of the newest store when the load read an older one."""
+        if name == "fence_seq_cst":
+            self._fence(actor)
+            return None, None
         if name not in OPERATIONS:  # futex_wake_all: reads and writes no memory
             return HARDWARE_OPERATIONS[name](address, *operands), None
         operation = OPERATIONS[name]
@@ -164,18 +179,26 @@ class WeakMemory:
             stores = self.words[address] = [Store(initial, -1, 0, None, None)]
         return stores
 
-    def _known(self, store: Store, clock: list[int]) -> bool:
-        """Whether the store, or a load of it, happens before the actor's next event."""
-        if store.writer < 0 or store.tick <= clock[store.writer]:
+    def _fence(self, actor: int) -> None:
+        """A seq_cst fence, last in S so far: every earlier fence precedes it."""
+        clock = self.clocks[actor]
+        clock[actor] += 1
+        _join(self.fenced, clock)
+        _join(self.floors[actor], self.fenced)
+
+    def _known(self, store: Store, clock: list[int], floor: list[int]) -> bool:
+        """Whether the store, or a load of it, happens before the actor's
+        next event, or before a fence that precedes the actor's last fence in S."""
+        if store.writer < 0 or store.tick <= clock[store.writer] or store.tick <= floor[store.writer]:
             return True
-        return any(tick <= clock[reader] for reader, tick in store.loaded.items())
+        return any(tick <= clock[reader] or tick <= floor[reader] for reader, tick in store.loaded.items())
 
     def _load(
         self, actor: int, clock: list[int], stores: list[Store], operation: Operation, newest: bool
     ) -> tuple[int, Stale | None]:
         # Coherence: nothing older than the newest store the actor knows of.
         oldest = len(stores) - 1
-        while oldest > 0 and not self._known(stores[oldest], clock):
+        while oldest > 0 and not self._known(stores[oldest], clock, self.floors[actor]):
             oldest -= 1
         ages = len(stores) - oldest
         age = 0 if newest or ages == 1 else self.choose_read(ages)

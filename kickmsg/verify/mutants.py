@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from kickmsg import publisher, subscriber
+from kickmsg.protocol.v9 import publish as publish9
+from kickmsg.protocol.v9 import receive as receive9
 
 
 @dataclass(frozen=True)
@@ -215,6 +217,98 @@ MUTANTS = {
 }
 
 
+# Layout 9's (kickmsg.protocol.v9), explored by kickmsg.verify.layout9.
+MUTANTS9 = {
+    mutant.name: mutant
+    for mutant in (
+        Mutant(
+            "no-meta-tag-check",
+            "a subscriber rejects a claim tagged for another position (0.9.2's fix; the 0.9 sources before it "
+            "read whatever claim the entry holds)",
+            (Patch(receive9.Subscriber, "try_receive_view", (
+                Edit(
+                    ("if meta_tag(meta) != meta_tag_of(self.read_pos) or field == 0 or field - 1 >= g.pool_size:",),
+                    ("if field == 0 or field - 1 >= g.pool_size:  # MUTANT: 0.9's receive, no tag check",),
+                ),
+            )),),
+            model="ra",
+        ),
+        Mutant(
+            "steal-unproven",
+            "a publisher steals a lock only when one lock value stayed through its whole commit timeout",
+            (Patch(publish9.Publisher, "_self_repair", (
+                Edit(
+                    ("if not (stable and seq == last_seq):",),
+                    ("if False:  # MUTANT: no stable-lock proof",),
+                ),
+            )),),
+        ),
+        Mutant(
+            "meta-takeover-any",
+            "a publisher's claim replaces only an older position's claim",
+            (Patch(publish9.Publisher, "publish", (
+                Edit(
+                    ("while meta_precedes(old, pos):",),
+                    ("while old != my_meta:  # MUTANT: replaces any claim, a newer one too",),
+                ),
+            )),),
+        ),
+        Mutant(
+            "commit-plain-store",
+            "a publisher commits by CAS from its own lock, so that a commit after a steal fails",
+            (Patch(publish9.Publisher, "publish", (
+                Edit(
+                    ("if ops.cas_release_u64(entry + SEQUENCE_OFFSET, lock_value, pos + 1) != lock_value:",),
+                    ("if ops.store_release_u64(entry + SEQUENCE_OFFSET, pos + 1):  # MUTANT: a plain store",),
+                ),
+            )),),
+        ),
+        Mutant(
+            "no-publisher-fence",
+            "a publisher fences (seq_cst) between its commit and its has_waiter load",
+            (Patch(publish9.Publisher, "publish", (
+                Edit(
+                    ("ops.fetch_sub_release_u32(state_flight_address, IN_FLIGHT_ONE)", "ops.fence_seq_cst()"),
+                    ("ops.fetch_sub_release_u32(state_flight_address, IN_FLIGHT_ONE)",
+                     "pass  # MUTANT: no sc fence before the waiter check"),
+                ),
+            )),),
+            model="ra",
+        ),
+        Mutant(
+            "no-subscriber-fence",
+            "a subscriber fences (seq_cst) between its has_waiter store and the futex's compare of write_pos",
+            (Patch(receive9.Subscriber, "receive_view", (
+                Edit(
+                    ("ops.store_relaxed_u32(ring + HAS_WAITER_OFFSET, WAITER_FUTEX)", "ops.fence_seq_cst()"),
+                    ("ops.store_relaxed_u32(ring + HAS_WAITER_OFFSET, WAITER_FUTEX)",
+                     "pass  # MUTANT: no sc fence before the futex compares write_pos"),
+                ),
+            )),),
+            model="ra",
+        ),
+        Mutant(
+            "pin-fetch-add",
+            "a subscriber pins by CAS, never from refcount 0 (a slot already freed)",
+            (Patch(receive9.Subscriber, "try_receive_view", (
+                Edit(
+                    ("refcount = ops.load_acquire_u32(slot_address + REFCOUNT_OFFSET)",
+                     "pinned = False",
+                     "while refcount not in (0, U32_MAX):",
+                     "found = ops.cas_acq_rel_u32(slot_address + REFCOUNT_OFFSET, refcount, refcount + 1)",
+                     "if found == refcount:",
+                     "pinned = True",
+                     "break",
+                     "refcount = found"),
+                    ("ops.fetch_add_acq_rel_u32(slot_address + REFCOUNT_OFFSET, 1)  # MUTANT: pinned by fetch_add",
+                     "pinned = True"),
+                ),
+            )),),
+        ),
+    )
+}
+
+
 def _apply(source: str, edit: Edit, mutant: str) -> str:
     lines = source.split("\n")
     stripped = [line.strip() for line in lines]
@@ -250,9 +344,10 @@ def lookup(name: str | None) -> Mutant | None:
     """The mutant called ``name`` (None: none)."""
     if name is None:
         return None
-    if name not in MUTANTS:
-        raise ValueError(f"unknown mutant {name!r}; choose one of {', '.join(MUTANTS)}")
-    return MUTANTS[name]
+    every = {**MUTANTS, **MUTANTS9}
+    if name not in every:
+        raise ValueError(f"unknown mutant {name!r}; choose one of {', '.join(every)}")
+    return every[name]
 
 
 @contextlib.contextmanager

@@ -8,7 +8,7 @@ and the scheduler picks who goes next. A step is one
 atomic operation of one actor plus the plain Python that follows it up to
 that actor's next atomic operation.
 
-An actor that reads a word again and finds a value it already saw since its
+An actor that reads a word again (layout 9: at the same line) and finds a value it already saw since its
 own last write is spinning (waiting for a commit, for in-flight publishers to
 leave, for a message): it is set aside while other actors can run, until one
 of them writes a word it read or finishes. Waiting loops thus neither run
@@ -70,12 +70,16 @@ class Actor:
     """A named script ``script(region)`` run as one coroutine of an execution."""
 
     name: str
-    script: Callable[[SharedRegion], object]
+    script: Callable[[Any], object]  # run on the execution's region (layout 4 or 9)
     index: int = 0  # its place among the execution's actors (its component of the vector clocks)
     state: str = "new"  # new, waiting (at a scheduling point), running, done
     spinning: bool = False  # set aside until someone writes what it read
-    reads: dict[int, int | None] = field(default_factory=dict)  # address -> value read since its own last write
+    # (address, line) -> value read since its own last write; the line is 0
+    # for layout 4, the reading line of the package for layout 9 (mishaps)
+    reads: dict[tuple[int, int], int | None] = field(default_factory=dict)
     error: str | None = None  # the traceback, if its script raised
+    parked: tuple[int, int, int] | None = None  # asleep in futex_wait: (address, expected, timeout_ns)
+    woken: int = 0  # how its last futex_wait ended (FUTEX_WOKEN or FUTEX_TIMED_OUT)
 
 
 @dataclass
@@ -92,13 +96,53 @@ class Choice:
 
     @property
     def preempts(self) -> bool:
-        """A turn that switches away from an actor that could go on."""
-        return self.kind == "turn" and self.previous in self.options and self.chosen != self.previous
+        """A turn that switches away from an actor that could go on, or a
+        mishap (an actor dies, time passes)."""
+        return self.kind == "turn" and self.costs(self.chosen)
+
+    def costs(self, option: Any) -> bool:
+        """Whether choosing ``option`` at this turn is a preemption."""
+        return is_mishap(option) or (self.previous in self.options and option != self.previous)
 
     @property
     def stale(self) -> bool:
         """A read of another store than the newest."""
         return self.kind == "read" and self.chosen != 0
+
+
+TIME_PASSES = "time passes"  # a turn option: the clock moves on by one commit timeout
+DIES = " dies"  # a turn option "pub0 dies": that actor stops for good at its next step
+
+
+def is_mishap(option: Any) -> bool:
+    return option == TIME_PASSES or (isinstance(option, str) and option.endswith(DIES))
+
+
+class ModelledClock:
+    """Monotonic time of an execution, in ns: it moves only when the
+    scheduler says so (``Mishaps``), never by itself."""
+
+    def __init__(self) -> None:
+        self.now = 0
+
+    def monotonic_ns(self) -> int:
+        return self.now
+
+
+@dataclass
+class Mishaps:
+    """Layout 9's: what may happen besides the actors' steps. At any turn
+    an actor of ``mortal`` may die (at most ``deaths`` per execution), and,
+    while an actor waits, time may pass by ``timeout_ns`` (each a preemption
+    for the bounds). When every actor waits, time passes by itself; a futex
+    sleeper is then woken by its timeout, unless its word changed and
+    nobody woke it: a lost wake-up."""
+
+    clock: ModelledClock
+    timeout_ns: int
+    mortal: tuple[str, ...] = ()
+    deaths: int = 0
+    name_of: Callable[[int], str] = hex  # a word's name in the region, for the lost wake-up's message
 
 
 @dataclass
@@ -147,11 +191,19 @@ class ScheduledAtomics(Atomics):
 
     def futex_wait(self, address: int, expected: int, timeout_ns: int) -> int:
         """A futex wait is a load of the newest store (the kernel reads the word
-        itself): if the word changed, return at once; else return as if woken,
-        the load having marked the actor as spinning."""
+        itself): if the word changed, return at once. Else, with mishaps
+        (layout 9), sleep until a futex_wake_all of the word or the timeout;
+        without, return as if woken, the load having marked the actor as
+        spinning."""
         if self._step("load_relaxed_u32", address, (), newest=True) != expected:
             return atomics.FUTEX_VALUE_CHANGED
-        return atomics.FUTEX_WOKEN
+        if self.execution.mishaps is None:
+            return atomics.FUTEX_WOKEN
+        return self.execution.park(address, expected, timeout_ns)
+
+    def fence_seq_cst(self) -> None:
+        """A seq_cst fence: a step of its own, at no address."""
+        self._step("fence_seq_cst", 0, ())
 
 
 def _scheduled(name: str) -> Callable[..., Any]:
@@ -163,7 +215,7 @@ def _scheduled(name: str) -> Callable[..., Any]:
 
 
 for _name in OPERATIONS:
-    if _name != "futex_wait" and not _name.startswith("fence_"):  # a fence (layout 9) is not scheduled yet
+    if _name not in ("futex_wait", "fence_seq_cst"):
         setattr(ScheduledAtomics, _name, _scheduled(_name))
 
 
@@ -182,10 +234,12 @@ class Execution:
     """
 
     def __init__(
-        self, region: SharedRegion, actors: list[Actor], choose: Chooser, check: Checker, memory_model: str = "sc",
-        max_steps: int = 20_000,
+        self, region: Any, actors: list[Actor], choose: Chooser, check: Checker, memory_model: str = "sc",
+        max_steps: int = 20_000, mishaps: Mishaps | None = None,
     ) -> None:
-        self.region = region
+        self.region = region  # a layout-4 SharedRegion or a layout-9 Region
+        self.mishaps = mishaps
+        self.died: list[str] = []
         self.actors = actors
         self.choose = choose
         self.check = check
@@ -218,6 +272,15 @@ class Execution:
             raise Aborted
         actor.state = "running"
 
+    def park(self, address: int, expected: int, timeout_ns: int) -> int:
+        """The running actor sleeps in futex_wait until woken or timed out."""
+        actor = self.current_actor()
+        assert actor is not None
+        actor.parked = (address, expected, timeout_ns)
+        actor.spinning = False
+        self.wait_for_turn(actor)
+        return actor.woken
+
     def record(
         self, actor: Actor, operation: str, address: int, operands: tuple[int, ...], result: int | None,
         stale: Stale | None = None,
@@ -227,14 +290,22 @@ class Execution:
         self.outcome.steps.append(Step(actor.name, stack, operation, address, operands, result, stale, line))
         failed_cas = operation.startswith("cas_") and result != operands[0]
         if operation.startswith("load_") or failed_cas:  # a failed CAS only read
-            if actor.reads.get(address) == result:
+            # Layout 9: only a read again at the same line is a spin (a wait
+            # that timed out reads the lock once more in the lock loop: no spin).
+            key = (address, line if self.mishaps is not None else 0)
+            if actor.reads.get(key) == result:
                 actor.spinning = True
-            actor.reads[address] = result
+            actor.reads[key] = result
+        elif operation == "futex_wake_all":
+            for other in self.actors:
+                if other.parked is not None and other.parked[0] == address:
+                    other.parked = None
+                    other.woken = atomics.FUTEX_WOKEN
         elif operation in WRITES:
             actor.reads.clear()
             actor.spinning = False  # it made progress
             for other in self.actors:
-                if address in other.reads:
+                if any(read == address for read, _ in other.reads):
                     other.spinning = False
                     other.reads.clear()
 
@@ -296,23 +367,88 @@ class Execution:
                     spinning = ", ".join(a.name for a in waiting if a.spinning)
                     self.outcome.violation = f"no end after {self.max_steps} steps (livelock; spinning: {spinning})"
                     return self.outcome
-                ready = [a for a in waiting if not a.spinning]
-                if not ready:  # all spinning: one may have been a retry, not a wait; all start afresh
+                ready = [a for a in waiting if not a.spinning and a.parked is None]
+                if not ready and any(a.spinning for a in waiting):
+                    # all waiting: one may have been a retry, not a wait; all start afresh (and time passes)
+                    if self.mishaps is not None:
+                        self.mishaps.clock.now += self.mishaps.timeout_ns
                     for actor in waiting:
                         actor.spinning = False
                         actor.reads.clear()
-                    ready = waiting
+                    ready = [a for a in waiting if a.parked is None]
+                if not ready:  # every actor left sleeps on a futex
+                    self.outcome.violation = self._time_out_sleepers(waiting)
+                    if self.outcome.violation:
+                        return self.outcome
+                    continue
                 default = previous if previous in ready else ready[0]
-                choice = Choice("turn", [a.name for a in ready], default.name, previous.name if previous else None,
+                options = [a.name for a in ready] + self._mishaps(waiting)
+                choice = Choice("turn", options, default.name, previous.name if previous else None,
                                 len(self.outcome.steps))
                 choice.chosen = self.choose(len(self.outcome.choices), choice)
                 self.outcome.choices.append(choice)
                 self._turns += 1
+                if self._befall(choice.chosen, waiting):
+                    previous = None  # the mishap was the preemption: anyone may go on
+                    continue
                 chosen = next(actor for actor in ready if actor.name == choice.chosen)
                 previous = chosen
                 coroutines[chosen.name].switch()  # back at its next scheduling point, or when done
         finally:
             self._aborting = True
+            for actor in self.actors:
+                actor.parked = None
             for coroutine in coroutines.values():  # unwind the unfinished, running their finally blocks
                 while coroutine:  # started and not finished
                     coroutine.switch()
+
+    # -- mishaps (layout 9) ---------------------------------------------------------------------
+
+    def _mishaps(self, waiting: list[Actor]) -> list[str]:
+        """The mishaps that may befall now: a mortal actor that has begun dies,
+        time passes while someone waits."""
+        mishaps = self.mishaps
+        if mishaps is None:
+            return []
+        options = []
+        if len(self.died) < mishaps.deaths:
+            options += [a.name + DIES for a in waiting if a.name in mishaps.mortal and a.state == "waiting"]
+        if any(a.spinning or a.parked is not None for a in waiting):
+            options.append(TIME_PASSES)
+        return options
+
+    def _befall(self, option: Any, waiting: list[Actor]) -> bool:
+        """Make the mishap ``option`` happen; False if it is an actor's turn."""
+        if not is_mishap(option):
+            return False
+        assert self.mishaps is not None
+        if option == TIME_PASSES:
+            self.mishaps.clock.now += self.mishaps.timeout_ns
+            for actor in waiting:
+                actor.spinning = False
+                actor.reads.clear()
+        else:
+            dead = next(a for a in waiting if a.name + DIES == option)
+            dead.state = "dead"
+            self.died.append(dead.name)
+        return True
+
+    def _time_out_sleepers(self, sleepers: list[Actor]) -> str | None:
+        """Every actor left sleeps on a futex. One whose word changed was
+        owed a wake-up (unless an actor died: it may have been the waker):
+        a lost wake-up. Else time passes to the first timeout, which wakes
+        that sleeper."""
+        for actor in sleepers:
+            assert actor.parked is not None
+            address, expected, _ = actor.parked
+            value = atomics.HARDWARE.load_relaxed_u32(address)
+            if value != expected and not self.died:
+                assert self.mishaps is not None
+                return (f"lost wake-up: {actor.name} sleeps on {self.mishaps.name_of(address)} expecting {expected}, "
+                        f"the word is now {value}, and nobody woke it")
+        first = min(sleepers, key=lambda actor: actor.parked[2] if actor.parked else 0)
+        assert first.parked is not None and self.mishaps is not None
+        self.mishaps.clock.now += max(first.parked[2], 0)
+        first.parked = None
+        first.woken = atomics.FUTEX_TIMED_OUT
+        return None

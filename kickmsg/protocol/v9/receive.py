@@ -237,13 +237,13 @@ class Subscriber:
         """Wait up to ``timeout_s`` seconds for the next message in place."""
         ops = self.region.atomics
         ring = self.ring
-        deadline = time.monotonic_ns() + int(timeout_s * 1e9)
+        deadline = self.region.monotonic_ns() + int(timeout_s * 1e9)
         idle = 0
         while True:
             view = self.try_receive_view()
             if view is not None:
                 return view
-            remaining = deadline - time.monotonic_ns()
+            remaining = deadline - self.region.monotonic_ns()
             if remaining <= 0:
                 return None
             current = ops.load_relaxed_u64(ring + WRITE_POS_OFFSET)
@@ -292,10 +292,10 @@ class Subscriber:
                 break
             state_flight = found
         # 2. wait for in_flight = 0, at most one commit timeout
-        deadline = time.monotonic_ns() + region.geometry.commit_timeout_us * 1000
+        deadline = region.monotonic_ns() + region.geometry.commit_timeout_us * 1000
         quiesced = True
         while ops.load_acquire_u32(address) >> 2:
-            if time.monotonic_ns() >= deadline:
+            if region.monotonic_ns() >= deadline:
                 quiesced = False
                 self.drain_timeouts += 1
                 break

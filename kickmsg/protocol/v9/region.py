@@ -6,6 +6,7 @@ door; every address it hands out is computed from the snapshot.
 """
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kickmsg import shm
@@ -121,6 +122,9 @@ class Region:
         self.mapping = mapping
         self.geometry = geometry
         self.atomics = atomics
+        # The clock of commit timeouts and receive deadlines (kickmsg.verify
+        # replaces it with a modelled one).
+        self.monotonic_ns: Callable[[], int] = time.monotonic_ns
         self.base = mapping.address
         self.free_top_address = self.base + FREE_TOP_OFFSET
         self.steal_count_address = self.base + STEAL_COUNT_OFFSET

@@ -1,0 +1,514 @@
+"""The explorer on layout 9: the real flows of ``kickmsg.protocol.v9``.
+
+Publishers (``Publisher.allocate``, the payload, ``Publisher.publish``:
+admission, position-tagged lock, wait for commit, steal of a stable lock
+into a skip marker, meta takeover, commit by CAS, the seq_cst fence and the
+wake) and subscribers (``Subscriber``: join, ``try_receive_view`` or the
+blocking ``receive_view`` on the futex, leave and drain) run on a region in
+private memory, one atomic step at a time (``kickmsg.verify.scheduler``),
+under sequential consistency or the release/acquire model.
+
+Time is modelled (``ModelledClock``, read by the flows through
+``Region.monotonic_ns``): it stands still while anyone can make progress,
+and moves on by one commit timeout when the explorer chooses so (a stalled
+actor: a preemption) or when every actor waits. A steal thus needs a lock
+that stayed the same while a whole timeout passed, as B.8 wants. Publishers
+may die at any step (``deaths``); once every actor is done or dead, the
+operator's repairs run (``reset_retired_rings``, ``reclaim_orphaned_slots``)
+and the region must be whole again.
+
+The invariants, checked before every step and at the end:
+
+1. the free stack has no cycle and links only to slots of the pool; a slot
+   on it has refcount 0, no claim names it, nobody holds or pins it;
+2. every other slot (not being published) has a refcount at least its
+   claims plus its pins, and at most max_subs plus the subscribers' pins;
+3. a commit replaces its own publisher's lock (a commit after a steal
+   fails); a steal takes a lock only after it stayed one whole timeout; a
+   claim only replaces an older position's claim;
+4. every sample a subscriber gets is the message committed at that ring
+   position (not a skip marker, not a recycled slot), positions rising, each
+   publisher's messages in order;
+5. at the end: every ring Free with nobody in flight; a slot on the free
+   stack has refcount 0 and no claim, any other one a refcount equal to its
+   claims (> 0: else it leaked); received + lost is exactly the positions
+   each subscriber went past, and its ring's lost_count its losses;
+6. no lost wake-up: a subscriber asleep on the futex, with everyone else
+   done, must have been woken if write_pos moved (when nobody died).
+"""
+import collections
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from kickmsg import shm
+from kickmsg.atomics import HARDWARE
+from kickmsg.protocol.v9 import publish as publish_module
+from kickmsg.protocol.v9 import repair
+from kickmsg.protocol.v9.layout import (
+    CHANNEL_PUBSUB,
+    INVALID_SLOT,
+    META_OFFSET,
+    NEXT_FREE_OFFSET,
+    REFCOUNT_OFFSET,
+    RING_HEADER_SIZE,
+    SEQ_LOCK_BIT,
+    SEQ_REPAIR_BIT,
+    SEQUENCE_OFFSET,
+    SLOT_HEADER_SIZE,
+    STATE_FLIGHT_OFFSET,
+    LOST_COUNT_OFFSET,
+    ENTRY_SIZE,
+    U32_MAX,
+    SlotHeader,
+    SubRingHeader,
+    meta_precedes,
+    meta_slot_field,
+    meta_tag,
+    publisher_lock,
+    seq_locked,
+    seq_pos,
+    seq_skip,
+)
+from kickmsg.protocol.v9.publish import Publisher
+from kickmsg.protocol.v9.receive import Subscriber
+from kickmsg.protocol.v9.region import ChannelConfig, Region
+from kickmsg.verify import invariants
+from kickmsg.verify.scheduler import Actor, Chooser, Execution, Mishaps, ModelledClock, Outcome, ScheduledAtomics, Step
+
+TIMEOUT_US = 1000  # the commit timeout of the explored regions (modelled time)
+RECEIVE_TIMEOUT_S = 1.0  # a blocking subscriber's receive timeout (modelled time)
+
+
+@dataclass(frozen=True)
+class Scenario9:
+    """Who runs on a layout-9 region, and what may befall them."""
+
+    publishers: int = 2
+    messages: int = 1  # each publisher's
+    sends: tuple[int, ...] = ()  # each publisher's message count, if given (overrides messages)
+    subscribers: int = 1  # each joins, receives until the publishers are over, leaves (drains)
+    capacity: int = 1
+    pool: int = 3
+    blocking: bool = False  # subscribers sleep on the futex (receive_view) instead of polling
+    deaths: int = 0  # publishers that may die at any step
+    rings: int = 0  # max_subscribers (0: one per subscriber)
+    payload: int = max(invariants.MESSAGE_SIZES)
+    layout: int = 9
+
+    def config(self) -> ChannelConfig:
+        return ChannelConfig(max_subscribers=self.rings or self.subscribers, sub_ring_capacity=self.capacity,
+                             pool_size=self.pool, max_payload_size=self.payload, commit_timeout_us=TIMEOUT_US)
+
+    def describe(self) -> str:
+        mishaps = f", {self.deaths} publisher(s) may die" if self.deaths else ""
+        messages = "+".join(map(str, self.sends)) if self.sends else f"{self.publishers} x {self.messages}"
+        return (f"layout 9: {self.publishers} publishers sending {messages} messages, {self.subscribers} "
+                f"{'blocking' if self.blocking else 'polling'} subscriber(s), {self.config().max_subscribers} ring(s) "
+                f"of {self.capacity}, pool {self.pool}, stalls of a commit timeout{mishaps}")
+
+
+# The small configuration, preemptions and stale reads at which the explorer
+# finds each layout-9 mutant (kickmsg.verify.mutants.MUTANTS9).
+MUTANT_SCENARIOS9: dict[str, tuple[Scenario9, int, int]] = {
+    "no-meta-tag-check": (Scenario9(publishers=1, messages=2), 2, 1),
+    "steal-unproven": (Scenario9(), 2, 0),
+    "meta-takeover-any": (Scenario9(sends=(1, 2)), 2, 0),
+    "commit-plain-store": (Scenario9(), 2, 0),
+    "no-publisher-fence": (Scenario9(publishers=1, blocking=True), 1, 1),
+    "no-subscriber-fence": (Scenario9(publishers=1, blocking=True), 1, 1),
+    "pin-fetch-add": (Scenario9(), 1, 0),
+}
+
+
+@dataclass
+class World9:
+    """One execution's region, actors, and what the checks follow."""
+
+    region: Region
+    actors: list[Actor]
+    clock: ModelledClock
+    execution: Execution | None = None
+    sending: dict[str, bytes] = field(default_factory=dict)  # publisher -> the message it publishes now
+    held: dict[str, int] = field(default_factory=dict)  # publisher -> the slot it allocated and publishes
+    pins: collections.Counter[int] = field(default_factory=collections.Counter)  # slot -> views held
+    subscribers: dict[str, Subscriber] = field(default_factory=dict)
+    rings: dict[str, int] = field(default_factory=dict)  # subscriber -> the ring it joined
+    first_pos: dict[str, int] = field(default_factory=dict)  # subscriber -> where it began reading
+    received: dict[str, list[tuple[int, int, bytes]]] = field(default_factory=dict)  # subscriber -> (ring, pos, bytes)
+    committed: dict[tuple[int, int], bytes] = field(default_factory=dict)  # (ring, pos) -> the message committed
+    sequences: dict[int, tuple[int, int]] = field(default_factory=dict)  # sequence word -> (value, time stored)
+    claims: dict[int, int] = field(default_factory=dict)  # meta word -> value
+    checked_steps: int = 0
+    repaired: str = ""  # what the repairs at the end did
+
+
+def _private_region(scenario: Scenario9) -> Region:
+    config = scenario.config()
+    geometry = config.geometry(CHANNEL_PUBSUB, len(b"verify"))
+    region = Region(shm.Mapping.private("/kickmsg_verify9", geometry.total_size), geometry)
+    region._initialise(b"verify", config)
+    return region
+
+
+def _world(scenario: Scenario9) -> World9:
+    clock = ModelledClock()
+    region = _private_region(scenario)
+    region.monotonic_ns = clock.monotonic_ns
+    world = World9(region, [], clock)
+    publishers: list[Actor] = []
+
+    def publishers_over() -> bool:
+        return all(actor.state in ("done", "dead") for actor in publishers)
+
+    def payload_access(kind: str, slot: int, length: int) -> None:
+        assert world.execution is not None
+        address = region.base + region.geometry.slot_offset(slot) + SLOT_HEADER_SIZE
+        world.execution.access_payload(kind, slot, address, length)
+
+    def publisher(index: int) -> Callable[[Region], None]:
+        name = f"pub{index}"
+
+        def publish(region: Region) -> None:
+            sender = Publisher(region)
+            for sequence in range(scenario.sends[index] if scenario.sends else scenario.messages):
+                data = invariants.message(index, sequence)
+                slot = sender.allocate()
+                if slot == INVALID_SLOT:
+                    continue  # the pool was dry: this message is not published
+                world.sending[name] = data
+                world.held[name] = slot
+                payload_access("write", slot, len(data))
+                region.payload(slot, len(data))[:] = data
+                sender.publish(slot, len(data))
+                del world.held[name]
+        return publish
+
+    def subscriber(name: str) -> Callable[[Region], None]:
+        def subscribe(region: Region) -> None:
+            receiver = Subscriber(region)
+            world.subscribers[name] = receiver
+            world.rings[name] = receiver.ring_index
+            world.first_pos[name] = receiver.read_pos
+            while True:
+                over = publishers_over()  # before the last look: nothing is published after it
+                if scenario.blocking:
+                    view = receiver.receive_view(RECEIVE_TIMEOUT_S)
+                else:
+                    view = receiver.try_receive_view()
+                if view is None:
+                    if over:
+                        break
+                    continue
+                slot = view.slot
+                world.pins[slot] += 1
+                payload_access("read", slot, len(view))
+                world.received[name].append((receiver.ring_index, view.ring_pos, bytes(view)))
+                world.pins[slot] -= 1  # before the release: the reference is dropped in it
+                view.release()
+            receiver.close()
+        return subscribe
+
+    for index in range(scenario.subscribers):
+        world.received[f"sub{index}"] = []
+        world.actors.append(Actor(f"sub{index}", subscriber(f"sub{index}")))
+    publishers.extend(Actor(f"pub{index}", publisher(index)) for index in range(scenario.publishers))
+    world.actors.extend(publishers)
+    return world
+
+
+# -- the invariants ------------------------------------------------------------------------------
+
+
+def _entry_word(region: Region, address: int) -> tuple[int, int, int] | None:
+    """(ring, entry index, offset in the entry) if ``address`` is in an entry."""
+    g = region.geometry
+    offset = address - region.base - g.sub_rings_offset
+    if not 0 <= offset < g.max_subs * g.ring_stride:
+        return None
+    ring, in_ring = divmod(offset, g.ring_stride)
+    if in_ring < RING_HEADER_SIZE:
+        return None
+    entry, in_entry = divmod(in_ring - RING_HEADER_SIZE, ENTRY_SIZE)
+    return ring, entry, in_entry
+
+
+def _stored(step: Step) -> int | None:
+    """The value a step stored, if it stored one."""
+    if step.operation.startswith("store_"):
+        return step.operands[0]
+    if step.operation.startswith("cas_") and step.result == step.operands[0]:
+        return step.operands[1]
+    return None
+
+
+def _follow(world: World9, step: Step) -> str | None:
+    """Rule 3, on one step: commits, steals and claim takeovers."""
+    region = world.region
+    where = _entry_word(region, step.address)
+    value = _stored(step)
+    if where is None or value is None:
+        return None
+    ring, entry, offset = where
+    now = world.clock.now
+    if offset == SEQUENCE_OFFSET:
+        before, since = world.sequences.get(step.address, (0, 0))
+        world.sequences[step.address] = (value, now)
+        if not seq_locked(value) and not seq_skip(value):  # a commit of position value - 1
+            if before != publisher_lock(value - 1):
+                return (f"{step.actor} commits position {value - 1} of ring {ring} over "
+                        f"{describe_sequence(before)}, not over its own lock (a commit after a steal must fail)")
+            world.committed[(ring, value - 1)] = world.sending.get(step.actor, b"")
+        elif value & SEQ_REPAIR_BIT and seq_locked(before) and not before & SEQ_REPAIR_BIT:
+            held_ns = now - since
+            if held_ns < region.geometry.commit_timeout_us * 1000:
+                return (f"{step.actor} steals {describe_sequence(before)} on ring {ring} entry {entry} after "
+                        f"{held_ns} ns of the {region.geometry.commit_timeout_us * 1000} ns commit timeout "
+                        f"(only a lock that stayed a whole timeout may be stolen)")
+    elif offset == META_OFFSET:
+        before = world.claims.get(step.address, 0)
+        world.claims[step.address] = value
+        if meta_slot_field(value) and before and not meta_precedes(before, meta_tag(value) - 1):
+            return (f"{step.actor} replaces the claim {describe_meta(before)} on ring {ring} entry {entry} by "
+                    f"{describe_meta(value)}: not an older position's")
+    return None
+
+
+def _free_stack(region: Region) -> tuple[list[int], str | None]:
+    slots: list[int] = []
+    slot = HARDWARE.load_relaxed_u64(region.free_top_address) & U32_MAX
+    while slot != INVALID_SLOT:
+        if slot >= region.geometry.pool_size:
+            return slots, f"the free stack links to slot {slot}, outside the pool"
+        if slot in slots:
+            return slots, f"the free stack reaches slot {slot} twice (a cycle)"
+        slots.append(slot)
+        slot = HARDWARE.load_relaxed_u32(region.slot_address(slot) + NEXT_FREE_OFFSET)
+    return slots, None
+
+
+def _claims(region: Region) -> collections.Counter[int]:
+    """slot -> how many entries of all rings claim it."""
+    g = region.geometry
+    counted: collections.Counter[int] = collections.Counter()
+    for ring in range(g.max_subs):
+        for pos in range(g.capacity):
+            field = meta_slot_field(HARDWARE.load_relaxed_u64(region.entry_address(ring, pos) + META_OFFSET))
+            if field:
+                counted[field - 1] += 1
+    return counted
+
+
+def _memory_violation(world: World9) -> str | None:
+    """Rules 1 and 2."""
+    region = world.region
+    stacked, broken = _free_stack(region)
+    if broken:
+        return broken
+    claims = _claims(region)
+    held = set(world.held.values())  # their references are being handed out: only the end counts them
+    most = region.geometry.max_subs + len(world.subscribers)
+    for slot in range(region.geometry.pool_size):
+        refcount = HARDWARE.load_relaxed_u32(region.slot_address(slot) + REFCOUNT_OFFSET)
+        what = f"slot {slot} (refcount {refcount}, {claims[slot]} claim(s), {world.pins[slot]} view(s))"
+        if slot in stacked:
+            if refcount or claims[slot] or world.pins[slot]:
+                return f"{what} is on the free stack"
+        elif slot not in held and not claims[slot] + world.pins[slot] <= refcount <= most:
+            return f"{what}: a reference was dropped twice or never counted"
+    return None
+
+
+def _delivery_violation(world: World9) -> str | None:
+    """Rule 4."""
+    for name, received in world.received.items():
+        last_pos = -1
+        last_of: dict[int, int] = {}  # publisher -> its last message's sequence
+        for ring, pos, data in received:
+            committed = world.committed.get((ring, pos))
+            if committed != data:
+                sent = "nothing was committed there" if committed is None else f"the commit there was {committed.hex()}"
+                return f"{name} got {data.hex()} at ring {ring} position {pos}, but {sent}"
+            if pos <= last_pos:
+                return f"{name} got position {pos} after position {last_pos} (twice or out of order)"
+            last_pos = pos
+            publisher, sequence, _ = invariants.MESSAGE.unpack_from(data)
+            if sequence <= last_of.get(publisher, -1):
+                return f"{name} got pub{publisher}'s message {sequence} after its message {last_of[publisher]}"
+            last_of[publisher] = sequence
+    return None
+
+
+def _end_violation(world: World9, died: list[str]) -> str | None:
+    """Rule 5, once every actor is done or dead (after the repairs if one died)."""
+    region = world.region
+    if died:  # the operator's repairs, as the spec prescribes once no publisher runs
+        retired = repair.reset_retired_rings(region)
+        pushed = repair.reclaim_orphaned_slots(region)
+        world.repaired = f"after {', '.join(died)} died: reset_retired_rings -> {retired}, reclaim_orphaned_slots -> {pushed}"
+    for ring in range(region.geometry.max_subs):
+        state_flight = HARDWARE.load_relaxed_u32(region.ring_address(ring) + STATE_FLIGHT_OFFSET)
+        if state_flight:
+            return f"at the end ring {ring} is not Free with nobody in flight: state_flight {state_flight}"
+    stacked, broken = _free_stack(region)
+    if broken:
+        return broken
+    claims = _claims(region)
+    for slot in range(region.geometry.pool_size):
+        if slot in stacked:
+            continue
+        refcount = HARDWARE.load_relaxed_u32(region.slot_address(slot) + REFCOUNT_OFFSET)
+        if refcount != claims[slot] or not refcount:
+            return f"at the end slot {slot} is off the free stack with refcount {refcount} and {claims[slot]} claim(s)"
+    for name, receiver in world.subscribers.items():
+        received = len(world.received[name])
+        went_past = receiver.read_pos - world.first_pos[name]
+        if received + receiver.lost != went_past:
+            return (f"{name} received {received} and lost {receiver.lost}, but went past {went_past} positions "
+                    f"({world.first_pos[name]} to {receiver.read_pos})")
+        counted = HARDWARE.load_relaxed_u64(region.ring_address(world.rings[name]) + LOST_COUNT_OFFSET)
+        if counted != receiver.lost:
+            return f"{name} lost {receiver.lost}, but its ring's lost_count says {counted}"
+    return None
+
+
+def _check(world: World9) -> Callable[[Execution], str | None]:
+    def check(execution: Execution) -> str | None:
+        for step in execution.outcome.steps[world.checked_steps :]:
+            found = _follow(world, step)
+            if found:
+                return found
+        world.checked_steps = len(execution.outcome.steps)
+        found = _memory_violation(world) or _delivery_violation(world)
+        if found is None and all(actor.state in ("done", "dead") for actor in world.actors):
+            found = _end_violation(world, execution.died)
+        return found
+    return check
+
+
+def run_schedule(scenario: Scenario9, choose: Chooser, memory_model: str = "sc") -> tuple[World9, Outcome]:
+    """Run every actor once, under the choices ``choose`` makes."""
+    world = _world(scenario)
+    mishaps = Mishaps(world.clock, TIMEOUT_US * 1000, tuple(f"pub{i}" for i in range(scenario.publishers)),
+                      scenario.deaths, lambda address: describe_address(world.region, address) + " (low 32 bits)")
+    execution = Execution(world.region, world.actors, choose, _check(world), memory_model, mishaps=mishaps)
+    world.execution = execution
+    world.region.atomics = ScheduledAtomics(execution)
+    # Bounded retry loops, cut short: the modelled clock is read at every
+    # spin, and one failed lock attempt exhausts the lock loop (64 reloads
+    # take no time: a lock holder stalled over one reload is stalled over 64).
+    spins, attempts = publish_module.SPINS_PER_CLOCK_CHECK, publish_module.LOCK_ATTEMPTS
+    publish_module.SPINS_PER_CLOCK_CHECK = publish_module.LOCK_ATTEMPTS = 1
+    try:
+        return world, execution.run()
+    finally:
+        publish_module.SPINS_PER_CLOCK_CHECK, publish_module.LOCK_ATTEMPTS = spins, attempts
+        world.region.atomics = HARDWARE  # for finalizers that run later, outside any schedule
+
+
+# -- the counter-example, readable ---------------------------------------------------------------
+
+
+def describe_sequence(value: int) -> str:
+    if value & SEQ_LOCK_BIT:
+        who = "repairer" if value & SEQ_REPAIR_BIT else "publisher"
+        return f"{who} lock of pos {seq_pos(value)}"
+    if seq_skip(value):
+        return f"skip marker of pos {seq_pos(value) - 1}"
+    return f"commit of pos {value - 1}" if value else "0 (never written)"
+
+
+def describe_meta(value: int) -> str:
+    field = meta_slot_field(value)
+    return f"claim of pos {meta_tag(value) - 1}: {'no slot' if not field else f'slot {field - 1}'}"
+
+
+def describe_address(region: Region, address: int) -> str:
+    """The region word at ``address``, by name."""
+    g = region.geometry
+    if address == 0:
+        return ""
+    if address == region.free_top_address:
+        return "header.free_top"
+    if address == region.steal_count_address:
+        return "header.steal_count"
+    entry = _entry_word(region, address)
+    if entry is not None:
+        ring, index, offset = entry
+        return f"ring {ring} entry {index}.{'sequence' if offset == SEQUENCE_OFFSET else 'meta'}"
+    offset = address - region.base
+    if g.sub_rings_offset <= offset < g.pool_offset:
+        ring, in_ring = divmod(offset - g.sub_rings_offset, g.ring_stride)
+        name = next(f[0] for f in SubRingHeader._fields_ if getattr(SubRingHeader, f[0]).offset == in_ring)
+        return f"ring {ring}.{name}"
+    if offset >= g.pool_offset:
+        slot, in_slot = divmod(offset - g.pool_offset, g.slot_stride)
+        if in_slot >= SLOT_HEADER_SIZE:
+            return f"slot {slot}.payload"
+        name = next(f[0] for f in SlotHeader._fields_ if getattr(SlotHeader, f[0]).offset == in_slot)
+        return f"slot {slot}.{name}"
+    return f"header+{offset}"
+
+
+def describe_value(place: str, value: int | None) -> str:
+    if value is None:
+        return "-"
+    if place.endswith(".sequence"):
+        return describe_sequence(value)
+    if place.endswith(".meta"):
+        return describe_meta(value)
+    if place == "header.free_top":
+        slot = value & U32_MAX
+        return f"gen {value >> 32}|{'INVALID' if slot == INVALID_SLOT else f'slot {slot}'}"
+    if place.endswith(".state_flight"):
+        state = ("Free", "Live", "Draining", "Reclaiming")[value & 3]
+        return f"{state}+{value >> 2}"
+    return str(value)
+
+
+def format_step(region: Region, number: int, step: Step, preempted: str | None) -> str:
+    place = describe_address(region, step.address)
+    if step.operation.startswith("fetch_") or step.operation.endswith("_payload"):
+        operands = ", ".join(str(operand) for operand in step.operands)
+    else:
+        operands = ", ".join(describe_value(place, operand) for operand in step.operands)
+    arguments = ", ".join(part for part in (place, operands) if part)
+    call = f"{step.operation}({arguments})"
+    line = f"{number:>4}. {step.actor:<5} {step.where:<28} {call:<70} -> {describe_value(place, step.result)}"
+    if step.stale:
+        value, stored_at = step.stale
+        origin = "the initial value" if stored_at is None else f"stored at step {stored_at + 1}"
+        line += f"   STALE: the newest is {describe_value(place, value)}, {origin}"
+    return line + (f"   << preempts {preempted}" if preempted else "")
+
+
+def format_trace(world: World9, outcome: Outcome) -> str:
+    """Every step, numbered, with the mishaps (deaths, time passing),
+    preemptions and stale reads marked."""
+    events: dict[int, list[str]] = collections.defaultdict(list)  # step index -> what happened before it
+    preempting: dict[int, str | None] = {}
+    for choice in outcome.choices:
+        if choice.kind == "turn" and isinstance(choice.chosen, str) and choice.chosen not in [a.name for a in world.actors]:
+            events[choice.step].append(f"      ({choice.chosen})")
+        elif choice.preempts and choice.step < len(outcome.steps):
+            preempting[choice.step] = choice.previous
+    lines = []
+    for index, step in enumerate(outcome.steps):
+        lines += events.get(index, [])
+        lines.append(format_step(world.region, index + 1, step, preempting.get(index)))
+    lines += events.get(len(outcome.steps), [])
+    if world.repaired:
+        lines.append(world.repaired)
+    lines.append(f"violation: {outcome.violation}")
+    return "\n".join(lines)
+
+
+def observed(world: World9) -> dict[str, Any]:
+    """What an execution ended with (for tests): received, lost, steals."""
+    return {
+        "received": {name: [pos for _, pos, _ in got] for name, got in world.received.items()},
+        "lost": {name: receiver.lost for name, receiver in world.subscribers.items()},
+        "steals": HARDWARE.load_relaxed_u64(world.region.steal_count_address),
+        "lost_count": [HARDWARE.load_relaxed_u64(world.region.ring_address(r) + LOST_COUNT_OFFSET)
+                       for r in range(world.region.geometry.max_subs)],
+    }
