@@ -24,7 +24,10 @@ from kickmsg.protocol.v9.layout import (
     RING_LIVE,
     RING_RECLAIMING,
     RING_STATE_MASK,
+    SCHEMA_STATE_OFFSET,
     STATE_FLIGHT_OFFSET,
+    WRITE_POS_OFFSET,
+    Header,
     validate,
 )
 from kickmsg.region import HealthReport, SharedRegion
@@ -66,6 +69,14 @@ class Layout9Region(SharedRegion):
         self.mapping = core.mapping
         self.geometry = described_geometry(core.geometry)
         self.created_at_ns = core.info().created_at_ns  # which incarnation of the name this object is
+        # The words both layouts have, under the names the tools use (the
+        # slot headers start with refcount and next_free in both).
+        # Layout 9's header (A.2) has every field of layout 4's under the same name.
+        self.header = Header.from_address(core.base)  # type: ignore[assignment]  # the mapping outlives it: we hold both
+        self.free_top_address = core.free_top_address
+        self.schema_state_address = core.base + SCHEMA_STATE_OFFSET
+        pool_address, slot_stride = core.base + core.geometry.pool_offset, core.geometry.slot_stride
+        self.slot_addresses = range(pool_address, pool_address + core.geometry.pool_size * slot_stride, slot_stride)
 
     def __getattr__(self, attribute: str) -> NoReturn:
         """Only for attributes this object lacks: layout 4's internals (ring
@@ -102,6 +113,17 @@ class Layout9Region(SharedRegion):
         if ops.load_relaxed_u64(self.core.base + CREATED_AT_OFFSET) != self.created_at_ns:
             return True
         return self.mapping.is_replaced()
+
+    def rings_in_use(self) -> list[int]:
+        """The indices of the rings that are not idle (Free, no publisher in
+        flight, never written: both words 0), as on layout 4."""
+        ops = self.atomics
+        return [
+            index
+            for index in range(self.geometry.max_subs)
+            if ops.load_acquire_u32((ring := self.core.ring_address(index)) + STATE_FLIGHT_OFFSET)
+            or ops.load_acquire_u64(ring + WRITE_POS_OFFSET)
+        ]
 
     def payload_view(self, slot: int, length: int) -> memoryview:
         return self.core.payload(slot, length)
