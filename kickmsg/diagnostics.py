@@ -177,6 +177,7 @@ class RegionStats:
     publishers: list[Participant]  # this package's, live and stalled; native publishers are unrecorded
     unrecorded: str = UNRECORDED_PUBLISHERS
     bridges: list[BridgeFigures] = field(default_factory=list)  # live and dead
+    steals: int | None = None  # layout 9: locks publishers or repairs stole into skip markers (the header's steal_count)
 
 
 @dataclass
@@ -523,6 +524,7 @@ def region_stats(region: SharedRegion, report: AuditReport, every_ring: bool = F
         live_rings=sum(ring.state == "Live" for ring in rings),
         publishers=read_participants(region.name),
         bridges=read_bridges(region.name),
+        steals=region.stats().total_steals if region.layout == layouts.LAYOUT_9 else None,
     )
 
 

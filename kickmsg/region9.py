@@ -21,6 +21,7 @@ from kickmsg.protocol.v9.layout import (
     OWNER_PID_OFFSET,
     OWNER_STARTTIME_OFFSET,
     RING_DRAINING,
+    RING_FREE,
     RING_LIVE,
     RING_RECLAIMING,
     RING_STATE_MASK,
@@ -30,7 +31,7 @@ from kickmsg.protocol.v9.layout import (
     Header,
     validate,
 )
-from kickmsg.region import HealthReport, SharedRegion
+from kickmsg.region import DeadSubscriberReport, HealthReport, SharedRegion
 from kickmsg.schema import SchemaInfo
 
 
@@ -194,6 +195,32 @@ class Layout9Region(SharedRegion):
         state); their claims stay until publishers replace them."""
         self.require_writable("reclaim dead rings")
         return repair.reclaim_dead_rings(self.core)
+
+    def reclaim_dead_subscribers(self) -> DeadSubscriberReport:
+        """``SharedRegion.reclaim_dead_subscribers`` by layout 9's own
+        mechanism (``reclaim_dead_rings``, B.13): the rings whose owner in
+        the ring header is provably dead become Free; their claims stay until
+        publishers replace them. Every layout-9 subscriber, native or ours,
+        records itself there, and nothing is drained or waited for: none is
+        unrecorded, none times out."""
+        self.require_writable("reclaim rings")
+        dead = self.dead_subscriber_rings()
+        repair.reclaim_dead_rings(self.core)
+        ops = self.atomics
+        freed = [
+            (index, pid) for index, pid in dead
+            if ops.load_acquire_u32(self.core.ring_address(index) + STATE_FLIGHT_OFFSET) & RING_STATE_MASK == RING_FREE
+        ]
+        return DeadSubscriberReport(freed, [], [])
+
+    def free_ring(self, index: int) -> bool:
+        """Refused: layout 4's way out for a ring no owner record accounts
+        for. On layout 9 every ring records its owner in its header, and
+        ``reclaim_dead_subscribers`` frees it once that owner is dead."""
+        raise RuntimeError(
+            f"ring {index} of {self.name}: not freed by force on a layout-9 region, whose rings record their owner "
+            f"(kickmsg repair --dead-subscribers frees a ring once its owner is dead)"
+        )
 
     def reclaim_orphaned_slots(self) -> int:
         """0.9.2's claim counting: NOT safe under live traffic."""
