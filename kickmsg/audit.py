@@ -18,7 +18,17 @@ referenced (double-free candidates), stuck entries, rings by state (a ring stays
 subscriber leaves; one left Draining lost its subscriber mid-teardown), Live
 rings whose recorded owner died (``kickmsg.owners``), and a geometry that
 cannot work (``Geometry.hazards``: a pool no larger than a ring). It works on
-any v4 region, including those made by the native library, and never writes.
+any layout-4 or layout-9 region, including those made by the native library,
+and never writes.
+
+On layout 9 (WIRE9.md A.3-A.5) a slot's references are the claims (meta
+words) of every entry of every ring, not only the committed entries of the
+live windows: a claim holds its slot until a publisher replaces it. Locks
+are tagged (publisher or repairer) and count as locked entries; skip
+markers are consumed positions, not damage; a claim naming a slot outside
+the pool or tagged for a position of another entry is a bad entry; a ring
+left Reclaiming is damage like one left Draining; a ring's owner is the pid
+and start time in its header.
 
 On a channel with traffic one look is not enough: the look takes time while
 slots move, and the flows pass through states that break the invariants for
@@ -41,7 +51,10 @@ from dataclasses import dataclass, field, replace
 
 from kickmsg import layout, owners
 from kickmsg.layout import Geometry
+from kickmsg.protocol.v9 import layout as v9layout
+from kickmsg.protocol.v9.repair import owner_is_dead
 from kickmsg.region import SharedRegion
+from kickmsg.region9 import Layout9Region
 
 FIRST_PAUSE_S = 0.001  # before the second look; each later pause doubles
 SHORTEST_SETTLE_S = 0.01  # a process may be paused that long on a busy machine
@@ -52,15 +65,16 @@ SCHEMA_STATE_NAMES = {layout.SCHEMA_UNSET: "Unset", layout.SCHEMA_CLAIMING: "Cla
 @dataclass
 class RingAudit:
     index: int
-    state: str  # Free, Live, Draining, or "invalid (3)"
+    state: str  # Free, Live, Draining, Reclaiming (layout 9), or "invalid (3)" (layout 4)
     in_flight: int
     write_pos: int
     references: int  # committed entries of the live window that hold a slot
     locked_entries: list[int] = field(default_factory=list)  # positions stuck at LOCKED
     stale_entries: list[int] = field(default_factory=list)  # positions more than one wrap behind
-    bad_entries: list[int] = field(default_factory=list)  # positions naming a slot outside the pool
-    owner_pid: int | None = None  # a Live or Draining ring's recorded owner, if it records itself (kickmsg.owners)
-    owner_alive: bool | None = None  # whether that owner still holds its record's lock
+    bad_entries: list[int] = field(default_factory=list)  # positions naming a slot outside the pool (layout 9: entry indices of bad claims)
+    skip_entries: list[int] = field(default_factory=list)  # layout 9: positions consumed without a sample (not damage)
+    owner_pid: int | None = None  # a Live or Draining ring's owner: its record (kickmsg.owners) on layout 4, the ring header on 9
+    owner_alive: bool | None = None  # whether that owner still holds its record's lock (layout 9: is not provably dead)
 
     @property
     def retired(self) -> bool:
@@ -99,9 +113,10 @@ class AuditReport:
     ring_references: list[int]  # per slot: committed entries of the rings' live windows naming it
     refcounts: list[int]  # per slot, as read
     # Rings in a state that is damage once it lasts: Free with publishers
-    # admitted (retired), Draining, state bits 3, Live or Draining with a dead owner.
+    # admitted (retired), Draining, Reclaiming, state bits 3, Live or Draining with a dead owner.
     retired_rings: list[int]
     draining_rings: list[int]
+    reclaiming_rings: list[int]  # layout 9: a reclaimer stopped between its two CASes (B.13)
     invalid_rings: list[int]
     dead_owner_rings: list[int]
     schema_stuck: bool  # a schema claim held at Claiming
@@ -119,6 +134,7 @@ class AuditReport:
             "entries naming no slot": sum(len(r.bad_entries) for r in self.rings),
             "retired rings": len(self.retired_rings),
             "rings left Draining": len(self.draining_rings),
+            "rings left Reclaiming": len(self.reclaiming_rings),
             "rings in an invalid state": len(self.invalid_rings),
             "rings held by dead subscribers": len(self.dead_owner_rings),
             "schema claims stuck at Claiming": int(self.schema_stuck),
@@ -182,40 +198,9 @@ def look(region: SharedRegion) -> AuditReport:
         free.add(slot)
         slot = ops.load_acquire_u32(region.slot_addresses[slot] + layout.NEXT_FREE_OFFSET)
 
-    # Ring references: committed entries of every ring's live window.
-    holders: dict[int, list[tuple[int, int]]] = {}  # slot -> (ring, position) of the entries naming it
-    rings = []
-    records = (owners.read_owners(region.name, region.geometry.max_subs) if region.mapping.shared else None) or []
+    # Ring references, per layout: the entries that hold a slot.
     in_use = region.rings_in_use()
-    for ring in map(region.ring, in_use):
-        state_flight = ops.load_acquire_u32(ring.state_flight)
-        state = state_flight & layout.RING_STATE_MASK
-        write_pos = ops.load_acquire_u64(ring.write_pos)
-        ring_audit = RingAudit(
-            index=ring.index,
-            state=layout.RING_STATE_NAMES.get(state, f"invalid ({state})"),
-            in_flight=state_flight >> 2,
-            write_pos=write_pos,
-            references=0,
-        )
-        for position in range(max(0, write_pos - capacity), write_pos):
-            entry = ring.entries[position & region.geometry.mask]
-            sequence = ops.load_acquire_u64(entry + layout.SEQUENCE_OFFSET)
-            if sequence == layout.LOCKED_SEQUENCE:
-                ring_audit.locked_entries.append(position)
-            elif layout.entry_is_stuck(sequence, position, capacity):
-                ring_audit.stale_entries.append(position)
-            elif sequence == position + 1:
-                held = ops.load_acquire_u32(entry + layout.SLOT_IDX_OFFSET)
-                if held < pool_size:
-                    holders.setdefault(held, []).append((ring.index, position))
-                    ring_audit.references += 1
-                elif held != layout.INVALID_SLOT:
-                    ring_audit.bad_entries.append(position)
-        record, record_held = records[ring.index] if ring.index < len(records) else (None, False)
-        if ring_audit.state in ("Live", "Draining") and record is not None and record.region_created_at_ns == region.created_at_ns:
-            ring_audit.owner_pid, ring_audit.owner_alive = record.pid, record_held
-        rings.append(ring_audit)
+    rings, holders = _rings9(region, in_use) if isinstance(region, Layout9Region) else _rings4(region, in_use)
 
     # Each slot against its state.
     references = [len(holders.get(slot, ())) for slot in range(pool_size)]
@@ -256,11 +241,104 @@ def look(region: SharedRegion) -> AuditReport:
         refcounts=refcounts,
         retired_rings=[r.index for r in rings if r.retired],
         draining_rings=[r.index for r in rings if r.state == "Draining"],
+        reclaiming_rings=[r.index for r in rings if r.state == "Reclaiming"],
         invalid_rings=[r.index for r in rings if r.state.startswith("invalid")],
         dead_owner_rings=[r.index for r in rings if r.owner_dead],
         schema_stuck=schema_state == layout.SCHEMA_CLAIMING,
         slot_readings=slot_readings,
     )
+
+
+def _rings4(region: SharedRegion, in_use: list[int]) -> tuple[list[RingAudit], dict[int, list[tuple[int, int]]]]:
+    """Layout 4: each ring in use, and per slot the (ring, position) of the
+    committed entries of the live windows naming it. A ring's owner is its
+    subscriber's record (``kickmsg.owners``), if it keeps one."""
+    ops = region.atomics
+    pool_size, capacity = region.geometry.pool_size, region.geometry.capacity
+    holders: dict[int, list[tuple[int, int]]] = {}
+    rings = []
+    records = (owners.read_owners(region.name, region.geometry.max_subs) if region.mapping.shared else None) or []
+    for ring in map(region.ring, in_use):
+        state_flight = ops.load_acquire_u32(ring.state_flight)
+        state = state_flight & layout.RING_STATE_MASK
+        write_pos = ops.load_acquire_u64(ring.write_pos)
+        ring_audit = RingAudit(
+            index=ring.index,
+            state=layout.RING_STATE_NAMES.get(state, f"invalid ({state})"),
+            in_flight=state_flight >> 2,
+            write_pos=write_pos,
+            references=0,
+        )
+        for position in range(max(0, write_pos - capacity), write_pos):
+            entry = ring.entries[position & region.geometry.mask]
+            sequence = ops.load_acquire_u64(entry + layout.SEQUENCE_OFFSET)
+            if sequence == layout.LOCKED_SEQUENCE:
+                ring_audit.locked_entries.append(position)
+            elif layout.entry_is_stuck(sequence, position, capacity):
+                ring_audit.stale_entries.append(position)
+            elif sequence == position + 1:
+                held = ops.load_acquire_u32(entry + layout.SLOT_IDX_OFFSET)
+                if held < pool_size:
+                    holders.setdefault(held, []).append((ring.index, position))
+                    ring_audit.references += 1
+                elif held != layout.INVALID_SLOT:
+                    ring_audit.bad_entries.append(position)
+        record, record_held = records[ring.index] if ring.index < len(records) else (None, False)
+        if ring_audit.state in ("Live", "Draining") and record is not None and record.region_created_at_ns == region.created_at_ns:
+            ring_audit.owner_pid, ring_audit.owner_alive = record.pid, record_held
+        rings.append(ring_audit)
+    return rings, holders
+
+
+def _rings9(region: Layout9Region, in_use: list[int]) -> tuple[list[RingAudit], dict[int, list[tuple[int, int]]]]:
+    """Layout 9 (WIRE9.md A.3, A.4): each ring in use, and per slot the
+    (ring, entry index) of the claims naming it. In the live window an
+    entry is locked (publisher or repairer lock), more than one wrap stale,
+    a skip marker, or committed. Every entry of the ring may hold a claim
+    (claims stay until a publisher replaces them), each one reference; a
+    claim naming a slot outside the pool, or tagged for a position that
+    does not map to its entry, is bad. A ring's owner is the pid and start
+    time in its header."""
+    ops = region.atomics
+    g = region.geometry
+    core = region.core
+    holders: dict[int, list[tuple[int, int]]] = {}
+    rings = []
+    for index in in_use:
+        ring = core.ring_address(index)
+        state_flight = ops.load_acquire_u32(ring + v9layout.STATE_FLIGHT_OFFSET)
+        write_pos = ops.load_acquire_u64(ring + v9layout.WRITE_POS_OFFSET)
+        ring_audit = RingAudit(
+            index=index,
+            state=v9layout.RING_STATE_NAMES[state_flight & v9layout.RING_STATE_MASK],
+            in_flight=state_flight >> 2,
+            write_pos=write_pos,
+            references=0,
+        )
+        for position in range(max(0, write_pos - g.capacity), write_pos):
+            sequence = ops.load_acquire_u64(core.entry_address(index, position) + v9layout.SEQUENCE_OFFSET)
+            if v9layout.seq_locked(sequence):
+                ring_audit.locked_entries.append(position)
+            elif v9layout.seq_pos(sequence) + g.capacity < position + 1:
+                ring_audit.stale_entries.append(position)
+            elif v9layout.seq_skip(sequence):
+                ring_audit.skip_entries.append(position)
+        for entry_index in range(g.capacity):
+            meta = ops.load_acquire_u64(core.entry_address(index, entry_index) + v9layout.META_OFFSET)
+            field_value = v9layout.meta_slot_field(meta)
+            if not field_value:
+                continue
+            if field_value - 1 >= g.pool_size or (v9layout.meta_tag(meta) - 1) & g.mask != entry_index:
+                ring_audit.bad_entries.append(entry_index)
+                continue
+            holders.setdefault(field_value - 1, []).append((index, entry_index))
+            ring_audit.references += 1
+        pid = ops.load_acquire_u64(ring + v9layout.OWNER_PID_OFFSET)
+        if ring_audit.state != "Free" and pid:
+            start = ops.load_relaxed_u64(ring + v9layout.OWNER_STARTTIME_OFFSET)
+            ring_audit.owner_pid, ring_audit.owner_alive = pid, not owner_is_dead(pid, start)
+        rings.append(ring_audit)
+    return rings, holders
 
 
 def _still_there(earlier: AuditReport, later: AuditReport) -> AuditReport:
@@ -271,6 +349,8 @@ def _still_there(earlier: AuditReport, later: AuditReport) -> AuditReport:
     def same_slots(before: list[int], after: list[int]) -> list[int]:
         return [slot for slot in _in_both(after, before) if earlier.slot_readings[slot] == later.slot_readings[slot]]
 
+    earlier_rings = {ring.index: ring for ring in earlier.rings}  # the rings in use may differ between looks
+    never_seen = RingAudit(index=-1, state="", in_flight=0, write_pos=0, references=0)
     rings = [
         replace(
             after,
@@ -278,8 +358,10 @@ def _still_there(earlier: AuditReport, later: AuditReport) -> AuditReport:
             stale_entries=_in_both(after.stale_entries, before.stale_entries),
             bad_entries=_in_both(after.bad_entries, before.bad_entries),
         )
-        for before, after in zip(earlier.rings, later.rings)
+        for after in later.rings
+        for before in [earlier_rings.get(after.index, never_seen)]
     ]
+    later_rings = {ring.index: ring for ring in later.rings}
     leaked = same_slots(earlier.leaked_slots, later.leaked_slots)
     under_referenced = same_slots(earlier.under_referenced_slots, later.under_referenced_slots)
     double_free = same_slots(earlier.double_free_candidates, later.double_free_candidates)
@@ -292,10 +374,11 @@ def _still_there(earlier: AuditReport, later: AuditReport) -> AuditReport:
         rings=rings,
         retired_rings=_in_both(later.retired_rings, earlier.retired_rings),
         draining_rings=_in_both(later.draining_rings, earlier.draining_rings),
+        reclaiming_rings=_in_both(later.reclaiming_rings, earlier.reclaiming_rings),
         invalid_rings=_in_both(later.invalid_rings, earlier.invalid_rings),
         dead_owner_rings=[
             ring for ring in _in_both(later.dead_owner_rings, earlier.dead_owner_rings)
-            if earlier.rings[ring].owner_pid == later.rings[ring].owner_pid
+            if earlier_rings[ring].owner_pid == later_rings[ring].owner_pid
         ],
         schema_stuck=earlier.schema_stuck and later.schema_stuck,
         slot_readings={slot: later.slot_readings[slot] for slot in leaked + under_referenced + double_free},

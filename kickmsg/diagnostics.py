@@ -24,8 +24,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from kickmsg import layout, owners, shm
-from kickmsg.audit import AuditReport, audit
+from kickmsg import layout, layouts, owners, shm
+from kickmsg.audit import AuditReport, RingAudit, audit
 from kickmsg.description import schema_to_json
 from kickmsg.region import SharedRegion
 
@@ -104,9 +104,11 @@ class RegionInfo:
 
 @dataclass
 class RingStats:
-    """One ring (``kickmsg stats``). The owner fields are those of a
-    subscriber of this package (its record, updated at most every 0.1 s);
-    None for Free rings and native subscribers."""
+    """One ring (``kickmsg stats``). On layout 4 the owner fields are those
+    of a subscriber of this package (its record, updated at most every
+    0.1 s); None for Free rings and native subscribers. On layout 9 the owner
+    is the pid in the ring header (any implementation), the losses and drops
+    the ring's own counters; read_pos and pending are not known there."""
 
     ring: int
     state: str  # Free, Live, Draining, "invalid (3)"
@@ -118,7 +120,8 @@ class RingStats:
     owner_alive: bool | None
     read_pos: int | None
     pending: int | None  # written, not read yet (at most a ring's worth)
-    lost: int | None  # messages the subscriber lost (overwritten unread)
+    lost: int | None  # messages the subscriber lost (overwritten unread; layout 9: the ring's lost_count)
+    dropped: int | None = None  # layout 9: deliveries publishers dropped on this ring (its dropped_count)
 
 
 @dataclass
@@ -174,6 +177,7 @@ class RegionStats:
     publishers: list[Participant]  # this package's, live and stalled; native publishers are unrecorded
     unrecorded: str = UNRECORDED_PUBLISHERS
     bridges: list[BridgeFigures] = field(default_factory=list)  # live and dead
+    steals: int | None = None  # layout 9: locks publishers or repairs stole into skip markers (the header's steal_count)
 
 
 @dataclass
@@ -325,9 +329,9 @@ def summarize(entry: os.DirEntry[str], everything: bool) -> RegionSummary | None
     if found is None or not is_kickmsg(found):
         return dataclasses.replace(row, type="not Kickmsg", problem="no Kickmsg magic") if everything else None
     row.version = found[1]
-    if found[1] != layout.VERSION:
+    if found[1] not in layouts.SUPPORTED_LAYOUTS:
         return dataclasses.replace(row, type=f"unsupported (v{found[1]})",
-                                   problem=f"layout version {found[1]}; this tool reads {layout.VERSION}")
+                                   problem=f"layout version {found[1]}; this tool reads 4 and 9")
     try:
         region = SharedRegion.inspect(row.name)
     except (RuntimeError, ValueError) as error:
@@ -362,9 +366,14 @@ def summarize(entry: os.DirEntry[str], everything: bool) -> RegionSummary | None
 
 
 def creator_name(region: SharedRegion) -> str:
-    h = region.header
-    return bytes(region.mapping.buffer[layout.HEADER_SIZE : layout.HEADER_SIZE + h.creator_name_len]).decode(
-        "utf-8", errors="replace")
+    return region.info().creator_name
+
+
+def age_s(region: SharedRegion) -> float:
+    """Seconds since the region was created: its ``created_at_ns`` is
+    CLOCK_MONOTONIC on layout 4, CLOCK_REALTIME on layout 9."""
+    now_ns = time.time_ns() if region.layout == layouts.LAYOUT_9 else time.monotonic_ns()
+    return round((now_ns - region.header.created_at_ns) / 1e9, 3)
 
 
 def info(name: str) -> RegionInfo:
@@ -397,7 +406,7 @@ def region_info(region: SharedRegion) -> RegionInfo:
         creator_pid=h.creator_pid,
         creator_alive=pid_alive(h.creator_pid),
         created_at_ns=h.created_at_ns,
-        age_s=round((time.monotonic_ns() - h.created_at_ns) / 1e9, 3),  # CLOCK_MONOTONIC, as written
+        age_s=age_s(region),
         creator_name=creator_name(region),
         creator_name_len=h.creator_name_len,
         schema_state=SCHEMA_STATES.get(schema_state, schema_state),
@@ -458,11 +467,8 @@ def read_bridges(region_name: str) -> list[BridgeFigures]:
 def ring_stats(region: SharedRegion, report: AuditReport, every_ring: bool = False) -> list[RingStats]:
     """Per ring that is not idle (``every_ring``: per ring): state,
     in-flight publishers, write position, entries still holding a slot,
-    and for our subscribers (from the owner records) their pid, read
-    position, pending messages and losses. An idle ring's row is known
+    and its subscriber (``owned_ring_stats``). An idle ring's row is known
     without reading anything more (Free, zeros)."""
-    records = (owners.read_owners(region.name, region.geometry.max_subs) if region.mapping.shared else None) or []
-    created = region.header.created_at_ns
     audited = {ring.index: ring for ring in report.rings}
     shown = range(region.geometry.max_subs) if every_ring else list(audited)
     rows = []
@@ -471,15 +477,33 @@ def ring_stats(region: SharedRegion, report: AuditReport, every_ring: bool = Fal
         if ring is None:
             rows.append(RingStats(index, "Free", 0, 0, 0, 0, None, None, None, None, None))
             continue
-        row = RingStats(ring.index, ring.state, ring.in_flight, ring.write_pos, ring.references, len(ring.locked_entries),
-                        None, None, None, None, None)
-        record, held = records[index] if index < len(records) else (None, False)
-        if ring.state == "Live" and record is not None and record.region_created_at_ns == created:
+        rows.append(RingStats(ring.index, ring.state, ring.in_flight, ring.write_pos, ring.references,
+                              len(ring.locked_entries), None, None, None, None, None))
+    (owned_ring_stats9 if region.layout == layouts.LAYOUT_9 else owned_ring_stats4)(region, audited, rows)
+    return rows
+
+
+def owned_ring_stats4(region: SharedRegion, audited: dict[int, RingAudit], rows: list[RingStats]) -> None:
+    """Layout 4: a Live ring's owner, read position, pending messages and
+    losses from its subscriber's record, if it keeps one (ours)."""
+    records = (owners.read_owners(region.name, region.geometry.max_subs) if region.mapping.shared else None) or []
+    created = region.header.created_at_ns
+    for row in rows:
+        record, held = records[row.ring] if row.ring < len(records) else (None, False)
+        if row.state == "Live" and record is not None and record.region_created_at_ns == created:
             row.owner_pid, row.owner_alive = record.pid, held
             row.read_pos, row.lost = record.read_pos, record.lost
-            row.pending = min(max(0, ring.write_pos - record.read_pos), region.geometry.capacity)
-        rows.append(row)
-    return rows
+            row.pending = min(max(0, audited[row.ring].write_pos - record.read_pos), region.geometry.capacity)
+
+
+def owned_ring_stats9(region: SharedRegion, audited: dict[int, RingAudit], rows: list[RingStats]) -> None:
+    """Layout 9: each ring's owner from its header (as the audit read it)
+    and its shm-resident lost and dropped counters (B.18)."""
+    counted = region.stats().rings
+    for row in rows:
+        if row.ring in audited:
+            row.owner_pid, row.owner_alive = audited[row.ring].owner_pid, audited[row.ring].owner_alive
+            row.lost, row.dropped = counted[row.ring].lost_count, counted[row.ring].dropped_count
 
 
 def stats(name: str, every_ring: bool = False) -> RegionStats:
@@ -500,6 +524,7 @@ def region_stats(region: SharedRegion, report: AuditReport, every_ring: bool = F
         live_rings=sum(ring.state == "Live" for ring in rings),
         publishers=read_participants(region.name),
         bridges=read_bridges(region.name),
+        steals=region.stats().total_steals if region.layout == layouts.LAYOUT_9 else None,
     )
 
 

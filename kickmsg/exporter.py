@@ -103,7 +103,12 @@ class ChannelCollector(Collector):
         write_position = GaugeMetricFamily(
             "kickmsg_ring_write_position", "Messages ever written into the ring", labels=ring)
         lost = CounterMetricFamily(
-            "kickmsg_ring_lost", "Messages the ring's subscriber lost (subscribers of kickmsg-py only)", labels=ring)
+            "kickmsg_ring_lost", "Messages the ring's subscriber lost (layout 4: subscribers of kickmsg-py only; "
+            "layout 9: every ring)", labels=ring)
+        dropped = CounterMetricFamily(
+            "kickmsg_ring_dropped", "Deliveries publishers dropped on the ring (layout 9)", labels=ring)
+        steals = CounterMetricFamily(
+            "kickmsg_steals", "Locks publishers or repairs stole into skip markers (layout 9)", labels=channel)
         pending = GaugeMetricFamily(
             "kickmsg_ring_pending", "Messages written and not read yet (subscribers of kickmsg-py only)", labels=ring)
         bridge = ["channel", "direction", "key"]
@@ -134,6 +139,8 @@ class ChannelCollector(Collector):
             live_rings.add_metric([found.name], stats.live_rings)
             publishers.add_metric([found.name], sum(p.alive for p in stats.publishers))
             subscribers.add_metric([found.name], sum(r.state == "Live" and r.owner_alive is not False for r in stats.rings))
+            if stats.steals is not None:
+                steals.add_metric([found.name], stats.steals)
             for kind, count in health.problems.items():
                 problems.add_metric([found.name, kind], count)
             problems.add_metric([found.name, "stall publishers"], health.stall_publishers)
@@ -146,6 +153,8 @@ class ChannelCollector(Collector):
                     lost.add_metric(labels, row.lost)
                 if row.pending is not None:
                     pending.add_metric(labels, row.pending)
+                if row.dropped is not None:
+                    dropped.add_metric(labels, row.dropped)
             for figures in one_bridge_per_label(stats.bridges):
                 labels = [found.name, figures.direction, figures.key]
                 bridge_messages.add_metric(labels, figures.messages_out)
@@ -157,7 +166,8 @@ class ChannelCollector(Collector):
                 if figures.direction == "import":
                     bridge_lost.add_metric([*labels, "way"], figures.lost_on_way)
                     bridge_lost.add_metric([*labels, "source"], figures.lost_at_source)
-        yield from (pool_slots, free_slots, live_rings, publishers, subscribers, problems, write_position, lost, pending,
+        yield from (pool_slots, free_slots, live_rings, publishers, subscribers, steals, problems, write_position, lost,
+                    dropped, pending,
                     bridge_messages, bridge_bytes, bridge_lost, bridge_up, bridge_peers, bridge_matched)
 
 

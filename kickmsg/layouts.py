@@ -4,7 +4,7 @@
 ``DEFAULT_LAYOUT`` is the default of ``SharedRegion.create`` /
 ``create_or_open`` and ``Node``; ``$KICKMSG_LAYOUT`` (``4`` or ``9``)
 overrides it for a process, a ``layout=`` argument for one call. It stays 4
-until the tools (CLI, diagnostics, exporter, recorder, bridge, Spark) handle
+until the tools still on layout 4 only (recorder, bridge, Spark, crosscheck) handle
 layout 9.
 """
 import os

@@ -21,13 +21,17 @@ from kickmsg.protocol.v9.layout import (
     OWNER_PID_OFFSET,
     OWNER_STARTTIME_OFFSET,
     RING_DRAINING,
+    RING_FREE,
     RING_LIVE,
     RING_RECLAIMING,
     RING_STATE_MASK,
+    SCHEMA_STATE_OFFSET,
     STATE_FLIGHT_OFFSET,
+    WRITE_POS_OFFSET,
+    Header,
     validate,
 )
-from kickmsg.region import HealthReport, SharedRegion
+from kickmsg.region import DeadSubscriberReport, HealthReport, SharedRegion
 from kickmsg.schema import SchemaInfo
 
 
@@ -66,6 +70,14 @@ class Layout9Region(SharedRegion):
         self.mapping = core.mapping
         self.geometry = described_geometry(core.geometry)
         self.created_at_ns = core.info().created_at_ns  # which incarnation of the name this object is
+        # The words both layouts have, under the names the tools use (the
+        # slot headers start with refcount and next_free in both).
+        # Layout 9's header (A.2) has every field of layout 4's under the same name.
+        self.header = Header.from_address(core.base)  # type: ignore[assignment]  # the mapping outlives it: we hold both
+        self.free_top_address = core.free_top_address
+        self.schema_state_address = core.base + SCHEMA_STATE_OFFSET
+        pool_address, slot_stride = core.base + core.geometry.pool_offset, core.geometry.slot_stride
+        self.slot_addresses = range(pool_address, pool_address + core.geometry.pool_size * slot_stride, slot_stride)
 
     def __getattr__(self, attribute: str) -> NoReturn:
         """Only for attributes this object lacks: layout 4's internals (ring
@@ -102,6 +114,17 @@ class Layout9Region(SharedRegion):
         if ops.load_relaxed_u64(self.core.base + CREATED_AT_OFFSET) != self.created_at_ns:
             return True
         return self.mapping.is_replaced()
+
+    def rings_in_use(self) -> list[int]:
+        """The indices of the rings that are not idle (Free, no publisher in
+        flight, never written: both words 0), as on layout 4."""
+        ops = self.atomics
+        return [
+            index
+            for index in range(self.geometry.max_subs)
+            if ops.load_acquire_u32((ring := self.core.ring_address(index)) + STATE_FLIGHT_OFFSET)
+            or ops.load_acquire_u64(ring + WRITE_POS_OFFSET)
+        ]
 
     def payload_view(self, slot: int, length: int) -> memoryview:
         return self.core.payload(slot, length)
@@ -172,6 +195,32 @@ class Layout9Region(SharedRegion):
         state); their claims stay until publishers replace them."""
         self.require_writable("reclaim dead rings")
         return repair.reclaim_dead_rings(self.core)
+
+    def reclaim_dead_subscribers(self) -> DeadSubscriberReport:
+        """``SharedRegion.reclaim_dead_subscribers`` by layout 9's own
+        mechanism (``reclaim_dead_rings``, B.13): the rings whose owner in
+        the ring header is provably dead become Free; their claims stay until
+        publishers replace them. Every layout-9 subscriber, native or ours,
+        records itself there, and nothing is drained or waited for: none is
+        unrecorded, none times out."""
+        self.require_writable("reclaim rings")
+        dead = self.dead_subscriber_rings()
+        repair.reclaim_dead_rings(self.core)
+        ops = self.atomics
+        freed = [
+            (index, pid) for index, pid in dead
+            if ops.load_acquire_u32(self.core.ring_address(index) + STATE_FLIGHT_OFFSET) & RING_STATE_MASK == RING_FREE
+        ]
+        return DeadSubscriberReport(freed, [], [])
+
+    def free_ring(self, index: int) -> bool:
+        """Refused: layout 4's way out for a ring no owner record accounts
+        for. On layout 9 every ring records its owner in its header, and
+        ``reclaim_dead_subscribers`` frees it once that owner is dead."""
+        raise RuntimeError(
+            f"ring {index} of {self.name}: not freed by force on a layout-9 region, whose rings record their owner "
+            f"(kickmsg repair --dead-subscribers frees a ring once its owner is dead)"
+        )
 
     def reclaim_orphaned_slots(self) -> int:
         """0.9.2's claim counting: NOT safe under live traffic."""

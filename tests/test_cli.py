@@ -27,7 +27,7 @@ import pytest
 import rawregion
 from conftest import SESSION_PREFIX
 from kickmsg import ChannelType, Config, Node, Publisher, SchemaInfo, SharedRegion, Subscriber, owners, typed
-from nativepeer import run_native, run_ours, start_native, start_ours
+from nativepeer import run_native, run_native9, run_ours, start_native, start_native9, start_ours
 
 KICKMSG = pathlib.Path(sys.executable).with_name("kickmsg")
 COMMANDS = (
@@ -205,14 +205,30 @@ def live_rings(name: str) -> list[int]:
 
 def wait_live(name: str, count: int, *running: Running, timeout: float = 15) -> None:
     """Wait until ``count`` rings of the region are Live (a command joined)."""
+    wait_rings(name, lambda: len(live_rings(name)) >= count, lambda: f"{count} live ring(s) expected, found {live_rings(name)}",
+               *running, timeout=timeout)
+
+
+def wait_parked(name: str, ring: int, *running: Running, timeout: float = 15) -> None:
+    """Wait until the subscriber of ring ``ring`` waits for messages
+    (has_waiter set): its join is over, so it gets every message published
+    from now on. On layout 9 a ring is Live before its subscriber has
+    chosen its start position (WIRE9.md B.4), so Live is not enough."""
+    parked = lambda: rawregion.ring(rawregion.read_bytes(name), ring).has_waiter != 0
+    wait_rings(name, parked, lambda: f"a subscriber waiting on ring {ring} expected", *running, timeout=timeout)
+
+
+def wait_rings(name: str, done, expected, *running: Running, timeout: float = 15) -> None:
+    """Poll until ``done()``; fail naming ``expected()`` after ``timeout``
+    or as soon as a command exits."""
     deadline = time.monotonic() + timeout
-    while len(live_rings(name)) < count:
+    while not done():
         for command in running:
             if command.proc.poll() is not None:
                 result = command.finish()
                 pytest.fail(f"kickmsg {command.args} exited ({result.code}) before joining: {result.err.decode()}")
         if time.monotonic() > deadline:
-            pytest.fail(f"{name}: {count} live ring(s) expected, found {live_rings(name)}")
+            pytest.fail(f"{name}: {expected()}")
         time.sleep(0.01)
 
 
@@ -281,11 +297,11 @@ def broken():
 
 
 def test_version():
-    """--version names the package version and the layout it reads."""
+    """--version names the package version and the layouts it reads."""
     result = cli("--version")
     assert result.code == 0
     assert result.text.startswith("kickmsg 0.1.0 ")
-    assert "layout v4" in result.text
+    assert "layouts v4, as native kickmsg 0.1.0, and v9, as native 0.9.2" in result.text
 
 
 def test_top_level_help_lists_every_command():
@@ -350,7 +366,7 @@ def test_list_shows_our_native_and_unsupported_regions(prefix):
     )
     assert rows[2]["type"] == "unsupported (v7)" and rows[2]["version"] == 7
     assert rows[2]["creator"] is None and rows[2]["pool_free"] is None and rows[2]["subs_max"] is None
-    assert rows[2]["problem"] == "layout version 7; this tool reads 4"
+    assert rows[2]["problem"] == "layout version 7; this tool reads 4 and 9"
     assert (rows[3]["type"], rows[3]["version"], rows[3]["pool_size"]) == ("damaged", 4, None)
     assert rows[3]["problem"].startswith(f"Region {unfit} does not fit its mapping")
     assert all(row[key] == access(row["name"])[key] for row in rows for key in ("mode", "owner"))
@@ -608,17 +624,17 @@ def test_stats_shows_our_subscribers_positions(name):
     expected_common = {"in_flight": 0, "locked": 0}
     assert stats["rings"][0] == dict(
         expected_common, ring=0, state="Live", write_pos=14, held=8, owner_pid=os.getpid(), owner_alive=True,
-        read_pos=7, pending=7, lost=4,
+        read_pos=7, pending=7, lost=4, dropped=None,
     )
     assert stats["rings"][1] == dict(
         expected_common, ring=1, state="Live", write_pos=2, held=2, owner_pid=os.getpid(), owner_alive=True,
-        read_pos=1, pending=1, lost=0,
+        read_pos=1, pending=1, lost=0, dropped=None,
     )
     assert len(stats["rings"]) == 2 and stats["idle_rings"] == 1  # ring 2: Free, never written
     every = cli_json("stats", name, "--all-rings")
     assert every["rings"][2] == dict(
         expected_common, ring=2, state="Free", write_pos=0, held=0, owner_pid=None, owner_alive=None,
-        read_pos=None, pending=None, lost=None,
+        read_pos=None, pending=None, lost=None, dropped=None,
     )
     assert every["idle_rings"] == 0
 
@@ -726,7 +742,7 @@ def test_stats_and_repair_of_a_subscriber_killed_with_sigkill(name):
 # -- watch ---------------------------------------------------------------------------------------
 
 
-def test_watch_json_lines_while_a_thread_publishes(name):
+def test_watch_json_lines_while_a_thread_publishes(name, layout):
     """One JSON object per refresh; msgs_per_s and new_lost from the second
     on, consistent with how write_pos moved."""
     region = make(name)
@@ -797,12 +813,12 @@ EXPECTED_ECHO = {
 
 
 @pytest.mark.parametrize("form", ["text", "hex", "json", "json-flag", "raw"])
-def test_echo_prints_messages_in_each_format(name, form):
+def test_echo_prints_messages_in_each_format(name, form, layout):
     """echo --count 3 prints the three messages published after it joined, then leaves its ring."""
     region = make(name)
     options = ["--json"] if form == "json-flag" else ["--format", form]
     with Running("echo", name, "--count", "3", "--timeout", "10", *options) as echo:
-        wait_live(name, 1, echo)
+        wait_parked(name, 0, echo)
         publisher = Publisher(region)
         for message in MESSAGES:
             publisher.send(message)
@@ -912,11 +928,11 @@ def test_echo_a_channel_created_and_fed_by_native(name):
 # -- hz and bw ---------------------------------------------------------------------------------------
 
 
-def test_hz_counts_messages_of_this_process(name):
+def test_hz_counts_messages_of_this_process(name, layout):
     """hz --count 20 --json: a final report over the 20 messages (its last JSON line)."""
     region = make(name, **ROOMY)
     with Running("hz", name, "--count", "20", "--json") as hz:
-        wait_live(name, 1, hz)
+        wait_parked(name, 0, hz)
         publisher = Publisher(region)
         for i in range(20):
             publisher.send(b"beat %d" % i)
@@ -992,7 +1008,7 @@ def test_hz_and_bw_count_larger_than_window_stop(name):
 # -- pub -------------------------------------------------------------------------------------------
 
 
-def test_pub_text_hex_and_file_reach_our_subscriber(name, tmp_path):
+def test_pub_text_hex_and_file_reach_our_subscriber(name, tmp_path, layout):
     """pub TEXT --count --rate, pub HEX --hex and pub @FILE, read by our subscriber."""
     region = make(name)
     subscriber = Subscriber(region)
@@ -1121,6 +1137,57 @@ def test_diagnose_and_audit_pass_clean_regions(name, prefix):
         assert (text.code, text.text.strip()) == (0, "clean: 11 of 16 slots free, 2 live rings")
         peer.tell()
         assert peer.result() == "ok"
+
+
+NATIVE9_SUBSCRIBED_REGION = r"""
+config = make_config(P["config"])
+region = kickmsg.SharedRegion.create(P["name"], kickmsg.ChannelType.PubSub, config, "native-0.9.2")
+subscriber = kickmsg.Subscriber(region)
+publisher = kickmsg.Publisher(region)
+for i in range(3):
+    publisher.send(b"n%d" % i)
+ready()
+wait_go()
+"""
+
+
+def test_tools_on_a_region_made_by_native_0_9_2(name):
+    """A layout-9 region native 0.9.2 made, with its live subscriber: list,
+    info, stats, diagnose and audit see it as it is (the subscriber's pid
+    from its ring header); once that subscriber is killed, stats and audit
+    show it dead and repair reclaims its ring (reclaim_dead_rings); pub and
+    echo then carry messages across the implementations."""
+    with start_native9(NATIVE9_SUBSCRIBED_REGION, name=name, config=SMALL) as native:
+        native.wait_ready()
+        pid = native.proc.pid
+        [row] = cli_json("list", "--prefix", name[1:])
+        assert (row["type"], row["version"], row["creator"], row["pid"], row["alive"]) == ("PubSub", 9, "native-0.9.2", pid, True)
+        assert (row["subs_live"], row["pool_free"], row["health"]) == (1, 13, "clean: 13 of 16 slots free, 1 live rings")
+        info = cli_json("info", name)
+        assert (info["version"], info["creator_pid"], info["creator_name"], info["pool_size"]) == (9, pid, "native-0.9.2", 16)
+        [ring] = cli_json("stats", name)["rings"]
+        assert (ring["state"], ring["write_pos"], ring["held"], ring["owner_pid"], ring["owner_alive"]) == ("Live", 3, 3, pid, True)
+        assert (ring["lost"], ring["dropped"]) == (0, 0)
+        assert cli_json("diagnose", name)["healthy"] is True
+        assert cli_json("audit", name)["clean"] is True
+        os.kill(pid, signal.SIGKILL)
+        native.proc.wait(timeout=10)
+    [ring] = cli_json("stats", name)["rings"]
+    assert (ring["state"], ring["owner_pid"], ring["owner_alive"]) == ("Live", pid, False)
+    assert cli_json("diagnose", name, code=1)["dead_subscriber_rings"] == 1
+    assert cli_json("audit", name, code=1)["verdict"].startswith("DAMAGED: rings held by dead subscribers: 1;")
+    repaired = cli_json("repair", name)
+    assert repaired["dead_subscribers"] == {"reclaimed": [[0, pid]], "unrecorded": [], "timed_out": []}
+    assert cli_json("stats", name)["rings"][0]["state"] == "Free"
+    assert cli_json("audit", name)["clean"] is True  # its claims hold their slots until publishers replace them
+    with Running("echo", name, "--count", "1", "--timeout", "20") as echo:
+        wait_parked(name, 0, echo)
+        run_native9('publisher = kickmsg.Publisher(kickmsg.SharedRegion.open(P["name"]))\n'
+                    'done(publisher.send(b"from native"))', name=name)
+        result = echo.finish()
+    assert (result.code, result.text) == (0, "[3] from native\n")  # the reclaimed ring kept its write position
+    assert cli("pub", name, "to native").code == 0  # no subscriber: dropped by nobody, nothing breaks
+    assert cli_json("audit", name)["clean"] is True
 
 
 def test_locked_entry_is_found_and_repaired(name):

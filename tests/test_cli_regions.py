@@ -232,7 +232,7 @@ def test_create_with_defaults_prints_what_it_made(name):
     assert lines[0] == f"created {name}"
     fields = dict(line.split(None, 1) for line in lines[1:])
     assert fields == {
-        "type": "PubSub", "max_subscribers": "16", "sub_ring_capacity": "64", "pool_size": "256",
+        "type": "PubSub", "layout": "4", "max_subscribers": "16", "sub_ring_capacity": "64", "pool_size": "256",
         "max_payload_size": "4096", "commit_timeout_us": str(header["commit_timeout_us"]),
         "total_size": str(header["total_size"]), "mode": access(name)["mode"], "creator": "kickmsg-create",
     }
@@ -249,7 +249,7 @@ def test_create_with_options_and_topic_naming(prefix):
     name = f"/{prefix}_chat"
     header = rawregion.header(rawregion.read_bytes(name))
     assert made == {
-        "name": name, "type": "Broadcast", "max_subscribers": 4, "sub_ring_capacity": 16, "pool_size": 40,
+        "name": name, "type": "Broadcast", "layout": 4, "max_subscribers": 4, "sub_ring_capacity": 16, "pool_size": 40,
         "max_payload_size": 128, "commit_timeout_us": 250000, "total_size": header["total_size"],
         "mode": f"{0o640 & ~umask:04o}", "creator": "ops", "replaced": False,
     }
@@ -344,6 +344,27 @@ def test_pub_create_makes_a_missing_channel(prefix):
     assert again["published"] == 1
     assert rawregion.header(rawregion.read_bytes(name))["pool_size"] == 12
     assert_one_line_error(cli("pub", name, "x", "--pool", "64"), "pub", "--pool: only with --create")
+    assert_one_line_error(cli("pub", name, "x", "--layout", "9"), "pub", "--layout: only with --create")
+
+
+@pytest.mark.parametrize("command", ["create", "pub"])
+def test_create_and_pub_create_choose_the_layout(prefix, command, monkeypatch):
+    """--layout 9 makes a layout-9 region whatever $KICKMSG_LAYOUT says, and
+    --layout 4 a layout-4 one; list and info show which; another value is
+    refused by the parser."""
+    monkeypatch.setenv("KICKMSG_LAYOUT", "4")
+    made = {}
+    for layout in (9, 4):
+        name = f"/{prefix}_l{layout}"
+        extra = ["hi", "--create"] if command == "pub" else []
+        result = cli_json(command, name, *extra, "--layout", str(layout), "--ring", "8", "--pool", "12", "--payload", "32")
+        made[name] = layout
+        assert cli_json("info", name)["version"] == layout
+        if command == "create":
+            assert result["layout"] == layout
+    assert {row["name"]: row["version"] for row in cli_json("list", "--prefix", prefix)} == made
+    refused = cli(command, f"/{prefix}_l5", *(["hi", "--create"] if command == "pub" else []), "--layout", "5")
+    assert refused.code == 2 and b"invalid choice: 5" in refused.err
 
 
 def test_pub_create_of_a_node_broadcast_channel(prefix):

@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import ROOT
 from kickmsg import ChannelType, Config, SharedRegion, owners, unlink_shm
-from nativepeer import start_ours
+from nativepeer import start_native9, start_ours
 from test_cli import assert_one_line_error, cli, poke
 
 pytestmark = pytest.mark.timeout(120)
@@ -118,7 +118,7 @@ def ring(name: str, index: int) -> tuple[tuple[str, str], ...]:
     return (("channel", name), ("ring", str(index)))
 
 
-def test_scraped_numbers_are_what_real_processes_sent_and_read(prefix, exporter_for):
+def test_scraped_numbers_are_what_real_processes_sent_and_read(prefix, exporter_for, layout):
     name = f"/{prefix}_imu"
     SharedRegion.create(name, ChannelType.PubSub, CONFIG, "exporter-test")
     sent, read = 20, 5
@@ -130,10 +130,13 @@ def test_scraped_numbers_are_what_real_processes_sent_and_read(prefix, exporter_
             subscriber.wait_ready()  # read `read` of them
             exporter = exporter_for()
             written = sent + 1
-            found = exporter.wait_for({
-                ("kickmsg_ring_write_position", ring(name, 0)): written,
-                ("kickmsg_ring_pending", ring(name, 0)): written - read,
-            })
+            if layout == 4:  # pending from the subscriber's record; no counters in the region
+                expected = {("kickmsg_ring_pending", ring(name, 0)): written - read,
+                            ("kickmsg_ring_dropped_total", ring(name, 0)): None, ("kickmsg_steals_total", channel(name)): None}
+            else:  # the region's own counters; the read position is the subscriber's alone
+                expected = {("kickmsg_ring_pending", ring(name, 0)): None,
+                            ("kickmsg_ring_dropped_total", ring(name, 0)): 0, ("kickmsg_steals_total", channel(name)): 0}
+            found = exporter.wait_for({("kickmsg_ring_write_position", ring(name, 0)): written, **expected})
             assert found[("kickmsg_ring_lost_total", ring(name, 0))] == 0
             assert found[("kickmsg_pool_slots", channel(name))] == 128
             assert found[("kickmsg_pool_free_slots", channel(name))] == 128 - written  # all still in the ring
@@ -189,3 +192,36 @@ def test_bad_port_and_a_port_in_use_are_one_line_errors(prefix, exporter_for):
                           "cannot serve on 203.0.113.7:0: Cannot assign requested address")
     assert_one_line_error(cli("exporter", "--bind", "no-such-host.invalid", "--port", "0", "--prefix", prefix),
                           "exporter", "cannot serve on no-such-host.invalid:0: ")
+
+
+NATIVE9_SUBSCRIBED = r"""
+config = make_config(P["config"])
+region = kickmsg.SharedRegion.create(P["name"], kickmsg.ChannelType.PubSub, config, "native-0.9.2")
+subscriber = kickmsg.Subscriber(region)
+publisher = kickmsg.Publisher(region)
+for _ in range(P["count"]):
+    publisher.send(b"m")
+ready()
+wait_go()
+done("ok")
+"""
+
+
+def test_a_region_of_native_0_9_2_is_scraped(prefix, exporter_for):
+    """A layout-9 region native 0.9.2 made and subscribes to: its rings'
+    positions and counters from the region, its native subscriber counted,
+    no problem, no publisher of ours."""
+    name = f"/{prefix}_native9"
+    with start_native9(NATIVE9_SUBSCRIBED, name=name, count=7,
+                       config=dict(max_subscribers=4, sub_ring_capacity=64, pool_size=128, max_payload_size=64)) as native:
+        native.wait_ready()
+        found = exporter_for().wait_for({("kickmsg_ring_write_position", ring(name, 0)): 7})
+        assert (found[("kickmsg_ring_lost_total", ring(name, 0))], found[("kickmsg_ring_dropped_total", ring(name, 0))]) == (0, 0)
+        assert found[("kickmsg_steals_total", channel(name))] == 0
+        assert found[("kickmsg_pool_free_slots", channel(name))] == 128 - 7
+        assert (found[("kickmsg_live_rings", channel(name))], found[("kickmsg_subscribers", channel(name))]) == (1, 1)
+        assert found[("kickmsg_publishers", channel(name))] == 0  # native publishers are unrecorded
+        problems = [value for (metric, labels), value in found.items() if metric == "kickmsg_health_problems"]
+        assert problems and set(problems) == {0}
+        native.tell()
+        assert native.result() == "ok"

@@ -284,10 +284,10 @@ def test_layout_4_internals_asked_of_a_layout_9_region_are_a_clear_error(shm_nam
     """What a tool that does not handle layout 9 yet reaches for: a
     RuntimeError naming the region (the tools report those), not a crash."""
     region = SharedRegion.create(shm_name, ChannelType.PubSub, Config(**SMALL), layout=9)
-    for internal in ("header", "rings", "free_top_address"):
+    for internal in ("rings", "rings_address", "payload_offsets"):
         with pytest.raises(RuntimeError, match=f"{shm_name} is a layout-9 region: {internal} is layout 4's"):
             getattr(region, internal)
-    assert not hasattr(region, "slot_addresses")  # still an AttributeError
+    assert not hasattr(region, "payload_offsets")  # still an AttributeError
 
 
 SLOT_ERRORS = r"""

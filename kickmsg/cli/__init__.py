@@ -98,7 +98,7 @@ def build_parser() -> CommandLineParser:
     )
     parser.add_argument(
         "--version", action="version",
-        version=f"kickmsg {kickmsg.__version__} (pure Python; Kickmsg layout v{layout.VERSION}, as native kickmsg 0.1.0)",
+        version=f"kickmsg {kickmsg.__version__} (pure Python; Kickmsg layouts v{layout.VERSION}, as native kickmsg 0.1.0, and v9, as native 0.9.2)",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     parser.commands = commands.choices

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from types import FrameType, ModuleType
 from typing import Any, TextIO
 
-from kickmsg import jsontext, shm
+from kickmsg import jsontext, layouts, shm
 from kickmsg.stopsignals import STOP_SIGNALS, exit_forced
 from kickmsg.config import MAX_POOL_SIZE, MAX_SUBSCRIBERS, Config
 from kickmsg.region import SharedRegion
@@ -21,7 +21,7 @@ from kickmsg.terminal import printable
 
 EXIT_OK, EXIT_FOUND, EXIT_ERROR = 0, 1, 2
 NODE_NAMING = "NAME, --topic T, --broadcast CH or --mailbox OWNER TAG"
-GEOMETRY_OPTIONS = ("max_subscribers", "ring", "pool", "payload", "commit_timeout")  # of create and pub --create
+GEOMETRY_OPTIONS = ("max_subscribers", "ring", "pool", "payload", "commit_timeout", "layout")  # of create and pub --create
 
 
 class CommandError(Exception):
@@ -149,6 +149,7 @@ def geometry_fields(region: SharedRegion) -> dict:
     g = region.geometry
     return {
         "type": region.channel_type.name,
+        "layout": region.layout,
         "max_subscribers": g.max_subs,
         "sub_ring_capacity": g.capacity,
         "pool_size": g.pool_size,
@@ -242,5 +243,8 @@ def add_geometry_options(sub: argparse.ArgumentParser, creator: str) -> None:
                      help=f"seconds a publisher waits on an entry a crashed one left locked "
                           f"(default {defaults.commit_timeout.total_seconds():g})")
     sub.add_argument("--creator", default=creator, metavar="NAME", help=f"creator name in the header (default {creator})")
+    sub.add_argument("--layout", type=int, choices=layouts.SUPPORTED_LAYOUTS,
+                     help=f"channel layout: 4 (native kickmsg 0.1.0) or 9 (native 0.9.2) "
+                          f"(default ${layouts.LAYOUT_ENV}, else {layouts.DEFAULT_LAYOUT})")
     sub.add_argument("--mode", type=octal_mode, metavar="OCTAL",
                      help=f"permission bits of the new object (default ${shm.MODE_VARIABLE}, else 0600; the umask applies)")

@@ -107,10 +107,13 @@ def cmd_stats(args: argparse.Namespace) -> int:
     found = diagnostics.region_stats(region, audit(region), every_ring=args.all_rings)
     shown = [dict(vars(row), owner_pid=owner_cell(row)) for row in found.rings]
     lines = [f"{printable(region.name)}: pool {found.pool_free}/{found.pool_size} slots free"]
+    columns = ["ring", "state", "in_flight", "write_pos", "held", "locked", "owner_pid", "read_pos", "pending", "lost"]
+    if any(row.dropped is not None for row in found.rings):  # counted by layout-9 rings
+        columns.append("dropped")
     if shown:
-        lines.append(table(
-            shown, ["ring", "state", "in_flight", "write_pos", "held", "locked", "owner_pid", "read_pos", "pending", "lost"]
-        ))
+        lines.append(table(shown, columns))
+    if found.steals is not None:
+        lines.append(f"steals: {found.steals} (locks stolen into skip markers)")
     if found.idle_rings:
         lines.append(f"{counted(found.idle_rings, 'idle ring', 'idle rings')} (Free, never written; --all-rings lists them)")
     lines += [

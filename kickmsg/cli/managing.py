@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 import kickmsg
-from kickmsg import layout, owners, shm
+from kickmsg import layout, layouts, owners, shm
 from kickmsg.cli.common import (
     EXIT_ERROR,
     EXIT_OK,
@@ -72,7 +72,7 @@ def publishing_region(args: argparse.Namespace) -> SharedRegion:
             raise CommandError(f"no such region: {name} (pub --create creates it)")
     elif shm.object_size(name) is None:
         channel_type = ChannelType.Broadcast if args.broadcast is not None else ChannelType.PubSub
-        return SharedRegion.create_or_open(name, channel_type, config_of(args), args.creator, mode=args.mode)
+        return SharedRegion.create_or_open(name, channel_type, config_of(args), args.creator, mode=args.mode, layout=args.layout)
     return open_writable(name)
 
 
@@ -148,7 +148,8 @@ def cmd_repair(args: argparse.Namespace) -> int:
         done["locked_entries_repaired"] = region.repair_locked_entries()
         lines.append(f"repaired {counted(done['locked_entries_repaired'], 'locked entry', 'locked entries')}")
     if args.retired:
-        done["retired_rings_reset"] = region.reset_retired_rings(drain=True)
+        # layout 4 drains the rings' references; layout 9's claims stay until publishers replace them
+        done["retired_rings_reset"] = region.reset_retired_rings(drain=region.layout == layouts.LAYOUT_4)
         lines.append(f"reset {counted(done['retired_rings_reset'], 'retired ring', 'retired rings')}")
     if args.orphans:
         done["orphaned_slots_reclaimed"] = region.reclaim_orphaned_slots()
@@ -239,10 +240,11 @@ def cmd_clean(args: argparse.Namespace) -> int:
 
 
 def is_region_of_dead_creator(path: str) -> bool:
-    """Whether the object is a Kickmsg region of this layout whose creator
-    is dead. OSError if it cannot be read."""
+    """Whether the object is a Kickmsg region of a layout we read (4 or 9)
+    whose creator is dead. OSError if it cannot be read. Both layouts keep
+    the creator's pid at the same offset of the same-sized header."""
     found = read_magic_and_version(path)
-    if found is None or not is_kickmsg(found) or found[1] != layout.VERSION:
+    if found is None or not is_kickmsg(found) or found[1] not in layouts.SUPPORTED_LAYOUTS:
         return False
     with open(path, "rb") as file:
         header = layout.Header.from_buffer_copy(file.read(layout.HEADER_SIZE).ljust(layout.HEADER_SIZE, b"\0"))
@@ -304,7 +306,7 @@ def cmd_create(args: argparse.Namespace) -> int:
         raise CommandError(f"{name} already exists (--replace would replace it)")
     channel_type = ChannelType.Broadcast if args.broadcast_type else ChannelType.PubSub
     make = SharedRegion.create if args.replace else SharedRegion.create_or_open  # the latter never replaces
-    region = make(name, channel_type, config_of(args), args.creator, mode=args.mode)
+    region = make(name, channel_type, config_of(args), args.creator, mode=args.mode, layout=args.layout)
     if region.header.creator_pid != os.getpid():
         raise CommandError(f"{name} already exists (--replace would replace it)")  # made by another process meanwhile
     data = dict(
