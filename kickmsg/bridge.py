@@ -66,8 +66,8 @@ from typing import Any, TextIO
 
 from kickmsg import jsontext, owners
 from kickmsg.config import ChannelType, Config
-from kickmsg.description import channel_config, describe
-from kickmsg.diagnostics import creator_name
+from kickmsg.layouts import check_layout
+from kickmsg.description import channel_config, describe, described_layout
 from kickmsg.publisher import Publisher, send_retrying
 from kickmsg.region import SharedRegion
 from kickmsg.shm import RegionNotFoundError, check_name, object_size
@@ -113,11 +113,13 @@ def zenoh_module() -> Any:
 @dataclasses.dataclass
 class ImportSpec:
     """A Zenoh key written into a local channel; ``config`` (geometry only),
-    when given, replaces the geometry that travels with the messages."""
+    when given, replaces the geometry that travels with the messages, and
+    ``layout`` (4 or 9), when given, the layout it describes."""
 
     key: str
     name: str
     config: Config | None = None
+    layout: int | None = None
 
 
 @dataclasses.dataclass
@@ -187,12 +189,13 @@ def load_file(path: str) -> BridgeOptions:
     for table in data.get("import", []):
         if "key" not in table or "name" not in table:
             raise ValueError(f"an [[import]] of bridge config {path} needs 'key' and 'name', got {sorted(table)}")
-        extra = sorted(set(table) - {"key", "name", *GEOMETRY_KEYS})
+        extra = sorted(set(table) - {"key", "name", "layout", *GEOMETRY_KEYS})
         if extra:
-            raise ValueError(f"unknown key {extra[0]!r} in an [[import]] of {path} (known: key, name, {', '.join(GEOMETRY_KEYS)})")
+            raise ValueError(f"unknown key {extra[0]!r} in an [[import]] of {path} (known: key, name, layout, {', '.join(GEOMETRY_KEYS)})")
         geometry = {key: table[key] for key in GEOMETRY_KEYS if key in table}
         spec = ImportSpec(check_key(table["key"], "import key"), shm_name(table["name"]))
         spec.config = Config(**geometry) if geometry else None
+        spec.layout = check_layout(table["layout"], f"the layout of an [[import]] of {path}") if "layout" in table else None
         options.imports.append(spec)
     return options
 
@@ -202,7 +205,7 @@ def options_from_args(args: argparse.Namespace) -> BridgeOptions:
     replacing them (single values)."""
     options = load_file(args.config) if args.config else BridgeOptions()
     options.exports += [shm_name(name) for name in args.export]
-    options.imports += [parse_import(text) for text in args.imports]
+    options.imports += [dataclasses.replace(parse_import(text), layout=args.layout) for text in args.imports]
     options.listen += args.listen
     options.connect += args.connect
     options.key_prefix = args.key_prefix or options.key_prefix or default_key_prefix()
@@ -284,24 +287,28 @@ def zenoh_text(error: Exception) -> str:
 # -- descriptions: what an importer needs to create the channel -------------------------
 
 
-def open_local_channel(name: str, key: str, description: dict[str, Any], override: Config | None) -> tuple[SharedRegion, list[str]]:
-    """The local channel of an import: created as described unless it exists;
-    an existing one must have that geometry and schema, unless a bridge made
-    it for this key (its creator name says so): that one is re-created as
-    described (the exported channel was re-created with another geometry or
-    schema). Returns the channel and, if it was re-created, what changed."""
+def open_local_channel(
+    name: str, key: str, description: dict[str, Any], override: Config | None, layout: int | None
+) -> tuple[SharedRegion, list[str]]:
+    """The local channel of an import: created as described (with
+    ``override``'s geometry and ``layout`` when given) unless it exists; an
+    existing one must have that layout, geometry and schema, unless a bridge
+    made it for this key (its creator name says so): that one is re-created
+    as described (the exported channel was re-created with another geometry
+    or schema). Returns the channel and, if it was re-created, what changed."""
     try:
         channel_type, config = channel_config(description, override)
+        wanted_layout = described_layout(description) if layout is None else layout
     except (KeyError, TypeError, ValueError) as error:  # another program answering on the key
         raise BridgeError(f"cannot import {key} into {name}: the description it sent is invalid ({error!r})") from None
     creator = f"{CREATOR} {key}"[:60]
     try:
         ours = channel_made_for(name, creator)
-        changes = [] if ours is None else channel_changes(ours, channel_type, config)
+        changes = [] if ours is None else channel_changes(ours, channel_type, config, wanted_layout)
         if ours is not None and changes:
-            region = recreate_local_channel(ours, channel_type, config, creator)
+            region = recreate_local_channel(ours, channel_type, config, creator, wanted_layout)
         else:
-            region = SharedRegion.create_or_open(name, channel_type, config, creator)
+            region = SharedRegion.create_or_open(name, channel_type, config, creator, layout=wanted_layout)
     except (RuntimeError, ValueError, OSError) as error:
         raise BridgeError(f"cannot import {key} into {name}: {str(error).splitlines()[0]}") from None
     if config.schema is not None:
@@ -321,15 +328,15 @@ def channel_made_for(name: str, creator: str) -> SharedRegion | None:
         region = SharedRegion.inspect(name)
     except (RuntimeError, OSError):  # no such channel, or not a usable one: create_or_open says why
         return None
-    return region if creator_name(region) == creator else None
+    return region if region.info().creator_name == creator else None
 
 
-def channel_changes(region: SharedRegion, channel_type: ChannelType, config: Config) -> list[str]:
+def channel_changes(region: SharedRegion, channel_type: ChannelType, config: Config, layout: int) -> list[str]:
     """How an import's channel differs from what a description asks for
     (``pool_size 2048 -> 4096``); empty if it does not."""
     there = describe(region)
     wanted = {
-        "channel_type": int(channel_type), "max_subscribers": config.max_subscribers,
+        "layout": layout, "channel_type": int(channel_type), "max_subscribers": config.max_subscribers,
         "sub_ring_capacity": config.sub_ring_capacity, "pool_size": config.pool_size,
         "max_payload_size": config.max_payload_size, "commit_timeout_us": config.commit_timeout_us,
     }
@@ -340,13 +347,13 @@ def channel_changes(region: SharedRegion, channel_type: ChannelType, config: Con
     return changes
 
 
-def recreate_local_channel(old: SharedRegion, channel_type: ChannelType, config: Config, creator: str) -> SharedRegion:
+def recreate_local_channel(old: SharedRegion, channel_type: ChannelType, config: Config, creator: str, layout: int) -> SharedRegion:
     """Re-create an import's channel as ``config`` says, then wait (at most
     REJOIN_WAIT_S) until the subscribers of this package that were attached
     to it have joined the new one (they follow a re-created region within
     0.1 s), so that they miss nothing published next."""
     subscribers = recorded_subscribers(old)
-    region = SharedRegion.create(old.name, channel_type, config, creator)
+    region = SharedRegion.create(old.name, channel_type, config, creator, layout=layout)
     deadline = time.monotonic() + REJOIN_WAIT_S
     while recorded_subscribers(region) < subscribers and time.monotonic() < deadline:
         time.sleep(REJOIN_POLL_S)
@@ -568,7 +575,7 @@ class Importer:
             return False
         self.described.add(epoch)
         try:
-            region, changes = open_local_channel(self.spec.name, self.spec.key, description, self.spec.config)
+            region, changes = open_local_channel(self.spec.name, self.spec.key, description, self.spec.config, self.spec.layout)
         except BridgeError as error:
             if self.figures.error is None:
                 print(f"kickmsg bridge: error: {printable(str(error))}", file=sys.stderr, flush=True)
@@ -762,6 +769,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="forward local channel NAME to key PREFIX/NAME (repeatable)")
     parser.add_argument("--import", dest="imports", action="append", default=[], metavar="KEY=NAME",
                         help="write Zenoh key KEY into local channel NAME, created as the exporter describes it (repeatable)")
+    parser.add_argument("--layout", type=int, choices=(4, 9),
+                        help="layout of the channels --import creates (default: the exported channel's)")
     parser.add_argument("--key-prefix", metavar="P", help="prefix of exported keys (default kickmsg/<hostname>)")
     parser.add_argument("--listen", action="append", default=[], metavar="ENDPOINT",
                         help="Zenoh endpoint to accept other bridges on, e.g. tcp/0.0.0.0:7447 (repeatable)")

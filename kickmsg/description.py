@@ -5,6 +5,7 @@ sends one to the importing side; the CLI and ``kickmsg.diagnostics`` show
 the schema part."""
 from typing import Any
 
+from kickmsg import layouts
 from kickmsg.config import ChannelType, Config
 from kickmsg.region import SharedRegion
 from kickmsg.schema import SchemaInfo
@@ -33,10 +34,11 @@ def schema_from_json(data: dict[str, Any]) -> SchemaInfo:
 
 
 def describe(region: SharedRegion) -> dict[str, Any]:
-    """The channel's type (its number), geometry and schema (or None)."""
+    """The channel's layout, type (its number), geometry and schema (or None)."""
     g = region.geometry
     schema = region.schema()
     return {
+        "layout": region.layout,
         "channel_type": g.channel_type,
         "max_subscribers": g.max_subs,
         "sub_ring_capacity": g.capacity,
@@ -45,6 +47,12 @@ def describe(region: SharedRegion) -> dict[str, Any]:
         "commit_timeout_us": g.commit_timeout_us,
         "schema": None if schema is None else schema_to_json(schema),
     }
+
+
+def described_layout(description: dict[str, Any]) -> int:
+    """The layout of the channel a description stands for: 4 for one made
+    before descriptions carried it (everything was layout 4 then)."""
+    return layouts.check_layout(description.get("layout", layouts.LAYOUT_4), "the description's layout")
 
 
 def channel_config(description: dict[str, Any], geometry: Config | None = None) -> tuple[ChannelType, Config]:

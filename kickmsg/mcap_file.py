@@ -314,9 +314,10 @@ def _unreadable(path: str, error: Exception) -> ValueError:
 
 # What the mcap library (and zstandard, struct, json underneath) raise on a
 # damaged or truncated file: turned into one ValueError naming the file. (A
-# chunk that claims a huge uncompressed size fails to allocate: MemoryError.)
+# chunk that claims a huge uncompressed size fails to allocate: MemoryError,
+# or one beyond what zstandard takes: OverflowError.)
 _READ_ERRORS = (McapError, ValueError, KeyError, IndexError, struct.error, EOFError, OSError, TypeError,
-                zstandard.ZstdError, MemoryError)
+                zstandard.ZstdError, MemoryError, OverflowError)
 
 
 def read_recording(path: str) -> McapRecording:

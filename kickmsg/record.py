@@ -26,8 +26,8 @@ since the last one; closing it (rotation, the end of the run) writes the
 Parquet file. A recorder killed outright loses at most the rows of the last
 flush interval: ``recover`` turns its ``.partial`` files into complete ones.
 Each file's key-value metadata ``kickmsg.recording`` (JSON) names the
-recording and each channel's geometry and schema descriptor, so that a
-player can re-create the channels. The recorder subscribes like any other
+recording and each channel's layout (4 or 9), geometry and schema
+descriptor, so that a player can re-create the channels. The recorder subscribes like any other
 subscriber: it never slows publishers down, and when it falls behind its own
 losses are in the ``lost`` column.
 
@@ -50,8 +50,8 @@ import pyarrow
 import pyarrow.ipc
 import pyarrow.parquet
 
-from kickmsg import diagnostics, jsontext, shm, stamp
-from kickmsg.description import channel_config, describe
+from kickmsg import diagnostics, jsontext, layouts, shm, stamp
+from kickmsg.description import channel_config, describe, described_layout
 from kickmsg.publisher import Publisher, send_retrying
 from kickmsg.region import SharedRegion
 from kickmsg.subscriber import Subscriber
@@ -512,13 +512,15 @@ def recording_channels(path: str) -> dict[str, dict]:
     return channels
 
 
-def _open_or_create(name: str, description: dict) -> SharedRegion:
-    """The channel if it exists, else created as it was recorded."""
+def _open_or_create(name: str, description: dict, layout: int | None) -> SharedRegion:
+    """The channel if it exists, else created as it was recorded, with
+    ``layout`` if given, else the layout recorded."""
     try:
         return SharedRegion.open(name)
     except FileNotFoundError:
         channel_type, config = channel_config(description)
-        return SharedRegion.create_or_open(name, channel_type, config, PLAYER)
+        chosen = described_layout(description) if layout is None else layout
+        return SharedRegion.create_or_open(name, channel_type, config, PLAYER, layout=chosen)
 
 
 @dataclass
@@ -529,15 +531,18 @@ class PlaySummary:
 
 
 def play(path: str, rate: float = 1.0, loop: bool = False, stop: threading.Event | None = None,
-         remap: dict[str, str] | None = None, only: list[str] | None = None) -> PlaySummary:
+         remap: dict[str, str] | None = None, only: list[str] | None = None, layout: int | None = None) -> PlaySummary:
     """Republish a recording (Parquet or MCAP files, or a directory of them)
     into its channels with the original timing (intervals divided by
-    ``rate``). Channels that do not exist are created as recorded. With
+    ``rate``). Channels that do not exist are created as recorded, with
+    ``layout`` (4 or 9) if given, else the layout recorded. With
     ``loop``, starts over until ``stop`` is set. ``only``: the recorded
     channels to play (default all); ``remap``: recorded name -> the name to
     publish it under. A name in either that the recording lacks is refused."""
     if rate <= 0:
         raise ValueError(f"rate must be positive, got {rate}")
+    if layout is not None:
+        layouts.check_layout(layout)
     remap = remap or {}
     recorded = recording_channels(path)
     for option, names in (("only", only or []), ("remap", list(remap))):
@@ -555,7 +560,7 @@ def play(path: str, rate: float = 1.0, loop: bool = False, stop: threading.Event
             channels, messages = _played_file(file)
             for name, description in channels.items():
                 if name not in publishers and (only is None or name in only):
-                    publishers[name] = Publisher(_open_or_create(remap.get(name, name), description), name=PLAYER)
+                    publishers[name] = Publisher(_open_or_create(remap.get(name, name), description, layout), name=PLAYER)
             for recording, channel, received, payload in messages:
                 if channel not in publishers:
                     continue

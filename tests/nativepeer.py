@@ -84,13 +84,15 @@ def check_payload(data):
 
 def open_region(spec):
     """Open or create the region a spec dict describes: 'name', and 'how'
-    ('open', 'create' or 'create_or_open') with 'type', 'config', 'creator'."""
+    ('open', 'create' or 'create_or_open') with 'type', 'config', 'creator'
+    and, for ours only, 'layout' (else the process default)."""
     how = spec.get("how", "open")
     if how == "open":
         return kickmsg.SharedRegion.open(spec["name"])
     channel_type = getattr(kickmsg.ChannelType, spec.get("type", "PubSub"))
     factory = getattr(kickmsg.SharedRegion, how)
-    return factory(spec["name"], channel_type, make_config(spec["config"]), spec.get("creator", ""))
+    chosen = {"layout": spec["layout"]} if "layout" in spec else {}
+    return factory(spec["name"], channel_type, make_config(spec["config"]), spec.get("creator", ""), **chosen)
 
 def publish(pub, seqs, how="mixed", seconds=20.0):
     """Publish make_payload(seq) for each seq: by send, by allocate + fill +

@@ -114,14 +114,15 @@ def bridges():
         process.kill()
 
 
-def two_hosts(bridges, exported: str, imported: str, *, b_listens: bool = False, json_lines: bool = True):
-    """Host A exports ``exported``; host B imports it into ``imported``.
-    Returns (bridge A's arguments, bridge A, bridge B)."""
+def two_hosts(bridges, exported: str, imported: str, *, b_listens: bool = False, json_lines: bool = True, b_extra=()):
+    """Host A exports ``exported``; host B imports it into ``imported``
+    (``b_extra``: more arguments for bridge B). Returns (bridge A's
+    arguments, bridge A, bridge B)."""
     endpoint = f"tcp/127.0.0.1:{free_port()}"
     key = f"hosta/{exported[1:]}"
     a_link, b_link = (["--connect", endpoint], ["--listen", endpoint]) if b_listens else (["--listen", endpoint], ["--connect", endpoint])
     a_args = ["--export", exported, "--key-prefix", "hosta", *a_link]
-    b = bridges("--import", f"{key}={imported}", "--key-prefix", "hostb", *b_link, json_lines=json_lines)
+    b = bridges("--import", f"{key}={imported}", "--key-prefix", "hostb", *b_link, *b_extra, json_lines=json_lines)
     a = bridges(*a_args, json_lines=json_lines)
     return a_args, a, b
 
@@ -154,23 +155,27 @@ done({"seqs": seqs, "lost": sub.lost})
 """
 
 
-@pytest.mark.parametrize("publisher, ring, pause", [
-    ("ours", 1024, 0.002),
-    ("native", 1024, 0.002),
-    ("ours", 16, 0.0),  # a flood into small rings: the bridge's subscriber and B's lose some, all counted
+@pytest.mark.parametrize("publisher, ring, pause, b_layout", [
+    ("ours", 1024, 0.002, 4),
+    ("native", 1024, 0.002, 4),
+    ("ours", 16, 0.0, 4),  # a flood into small rings: the bridge's subscriber and B's lose some, all counted
+    ("ours", 1024, 0.002, 9),  # a layout-4 channel on A, a layout-9 one on B (bridge B --layout 9)
 ])
-def test_ten_thousand_messages_cross_in_order_with_exact_accounting(bridges, prefix, publisher, ring, pause):
-    """A publisher on host A (ours, or the native 0.1.0), a subscriber on host
-    B: what B receives is in order and intact, and received + every loss the
-    subscriber and the two bridges count equals what was published."""
+def test_ten_thousand_messages_cross_in_order_with_exact_accounting(bridges, prefix, publisher, ring, pause, b_layout):
+    """A publisher on host A (ours, or the native 0.1.0; layout 4), a
+    subscriber on host B (layout 4 or 9): what B receives is in order and
+    intact, and received + every loss the subscriber and the two bridges
+    count equals what was published."""
     a_name, b_name = f"/{prefix}_a", f"/{prefix}_b"
     start = start_native if publisher == "native" else start_ours
     spec = {"how": "create", "config": {**GEOMETRY, "sub_ring_capacity": ring}, "creator": "test"}
-    with start(PACED_PUBLISHER, region={**spec, "name": a_name}, count=MESSAGES, pause=pause, timeout=150) as pub, \
-            start_ours(SUBSCRIBER_UNTIL_TOLD, region={**spec, "name": b_name}, timeout=150) as sub:
+    a_spec = {**spec, "name": a_name} if publisher == "native" else {**spec, "name": a_name, "layout": 4}
+    with start(PACED_PUBLISHER, region=a_spec, count=MESSAGES, pause=pause, timeout=150) as pub, \
+            start_ours(SUBSCRIBER_UNTIL_TOLD, region={**spec, "name": b_name, "layout": b_layout}, timeout=150) as sub:
         pub.wait_ready()
         sub.wait_ready()  # B's channel exists (as the importer would make it) and has a subscriber
-        _, a, b = two_hosts(bridges, a_name, b_name)
+        assert SharedRegion.open(b_name).layout == b_layout
+        _, a, b = two_hosts(bridges, a_name, b_name, b_extra=["--layout", str(b_layout)])
         a.wait_for("a matching subscriber", lambda channels: channels[0]["matched"])
         pub.tell()
         assert pub.result() == {"published": MESSAGES}
@@ -538,12 +543,15 @@ def test_bench_bridge_reports_both_rows_and_leaves_nothing_behind(tmp_path):
 @pytest.mark.parametrize("description", [{}, {"schema": None, "channel_type": 7}, "not a dict",
                                          {"channel_type": 0, "max_subscribers": 4, "sub_ring_capacity": 3,
                                           "pool_size": 8, "max_payload_size": 64, "commit_timeout_us": 1000,
+                                          "schema": None},
+                                         {"layout": 5, "channel_type": 0, "max_subscribers": 4, "sub_ring_capacity": 4,
+                                          "pool_size": 8, "max_payload_size": 64, "commit_timeout_us": 1000,
                                           "schema": None}])
 def test_an_invalid_description_is_a_clear_error(prefix, description):
     """Whatever answers on the description key, the importer gets a
     BridgeError naming the key and creates nothing."""
     with pytest.raises(bridge.BridgeError, match=f"cannot import k/x into /{prefix}_x"):
-        bridge.open_local_channel(f"/{prefix}_x", "k/x", description, None)
+        bridge.open_local_channel(f"/{prefix}_x", "k/x", description, None, None)
     assert not os.path.exists(f"/dev/shm/{prefix}_x")
 
 
@@ -555,19 +563,26 @@ def test_only_a_channel_made_for_the_key_is_recreated_for_a_new_description(pref
     Imu, Gyro = (SchemaInfo(name=n, identity=n.encode().ljust(64, b"\0"), layout=bytes(64)) for n in ("Imu", "Gyro"))
     description = {"channel_type": int(ChannelType.PubSub), "max_subscribers": 4, "sub_ring_capacity": 64, "pool_size": 128,
                    "max_payload_size": 64, "commit_timeout_us": 100_000}
-    first, _ = bridge.open_local_channel(name, key, {**description, "schema": describe.schema_to_json(Imu)}, None)
-    assert bridge.open_local_channel(name, key, {**description, "schema": describe.schema_to_json(Imu)}, None)[1] == []
-    region, changes = bridge.open_local_channel(name, key, {**description, "pool_size": 256, "schema": None}, None)
+    first, _ = bridge.open_local_channel(name, key, {**description, "schema": describe.schema_to_json(Imu)}, None, None)
+    assert bridge.open_local_channel(name, key, {**description, "schema": describe.schema_to_json(Imu)}, None, None)[1] == []
+    region, changes = bridge.open_local_channel(name, key, {**description, "pool_size": 256, "schema": None}, None, None)
     assert changes == ["pool_size 128 -> 256"] and region.geometry.pool_size == 256 and region.schema() is None
     region, changes = bridge.open_local_channel(name, key, {**description, "pool_size": 256,
-                                                            "schema": describe.schema_to_json(Gyro)}, None)
+                                                            "schema": describe.schema_to_json(Gyro)}, None, None)
     assert changes == [] and region.schema() == Gyro  # a channel without a schema takes the description's
     region, changes = bridge.open_local_channel(name, key, {**description, "pool_size": 256,
-                                                            "schema": describe.schema_to_json(Imu)}, None)
+                                                            "schema": describe.schema_to_json(Imu)}, None, None)
     assert changes == ["schema 'Gyro' -> 'Imu'"] and region.schema() == Imu and region.geometry.pool_size == 256
+    assert region.layout == 4  # as described: a description without a layout is layout 4's
+    region, changes = bridge.open_local_channel(name, key, {**description, "layout": 9, "pool_size": 256,
+                                                            "schema": describe.schema_to_json(Imu)}, None, None)
+    assert changes == ["layout 4 -> 9"] and region.layout == 9 and region.schema() == Imu
+    region, changes = bridge.open_local_channel(name, key, {**description, "layout": 9, "pool_size": 256,
+                                                            "schema": describe.schema_to_json(Imu)}, None, 4)
+    assert changes == ["layout 9 -> 4"] and region.layout == 4  # the importer's choice wins
     SharedRegion.create(name, ChannelType.PubSub, Config(**GEOMETRY), "someone else")
     with pytest.raises(bridge.BridgeError, match=rf"cannot import k/x into {name}: Config mismatch .*pool_size is 2048 there, 256 here"):
-        bridge.open_local_channel(name, key, {**description, "pool_size": 256, "schema": None}, None)
+        bridge.open_local_channel(name, key, {**description, "pool_size": 256, "schema": None}, None, None)
 
 
 # -- the bridges' figures for other processes (diagnostics, kickmsg stats/list/clean, the exporter) ------------

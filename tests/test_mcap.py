@@ -285,10 +285,11 @@ def test_convert_refuses_a_recording_without_payloads(channels, tmp_path):
     assert not (tmp_path / "o.mcap").exists() and not (tmp_path / "o.mcap.partial").exists()
 
 
-def test_play_an_mcap_recording_into_a_channel(channels, tmp_path):
+def test_play_an_mcap_recording_into_a_channel(layout, channels, tmp_path):  # layout first: it makes the channels'
     """Record to MCAP, then `kickmsg play FILE.mcap` republishes the same
     bytes, in order, on each channel (the typed one rebuilt from its fields)."""
     plain, imu = channels
+    assert kickmsg.SharedRegion.open(plain).layout == layout
     sent = {}
 
     def publish():
@@ -308,16 +309,20 @@ def test_play_an_mcap_recording_into_a_channel(channels, tmp_path):
         listener.close()
 
 
-def test_play_creates_missing_channels_from_the_mcap_metadata(channels, tmp_path):
+def test_play_creates_missing_channels_from_the_mcap_metadata(layout, channels, tmp_path, monkeypatch):  # layout first
+    """Of the layout recorded (whatever KICKMSG_LAYOUT says), or of --layout's."""
     summary = record_while(channels, tmp_path, lambda: kickmsg.Publisher(kickmsg.SharedRegion.open(channels[1])).send(
         np.zeros(1, IMU.dtype).tobytes()), format="mcap")
-    for name in channels:
-        kickmsg.unlink_shm(name)
-    result = run_cli("play", tmp_path)  # the directory of the .mcap file
-    assert result.returncode == 0, result.stderr
-    recreated = kickmsg.SharedRegion.inspect(channels[1])
-    assert recreated.channel_type is kickmsg.ChannelType.Broadcast
-    assert recreated.geometry.slot_data_size == 128 and recreated.schema() == IMU.schema
+    other = 13 - layout  # 4 <-> 9
+    monkeypatch.setenv("KICKMSG_LAYOUT", str(other))
+    for chosen, expected in (([], layout), (["--layout", str(other)], other)):
+        for name in channels:
+            kickmsg.unlink_shm(name)
+        result = run_cli("play", tmp_path, *chosen)  # the directory of the .mcap file
+        assert result.returncode == 0, result.stderr
+        recreated = kickmsg.SharedRegion.inspect(channels[1])
+        assert recreated.layout == expected and recreated.channel_type is kickmsg.ChannelType.Broadcast
+        assert recreated.geometry.slot_data_size == 128 and recreated.schema() == IMU.schema
     assert len(summary.files) == 1
 
 

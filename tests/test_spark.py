@@ -42,7 +42,7 @@ from conftest import SESSION_PREFIX
 from kickmsg import ChannelType, Config, Node, Publisher, SharedRegion, Subscriber, owners, typed
 from kickmsg.spark.source import StreamReader, Writer
 from kickmsg.spark.telemetry import TELEMETRY_CONFIG, DriverTelemetry
-from nativepeer import check_payload, make_payload, start_native, start_ours
+from nativepeer import check_payload, make_payload, start_native, start_native9, start_ours
 
 WAIT_S = 60.0  # upper bound of every wait (a loaded 2-core machine is slow, never this slow)
 RING_FREE, RING_LIVE = 0, 1
@@ -113,8 +113,9 @@ done(events)
 
 
 def peer(impl: str, code: str, **params):
-    """A subprocess running ``code`` with ``impl`` ("ours" or "native"), killed after WAIT_S."""
-    start = {"ours": start_ours, "native": start_native}[impl]
+    """A subprocess running ``code`` with ``impl`` ("ours", "native" 0.1.0 or
+    "native9" 0.9.2), killed after WAIT_S."""
+    start = {"ours": start_ours, "native": start_native, "native9": start_native9}[impl]
     return start(code, timeout=WAIT_S, **params)
 
 
@@ -434,10 +435,15 @@ def write(frame, prefix: str, topic: str, **options) -> None:
         .mode("append").save()
 
 
-@pytest.mark.parametrize("impl", ["ours", "native"])
+@pytest.mark.parametrize("impl", ["ours", "native", "native9"])
 def test_write_payload_column_to_a_subscriber_process(spark, prefix, impl):
-    """A binary ``payload`` column: each row is one message with exactly those bytes."""
-    name = make_topic(prefix, "out", **ROOMY)
+    """A binary ``payload`` column: each row is one message with exactly those
+    bytes (native9: into a layout-9 topic, to a native 0.9.2 subscriber)."""
+    if impl == "native9":
+        name = f"/{prefix}_out"
+        SharedRegion.create(name, ChannelType.PubSub, Config(**ROOMY), "test", layout=9)
+    else:
+        name = make_topic(prefix, "out", **ROOMY)
     payloads = [make_payload(seq) for seq in range(40)]
     frame = spark.createDataFrame([(payload,) for payload in payloads], "payload binary").repartition(2)
     with peer(impl, SUBSCRIBER, name=name, count=40, seconds=WAIT_S - 10) as subscriber:
@@ -489,6 +495,13 @@ def test_write_creates_a_missing_topic_with_the_config_options(spark, prefix):
     assert header["channel_type"] == ChannelType.PubSub
     assert header["creator_name"].startswith("spark-writer-")
     rawregion.assert_pool_whole(name)
+    write(frame, prefix, "fresh9", maxSubscribers="3", subRingCapacity="16", poolSize="40", maxPayloadSize="200",
+          layout="9")
+    region = SharedRegion.inspect(f"/{prefix}_fresh9")
+    info = region.info()
+    assert region.layout == 9 and (info.max_subs, info.sub_ring_capacity, info.pool_size, info.max_payload_size) == (
+        3, 16, 40, 200)
+    assert info.creator_name.startswith("spark-writer-") and region.stats().pool_free == 40
 
 
 def test_write_joins_an_existing_topic_as_it_is(spark, prefix):

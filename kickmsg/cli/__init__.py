@@ -256,6 +256,8 @@ def build_parser() -> CommandLineParser:
                      help="publish recorded channel OLD into channel NEW (repeat for more)")
     sub.add_argument("--rate", type=positive_number, default=1.0, help="speed factor (default 1: real time)")
     sub.add_argument("--loop", action="store_true", help="start over at the end, until interrupted")
+    sub.add_argument("--layout", type=int, choices=(4, 9),
+                     help="layout of the channels play creates (default: each as recorded)")
 
     sub = command("analyze", cmd_analyze, "analyse recordings with Spark: rates, gaps, losses, sizes, latency",
                   "  kickmsg analyze rec/ --html report.html\n"

@@ -68,7 +68,8 @@ def recover_partial_files(args: argparse.Namespace, record: ModuleType) -> int:
 def cmd_play(args: argparse.Namespace) -> int:
     record = import_extra("kickmsg.record")
     stop = stop_on_signals()
-    summary = record.play(args.path, rate=args.rate, loop=args.loop, stop=stop, remap=dict(args.remap), only=args.only)
+    summary = record.play(args.path, rate=args.rate, loop=args.loop, stop=stop, remap=dict(args.remap), only=args.only,
+                         layout=args.layout)
     data = {"messages": summary.messages, "dropped": summary.dropped, "channels": sorted(summary.channels)}
     emit(args, data, f"played {summary.messages} messages into {printable(', '.join(sorted(summary.channels)))}"
          + (f" ({summary.dropped} dropped: the pool stayed full)" if summary.dropped else ""))

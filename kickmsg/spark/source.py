@@ -14,7 +14,9 @@ Options: ``topic`` (with ``prefix``, default ``kickmsg``: Node naming) or
   column, else every column as JSON: binary as base64, times in ISO 8601). Each task joins the channel as it
   exists, or creates it as ``advertise_or_join`` does with the config
   options ``maxSubscribers``, ``subRingCapacity``, ``poolSize``,
-  ``maxPayloadSize`` (defaults as ``Config()``); an empty pool is retried
+  ``maxPayloadSize`` (defaults as ``Config()``) and ``layout`` (4 or 9,
+  default ``$KICKMSG_LAYOUT`` of the task, else
+  ``kickmsg.layouts.DEFAULT_LAYOUT``); an empty pool is retried
   with backoff for up to ``poolWaitMs`` (default 5000), then the task fails.
 
 Rows read: ``topic, ring_pos, received_at, payload, lost`` where ``lost``
@@ -68,6 +70,7 @@ from pyspark.sql.types import (
 from kickmsg import jsontext
 from kickmsg.config import ChannelType, Config
 from kickmsg.publisher import Publisher, send_retrying
+from kickmsg.layouts import check_layout
 from kickmsg.region import SharedRegion
 from kickmsg.subscriber import Subscriber
 from kickmsg.typed import RecordType
@@ -327,6 +330,7 @@ class Writer(DataSourceWriter):
         self.name = channel_name(options)
         self.payload_column = any(f.name == "payload" and isinstance(f.dataType, BinaryType) for f in schema.fields)
         self.pool_wait_s = int(options.get("poolWaitMs", 5000)) / 1000
+        self.layout = None if "layout" not in options else check_layout(int(options["layout"]), "the layout option")
 
     def _config(self) -> Config:
         defaults = Config()
@@ -341,7 +345,8 @@ class Writer(DataSourceWriter):
         try:  # an existing channel is joined as it is
             region = SharedRegion.open(self.name)
         except RuntimeError:  # missing, or another task is creating it: as advertise_or_join does
-            region = SharedRegion.create_or_open(self.name, ChannelType.PubSub, self._config(), f"spark-writer-{os.getpid()}")
+            region = SharedRegion.create_or_open(self.name, ChannelType.PubSub, self._config(), f"spark-writer-{os.getpid()}",
+                                                 layout=self.layout)
         publisher = Publisher(region)
         limit = publisher.region.geometry.slot_data_size
         published = 0
