@@ -77,7 +77,10 @@ def test_publisher_and_subscriber_outlive_their_region(shm_name):
     assert sub.try_receive() == b"abc"
 
 
-def test_publisher_and_subscriber_outlive_their_node(prefix):
+def test_publisher_and_subscriber_outlive_their_node(prefix, layout):
+    """The handles work once the program drops its Node. On layout 4 the
+    Node is gone; on layout 9 each handle keeps it (and its registry rows)
+    alive, as 0.9.2's handles do."""
     node = Node("gone", prefix=prefix)
     pub = node.advertise("t", small())
     sub = node.subscribe("t")
@@ -85,7 +88,7 @@ def test_publisher_and_subscriber_outlive_their_node(prefix):
     node_ref = weakref.ref(node)
     del node
     gc.collect()
-    assert node_ref() is None  # the node really is gone
+    assert (node_ref() is None) == (layout == 4)
     pub.send(b"x")
     assert sub.try_receive() == b"x"
     Node("sender", prefix=prefix).open_mailbox("gone", "inbox").send(b"mail")
