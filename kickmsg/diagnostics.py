@@ -417,7 +417,7 @@ def summarize_blackboard(row: RegionSummary) -> RegionSummary:
         row, type="Blackboard", pid=found.creator_pid, alive=pid_alive(found.creator_pid), capacity=found.capacity,
         payload=found.max_value_size,
         health=f"{len(found.keys)} key{'' if len(found.keys) == 1 else 's'}"
-        + (f", {found.dead_owners} of dead owners" if found.dead_owners else ""),
+        + (f", {found.dead_owners} with a dead owner" if found.dead_owners else ""),
     )
 
 

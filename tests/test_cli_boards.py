@@ -199,7 +199,7 @@ def test_list_groups_a_namespace_by_its_registry_native_and_ours(prefix):
             board: (prefix, "/state"), f"/{prefix}_cmd": (prefix, "/cmd"), f"/{prefix}_robot.arm": (prefix, "/robot/arm"),
             plain: (None, None)}
         assert (rows[board]["type"], rows[board]["capacity"], rows[board]["payload"], rows[board]["health"]) == (
-            "Blackboard", 256, 1008, "2 keys, 1 of dead owners")
+            "Blackboard", 256, 1008, "2 keys, 1 with a dead owner")
 
         lines = cli("list", "--prefix", prefix).text.splitlines()
         assert lines[0] == f"namespace {prefix} ({registry}): 4 topics, 8 participants, 3 stalled"
@@ -209,7 +209,7 @@ def test_list_groups_a_namespace_by_its_registry_native_and_ours(prefix):
         assert shown["/robot/arm"] == (f"/robot/arm Pubsub /{prefix}_robot.arm PubSub clean "
                                        f"alive[{alive.proc.pid}], killed[{killed.proc.pid}] stalled py[{os.getpid()}]")
         both = f"alive[{alive.proc.pid}] Both, killed[{killed.proc.pid}] Both stalled"
-        assert shown["/state"] == f"/state Blackboard {board} Blackboard 2 keys, 1 of dead owners {both} {both}"
+        assert shown["/state"] == f"/state Blackboard {board} Blackboard 2 keys, 1 with a dead owner {both} {both}"
         assert lines[7].startswith("NAME ") and lines[8].startswith(plain) and len(lines) == 11  # then the footers
 
         info = diagnostics.registry(registry)
