@@ -53,6 +53,11 @@ class RegionError(RuntimeError):
     Kickmsg region, an unsupported version, or damaged (one-line message)."""
 
 
+class BoardBusyError(RegionError):
+    """A blackboard whose lock stayed taken by a live holder: its keys
+    could not be read this time (the board is not damaged for that)."""
+
+
 # -- the data ------------------------------------------------------------------------------------
 
 
@@ -64,7 +69,7 @@ class RegionSummary:
     lists carries that ``namespace`` and its ``topic``."""
 
     name: str  # shm name, /x
-    type: str  # PubSub, Broadcast, Registry, Blackboard, "unsupported (vN)", damaged, "not Kickmsg", "orphan sidecar", unreadable
+    type: str  # PubSub, Broadcast, Registry, Blackboard, "unsupported (vN)", damaged, busy (a board's lock), "not Kickmsg", "orphan sidecar", unreadable
     mode: str  # permission bits, octal text
     owner: str  # user name (or uid)
     version: int | None = None  # layout version
@@ -411,6 +416,8 @@ def summarize_blackboard(row: RegionSummary) -> RegionSummary:
                                    problem=f"blackboard version {row.version}; this tool reads {board9.VERSION}")
     try:
         found = blackboard(row.name)
+    except BoardBusyError as error:
+        return dataclasses.replace(row, type="busy", problem=str(error))
     except RegionError as error:
         return dataclasses.replace(row, type="damaged", problem=str(error))
     return dataclasses.replace(
@@ -821,10 +828,10 @@ def board_key(status: board9.KeyStatus) -> BoardKey:
 
 
 def board_info(board: board9.Blackboard) -> BoardInfo:
-    """RegionError when the board's lock stayed busy (its keys unread)."""
+    """``BoardBusyError`` when the board's lock stayed busy (its keys unread)."""
     statuses = board.snapshot()
     if not statuses and board.keys():
-        raise RegionError(f"{board.name}: its lock stayed busy, the keys could not be read")
+        raise BoardBusyError(f"{board.name}: its lock stayed busy, the keys could not be read")
     keys = [board_key(status) for status in statuses]
     ages = [key.age_s for key in keys if key.age_s is not None]
     return BoardInfo(

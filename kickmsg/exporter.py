@@ -41,7 +41,7 @@ class ChannelSample:
     health: diagnostics.HealthSnapshot | None = None
     registry: diagnostics.RegistryInfo | None = None
     board: diagnostics.BoardInfo | None = None
-    unusable: str | None = None  # corrupt, unsupported, unreadable
+    unusable: str | None = None  # corrupt, unsupported, unreadable, busy (a board's lock)
 
 
 def gather(prefix: str | None) -> list[ChannelSample]:
@@ -77,6 +77,8 @@ def sample(name: str, path: str, kind: str) -> ChannelSample | None:
         region = diagnostics.attach(name)
         report = audit(region)
         return ChannelSample(name, diagnostics.region_stats(region, report), diagnostics.health_of(region, report))
+    except diagnostics.BoardBusyError:
+        return ChannelSample(name, unusable="busy")
     except diagnostics.RegionError as error:
         if not os.path.exists(path):
             return None

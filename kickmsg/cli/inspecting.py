@@ -1,6 +1,8 @@
 """Commands that look without touching: list, info, stats, watch, schema,
 schema-diff, diagnose, audit, exporter. They render ``kickmsg.diagnostics``.
-``list`` groups by namespace the regions a participant registry lists.
+``list`` groups by namespace the regions a participant registry lists;
+reading a blackboard's keys (list, info, exporter) takes its lock for a
+moment, as 0.9.2's snapshot does.
 """
 import argparse
 import dataclasses
@@ -60,7 +62,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     if others or not registries:
         lines.append(table([text_list_row(row) for row in others], columns) if others else
                      "no shared-memory objects" if args.all else "no Kickmsg regions")
-    if any(row.type == "damaged" or row.type.startswith("unsupported") for row in rows):
+    if any(row.type in ("damaged", "busy") or row.type.startswith("unsupported") for row in rows):
         lines.append("kickmsg info NAME for details on damaged or unsupported regions")
     if "pubs" in columns and any(row.pubs_live is not None for row in others):
         lines.append(f"PUBS: live publishers of this package ({diagnostics.UNRECORDED_PUBLISHERS})")
