@@ -289,12 +289,15 @@ def percentile(values: list, fraction: float):
 
 
 def batch_stats(batch_ns_runs: list, batch: int) -> dict:
-    """Per repeat: mean ns per operation, p99 of the batches' ns per operation."""
+    """Per repeat: mean ns per operation, p99 of the batches' ns per operation;
+    and the median batch of all repeats per operation (a batch the machine's
+    other work did not interrupt, as long as most were not)."""
     means = [sum(run) / (len(run) * batch) for run in batch_ns_runs]
     p99s = [percentile(run, 0.99) / batch for run in batch_ns_runs]
     return {
         "median_ns": statistics.median(means),
         "p99_ns": statistics.median(p99s),
+        "median_batch_ns": statistics.median(ns for run in batch_ns_runs for ns in run) / batch,
         "mean_ns_runs": means,
         "p99_ns_runs": p99s,
         "operations_per_repeat": len(batch_ns_runs[0]) * batch,
