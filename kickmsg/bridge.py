@@ -353,12 +353,20 @@ def recreate_local_channel(old: SharedRegion, channel_type: ChannelType, config:
     subscribers of this package that were attached to it have joined the
     new one (they follow a re-created region within 0.1 s), so that they
     miss nothing published next."""
-    subscribers = recorded_subscribers(old)
+    subscribers = followers(old, layout)
     region = SharedRegion.create(old.name, channel_type, config, creator, layout=layout)
     deadline = time.monotonic() + REJOIN_WAIT_S
     while recorded_subscribers(region) < subscribers and time.monotonic() < deadline:
         time.sleep(REJOIN_POLL_S)
     return region
+
+
+def followers(old: SharedRegion, layout: int) -> int:
+    """How many subscribers will follow ``old`` into a channel of ``layout``
+    made under its name: its recorded subscribers, and none when the layout
+    changes (a subscriber cannot follow a region re-created with the other
+    layout: nothing to wait for)."""
+    return recorded_subscribers(old) if old.layout == layout else 0
 
 
 def recorded_subscribers(region: SharedRegion) -> int:

@@ -577,12 +577,18 @@ def test_only_a_channel_made_for_the_key_is_recreated_for_a_new_description(pref
                                                             "schema": describe.schema_to_json(Imu)}, None, None)
     assert changes == ["schema 'Gyro' -> 'Imu'"] and region.schema() == Imu and region.geometry.pool_size == 256
     assert region.layout == 4  # as described: a description without a layout is layout 4's
+    subscriber = Subscriber(region)  # cannot follow it into another layout: the importer does not wait for it
+    assert (bridge.followers(region, 4), bridge.followers(region, 9)) == (1, 0)
     region, changes = bridge.open_local_channel(name, key, {**description, "layout": 9, "pool_size": 256,
                                                             "schema": describe.schema_to_json(Imu)}, None, None)
     assert changes == ["layout 4 -> 9"] and region.layout == 9 and region.schema() == Imu
+    subscriber.close()
+    subscriber = Subscriber(region)
+    assert (bridge.followers(region, 9), bridge.followers(region, 4)) == (1, 0)
     region, changes = bridge.open_local_channel(name, key, {**description, "layout": 9, "pool_size": 256,
                                                             "schema": describe.schema_to_json(Imu)}, None, 4)
     assert changes == ["layout 9 -> 4"] and region.layout == 4  # the importer's choice wins
+    subscriber.close()
     SharedRegion.create(name, ChannelType.PubSub, Config(**GEOMETRY), "someone else")
     with pytest.raises(bridge.BridgeError, match=rf"cannot import k/x into {name}: Config mismatch .*pool_size is 2048 there, 256 here"):
         bridge.open_local_channel(name, key, {**description, "pool_size": 256, "schema": None}, None, None)
