@@ -190,21 +190,22 @@ def reset_retired_rings(region: Region, drain: bool = False) -> int:
         if ops.cas_acq_rel_u32(address, state_flight, RING_DRAINING) != state_flight:
             continue  # changed meanwhile: left for the next call
         _clear_owner(region, ring)
-        drain_window(region, index, 0)
+        drain_window(region, index)
         ops.store_release_u32(address, RING_FREE)
         reset += 1
     return reset
 
 
-def drain_window(region: Region, index: int, start_pos: int) -> None:
-    """B.12's drain of ring ``index``: give back every valid claim in
-    [max(wp - capacity, start_pos), wp), whatever the sequence or tag says;
-    the tag stays."""
+def drain_window(region: Region, index: int) -> None:
+    """B.12's drain over the whole window of ring ``index`` (no owner's
+    start_pos to begin at): give back every valid claim in
+    [max(0, wp - capacity), wp), whatever the sequence or tag says; the
+    tag stays."""
     ops = region.atomics
     g = region.geometry
     # wp = write_pos (acq) (0: an empty window)
     write_pos = ops.load_acquire_u64(region.ring_address(index) + WRITE_POS_OFFSET)
-    for pos in range(max(write_pos - g.capacity, start_pos, 0), write_pos):
+    for pos in range(max(0, write_pos - g.capacity), write_pos):
         entry = region.entry_address(index, pos)
         # m = meta (acq); skip if the slot field is 0 or out of range
         meta = ops.load_acquire_u64(entry + META_OFFSET)
