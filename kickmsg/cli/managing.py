@@ -153,8 +153,8 @@ def cmd_repair(args: argparse.Namespace) -> int:
         done["locked_entries_repaired"] = region.repair_locked_entries()
         lines.append(f"repaired {counted(done['locked_entries_repaired'], 'locked entry', 'locked entries')}")
     if args.retired:
-        # layout 4 drains the rings' references; layout 9's claims stay until publishers replace them
-        done["retired_rings_reset"] = region.reset_retired_rings(drain=region.layout == layouts.LAYOUT_4)
+        # the drain the timed-out teardown skipped gives the rings' references back (both layouts)
+        done["retired_rings_reset"] = region.reset_retired_rings(drain=True)
         lines.append(f"reset {counted(done['retired_rings_reset'], 'retired ring', 'retired rings')}")
     if args.orphans:
         done["orphaned_slots_reclaimed"] = region.reclaim_orphaned_slots()
