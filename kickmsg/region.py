@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from kickmsg import layout, layouts, owners, shm, treiber
 from kickmsg.atomics import HARDWARE, Atomics
-from kickmsg.config import MAX_POOL_SIZE, MAX_SUBSCRIBERS, ChannelType, Config, ConfigError
+from kickmsg.config import MAX_POOL_SIZE, MAX_SUBSCRIBERS, ChannelType, Config, ConfigError, config_differences
 from kickmsg.layout import CorruptRegionError, Geometry, Header
 from kickmsg.protocol import v9
 from kickmsg.schema import SchemaInfo
@@ -261,7 +261,7 @@ class SharedRegion:
                 region = _attach(mapping, 0)
                 if region.geometry.config_hash != geometry.config_hash:
                     raise RuntimeError(
-                        f"Config mismatch on existing region: {name} ({_config_differences(region.geometry, geometry)})"
+                        f"Config mismatch on existing region: {name} ({config_differences(region.geometry, geometry)})"
                     )
                 return region
             time.sleep(INIT_POLL_INTERVAL_S)
@@ -797,22 +797,6 @@ def _has_layout(mapping: shm.Mapping, geometry: Geometry) -> bool:
     if shm.allocated_bytes(mapping.name) < mapping.size:
         return False
     return Geometry.from_header(Header.from_address(mapping.address)).same_layout(geometry)
-
-
-def _config_differences(existing: Geometry, wanted: Geometry) -> str:
-    """How an existing region's config differs from the one asked for."""
-    fields = (
-        ("channel type", ChannelType(existing.channel_type).name, ChannelType(wanted.channel_type).name),
-        ("max_subscribers", existing.max_subs, wanted.max_subs),
-        ("sub_ring_capacity", existing.capacity, wanted.capacity),
-        ("pool_size", existing.pool_size, wanted.pool_size),
-        ("max_payload_size", existing.slot_data_size, wanted.slot_data_size),
-        ("commit_timeout", f"{existing.commit_timeout_us} us", f"{wanted.commit_timeout_us} us"),
-    )
-    differences = [f"{label} is {there} there, {here} here" for label, there, here in fields if there != here]
-    return "; ".join(differences) or (
-        f"its config hash is 0x{existing.config_hash:016x}, this config's is 0x{wanted.config_hash:016x}"
-    )
 
 
 def _rings_of_live_subscribers(region: SharedRegion) -> list[tuple[int, int, int]]:

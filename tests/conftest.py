@@ -67,3 +67,15 @@ def layout(request, monkeypatch):
 
 # On a test of a module that runs on both layouts: this one holds for layout 4 only.
 layout4_only = pytest.mark.parametrize("layout", [4], ids=["layout4"], indirect=True)
+
+
+@pytest.fixture
+def layout4_default(monkeypatch):
+    """Regions created without a ``layout=``, here and in the test's
+    children, get layout 4 (through $KICKMSG_LAYOUT)."""
+    monkeypatch.setenv("KICKMSG_LAYOUT", "4")
+
+
+# A test (or a module's ``pytestmark``) of what layout 4 alone has: owner
+# records in sidecar files, its byte offsets, native 0.1.0 peers.
+on_layout4 = pytest.mark.usefixtures("layout4_default")

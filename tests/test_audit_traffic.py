@@ -12,11 +12,15 @@ import time
 
 import pytest
 
+from conftest import on_layout4
 from kickmsg import ChannelType, Config, Publisher, SharedRegion, Subscriber, audit, diagnostics
 from kickmsg.atomics import Atomics
 from kickmsg.audit import SlotReading
 from nativepeer import Peer, start_native, start_ours
 from test_health import make
+
+# These tests check layout 4's own: native 0.1.0 publishers and layout 4's audit.
+pytestmark = on_layout4
 
 # commit_timeout 1 s, not the default 10 ms: on a loaded test machine the
 # protocol itself takes a writer paused 10 ms for crashed and really leaks a

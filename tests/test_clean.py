@@ -17,8 +17,12 @@ import sys
 
 import pytest
 
+from conftest import on_layout4
 from kickmsg import cli
 from nativepeer import run_ours, start_native, start_ours
+
+# These tests check layout 4's own: owner records in sidecar files and native 0.1.0 holders.
+pytestmark = on_layout4
 
 NOBODY = pwd.getpwnam("nobody")
 SUBSCRIBER = """

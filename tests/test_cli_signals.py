@@ -19,13 +19,15 @@ import time
 import pyarrow.parquet
 import pytest
 
+from conftest import on_layout4
 import rawregion
 from kickmsg import ChannelType, Config, Publisher, SharedRegion, Subscriber, audit, owners, unlink_shm
 from nativepeer import start_ours
 from test_cli import SMALL, Running, command_line, first_line, live_rings, make, wait_live
 from test_cli import name  # noqa: F401  (fixture)
 
-pytestmark = pytest.mark.timeout(120)
+# These tests check layout 4's own: subscribers followed through their owner records.
+pytestmark = [pytest.mark.timeout(120), on_layout4]
 
 FEEDER = r"""
 import select

@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import rawregion
+from conftest import on_layout4
 from kickmsg import ChannelType, Config, Publisher, SharedRegion, Subscriber, unlink_shm
 from kickmsg.layout import CorruptRegionError
 
@@ -26,6 +27,9 @@ INVALID_SLOT = 0xFFFFFFFF
 LOCKED = 0xFFFFFFFFFFFFFFFF
 # commit_timeout 1 ms bounds every wait on a stuck entry or in-flight publisher.
 SMALL = dict(max_subscribers=3, sub_ring_capacity=8, pool_size=16, max_payload_size=56, commit_timeout=0.001)
+
+# These tests check layout 4's own: its byte offsets (layout 9's hostile bytes: test_v9_layout.py).
+pytestmark = on_layout4
 
 
 
@@ -108,6 +112,7 @@ def test_larger_object_is_fine(shm_name):
 SHRINK_SCRIPT = """
 import os, sys
 from kickmsg import ChannelType, Config, Publisher, SharedRegion, Subscriber
+
 name = sys.argv[1]
 cfg = Config(max_subscribers=2, sub_ring_capacity=8, pool_size=64, max_payload_size=4000)
 region = SharedRegion.create(name, ChannelType.PubSub, cfg)

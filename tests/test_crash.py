@@ -26,6 +26,7 @@ from typing import NamedTuple
 
 import pytest
 
+from conftest import on_layout4
 import crashworkers
 import mpworkers
 import rawregion
@@ -40,7 +41,8 @@ SURVIVOR_MESSAGES = 3 * CAPACITY  # enough to wrap onto the victim's stuck entry
 RING_FREE, RING_LIVE = 0, 1
 LOCKED_SEQUENCE = 0xFFFF_FFFF_FFFF_FFFF
 
-pytestmark = pytest.mark.timeout(120)
+# These tests check layout 4's own: the crash points of layout 4's publish flow and its owner records.
+pytestmark = [pytest.mark.timeout(120), on_layout4]
 
 
 class Expected(NamedTuple):

@@ -21,6 +21,7 @@ import struct
 
 import pytest
 
+from conftest import on_layout4
 import crashworkers
 import mpworkers
 import nativepeer
@@ -33,7 +34,8 @@ RING_FREE, RING_LIVE, RING_DRAINING = 0, 1, 2
 # created_at_ns (the record goes on; its size is owners.RECORD_SIZE).
 RECORD_HEAD = struct.Struct("<QQQQ")
 
-pytestmark = pytest.mark.timeout(120)
+# These tests check layout 4's own: subscribers' owner records in sidecar files.
+pytestmark = [pytest.mark.timeout(120), on_layout4]
 
 NATIVE_SUBSCRIBER = r'''
 sub = kickmsg.Subscriber(kickmsg.SharedRegion.open(P["name"]))

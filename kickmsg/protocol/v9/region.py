@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from kickmsg import shm
 from kickmsg.atomics import HARDWARE, Atomics
+from kickmsg.config import config_differences
 from kickmsg.protocol.v9 import freestack
 from kickmsg.protocol.v9.layout import (
     DEFAULT_COMMIT_TIMEOUT_US,
@@ -45,6 +46,19 @@ from kickmsg.schema import SchemaInfo
 
 OPEN_ATTEMPTS = 200  # B.3: create_or_open polls an uninitialised region this often...
 OPEN_RETRY_S = 0.010  # ...this far apart (about 2 s in all)
+
+
+def _mismatch(header: Header, wanted: Geometry) -> str:
+    """How the existing region's config differs from ``wanted``; the two
+    config hashes if its header holds no config this layout accepts."""
+    try:
+        existing = Geometry.for_config(
+            header.channel_type, header.max_subs, header.sub_ring_capacity, header.pool_size,
+            header.slot_data_size, header.commit_timeout_us,
+        )
+    except ValueError:
+        return f"config_hash 0x{header.config_hash:016x}, ours 0x{wanted.config_hash:016x}"
+    return config_differences(existing, wanted)
 
 
 class RegionInitTimeout(TimeoutError, RuntimeError):
@@ -246,10 +260,7 @@ class Region:
                             f"(version {header.version}, this layout speaks {VERSION}); stop its users and unlink it"
                         )
                     if header.config_hash != geometry.config_hash:
-                        raise RuntimeError(
-                            f"Config mismatch on existing region: {name} (config_hash 0x{header.config_hash:016x}, "
-                            f"ours 0x{geometry.config_hash:016x})"
-                        )
+                        raise RuntimeError(f"Config mismatch on existing region: {name} ({_mismatch(header, geometry)})")
                     return cls(opened, cls._validate(opened, config.identity, atomics), atomics)
             time.sleep(OPEN_RETRY_S)  # the protocol's own poll (B.3 step 3)
         # 4. never initialised
