@@ -821,6 +821,8 @@ def _run(source: Generator | Replay, other_python: str, other_path: str | None, 
             if op[0] in POKES | CRASHES:
                 if ours.region is None or names is None:
                     ours_result = other_result = "no region"
+                elif op[0] not in (CRASHES if layout_version == 9 else POKES):  # (a replay of the other layout's)
+                    ours_result = other_result = f"not on layout {layout_version}"
                 elif op[0] in POKES:
                     ours_result = poke(op, names[0], ours.region.geometry)
                     other_result = poke(op, names[1], ours.region.geometry)
@@ -829,7 +831,7 @@ def _run(source: Generator | Replay, other_python: str, other_path: str | None, 
             else:
                 # kill_subscriber: its ring, as our Subscriber9 knows it (the twin's is the same ring, or the
                 # regions already differ)
-                killed = ours.subscribers.get(op[1]) if op[0] == "kill_subscriber" else None
+                killed = ours.subscribers.get(op[1]) if op[0] == "kill_subscriber" and layout_version == 9 else None
                 ours_result = json.loads(json.dumps(ours.run(op, names and names[0])))
                 try:
                     other_result = other.run(op, names and names[1])

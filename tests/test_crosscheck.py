@@ -182,6 +182,51 @@ def test_the_layout_9_sequence_crashes_and_repairs():
     assert no_regions_left()
 
 
+# WIRE9.md H.3: a publisher dies holding the lock of position 0, two more
+# die after claiming positions 1 and 2 (entry 0 is position 2's window
+# entry, still locked for 0), then the repair, a live publisher's wrap onto
+# the never-written entry 1, and the ring's leave and reset.
+EARLIER_LAP_LOCK = [
+    ["create", "PubSub", 1, 2, 5, 8, 1000],
+    ["join", 0],
+    ["crash_send", 6, 4, 1],
+    ["crash_send", 5, 4, 2],
+    ["crash_send", 5, 4, 3],
+    ["diagnose"],
+    ["repair_locked_entries"],
+    ["recv", 0],
+    ["lost", 0],
+    ["publisher", 1],
+    ["send", 1, 4, 9],
+    ["dropped", 1],
+    ["recv", 0],
+    ["lost", 0],
+    ["leave", 0],
+    ["reset_retired_rings"],
+    ["reclaim_orphaned_slots"],
+]
+
+
+def test_an_earlier_laps_lock_is_repaired_alike():
+    """0.9.2 and we steal a lock older than its window position into that
+    position's skip marker, and the reader counts each of the four
+    positions lost once (H.3: no double count)."""
+    result = crosscheck.replay(sys.executable, EARLIER_LAP_LOCK, native9(), layout=9)
+    assert result.agreed, result.report()
+    assert results_here(EARLIER_LAP_LOCK) == [None, None, "crashed", "crashed", "crashed", [1, 0, 0, 1, False], 1, None, 1, None, 4, 1, None, 4,
+                    None, 1, 3]
+
+
+def results_here(operations: list) -> list:
+    """The results of ``operations`` (layout 9) run on this package alone."""
+    driver = crossdriver.Driver(kickmsg, 9)
+    name = f"/kmcc_{os.getpid()}_replay"
+    results = [crosscheck.crash(op, name) if op[0] in crosscheck.CRASHES else driver.run(op, name) for op in operations]
+    driver.drop_all()
+    kickmsg.unlink_shm(name)
+    return results
+
+
 def test_field_names_and_values_of_layout_9():
     """Layout-9 offsets decode to WIRE9.md's fields (A.2-A.5), the tagged words to their meaning."""
     geometry = v9.Geometry.for_config(1, 2, 4, 3, 20, 10_000, len("crosscheck"))
