@@ -29,14 +29,16 @@ the layout's API (0.1.0's ``allocate(len)``/``publish()`` on layout 4,
 0.9.2's ``allocate()``/``publish(len)`` on layout 9, superseded and
 published slots refused there), subscribers joining and leaving, copy and
 view receives (views held, released later), ``lost``, ``dropped``,
-``diagnose``, ``repair_locked_entries``, ``reset_retired_rings``,
+``diagnose`` (and on layout 9 0.9.2's ``stats`` and the schema claim,
+read and reset), ``repair_locked_entries``, ``reset_retired_rings``,
 ``reclaim_orphaned_slots`` (only while no view is held, its contract).
 Crash residue, identical in both regions so that the repair paths run too:
 on layout 4 the damage a crashed publisher leaves, poked into the bytes
 (``poke_*``); on layout 9 a publisher dying before any one of its
 shared-memory writes (``crash_send``, run by this package's layout-9 core
 on both regions: a leaked slot, an admission held, a claimed position, a
-position-tagged lock, a meta claim under it), and a subscriber killed with
+position-tagged lock, a meta claim under it), a schema claimer dying
+mid-claim (``crash_claim_schema``), and a subscriber killed with
 the pins of its views (``kill_subscriber``: both sides keep the objects out
 of reach, and its ring records a dead owner), recovered by
 ``reclaim_dead_rings`` (which 0.9.2's binding lacks: the driver calls the
@@ -74,8 +76,10 @@ from kickmsg.layout import Field, SchemaInfoLayout, field_at
 from kickmsg.protocol import v9
 from kickmsg.protocol.v9 import layout as v9layout
 from kickmsg.protocol.v9.layout import OWNER_PID_OFFSET, OWNER_STARTTIME_OFFSET
+from kickmsg.protocol.v9 import repair
 from kickmsg.protocol.v9.receive import process_start_time
 from kickmsg.region import unlink_shm
+from kickmsg.schema import SchemaInfo
 from kickmsg.userfiles import read_at_most
 
 IGNORED = range(112, 128)  # creator_pid and created_at_ns differ by nature (both layouts)
@@ -121,10 +125,15 @@ WEIGHTS9 = {
     "allocate_max": 8,
     "publish_len": 8,
     "reclaim_dead_rings": 2,
+    "stats": 2,
+    "claim_schema": 0.5,
+    "schema": 0.5,
+    "reset_schema_claim": 0.5,
     "crash_send": 1.5,
+    "crash_claim_schema": 0.3,
     "kill_subscriber": 1,
 }
-CRASHES = {"crash_send"}
+CRASHES = {"crash_send", "crash_claim_schema"}
 COMMIT_TIMEOUTS_US = (500, 1000, 2000)  # layout 9's creates: short, so that the waits on crash residue stay short
 # The owner a killed subscriber's ring records: no process can have this
 # pid (pid_max is at most 2^22), so every owner check finds it dead.
@@ -281,6 +290,8 @@ class Generator:
             return [kind, self.pick(self.views)]
         if kind in POKES:
             return [kind, r.randrange(max_subs)]
+        if kind in ("claim_schema", "crash_claim_schema"):
+            return [kind, r.choice(["imu", "camera/frame"]), r.randrange(4)]
         if kind == "crash_send":  # dies before one of its writes: 4 before the rings, up to 9 in each Live ring
             return [kind, r.randint(0, 3 + 9 * max(1, len(self.subscribers))), r.randint(0, payload), r.randrange(256)]
         return [kind]
@@ -497,14 +508,27 @@ for _write in [name for name in vars(Atomics) if name.startswith(("store_", "cas
 
 
 def crash(op: Operation, name: str) -> str:
-    """``crash_send`` [writes, length, fill] on the region ``name``, run by
-    this package's layout-9 core in this process: a publisher sends
-    ``length`` bytes and dies before its shared-memory write number
-    ``writes``. By where that falls it leaves a slot popped and never
-    published, its refcount pre-set, a ring's admission held, a position
-    claimed, a position-tagged lock, a meta claim installed under that lock,
-    or nothing (``"completed"``; ``"no free slot"`` when the pool is dry).
-    The twin regions are identical before, so they are after."""
+    """A forged crash on the region ``name``, run by this package's
+    layout-9 core in this process. The twin regions are identical before,
+    so they are after.
+
+    ``crash_send`` [writes, length, fill]: a publisher sends ``length``
+    bytes and dies before its shared-memory write number ``writes``. By
+    where that falls it leaves a slot popped and never published, its
+    refcount pre-set, a ring's admission held, a position claimed, a
+    position-tagged lock, a meta claim installed under that lock, or
+    nothing (``"completed"``; ``"no free slot"`` when the pool is dry).
+    ``crash_claim_schema`` [name, version]: a process claims the schema and
+    dies before storing Set (its copy written): the claim stays Claiming
+    (``"crashed"``), or someone's claim was there (``"claimed"``)."""
+    if op[0] == "crash_claim_schema":
+        schema_name, version = op[1:]
+        region = v9.Region.open(name, atomics=CrashingAtomics(1))  # the claim's CAS, not the store of Set
+        try:
+            repair.try_claim_schema(region, SchemaInfo(name=schema_name, version=version))
+        except Crashed:
+            return "crashed"
+        return "claimed"
     writes, length, fill = op[1:]
     region = v9.Region.open(name, atomics=CrashingAtomics(writes))
     try:

@@ -27,6 +27,7 @@ from types import ModuleType
 from typing import Any
 
 CREATOR = "crosscheck"
+RING_STATES = ("Free", "Live", "Draining", "Reclaiming")  # 0.9.2's RingStats.state values 0-3
 NATIVE_REGION_BYTES = 4096  # room for one C++ kickmsg::SharedRegion object (about 200 bytes in 0.9.2)
 
 
@@ -149,6 +150,30 @@ class Driver:
     def op_diagnose(self) -> list[int]:
         h = self.region.diagnose()
         return [h.locked_entries, h.retired_rings, h.draining_rings, h.live_rings, bool(h.schema_stuck)]
+
+    def op_stats(self) -> list[Any]:
+        """0.9.2's ``stats()`` (layout 9): a ring's state as 0.9.2's int
+        (this package gives its name)."""
+        st = self.region.stats()
+        rings = [
+            [RING_STATES.index(r.state) if isinstance(r.state, str) else r.state, r.in_flight, r.write_pos,
+             r.dropped_count, r.lost_count]
+            for r in st.rings
+        ]
+        totals = [st.total_writes, st.total_drops, st.total_losses, st.total_steals, st.live_rings, st.pool_free, st.pool_size]
+        return totals + [rings]
+
+    def op_claim_schema(self, name: str, version: int) -> bool:
+        info = self.kickmsg.SchemaInfo()
+        info.name, info.version = name, version
+        return self.region.try_claim_schema(info)
+
+    def op_schema(self) -> list[Any] | None:
+        info = self.region.schema()
+        return None if info is None else [info.name, info.version]
+
+    def op_reset_schema_claim(self) -> bool:
+        return self.region.reset_schema_claim()
 
     def op_repair_locked_entries(self) -> int:
         return self.region.repair_locked_entries()

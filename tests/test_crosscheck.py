@@ -133,7 +133,8 @@ def generate(seed: int, count: int, layout: int = 4) -> tuple[list, set]:
             result = json.loads(json.dumps(driver.run(op, name)))
             if killed is not None:
                 crosscheck.bury(name, killed._core.ring_index)
-        if op[0] in ("repair_locked_entries", "reset_retired_rings", "reclaim_orphaned_slots", "reclaim_dead_rings"):
+        if op[0] in ("repair_locked_entries", "reset_retired_rings", "reclaim_orphaned_slots", "reclaim_dead_rings",
+                     "reset_schema_claim"):
             seen.add(f"{op[0]}>0" if result else op[0])
         generator.observe(op, result)
         operations.append(op)
@@ -172,12 +173,14 @@ def test_agrees_with_native_0_9_2_on_layout_9():
 def test_the_layout_9_sequence_crashes_and_repairs():
     """The sequence of the agreement test reaches every layout-9 kind, the
     refusals of 0.9.2's API (superseded and published slots), publishers
-    dying mid-send, killed subscribers, and each repair doing something."""
+    dying mid-send, a schema claimer dying, killed subscribers, and each
+    repair doing something."""
     operations, seen = generate(LAYOUT9_SEED, LAYOUT9_OPS, layout=9)
     assert set(crosscheck.WEIGHTS9) <= seen
     assert {"fill:BufferError", "publish_len:ValueError", "send:BlockingIOError", "join:RuntimeError"} <= seen
-    assert {"crash_send:crashed", "crash_send:completed"} <= seen
-    assert {"repair_locked_entries>0", "reset_retired_rings>0", "reclaim_orphaned_slots>0", "reclaim_dead_rings>0"} <= seen
+    assert {"crash_send:crashed", "crash_send:completed", "crash_claim_schema:crashed"} <= seen
+    assert {"repair_locked_entries>0", "reset_retired_rings>0", "reclaim_orphaned_slots>0", "reclaim_dead_rings>0",
+            "reset_schema_claim>0"} <= seen
     assert not seen & ({"allocate", "publish"} | crosscheck.POKES)  # layout 4's forms
     assert no_regions_left()
 
