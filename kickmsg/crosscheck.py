@@ -37,8 +37,11 @@ on layout 4 the damage a crashed publisher leaves, poked into the bytes
 (``poke_*``); on layout 9 a publisher dying before any one of its
 shared-memory writes (``crash_send``, run by this package's layout-9 core
 on both regions: a leaked slot, an admission held, a claimed position, a
-position-tagged lock, a meta claim under it), a schema claimer dying
-mid-claim (``crash_claim_schema``), and a subscriber killed with
+position-tagged lock, a meta claim under it), a subscriber dying while it
+joins or leaves (``crash_subscriber``: a Live ring without owner, a
+Draining one, claims partly drained), a reclaim of dead rings dying
+(``crash_reclaim_dead_rings``: a ring left Reclaiming), a schema claimer
+dying mid-claim (``crash_claim_schema``), and a subscriber killed with
 the pins of its views (``kill_subscriber``: both sides keep the objects out
 of reach, and its ring records a dead owner), recovered by
 ``reclaim_dead_rings`` (which 0.9.2's binding lacks: the driver calls the
@@ -71,11 +74,11 @@ from typing import Any
 
 import kickmsg
 from kickmsg import crossdriver, jsontext, layout
-from kickmsg.atomics import Atomics
+from kickmsg.atomics import HARDWARE, Atomics
 from kickmsg.layout import Field, SchemaInfoLayout, field_at
 from kickmsg.protocol import v9
 from kickmsg.protocol.v9 import layout as v9layout
-from kickmsg.protocol.v9.layout import OWNER_PID_OFFSET, OWNER_STARTTIME_OFFSET
+from kickmsg.protocol.v9.layout import OWNER_PID_OFFSET, OWNER_STARTTIME_OFFSET, STATE_FLIGHT_OFFSET
 from kickmsg.protocol.v9 import repair
 from kickmsg.protocol.v9.receive import process_start_time
 from kickmsg.region import unlink_shm
@@ -131,9 +134,11 @@ WEIGHTS9 = {
     "reset_schema_claim": 0.5,
     "crash_send": 1.5,
     "crash_claim_schema": 0.3,
+    "crash_subscriber": 0.7,
+    "crash_reclaim_dead_rings": 0.5,
     "kill_subscriber": 1,
 }
-CRASHES = {"crash_send", "crash_claim_schema"}
+CRASHES = {"crash_send", "crash_claim_schema", "crash_subscriber", "crash_reclaim_dead_rings"}
 COMMIT_TIMEOUTS_US = (500, 1000, 2000)  # layout 9's creates: short, so that the waits on crash residue stay short
 # The owner a killed subscriber's ring records: no process can have this
 # pid (pid_max is at most 2^22), so every owner check finds it dead.
@@ -292,6 +297,10 @@ class Generator:
             return [kind, r.randrange(max_subs)]
         if kind in ("claim_schema", "crash_claim_schema"):
             return [kind, r.choice(["imu", "camera/frame"]), r.randrange(4)]
+        if kind == "crash_subscriber":  # 3 writes to join, then leave: Draining, the owner cleared, the drain, Free
+            return [kind, r.randint(0, 8 + 2 * self.geometry[2])]
+        if kind == "crash_reclaim_dead_rings":  # per dead ring: Reclaiming, the owner cleared, Free
+            return [kind, r.randint(0, 5)]
         if kind == "crash_send":  # dies before one of its writes: 4 before the rings, up to 9 in each Live ring
             return [kind, r.randint(0, 3 + 9 * max(1, len(self.subscribers))), r.randint(0, payload), r.randrange(256)]
         return [kind]
@@ -520,7 +529,21 @@ def crash(op: Operation, name: str) -> str:
     nothing (``"completed"``; ``"no free slot"`` when the pool is dry).
     ``crash_claim_schema`` [name, version]: a process claims the schema and
     dies before storing Set (its copy written): the claim stays Claiming
-    (``"crashed"``), or someone's claim was there (``"claimed"``)."""
+    (``"crashed"``), or someone's claim was there (``"claimed"``).
+    ``crash_subscriber`` [writes]: a subscriber joins, then leaves, and
+    dies before its write number ``writes``: a Live ring, one Draining,
+    its owner cleared or not, its claims partly drained; the owner words it
+    wrote then record a dead process (``bury``). ``crash_reclaim_dead_rings``
+    [writes]: a reclaim of dead rings dies before its write number
+    ``writes``: a ring left Reclaiming, its owner cleared or not."""
+    if op[0] == "crash_subscriber":
+        return crash_subscriber(name, op[1])
+    if op[0] == "crash_reclaim_dead_rings":
+        try:
+            repair.reclaim_dead_rings(v9.Region.open(name, atomics=CrashingAtomics(op[1])))
+        except Crashed:
+            return "crashed"
+        return "completed"
     if op[0] == "crash_claim_schema":
         schema_name, version = op[1:]
         region = v9.Region.open(name, atomics=CrashingAtomics(1))  # the claim's CAS, not the store of Set
@@ -538,6 +561,34 @@ def crash(op: Operation, name: str) -> str:
     except BlockingIOError:
         return "no free slot"
     return "completed"
+
+
+def crash_subscriber(name: str, writes: int) -> str:
+    region = v9.Region.open(name, atomics=CrashingAtomics(writes))
+    ops = HARDWARE
+    # the ring its join takes: the first Free one with no publisher in flight (B.4)
+    free = [i for i in range(region.geometry.max_subs) if ops.load_acquire_u32(region.ring_address(i) + STATE_FLIGHT_OFFSET) == 0]
+    if not free:
+        return "no free ring"
+    try:
+        subscriber = v9.Subscriber(region)
+    except Crashed:
+        outcome = "crashed joining"
+    else:
+        subscriber.owner_pid = DEAD_PID  # its process is gone: nothing leaves the ring when the object goes
+        try:
+            subscriber.close()
+        except Crashed:
+            outcome = "crashed leaving"
+        else:
+            return "completed"
+    # the owner words it wrote in its ring now name a dead process
+    address = region.ring_address(free[0])
+    if ops.load_relaxed_u64(address + OWNER_STARTTIME_OFFSET) == process_start_time(os.getpid()):
+        ops.store_relaxed_u64(address + OWNER_STARTTIME_OFFSET, DEAD_START)
+    if ops.load_acquire_u64(address + OWNER_PID_OFFSET) == os.getpid():
+        ops.store_release_u64(address + OWNER_PID_OFFSET, DEAD_PID)
+    return outcome
 
 
 def bury(name: str, ring: int) -> None:
