@@ -512,6 +512,7 @@ def _counted(name: str) -> Callable[..., int | None]:
     return write
 
 
+# Every writing operation of the atomics door, counted (loads, the fence and the futex calls are inherited as they are).
 for _write in [name for name in vars(Atomics) if name.startswith(("store_", "cas_", "fetch_"))]:
     setattr(CrashingAtomics, _write, _counted(_write))
 
