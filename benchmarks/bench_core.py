@@ -78,6 +78,10 @@ Scenarios (exactly what is timed: see core_worker.py):
   8. scaling, ours and native: the cost of one ``send`` with 1, 4, 16, 64
      subscriber rings (none reading: every ring has wrapped) and 64 B, 1 KB,
      16 KB, 256 KB payloads, printed as a markdown table for the README.
+  9. layouts: scenario 1 for ours on a layout-9 channel (native 0.9.2's
+     layout; the worker runs with KICKMSG_LAYOUT=9), measured right after
+     ours on layout 4 in scenario 1: the per-message cost of layout 9 as a
+     ratio to layout 4's, printed as a markdown table for the README.
 
 Then one summary table of medians with ratios to ours (also printed as
 markdown for the README) and issue 17's targets, met or missed with the
@@ -180,11 +184,13 @@ def free_ports(count: int) -> list[int]:
             each.close()
 
 
-def run_worker(peer: str, mode: str, args: dict, timeout_s: float) -> dict:
+def run_worker(peer: str, mode: str, args: dict, timeout_s: float, layout: int | None = None) -> dict:
     """Run one worker (its own session, so its process group can be killed
-    with everything it forked) and return its JSON result."""
+    with everything it forked) and return its JSON result. ``layout`` (ours
+    only): the channel layout of the worker ($KICKMSG_LAYOUT), else the
+    default."""
     if peer in KICKMSG_PEERS:
-        args = dict(args, shm_name=f"/{PREFIX}_{mode}_{peer}")
+        args = dict(args, shm_name=f"/{PREFIX}_{mode}_{peer}{layout or ''}")
     args = dict(
         args, socket_path=f"/tmp/{PREFIX}_{mode}.ipc", idle_s=args.get("idle_s", 1.0),
         iox_prefix=f"{PREFIX}_iox_", iox_root=f"/tmp/{PREFIX}_iox2/", ports=free_ports(8),
@@ -192,12 +198,16 @@ def run_worker(peer: str, mode: str, args: dict, timeout_s: float) -> dict:
     if peer == "zenoh":
         return run_zenoh_command(worker_command(WORKER, peer, mode, json.dumps(args)), f"{mode} ({peer})", timeout_s)
     command = worker_command(WORKER, peer, mode, json.dumps(args))
-    return run_command(command, f"{mode} ({peer})", timeout_s)
+    if layout is None:
+        return run_command(command, f"{mode} ({peer})", timeout_s)
+    environment = dict(os.environ, KICKMSG_LAYOUT=str(layout))
+    return run_command(command, f"{mode} ({peer}, layout {layout})", timeout_s, environment)
 
 
-def run_command(command: list[str], what: str, timeout_s: float) -> dict:
+def run_command(command: list[str], what: str, timeout_s: float, environment: dict[str, str] | None = None) -> dict:
     process = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, start_new_session=True
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, start_new_session=True,
+        env=environment,
     )
     _workers.append(process)
     try:
@@ -279,12 +289,15 @@ def percentile(values: list, fraction: float):
 
 
 def batch_stats(batch_ns_runs: list, batch: int) -> dict:
-    """Per repeat: mean ns per operation, p99 of the batches' ns per operation."""
+    """Per repeat: mean ns per operation, p99 of the batches' ns per operation;
+    and the median batch of all repeats per operation (a batch the machine's
+    other work did not interrupt, as long as most were not)."""
     means = [sum(run) / (len(run) * batch) for run in batch_ns_runs]
     p99s = [percentile(run, 0.99) / batch for run in batch_ns_runs]
     return {
         "median_ns": statistics.median(means),
         "p99_ns": statistics.median(p99s),
+        "median_batch_ns": statistics.median(ns for run in batch_ns_runs for ns in run) / batch,
         "mean_ns_runs": means,
         "p99_ns_runs": p99s,
         "operations_per_repeat": len(batch_ns_runs[0]) * batch,
@@ -294,9 +307,11 @@ def batch_stats(batch_ns_runs: list, batch: int) -> dict:
 # -- the benchmarks ------------------------------------------------------------------
 
 
-def bench_inproc(peer: str, settings: dict) -> dict:
+def bench_inproc(peer: str, settings: dict, layout: int | None = None) -> dict:
     budget = 120 + 4 * len(settings["sizes"]) * (settings["warmup_s"] + settings["repeats"] * settings["repeat_s"])
-    raw = run_worker(peer, "inproc", dict(settings, depth=QUEUE_DEPTH), budget)
+    raw = run_worker(peer, "inproc", dict(settings, depth=QUEUE_DEPTH), budget, layout)
+    if layout is not None and raw["layout"] != layout:
+        raise RuntimeError(f"inproc ({peer}): asked for layout {layout}, the worker's channel has layout {raw['layout']}")
     return {size: batch_stats(measured["batch_ns_runs"], measured["batch"]) for size, measured in raw["inproc"].items()}
 
 
@@ -456,13 +471,20 @@ def attempt(errors: list, what: str, function: Callable[..., dict], *args: Any) 
 
 
 def run_all(settings: dict, errors: list, peers: tuple) -> dict:
-    results: dict = {key: {} for key in ("inproc", "pingpong", "latency", "throughput", "fanout", "frames", "rss", "scaling")}
+    results: dict = {
+        key: {} for key in ("inproc", "pingpong", "latency", "throughput", "fanout", "frames", "rss", "scaling", "layouts")
+    }
     kickmsg_peers = [peer for peer in KICKMSG_PEERS if peer in peers]
-    print("1/8 in-process send + receive", file=sys.stderr)
+    print("1/8 in-process send + receive (ours on layout 9 too, for table 9)", file=sys.stderr)
     for peer in peers:
         measured = attempt(errors, f"in-process, {peer}", bench_inproc, peer, settings["inproc"])
         for size in settings["inproc"]["sizes"]:
             results["inproc"].setdefault(str(size), {})[peer] = measured if "error" in measured else measured[str(size)]
+        if peer == "ours":  # right after layout 4, in the same conditions
+            on_9 = attempt(errors, "in-process, ours on layout 9", bench_inproc, peer, settings["inproc"], 9)
+            for size in settings["inproc"]["sizes"]:
+                results["layouts"][str(size)] = {"4": results["inproc"][str(size)]["ours"],
+                                                 "9": on_9 if "error" in on_9 else on_9[str(size)]}
     print("2/8 cross-process ping-pong (one-way latency, blocking receive, pinned)", file=sys.stderr)
     size = settings["pingpong"]["size"]
     for peer in peers:
@@ -606,6 +628,7 @@ def main() -> int:
     report["targets"] = bench_report.targets(results)
     report["scaling_markdown"] = bench_report.scaling_markdown(results["scaling"], settings["scaling"])
     report["summary_markdown"] = bench_report.summary_markdown(results, peers)
+    report["layouts_markdown"] = bench_report.layouts_markdown(results["layouts"])
     print()
     bench_report.print_report(report)
     options.output.parent.mkdir(parents=True, exist_ok=True)

@@ -293,6 +293,36 @@ def scaling_table(scaling: dict, settings: dict) -> None:
     )
 
 
+def layouts_cells(layouts: dict, size: str) -> list[str]:
+    """Layout 4's and layout 9's medians and their ratio (9 / 4), then the
+    ratio of their median batches; "failed" / "n/a" where one is missing."""
+    both = layouts.get(size, {})
+    four, nine = usable(both.get("4")), usable(both.get("9"))
+    cells = [format_ns(measured["median_ns"]) if measured else ("failed" if both.get(key) else "n/a")
+             for key, measured in (("4", four), ("9", nine))]
+    return cells + [format_ratio(ratio(nine and nine.get(field), four and four.get(field)))
+                    for field in ("median_ns", "median_batch_ns")]
+
+
+LAYOUTS_HEADER = ["layout 4 median", "layout 9 median", "layout 9 / layout 4", "the same, median batches"]
+
+
+def layouts_markdown(layouts: dict) -> str:
+    lines = ["| ours, in-process send + receive | " + " | ".join(LAYOUTS_HEADER) + " |", "|---|" + "---|" * len(LAYOUTS_HEADER)]
+    lines += [f"| {size_label(size)} | " + " | ".join(layouts_cells(layouts, size)) + " |" for size in layouts]
+    return "\n".join(lines)
+
+
+def layouts_table(layouts: dict) -> None:
+    print_table(
+        "9. Layout 9 against layout 4: ours, in-process send + receive (time per message; lower is better)",
+        "   Scenario 1 on a layout-9 channel (KICKMSG_LAYOUT=9), run right after ours on layout 4 (scenario 1).\n"
+        "   Median batches: the median 16-pair batch of each, which the machine's other work rarely reaches.",
+        ["size"] + LAYOUTS_HEADER,
+        [[size_label(size)] + layouts_cells(layouts, size) for size in layouts],
+    )
+
+
 # -- summary ------------------------------------------------------------------------------
 
 # (label, table, key, field, format, lower is better)
@@ -425,10 +455,16 @@ def print_report(report: dict) -> None:
     frames_table(results["frames"])
     rss_table(results["rss"])
     scaling_table(results["scaling"], report["settings"]["scaling"])
+    layouts_table(results.get("layouts", {}))
     print("Scaling for the README (median time per send, ours / native (ratio)):")
     print()
     print(report["scaling_markdown"])
     print()
+    if "layouts_markdown" in report:
+        print("Layout 9 against layout 4 for the README:")
+        print()
+        print(report["layouts_markdown"])
+        print()
     print("Summary for the README:")
     print()
     print(report["summary_markdown"])

@@ -24,7 +24,8 @@ Modes and exactly what they time:
   inproc    one process, one subscriber: ``publisher.send(payload)`` then the
             receive of the same message, for each size. Timed in batches of
             ``batch`` pairs with perf_counter_ns; each repeat lasts about
-            ``repeat_s`` (sized by a warm-up of ``warmup_s``).
+            ``repeat_s`` (sized by a warm-up of ``warmup_s``). Also gives the
+            channel's layout (ours: 4 or 9, by $KICKMSG_LAYOUT; else null).
   latency   a publisher (this process) and one subscriber process. Every
             ``period_s`` the publisher takes ``time.monotonic_ns()``, builds the
             message (sequence number and stamp, padded to ``size`` bytes: a new
@@ -214,7 +215,7 @@ def inproc(sizes: list, repeats: int, warmup_s: float, repeat_s: float, batch: i
         assert getattr(subscriber, "lost", 0) == 0
         subscriber.close()
         publisher.close()
-        emit({"inproc": results})
+        emit({"inproc": results, "layout": getattr(getattr(peer, "region", None), "layout", None)})
     finally:
         peer.teardown()
 

@@ -66,7 +66,7 @@ from typing import Any, TextIO
 
 from kickmsg import jsontext, owners
 from kickmsg.config import ChannelType, Config
-from kickmsg.layouts import check_layout
+from kickmsg.layouts import LAYOUT_9, check_layout
 from kickmsg.description import channel_config, describe, described_layout
 from kickmsg.publisher import Publisher, send_retrying
 from kickmsg.region import SharedRegion
@@ -348,11 +348,12 @@ def channel_changes(region: SharedRegion, channel_type: ChannelType, config: Con
 
 
 def recreate_local_channel(old: SharedRegion, channel_type: ChannelType, config: Config, creator: str, layout: int) -> SharedRegion:
-    """Re-create an import's channel as ``config`` says, then wait (at most
-    REJOIN_WAIT_S) until the subscribers of this package that were attached
-    to it have joined the new one (they follow a re-created region within
-    0.1 s), so that they miss nothing published next."""
-    subscribers = recorded_subscribers(old)
+    """Re-create an import's channel as ``config`` says (in either layout,
+    from either layout), then wait (at most REJOIN_WAIT_S) until the
+    subscribers of this package that were attached to it have joined the
+    new one (they follow a re-created region within 0.1 s), so that they
+    miss nothing published next."""
+    subscribers = followers(old, layout)
     region = SharedRegion.create(old.name, channel_type, config, creator, layout=layout)
     deadline = time.monotonic() + REJOIN_WAIT_S
     while recorded_subscribers(region) < subscribers and time.monotonic() < deadline:
@@ -360,9 +361,24 @@ def recreate_local_channel(old: SharedRegion, channel_type: ChannelType, config:
     return region
 
 
+def followers(old: SharedRegion, layout: int) -> int:
+    """How many subscribers will follow ``old`` into a channel of ``layout``
+    made under its name: its recorded subscribers, and none when the layout
+    changes (a subscriber cannot follow a region re-created with the other
+    layout: nothing to wait for)."""
+    return recorded_subscribers(old) if old.layout == layout else 0
+
+
 def recorded_subscribers(region: SharedRegion) -> int:
-    """Live subscribers of this package attached to the region (their owner
-    records are locked; native subscribers record nothing)."""
+    """Live subscribers attached to the region that record themselves. On
+    layout 4, those of this package (their owner records are locked; native
+    subscribers record nothing). On layout 9, every Live ring whose owner
+    (recorded in its header) is alive: a native 0.9.2 subscriber records
+    itself too but does not follow a re-created region, so with one
+    attached the wait runs out (REJOIN_WAIT_S)."""
+    if region.layout == LAYOUT_9:
+        dead = {index for index, _ in region.dead_subscriber_rings()}
+        return sum(ring.state == "Live" and index not in dead for index, ring in enumerate(region.stats().rings))
     records = owners.read_owners(region.name, region.geometry.max_subs) or []
     return sum(held and record is not None and record.region_created_at_ns == region.created_at_ns
                for record, held in records)

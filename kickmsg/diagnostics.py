@@ -14,29 +14,48 @@ publishers of this package record themselves beside the region
 an owner, and native publishers cannot be seen at all. Bridges
 (``kickmsg bridge``) record their figures per forwarded channel the same
 way (``BridgeFigures``, in ``RegionStats.bridges``).
+
+Layout 9's two other region types (WIRE9.md C, D) have their own:
+``registry`` (a namespace's participants by topic, stalled ones marked:
+``RegistryInfo``) and ``blackboard`` (a board's keys, their owners live or
+dead: ``BoardInfo``). Those open their region read-write, as 0.9.2 does: a
+board's key list is read under its lock.
 """
 import dataclasses
+import enum
 import os
 import pwd
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from kickmsg import layout, layouts, owners, shm
+from kickmsg.atomics import HARDWARE
 from kickmsg.audit import AuditReport, RingAudit, audit
 from kickmsg.description import schema_to_json
+from kickmsg.protocol.v9 import blackboard as board9
+from kickmsg.protocol.v9 import registry as registry9
+from kickmsg.protocol.v9.layout import VersionMismatchError
 from kickmsg.region import SharedRegion
 
 CHANNEL_TYPES = {layout.CHANNEL_PUBSUB: "PubSub", layout.CHANNEL_BROADCAST: "Broadcast"}
 SCHEMA_STATES = {layout.SCHEMA_UNSET: "Unset", layout.SCHEMA_CLAIMING: "Claiming", layout.SCHEMA_SET: "Set"}
 UNRECORDED_PUBLISHERS = "+ unrecorded: native publishers cannot be seen"
+CHANNEL, REGISTRY, BLACKBOARD = "channel", "registry", "blackboard"  # the object types, by magic
+OBJECT_TYPES = {layout.MAGIC: CHANNEL, registry9.MAGIC: REGISTRY, board9.MAGIC: BLACKBOARD}
+REGISTRY_SUFFIX = "_registry"
 
 
 class RegionError(RuntimeError):
     """A region that cannot be inspected: missing, not permitted, not a
     Kickmsg region, an unsupported version, or damaged (one-line message)."""
+
+
+class BoardBusyError(RegionError):
+    """A blackboard whose lock stayed taken by a live holder: its keys
+    could not be read this time (the board is not damaged for that)."""
 
 
 # -- the data ------------------------------------------------------------------------------------
@@ -45,10 +64,12 @@ class RegionError(RuntimeError):
 @dataclass
 class RegionSummary:
     """One /dev/shm object, as ``kickmsg list`` shows it. Fields a row cannot
-    have (a damaged region has no geometry) are None."""
+    have (a damaged region has no geometry) are None. A participant
+    registry's row carries its namespace and ``topics``; a region one of them
+    lists carries that ``namespace`` and its ``topic``."""
 
     name: str  # shm name, /x
-    type: str  # PubSub, Broadcast, "unsupported (vN)", damaged, "not Kickmsg", "orphan sidecar", unreadable
+    type: str  # PubSub, Broadcast, Registry, Blackboard, "unsupported (vN)", damaged, busy (a board's lock), "not Kickmsg", "orphan sidecar", unreadable
     mode: str  # permission bits, octal text
     owner: str  # user name (or uid)
     version: int | None = None  # layout version
@@ -61,13 +82,16 @@ class RegionSummary:
     pubs_stall: int | None = None  # recorded publishers whose process died
     bridges_live: int | None = None  # live bridges forwarding the channel (kickmsg bridge)
     bridges_dead: int | None = None  # bridge records whose process died
-    capacity: int | None = None  # sub_ring_capacity
+    capacity: int | None = None  # sub_ring_capacity; a board's keys, a registry's rows
     pool_free: int | None = None  # slots on the free stack
     pool_size: int | None = None
-    payload: int | None = None  # max_payload_size
+    payload: int | None = None  # max_payload_size; a board's max_value_size
     schema: str | None = None  # schema name ("" without a descriptor)
-    health: str | None = None  # the audit's verdict: "clean: ..." or "DAMAGED: ..."
+    health: str | None = None  # the audit's verdict: "clean: ..." or "DAMAGED: ..."; a board's "N keys"; a registry's "N participants"
     problem: str | None = None  # why the object is not a usable region
+    namespace: str | None = None  # a registry's; of a region: the namespace whose registry lists it
+    topic: str | None = None  # of a region a registry lists: its topic there
+    topics: list["RegistryTopic"] | None = None  # a registry's topics, their producers and consumers
 
 
 @dataclass
@@ -298,9 +322,11 @@ def is_kickmsg(found: tuple[int, int] | None) -> bool:
 
 def list_regions(prefix: str | None = None, everything: bool = False) -> list[RegionSummary]:
     """One summary per Kickmsg region in /dev/shm (whose name starts with
-    /``prefix``); with ``everything``, also objects that are not regions and
-    sidecars whose region is gone. Objects this process may not read are
-    rows of type ``unreadable``; objects removed meanwhile are skipped."""
+    /``prefix``): channels, participant registries and blackboards, a region
+    a registry lists with that registry's namespace; with ``everything``,
+    also objects that are not regions and sidecars whose region is gone.
+    Objects this process may not read are rows of type ``unreadable``;
+    objects removed meanwhile are skipped."""
     rows = []
     for entry in shm_objects(prefix):
         try:
@@ -311,6 +337,7 @@ def list_regions(prefix: str | None = None, everything: bool = False) -> list[Re
             continue
         if row is not None:
             rows.append(row)
+    account_for_registries(rows)
     return rows
 
 
@@ -326,9 +353,14 @@ def summarize(entry: os.DirEntry[str], everything: bool) -> RegionSummary | None
         return dataclasses.replace(row, type="orphan sidecar", problem=f"{owners.sidecar_kind(entry.name)} records of "
                                    f"{owners.region_of_sidecar(entry.name)}, which is gone (kickmsg clean removes it)")
     found = read_magic_and_version(entry.path)
-    if found is None or not is_kickmsg(found):
+    kind = object_type(found)
+    if found is None or kind is None:
         return dataclasses.replace(row, type="not Kickmsg", problem="no Kickmsg magic") if everything else None
     row.version = found[1]
+    if kind == REGISTRY:
+        return summarize_registry(row)
+    if kind == BLACKBOARD:
+        return summarize_blackboard(row)
     if found[1] not in layouts.SUPPORTED_LAYOUTS:
         return dataclasses.replace(row, type=f"unsupported (v{found[1]})",
                                    problem=f"layout version {found[1]}; this tool reads 4 and 9")
@@ -360,6 +392,61 @@ def summarize(entry: os.DirEntry[str], everything: bool) -> RegionSummary | None
         schema=schema.name if schema else "",
         health=report.verdict,
     )
+
+
+def summarize_registry(row: RegionSummary) -> RegionSummary:
+    """A participant registry's row: its namespace and topics."""
+    if row.version != registry9.VERSION:
+        return dataclasses.replace(row, type=f"unsupported (v{row.version})",
+                                   problem=f"registry version {row.version}; this tool reads {registry9.VERSION}")
+    try:
+        found = registry(row.name)
+    except RegionError as error:
+        return dataclasses.replace(row, type="damaged", problem=str(error))
+    return dataclasses.replace(
+        row, type="Registry", capacity=found.capacity, namespace=found.namespace, topics=found.topics,
+        health=f"{found.participants} participant{'' if found.participants == 1 else 's'}, {found.stalled} stalled",
+    )
+
+
+def summarize_blackboard(row: RegionSummary) -> RegionSummary:
+    """A blackboard's row: its creator, capacity (keys), max value size, keys."""
+    if row.version != board9.VERSION:
+        return dataclasses.replace(row, type=f"unsupported (v{row.version})",
+                                   problem=f"blackboard version {row.version}; this tool reads {board9.VERSION}")
+    try:
+        found = blackboard(row.name)
+    except BoardBusyError as error:
+        return dataclasses.replace(row, type="busy", problem=str(error))
+    except RegionError as error:
+        return dataclasses.replace(row, type="damaged", problem=str(error))
+    return dataclasses.replace(
+        row, type="Blackboard", pid=found.creator_pid, alive=pid_alive(found.creator_pid), capacity=found.capacity,
+        payload=found.max_value_size,
+        health=f"{len(found.keys)} key{'' if len(found.keys) == 1 else 's'}"
+        + (f", {found.dead_owners} with a dead owner" if found.dead_owners else ""),
+    )
+
+
+def account_for_registries(rows: list[RegionSummary]) -> None:
+    """Give each row a registry lists that registry's namespace and the
+    row's topic there (the first registry, by name, that lists it)."""
+    by_name = {row.name: row for row in rows}
+    for row in rows:
+        for topic in row.topics or []:
+            listed = by_name.get(topic.shm_name)
+            if listed is not None and listed.namespace is None:
+                listed.namespace, listed.topic = row.namespace, topic.topic
+
+
+def exists(name: str) -> bool:
+    """Whether /dev/shm holds an object of that name (a name from a
+    registry row is untrusted text: one that no object can have is not)."""
+    try:
+        shm.check_existing_name(name)
+    except (TypeError, ValueError):
+        return False
+    return shm.object_size(name) is not None
 
 
 # -- info ----------------------------------------------------------------------------------------
@@ -591,3 +678,169 @@ def watch(name: str, interval: float = 1.0, stop: threading.Event | None = None)
         previous = (now, {ring.ring: ring for ring in rings})
         if stop.wait(interval):
             return
+
+
+# -- registries and blackboards (layout 9) -------------------------------------------------------
+
+
+@dataclass
+class RegistryParticipant:
+    """A row of a participant registry (WIRE9.md C.2): a process of either
+    implementation using a channel or a board."""
+
+    pid: int
+    node_name: str
+    role: str  # Publisher, Subscriber, Both (the number if unknown)
+    stalled: bool  # its process is gone (kill(pid, 0)): a "stall" in the native tools
+
+
+@dataclass
+class RegistryTopic:
+    """The rows of one shm name, as ``Registry.list_topics`` groups them."""
+
+    topic: str  # the logical path, with its leading /
+    shm_name: str
+    kind: str  # Pubsub, Broadcast, Mailbox, Blackboard (the number if unknown)
+    channel_type: int  # 0 none (a board), 1 PubSub, 2 Broadcast
+    producers: list[RegistryParticipant]  # roles Publisher and Both, live then stalled
+    consumers: list[RegistryParticipant]  # roles Subscriber and Both, live then stalled
+
+
+@dataclass
+class RegistryInfo:
+    """A namespace's participant registry (``kickmsg registry``)."""
+
+    name: str  # /NS_registry
+    namespace: str  # NS, as in the shm name
+    capacity: int  # rows
+    participants: int  # rows in use (a Both row counted once; one of a role no topic list takes too)
+    stalled: int  # of them, rows whose process is gone
+    topics: list[RegistryTopic]  # sorted by shm name
+
+
+@dataclass
+class BoardKey:
+    """One key of a blackboard (``kickmsg blackboard``)."""
+
+    key: str
+    size: int  # bytes of its value
+    updates: int  # writes so far (kept across owners)
+    age_s: float | None  # since its last write (CLOCK_MONOTONIC); None: never written
+    owner: str  # the owner's node name
+    pid: int  # the owner's pid, 0 once released
+    state: str  # live, dead (its owner died without releasing it), unowned (released)
+
+
+@dataclass
+class BoardInfo:
+    """A blackboard and its keys (``kickmsg blackboard``)."""
+
+    name: str  # /NS_bb_NAME
+    capacity: int  # keys it can hold
+    max_value_size: int
+    creator_pid: int
+    keys: list[BoardKey]  # in entry order
+    updates: int  # the keys' writes, summed
+    dead_owners: int  # keys whose owner died without releasing them
+    oldest_age_s: float | None  # age of the oldest value; None: no value written
+
+
+def object_type(found: tuple[int, int] | None) -> str | None:
+    """``CHANNEL``, ``REGISTRY``, ``BLACKBOARD`` by the magic of
+    ``read_magic_and_version``; None for any other object."""
+    return None if found is None else OBJECT_TYPES.get(found[0])
+
+
+def _open_typed(open_it: Callable[[], Any], name: str) -> Any:
+    """Run an opener; every failure a ``RegionError`` with one line, but a
+    ``PermissionError`` stays one (``list`` shows it as unreadable)."""
+    try:
+        return open_it()
+    except shm.RegionNotFoundError:
+        raise RegionError(f"no such region: {name}") from None
+    except shm.RegionPermissionError:
+        raise
+    except (RuntimeError, ValueError, OSError) as error:
+        text = str(error)
+        if isinstance(error, VersionMismatchError):
+            text = f"unsupported version: {text}"
+        raise RegionError(text.splitlines()[0] if text else type(error).__name__) from None
+
+
+def open_registry(name: str) -> registry9.Registry:
+    """The participant registry of shm name ``name`` (any namespace text)."""
+    opened: registry9.Registry = _open_typed(lambda: registry9.Registry._open(name, HARDWARE), name)
+    return opened
+
+
+def open_blackboard(name: str) -> board9.Blackboard:
+    """The blackboard of shm name ``name``, of any config and identity."""
+    never = "Blackboard region exists but was never initialized"
+    opened: board9.Blackboard = _open_typed(
+        lambda: board9.Blackboard._open(name, 0, 0, "", HARDWARE, never_initialised=never), name)
+    return opened
+
+
+def _named(value: int) -> str:
+    """A role's or kind's name; a number no member has, in text."""
+    return value.name if isinstance(value, enum.IntEnum) else str(value)
+
+
+def registry(name: str) -> RegistryInfo:
+    """The participants of registry ``name`` (/NS_registry), by topic."""
+    return registry_info(open_registry(name))
+
+
+def registry_info(found: registry9.Registry) -> RegistryInfo:
+    def rows(live: list[registry9.Participant], stalled: list[registry9.Participant]) -> list[RegistryParticipant]:
+        return ([RegistryParticipant(p.pid, p.node_name, _named(p.role), False) for p in live]
+                + [RegistryParticipant(p.pid, p.node_name, _named(p.role), True) for p in stalled])
+
+    topics = [
+        RegistryTopic(topic.topic_name, topic.shm_name, _named(topic.kind), topic.channel_type,
+                      rows(topic.producers, topic.stall_producers), rows(topic.consumers, topic.stall_consumers))
+        for topic in found.list_topics()
+    ]
+    everyone = found.snapshot()  # every row, those of roles no topic list takes included
+    return RegistryInfo(
+        name=found.name,
+        namespace=found.name[1:].removesuffix(REGISTRY_SUFFIX),
+        capacity=found.capacity,
+        participants=len(everyone),
+        stalled=sum(not registry9.process_exists(row.pid) for row in everyone),
+        topics=topics,
+    )
+
+
+def blackboard(name: str) -> BoardInfo:
+    """The keys of blackboard ``name`` (/NS_bb_NAME), read under its lock."""
+    return board_info(open_blackboard(name))
+
+
+def board_key(status: board9.KeyStatus) -> BoardKey:
+    """A key's status; its age from the monotonic clock, as its writer stamps it."""
+    return BoardKey(
+        key=status.key, size=status.value_len, updates=status.update_count,
+        age_s=round((time.monotonic_ns() - status.updated_at_ns) / 1e9, 3) if status.update_count else None,
+        owner=status.owner_node, pid=status.owner_pid,
+        state="live" if status.owner_alive else "dead" if status.owner_pid else "unowned",
+    )
+
+
+def board_info(board: board9.Blackboard) -> BoardInfo:
+    """``BoardBusyError`` when the board's lock stayed busy (its keys unread)."""
+    statuses = board.snapshot()
+    if not statuses and board.keys():
+        raise BoardBusyError(f"{board.name}: its lock stayed busy, the keys could not be read")
+    keys = [board_key(status) for status in statuses]
+    ages = [key.age_s for key in keys if key.age_s is not None]
+    return BoardInfo(
+        name=board.name,
+        capacity=board.capacity,
+        max_value_size=board.max_value_size,
+        creator_pid=board.atomics.load_relaxed_u64(board.base + board9.CREATOR_PID_OFFSET),
+        keys=keys,
+        updates=sum(key.updates for key in keys),
+        dead_owners=sum(key.state == "dead" for key in keys),
+        oldest_age_s=max(ages) if ages else None,
+    )

@@ -9,6 +9,10 @@ that cannot be read is shown as a health problem (kind ``corrupt``,
 ``unsupported`` or ``unreadable``), never a crash. Bridges forwarding a
 channel (``kickmsg bridge``) show with labels ``channel``, ``direction``
 and ``key``, from their records (``diagnostics.BridgeFigures``).
+Blackboards (label ``board``) and participant registries (label
+``registry``), both layout 9's, show their keys and participants
+(``diagnostics.BoardInfo``, ``RegistryInfo``); one that cannot be read is a
+health problem under its name, as a channel is.
 """
 import os
 import sys
@@ -29,45 +33,58 @@ DEFAULT_INTERVAL_S = 5.0
 
 @dataclass
 class ChannelSample:
-    """One channel at one refresh: its figures, or why there are none."""
+    """One region at one refresh: a channel's figures, a registry's or a
+    board's, or why there are none."""
 
     name: str
     stats: diagnostics.RegionStats | None = None
     health: diagnostics.HealthSnapshot | None = None
-    unusable: str | None = None  # corrupt, unsupported, unreadable
+    registry: diagnostics.RegistryInfo | None = None
+    board: diagnostics.BoardInfo | None = None
+    unusable: str | None = None  # corrupt, unsupported, unreadable, busy (a board's lock)
 
 
 def gather(prefix: str | None) -> list[ChannelSample]:
-    """Read every Kickmsg region under ``prefix`` once (read-only)."""
+    """Read every Kickmsg region under ``prefix`` once: channels (read-only),
+    participant registries and blackboards."""
     samples: list[ChannelSample] = []
     for entry in diagnostics.shm_objects(prefix):
         if diagnostics.is_sidecar(entry):
             continue
         name = "/" + entry.name
         try:
-            if not diagnostics.is_kickmsg(diagnostics.read_magic_and_version(entry.path)):
-                continue
+            kind = diagnostics.object_type(diagnostics.read_magic_and_version(entry.path))
         except FileNotFoundError:  # removed meanwhile
             continue
         except OSError:
             samples.append(ChannelSample(name, unusable="unreadable"))
             continue
-        found = sample(name, entry.path)
+        if kind is None:
+            continue
+        found = sample(name, entry.path, kind)
         if found is not None:
             samples.append(found)
     return samples
 
 
-def sample(name: str, path: str) -> ChannelSample | None:
+def sample(name: str, path: str, kind: str) -> ChannelSample | None:
     """One region's figures; None if it vanished meanwhile."""
     try:
+        if kind == diagnostics.REGISTRY:
+            return ChannelSample(name, registry=diagnostics.registry(name))
+        if kind == diagnostics.BLACKBOARD:
+            return ChannelSample(name, board=diagnostics.blackboard(name))
         region = diagnostics.attach(name)
         report = audit(region)
         return ChannelSample(name, diagnostics.region_stats(region, report), diagnostics.health_of(region, report))
+    except diagnostics.BoardBusyError:
+        return ChannelSample(name, unusable="busy")
     except diagnostics.RegionError as error:
         if not os.path.exists(path):
             return None
         return ChannelSample(name, unusable="unsupported" if str(error).startswith("unsupported") else "corrupt")
+    except PermissionError:
+        return ChannelSample(name, unusable="unreadable")
     except Exception as error:  # whatever a hostile region does to the audit, the exporter carries on
         print(f"kickmsg exporter: {name}: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
         return ChannelSample(name, unusable="corrupt")
@@ -127,9 +144,37 @@ class ChannelCollector(Collector):
         bridge_matched = GaugeMetricFamily(
             "kickmsg_bridge_matched", "1: the other side is there (export: an importer subscribes to the key; "
             "import: an exporter describes it)", labels=bridge)
+        board_keys = GaugeMetricFamily("kickmsg_blackboard_keys", "Keys on the blackboard", labels=["board"])
+        board_updates = CounterMetricFamily(
+            "kickmsg_blackboard_updates", "Writes of the board's present keys, summed (a swept key's go with it)",
+            labels=["board"])
+        board_oldest = GaugeMetricFamily(
+            "kickmsg_blackboard_oldest_value_age_seconds", "Age of the board's oldest value (absent: no value written)",
+            labels=["board"])
+        board_dead = GaugeMetricFamily(
+            "kickmsg_blackboard_dead_owners", "Keys whose owner died without releasing them", labels=["board"])
+        registry_rows = GaugeMetricFamily(
+            "kickmsg_registry_participants", "Rows of the namespace's participant registry in use", labels=["registry"])
+        registry_stalled = GaugeMetricFamily(
+            "kickmsg_registry_stalled", "Of them, rows whose process is gone", labels=["registry"])
+        registry_topics = GaugeMetricFamily(
+            "kickmsg_registry_topics", "Channels and boards the registry lists", labels=["registry"])
         for found in samples:
             if found.unusable is not None:
                 problems.add_metric([found.name, found.unusable], 1)
+                continue
+            if found.board is not None:
+                board = found.board
+                board_keys.add_metric([found.name], len(board.keys))
+                board_updates.add_metric([found.name], board.updates)
+                board_dead.add_metric([found.name], board.dead_owners)
+                if board.oldest_age_s is not None:
+                    board_oldest.add_metric([found.name], board.oldest_age_s)
+                continue
+            if found.registry is not None:
+                registry_rows.add_metric([found.name], found.registry.participants)
+                registry_stalled.add_metric([found.name], found.registry.stalled)
+                registry_topics.add_metric([found.name], len(found.registry.topics))
                 continue
             stats, health = found.stats, found.health
             if stats is None or health is None:
@@ -168,7 +213,8 @@ class ChannelCollector(Collector):
                     bridge_lost.add_metric([*labels, "source"], figures.lost_at_source)
         yield from (pool_slots, free_slots, live_rings, publishers, subscribers, steals, problems, write_position, lost,
                     dropped, pending,
-                    bridge_messages, bridge_bytes, bridge_lost, bridge_up, bridge_peers, bridge_matched)
+                    bridge_messages, bridge_bytes, bridge_lost, bridge_up, bridge_peers, bridge_matched,
+                    board_keys, board_updates, board_oldest, board_dead, registry_rows, registry_stalled, registry_topics)
 
 
 def one_bridge_per_label(bridges: list[diagnostics.BridgeFigures]) -> list[diagnostics.BridgeFigures]:

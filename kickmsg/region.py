@@ -160,7 +160,8 @@ class SharedRegion:
         ``kickmsg.layouts.DEFAULT_LAYOUT``) chooses the channel layout:
         4 is native 0.1.0's, 9 native 0.9.2's. Layout 9 creates as 0.9.2
         does (unlink, then an exclusive create of mode 0600 /
-        ``$KICKMSG_SHM_MODE``); what follows describes layout 4.
+        ``$KICKMSG_SHM_MODE``, or ``mode`` as below: our extension); what
+        follows describes layout 4.
 
         An existing region with exactly this layout is re-initialised in
         place, as 0.1.0 does, so every process attached to it sees the new
@@ -981,8 +982,7 @@ def _create9(
     shm.check_name(name)
     if not isinstance(cfg, Config):
         raise TypeError(f"cfg must be a kickmsg.Config, got {cfg!r}")
-    if mode is not None:
-        raise ValueError(f"mode={mode!r}: a layout-9 region takes its mode from $KICKMSG_SHM_MODE (else 0600), as 0.9.2")
+    permissions = None if mode is None else shm.creation_mode(mode)  # None: 0.9.2's $KICKMSG_SHM_MODE, else 0600
     channel_type = _channel_type(type)
     problem = cfg.validation_error()
     if problem:
@@ -996,12 +996,12 @@ def _create9(
     except ValueError as error:
         raise ConfigError(f"{error} (creating {name})") from None
     if create_or_open and shm.object_size(name) is not None:
-        return region9.create_or_open(name, channel_type, config, creator)
+        return region9.create_or_open(name, channel_type, config, creator, permissions)
     _check_creatable(name, region9.described_geometry(geometry), 0)
     if create_or_open:
-        return region9.create_or_open(name, channel_type, config, creator)
+        return region9.create_or_open(name, channel_type, config, creator, permissions)
     owners.unlink(name)  # sidecars of a layout-4 region of that name
-    return region9.create(name, channel_type, config, creator)
+    return region9.create(name, channel_type, config, creator, permissions)
 
 
 def _channel_type(type: int) -> ChannelType:

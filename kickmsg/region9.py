@@ -184,11 +184,10 @@ class Layout9Region(SharedRegion):
 
     def reset_retired_rings(self, drain: bool = False) -> int:
         """As 0.9.2: the rings become Free; their claims stay until
-        publishers replace them (``drain`` is layout 4's and refused here)."""
+        publishers replace them. ``drain=True`` (our extension, as on
+        layout 4) gives those claims back to the pool at once."""
         self.require_writable("reset rings")
-        if drain:
-            raise ValueError(f"reset_retired_rings(drain=True) is layout 4's; {self.name} is layout 9, whose claims publishers replace")
-        return repair.reset_retired_rings(self.core)
+        return repair.reset_retired_rings(self.core, drain)
 
     def reclaim_dead_rings(self) -> int:
         """Free the rings whose owner is provably dead (B.13, the Reclaiming
@@ -247,9 +246,9 @@ def open_when_ready(name: str) -> Layout9Region | None:
     return attach(mapping, 0)
 
 
-def create(name: str, channel_type: int, config: v9.ChannelConfig, creator: str) -> Layout9Region:
-    return Layout9Region(v9.Region.create(name, channel_type, config, creator))
+def create(name: str, channel_type: int, config: v9.ChannelConfig, creator: str, mode: int | None) -> Layout9Region:
+    return Layout9Region(v9.Region.create(name, channel_type, config, creator, mode=mode))
 
 
-def create_or_open(name: str, channel_type: int, config: v9.ChannelConfig, creator: str) -> Layout9Region:
-    return Layout9Region(v9.Region.create_or_open(name, channel_type, config, creator))
+def create_or_open(name: str, channel_type: int, config: v9.ChannelConfig, creator: str, mode: int | None) -> Layout9Region:
+    return Layout9Region(v9.Region.create_or_open(name, channel_type, config, creator, mode=mode))

@@ -357,13 +357,16 @@ done({"seqs": seqs, "lost": sub.lost, "rejoined": sub.rejoined, "pool_size": sub
 """
 
 
-def test_an_export_recreated_with_another_geometry_is_followed_by_the_importer(bridges, prefix):
+@pytest.mark.parametrize("layout", [4, 9])
+def test_an_export_recreated_with_another_geometry_is_followed_by_the_importer(bridges, prefix, layout):
     """Host A's channel is re-created with a larger pool while both bridges
     run: B re-creates the channel it made (says so, counts it) rather than
     refusing it as a mismatch, and waits for B's subscriber to follow, which
-    then misses nothing of what comes next."""
+    then misses nothing of what comes next. On layout 9 both channels are
+    layout 9's (B's as described): the exporter reads and follows a
+    layout-9 channel, the importer re-creates one."""
     a_name, b_name = f"/{prefix}_a", f"/{prefix}_b"
-    a_region = SharedRegion.create(a_name, ChannelType.PubSub, Config(**GEOMETRY), "test")
+    a_region = SharedRegion.create(a_name, ChannelType.PubSub, Config(**GEOMETRY), "test", layout=layout)
     _, a, b = two_hosts(bridges, a_name, b_name)
     a.wait_for("a matching subscriber", lambda channels: channels[0]["matched"])
     pub, seq = Publisher(a_region), 0
@@ -373,7 +376,7 @@ def test_an_export_recreated_with_another_geometry_is_followed_by_the_importer(b
         seq += 1
     with start_ours(SUBSCRIBER_FOLLOWING, name=b_name, timeout=150) as sub:
         sub.wait_ready()
-        bigger = SharedRegion.create(a_name, ChannelType.PubSub, Config(**{**GEOMETRY, "pool_size": 4096}), "test")
+        bigger = SharedRegion.create(a_name, ChannelType.PubSub, Config(**{**GEOMETRY, "pool_size": 4096}), "test", layout=layout)
         a.wait_for("the new epoch", lambda channels: channels[0]["epochs"] == 2)
         pub, first_new = Publisher(bigger), seq
         for seq in range(first_new, first_new + 200):
@@ -389,7 +392,7 @@ def test_an_export_recreated_with_another_geometry_is_followed_by_the_importer(b
     assert imported["recreated"] == 1 and imported["error"] is None and imported["epochs"] == 2
     assert imported["lost_locally"] == 0 and exported["lost_locally"] == 0
     assert f"re-created {b_name} (pool_size 2048 -> 4096)" in err and "error" not in err
-    assert SharedRegion.inspect(b_name).geometry.pool_size == 4096
+    assert (SharedRegion.inspect(b_name).layout, SharedRegion.inspect(b_name).geometry.pool_size) == (layout, 4096)
     assert received["rejoined"] == 1 and received["pool_size"] == 4096
     assert set(range(first_new, seq + 1)) <= set(received["seqs"]), "it missed nothing published after the re-create"
     assert received["seqs"] == sorted(set(received["seqs"]))
@@ -574,12 +577,18 @@ def test_only_a_channel_made_for_the_key_is_recreated_for_a_new_description(pref
                                                             "schema": describe.schema_to_json(Imu)}, None, None)
     assert changes == ["schema 'Gyro' -> 'Imu'"] and region.schema() == Imu and region.geometry.pool_size == 256
     assert region.layout == 4  # as described: a description without a layout is layout 4's
+    subscriber = Subscriber(region)  # cannot follow it into another layout: the importer does not wait for it
+    assert (bridge.followers(region, 4), bridge.followers(region, 9)) == (1, 0)
     region, changes = bridge.open_local_channel(name, key, {**description, "layout": 9, "pool_size": 256,
                                                             "schema": describe.schema_to_json(Imu)}, None, None)
     assert changes == ["layout 4 -> 9"] and region.layout == 9 and region.schema() == Imu
+    subscriber.close()
+    subscriber = Subscriber(region)
+    assert (bridge.followers(region, 9), bridge.followers(region, 4)) == (1, 0)
     region, changes = bridge.open_local_channel(name, key, {**description, "layout": 9, "pool_size": 256,
                                                             "schema": describe.schema_to_json(Imu)}, None, 4)
     assert changes == ["layout 9 -> 4"] and region.layout == 4  # the importer's choice wins
+    subscriber.close()
     SharedRegion.create(name, ChannelType.PubSub, Config(**GEOMETRY), "someone else")
     with pytest.raises(bridge.BridgeError, match=rf"cannot import k/x into {name}: Config mismatch .*pool_size is 2048 there, 256 here"):
         bridge.open_local_channel(name, key, {**description, "pool_size": 256, "schema": None}, None, None)

@@ -356,13 +356,13 @@ def test_list_shows_our_native_and_unsupported_regions(prefix):
     assert rows[0] == dict(
         access(ours), name=ours, type="PubSub", version=4, creator=CREATOR, pid=os.getpid(), alive=True,
         subs_live=1, subs_max=3, pubs_live=1, pubs_stall=0, bridges_live=0, bridges_dead=0, capacity=8, pool_free=14, pool_size=16, payload=64,
-        schema="", health="clean: 14 of 16 slots free, 1 live rings", problem=None,
+        schema="", health="clean: 14 of 16 slots free, 1 live rings", problem=None, namespace=None, topic=None, topics=None,
     )
     assert rows[1] == dict(
         access(native), name=native, type="PubSub", version=4, creator="native-node", pid=native_pid, alive=False,
         subs_live=0, subs_max=2, pubs_live=0, pubs_stall=0, bridges_live=0, bridges_dead=0, capacity=8, pool_free=8, pool_size=8, payload=64,
         schema="demo.Pose", health="DAMAGED: pools too small for their rings: 1; 8 of 8 slots free, 0 live rings",
-        problem=None,
+        problem=None, namespace=None, topic=None, topics=None,
     )
     assert rows[2]["type"] == "unsupported (v7)" and rows[2]["version"] == 7
     assert rows[2]["creator"] is None and rows[2]["pool_free"] is None and rows[2]["subs_max"] is None

@@ -12,7 +12,8 @@ import os
 import select
 import signal
 
-from kickmsg import Blackboard, Node, Registry
+from kickmsg import Blackboard, ChannelType, Config, Node, Registry, SharedRegion, diagnostics
+from kickmsg.protocol.v9.registry import Kind, NodeRows, Role
 from nativepeer import start_native9
 from test_cli import Running, cli, cli_json
 
@@ -42,7 +43,7 @@ def read_line(proc, seconds: float = 20) -> str:
 
 
 def participants(topic: dict, side: str) -> list:
-    return sorted((p["node"], p["stalled"]) for p in topic[side])
+    return sorted((p["node_name"], p["stalled"]) for p in topic[side])
 
 
 def test_registry_shows_native_and_our_rows_marks_the_dead_and_sweeps(prefix):
@@ -56,7 +57,8 @@ def test_registry_shows_native_and_our_rows_marks_the_dead_and_sweeps(prefix):
         killed.kill()
         sub = Node("py", namespace=prefix, layout=9).subscribe("robot/arm")
         got = cli_json("registry", prefix)
-        assert got["registry"] == f"/{prefix}_registry" and got["swept"] is None
+        assert (got["name"], got["namespace"], got["swept"]) == (f"/{prefix}_registry", prefix, None)
+        assert (got["participants"], got["stalled"]) == (7, 3)  # the killed node's three rows
         topics = {t["topic"]: t for t in got["topics"]}
         assert sorted(topics) == ["/cmd", "/robot/arm", "/state"]
         arm = topics["/robot/arm"]
@@ -83,7 +85,9 @@ def test_blackboard_shows_keys_owners_and_dead_ones_and_sweeps(prefix):
         killed.kill()
         for command in ("blackboard", "bb"):
             got = cli_json(command, "state", "-n", prefix)
-            assert (got["board"], got["capacity"], got["max_value_size"], got["swept"]) == (f"/{prefix}_bb_state", 256, 1008, None)
+            assert (got["name"], got["capacity"], got["max_value_size"], got["swept"]) == (f"/{prefix}_bb_state", 256, 1008, None)
+            assert (got["updates"], got["dead_owners"]) == (2, 1)
+            assert got["creator_pid"] in (alive.proc.pid, killed.proc.pid)  # whichever node came first
             keys = {k["key"]: k for k in got["keys"]}
             assert {k: (v["size"], v["updates"], v["owner"], v["state"]) for k, v in keys.items()} == {
                 "a": (1, 1, "alive", "live"), "k": (1, 1, "killed", "dead")}
@@ -157,3 +161,91 @@ wait_go()
         assert Blackboard.try_open(prefix, "state").sweep_stale() == 1
         assert read_line(watch.proc) == "pose: gone\n"
         assert watch.finish().code == 0
+
+
+def without_ages(board: dict) -> dict:
+    """A board's JSON without what moves between two reads (the keys' ages)."""
+    return dict(board, oldest_age_s=None, keys=[dict(key, age_s=None) for key in board["keys"]])
+
+
+def test_list_groups_a_namespace_by_its_registry_native_and_ours(prefix):
+    """A native node alive, one killed, our node and a row whose region is
+    gone: `kickmsg list` shows them under the namespace by topic, the killed
+    one stalled, the gone region missing; a channel no registry lists stays
+    in the table. `info`, `registry` and `bb` are kickmsg.diagnostics."""
+    plain, registry, board = f"/{prefix}_plain", f"/{prefix}_registry", f"/{prefix}_bb_state"
+    SharedRegion.create(plain, ChannelType.PubSub, Config(max_subscribers=2, sub_ring_capacity=8, pool_size=16), "plain")
+    with start_native9(NATIVE_NODE, ns=prefix, name="alive", key="a") as alive, \
+            start_native9(NATIVE_NODE, ns=prefix, name="killed", key="k") as killed:
+        alive.wait_ready()
+        killed.wait_ready()
+        os.kill(killed.proc.pid, signal.SIGKILL)
+        killed.kill()
+        sub = Node("py", namespace=prefix, layout=9).subscribe("robot/arm")
+        ghost = NodeRows(prefix, "ghost")
+        ghost.register(f"/{prefix}_ghost", "ghost", Kind.Pubsub, Role.Publisher)
+
+        rows = {row["name"]: row for row in cli_json("list", "--prefix", prefix)}
+        assert sorted(rows) == [board, f"/{prefix}_cmd", plain, registry, f"/{prefix}_robot.arm"]
+        assert (rows[registry]["type"], rows[registry]["namespace"], rows[registry]["health"]) == (
+            "Registry", prefix, "8 participants, 3 stalled")
+        topics = {t["topic"]: t for t in rows[registry]["topics"]}
+        assert sorted(topics) == ["/cmd", "/ghost", "/robot/arm", "/state"]
+        arm = topics["/robot/arm"]
+        assert sorted((p["node_name"], p["pid"], p["role"], p["stalled"]) for p in arm["producers"]) == [
+            ("alive", alive.proc.pid, "Publisher", False), ("killed", killed.proc.pid, "Publisher", True)]
+        assert [(p["node_name"], p["pid"], p["role"]) for p in arm["consumers"]] == [("py", os.getpid(), "Subscriber")]
+        assert {name: (row["namespace"], row["topic"]) for name, row in rows.items() if name != registry} == {
+            board: (prefix, "/state"), f"/{prefix}_cmd": (prefix, "/cmd"), f"/{prefix}_robot.arm": (prefix, "/robot/arm"),
+            plain: (None, None)}
+        assert (rows[board]["type"], rows[board]["capacity"], rows[board]["payload"], rows[board]["health"]) == (
+            "Blackboard", 256, 1008, "2 keys, 1 with a dead owner")
+
+        lines = cli("list", "--prefix", prefix).text.splitlines()
+        assert lines[0] == f"namespace {prefix} ({registry}): 4 topics, 8 participants, 3 stalled"
+        assert lines[1].split() == ["TOPIC", "KIND", "SHM_NAME", "REGION", "PRODUCERS", "CONSUMERS"]
+        shown = {line.split()[0]: " ".join(line.split()) for line in lines[2:6]}
+        assert shown["/ghost"] == f"/ghost Pubsub /{prefix}_ghost missing ghost[{os.getpid()}] -"
+        assert shown["/robot/arm"] == (f"/robot/arm Pubsub /{prefix}_robot.arm PubSub clean "
+                                       f"alive[{alive.proc.pid}], killed[{killed.proc.pid}] stalled py[{os.getpid()}]")
+        both = f"alive[{alive.proc.pid}] Both, killed[{killed.proc.pid}] Both stalled"
+        assert shown["/state"] == f"/state Blackboard {board} Blackboard 2 keys, 1 with a dead owner {both} {both}"
+        assert lines[7].startswith("NAME ") and lines[8].startswith(plain) and len(lines) == 11  # then the footers
+
+        info = diagnostics.registry(registry)
+        assert cli_json("info", registry) == diagnostics.to_json(info)
+        assert cli_json("registry", prefix) == dict(diagnostics.to_json(info), swept=None)
+        assert without_ages(cli_json("info", board)) == without_ages(diagnostics.to_json(diagnostics.blackboard(board)))
+        ghost.deregister_all()
+        del sub
+        alive.tell()
+        alive.result()
+
+
+def test_clean_and_rm_know_registries_and_boards(prefix):
+    """clean leaves a registry some process maps; once the native node that
+    made it and its board is killed, it removes both, named by type, with
+    its channels. rm removes ours, saying what each was."""
+    registry, board = f"/{prefix}_registry", f"/{prefix}_bb_state"
+    with start_native9(NATIVE_NODE, ns=prefix, name="n", key="a") as native:
+        native.wait_ready()
+        held = cli("clean", "--prefix", prefix)
+        assert (held.code, held.text.splitlines()) == (0, [f"left {registry} (registry): a process has it open or mapped"])
+        os.kill(native.proc.pid, signal.SIGKILL)
+        native.kill()
+    planned = cli_json("clean", "--prefix", prefix, "--dry-run")
+    assert planned["types"] == {board: "blackboard", f"/{prefix}_cmd": "channel", registry: "registry",
+                                f"/{prefix}_robot.arm": "channel"}
+    cleaned = cli("clean", "--prefix", prefix)
+    assert (cleaned.code, cleaned.text.splitlines()) == (0, [
+        f"removed {board} (blackboard)", f"removed /{prefix}_cmd", f"removed {registry} (registry)",
+        f"removed /{prefix}_robot.arm"])
+    assert not any(os.path.exists("/dev/shm" + name) for name in planned["types"])
+    assert Registry.try_open(prefix) is None and Blackboard.try_open(prefix, "state") is None
+
+    Registry.open_or_create(prefix, capacity=2)
+    Blackboard.open_or_create(prefix, "state")
+    removed = cli("rm", registry, board)
+    assert (removed.code, removed.text.splitlines()) == (0, [f"removed {registry} (registry)", f"removed {board} (blackboard)"])
+    Registry.open_or_create(prefix, capacity=2)
+    assert cli_json("rm", registry) == {"removed": [registry], "errors": {}, "types": {registry: "registry"}}

@@ -313,7 +313,7 @@ def test_rm_removes_regions_and_sidecars_and_names_what_it_refused(prefix):
     assert not exists(first) and not exists(second) and not os.path.exists(owners.sidecar_path(second))
     assert exists(garbage)
     forced = cli("rm", garbage, "--force", "--json")
-    assert (forced.code, forced.json()) == (0, {"removed": [garbage], "errors": {}})
+    assert (forced.code, forced.json()) == (0, {"removed": [garbage], "errors": {}, "types": {garbage: None}})
     assert not exists(garbage)
 
 
@@ -321,7 +321,7 @@ def test_rm_json_lists_errors_by_name(prefix):
     missing = f"/{prefix}_missing"
     result = cli("rm", missing, "--json")
     assert result.code == 2
-    assert result.json() == {"removed": [], "errors": {missing: f"no such region: {missing}"}}
+    assert result.json() == {"removed": [], "errors": {missing: f"no such region: {missing}"}, "types": {}}
     assert result.error_lines == [f"kickmsg rm: error: no such region: {missing}"]
 
 

@@ -11,8 +11,21 @@ import time
 
 import pytest
 
-from kickmsg import ChannelType, Config, Publisher, SharedRegion, Subscriber, diagnostics, owners, unlink_shm
-from test_cli import cli_json
+from kickmsg import (
+    Blackboard,
+    BlackboardConfig,
+    ChannelType,
+    Config,
+    Publisher,
+    Registry,
+    SharedRegion,
+    Subscriber,
+    diagnostics,
+    owners,
+    unlink_shm,
+)
+from kickmsg.protocol.v9.registry import Kind, NodeRows, Role
+from test_cli import assert_one_line_error, cli, cli_json, poke
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -189,3 +202,39 @@ def test_a_bridge_record_is_seen_then_dead_and_its_file_goes_with_the_region(shm
     assert orphan["type"] == "orphan sidecar" and orphan["problem"].startswith(f"bridge records of {shm_name}")
     assert "/" + file_name in cli_json("clean", "--prefix", shm_name[1:])["sidecars"]
     assert not os.path.exists(path)
+
+
+def test_hostile_registries_and_boards_are_clear_errors_and_damaged_rows(prefix):
+    """Bytes no writer stores: each a RegionError naming the value, a
+    ``damaged`` row of list (``busy`` for a board whose lock a holder that
+    never dies keeps), a one-line error of the CLI; a row's hostile text
+    and unknown role are shown, escaped, never trusted."""
+    Registry.open_or_create(f"{prefix}_cap", capacity=2)
+    poke(f"/{prefix}_cap_registry", 12, "<I", 10**6)  # capacity far beyond the object
+    board = Blackboard.open_or_create(prefix, "size", BlackboardConfig(capacity=2, max_value_size=40))
+    poke(board.name, 16, "<Q", 10**9)  # max_value_size out of range
+    busy = Blackboard.open_or_create(prefix, "busy", BlackboardConfig(capacity=2, max_value_size=40))
+    busy.declare("k").release()
+    poke(busy.name, 128, "<Q", 0xFFFFFFFF00000000)  # a lock token of pid 0: a holder never provably dead
+    rows = NodeRows(f"{prefix}_odd", "n\x1b[31m")
+    rows.register(f"/{prefix}_odd_x\x07", "\x1b]0;title\x07", Kind.Pubsub, Role.Publisher)
+    odd = f"/{prefix}_odd_registry"
+    poke(odd, 64 + 8, "<I", 77)  # a role neither side takes
+
+    problems = {
+        f"/{prefix}_cap_registry": "Registry capacity exceeds segment on", board.name: "max_value_size 1000000000 out of range",
+        busy.name: "its lock stayed busy",
+    }
+    for name, phrase in problems.items():
+        with pytest.raises(diagnostics.RegionError, match=phrase):
+            diagnostics.registry(name) if name.endswith("_registry") else diagnostics.blackboard(name)
+        assert_one_line_error(cli("info", name), "info", phrase)
+    listed = {row["name"]: row for row in cli_json("list", "--prefix", prefix)}
+    assert {name: (listed[name]["type"], phrase in listed[name]["problem"]) for name, phrase in problems.items()} == {
+        f"/{prefix}_cap_registry": ("damaged", True), board.name: ("damaged", True), busy.name: ("busy", True)}
+    [topic] = diagnostics.registry(odd).topics
+    assert (topic.topic, topic.producers, topic.consumers) == ("/\x1b]0;title\x07", [], [])
+    assert listed[odd]["health"] == "1 participant, 0 stalled"
+    text = cli("list", "--prefix", prefix)
+    assert text.code == 0 and "\x1b" not in text.text and "/\\x1b]0;title\\x07" in text.text
+    rows.deregister_all()

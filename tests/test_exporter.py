@@ -12,9 +12,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import ROOT
-from kickmsg import ChannelType, Config, SharedRegion, owners, unlink_shm
+from kickmsg import Blackboard, BlackboardConfig, ChannelType, Config, SharedRegion, owners, unlink_shm
 from nativepeer import start_native9, start_ours
 from test_cli import assert_one_line_error, cli, poke
+from test_cli_boards import NATIVE_NODE
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -225,3 +226,28 @@ def test_a_region_of_native_0_9_2_is_scraped(prefix, exporter_for):
         assert problems and set(problems) == {0}
         native.tell()
         assert native.result() == "ok"
+
+
+def test_blackboards_and_registries_of_native_0_9_2_are_scraped(prefix, exporter_for):
+    """Two native nodes, one killed: the board's keys, their writes, its
+    dead owner and the age of its oldest value; the registry's rows and
+    stalled ones. A damaged board is a health problem under its name."""
+    board, registry = (("board", f"/{prefix}_bb_state"),), (("registry", f"/{prefix}_registry"),)
+    with start_native9(NATIVE_NODE, ns=prefix, name="alive", key="a") as alive, \
+            start_native9(NATIVE_NODE, ns=prefix, name="killed", key="k") as killed:
+        alive.wait_ready()
+        killed.wait_ready()
+        killed.proc.kill()
+        killed.kill()
+        broken = Blackboard.open_or_create(prefix, "broken", BlackboardConfig(capacity=2, max_value_size=40))
+        poke(broken.name, 12, "<I", 0)  # capacity 0
+        found = exporter_for().wait_for({
+            ("kickmsg_blackboard_keys", board): 2, ("kickmsg_blackboard_updates_total", board): 2,
+            ("kickmsg_blackboard_dead_owners", board): 1,
+            ("kickmsg_registry_participants", registry): 6, ("kickmsg_registry_stalled", registry): 3,
+            ("kickmsg_registry_topics", registry): 3,
+            ("kickmsg_health_problems", (("channel", broken.name), ("kind", "corrupt"))): 1,
+        })
+        assert found[("kickmsg_blackboard_oldest_value_age_seconds", board)] >= 0
+        alive.tell()
+        alive.result()

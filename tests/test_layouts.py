@@ -3,6 +3,7 @@ and inspect reading the version word, identities, info/stats, and 0.9.2's
 Python API (allocate() and AllocatedSlot, ChannelType.NoChannel,
 current_pid/process_exists, Node naming) on layout 4 and layout 9."""
 import os
+import stat
 import struct
 import subprocess
 import sys
@@ -12,7 +13,7 @@ import pytest
 import kickmsg
 import rawregion
 from nativepeer import run_native, run_native9, run_ours
-from kickmsg import ChannelType, Config, Node, Publisher, SharedRegion, Subscriber, layouts
+from kickmsg import ChannelType, Config, Node, Publisher, SharedRegion, Subscriber, layouts, shm
 from kickmsg.protocol.v9 import layout as layout9
 
 SMALL = dict(max_subscribers=2, sub_ring_capacity=8, pool_size=16, max_payload_size=32)
@@ -125,6 +126,58 @@ def test_expected_identity_is_checked_on_layout_9(shm_name):
     assert SharedRegion.open(shm_name).layout == 9  # 0: any
     with pytest.raises(RuntimeError, match="0x0000000000001234.*0x0000000000004321"):
         SharedRegion.open(shm_name, expected_identity=0x4321)
+
+
+def test_mode_chooses_the_bits_of_a_new_layout_9_region_as_on_layout_4(shm_name):
+    """Our extension on layout 9: ``mode=`` wins over 0.9.2's
+    $KICKMSG_SHM_MODE / 0600 for create and create_or_open, the umask
+    applying as to any file; a bad one is refused by name before anything
+    is made."""
+    previous = os.umask(0o022)
+    try:
+        SharedRegion.create(shm_name, ChannelType.PubSub, Config(**SMALL), mode=0o666, layout=9)
+        assert stat.S_IMODE(os.stat("/dev/shm" + shm_name).st_mode) == 0o644  # the umask took the write bits
+        shm.unlink(shm_name)
+        os.umask(0)
+        region = SharedRegion.create_or_open(shm_name, ChannelType.PubSub, Config(**SMALL), mode=0o660, layout=9)
+    finally:
+        os.umask(previous)
+    assert region.layout == 9 and stat.S_IMODE(os.stat("/dev/shm" + shm_name).st_mode) == 0o660
+    shm.unlink(shm_name)
+    with pytest.raises(ValueError, match="mode=0o1777 is not a permission mode"):
+        SharedRegion.create(shm_name, ChannelType.PubSub, Config(**SMALL), mode=0o1777, layout=9)
+    with pytest.raises(TypeError, match="mode must be an int"):
+        SharedRegion.create_or_open(shm_name, ChannelType.PubSub, Config(**SMALL), mode="0600", layout=9)
+    assert not os.path.exists("/dev/shm" + shm_name)
+
+
+def test_reset_with_drain_gives_a_retired_layout_9_rings_claims_back(shm_name):
+    """Our extension on layout 9: a leave that timed out (a publisher still
+    counted) leaves the ring retired with its claims; reset_retired_rings(
+    drain=True) frees it and gives every claim back, once each: the entries
+    an earlier owner drained are skipped, and the pool ends whole."""
+    region = SharedRegion.create(shm_name, ChannelType.PubSub, Config(**SMALL, commit_timeout=0.001), layout=9)
+    publisher = Publisher(region)
+    earlier = Subscriber(region)  # ring 0
+    for i in range(3):
+        publisher.send(bytes([i]))
+    earlier.close()  # a normal leave: drains positions 0..2
+    subscriber = Subscriber(region)  # ring 0 again
+    for i in range(5):
+        publisher.send(bytes([i]))
+    assert len(list(subscriber)) == 5  # consumed: the entries' claims remain until a drain
+    state_flight = region.core.ring_address(0) + layout9.STATE_FLIGHT_OFFSET
+    region.atomics.fetch_add_relaxed_u32(state_flight, layout9.IN_FLIGHT_ONE)  # a publisher died admitted
+    subscriber.close()
+    assert subscriber.drain_timeouts == 1
+    assert (region.stats().rings[0].state, region.stats().rings[0].in_flight) == ("Free", 1)  # retired
+    assert region.stats().pool_free == SMALL["pool_size"] - 5
+    assert region.reset_retired_rings(drain=True) == 1
+    assert (region.stats().rings[0].state, region.stats().rings[0].in_flight) == ("Free", 0)
+    assert region.stats().pool_free == SMALL["pool_size"]
+    assert region.reclaim_orphaned_slots() == 0  # no claim left, no refcount off
+    assert region.stats().pool_free == SMALL["pool_size"]
+    assert region.reset_retired_rings(drain=True) == 0
 
 
 def test_layout_4_stamps_no_identity_and_says_so(shm_name):

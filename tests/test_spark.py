@@ -46,6 +46,7 @@ from nativepeer import check_payload, make_payload, start_native, start_native9,
 
 WAIT_S = 60.0  # upper bound of every wait (a loaded 2-core machine is slow, never this slow)
 RING_FREE, RING_LIVE = 0, 1
+RING_STATES_9 = ("Free", "Live", "Draining", "Reclaiming")  # RingStats.state's names, in their order
 
 # Every ring holds every message of a test: nothing is lost.
 ROOMY = {"max_subscribers": 4, "sub_ring_capacity": 256, "pool_size": 512, "max_payload_size": 256}
@@ -97,7 +98,7 @@ done({"payloads": payloads, "lost": sub.lost})
 
 TELEMETRY_VIEWER = """
 import json, time
-node = kickmsg.Node("telemetry-viewer", prefix=P["prefix"])
+node = kickmsg.Node("telemetry-viewer", P["prefix"])  # positional: 0.9.2 calls it namespace
 sub = node.subscribe_or_create("spark.telemetry", make_config(P["config"]))
 ready()
 events = []
@@ -151,8 +152,19 @@ def make_topic(prefix: str, topic: str, **cfg) -> str:
 
 
 def ring_states(name: str) -> list[int]:
+    """The state of each ring of ``name``, of either layout (0 Free, 1 Live, ...)."""
     data = rawregion.read_bytes(name)
+    if struct.unpack_from("<I", data, 8)[0] == 9:  # the version word
+        region = SharedRegion.inspect(name)
+        return [RING_STATES_9.index(ring.state) for ring in region.stats().rings]
     return [rawregion.ring(data, index).state for index in range(rawregion.header(data)["max_subs"])]
+
+
+def make_channel(prefix: str, topic: str, layout: int) -> str:
+    """A PubSub channel /{prefix}_{topic} (ROOMY) of ``layout``; its shm name."""
+    name = f"/{prefix}_{topic}"
+    SharedRegion.create(name, ChannelType.PubSub, Config(**ROOMY), "test", layout=layout)
+    return name
 
 
 def wait_for(predicate, what: str, timeout: float = WAIT_S) -> None:
@@ -252,11 +264,12 @@ def test_stream_schema(spark, prefix):
     ])
 
 
-@pytest.mark.parametrize("impl, by_name", [("ours", False), ("native", True)],
-                         ids=["ours-publisher-topic-option", "native-publisher-name-option"])
+@pytest.mark.parametrize("impl, by_name", [("ours", False), ("native", True), ("native9", True)],
+                         ids=["ours-publisher-topic-option", "native-publisher-name-option", "native9-layout9-name-option"])
 def test_stream_receives_every_message_of_a_paced_publisher(spark, prefix, impl, by_name):
-    """300 messages at 200 Hz from another process arrive once each, in order, none lost."""
-    name = make_topic(prefix, "paced", **ROOMY)
+    """300 messages at 200 Hz from another process arrive once each, in order,
+    none lost (native9: 0.9.2 publishing into a layout-9 channel)."""
+    name = make_channel(prefix, "paced", 9) if impl == "native9" else make_topic(prefix, "paced", **ROOMY)
     options = {"name": name} if by_name else {"topic": "paced", "prefix": prefix}
     query, collector = start_stream(spark, options)
     wait_for_subscriber(name, query)
@@ -405,9 +418,10 @@ def read_while_publishing(spark, name: str, count: int, go_after_s: float = 0.0,
     return rows
 
 
-def test_batch_read_returns_what_is_published_during_wait(spark, prefix):
+@pytest.mark.parametrize("layout", [4, 9])
+def test_batch_read_returns_what_is_published_during_wait(spark, prefix, layout):
     """The messages another process publishes while the read waits are the rows."""
-    name = make_topic(prefix, "batch", **ROOMY)
+    name = make_channel(prefix, "batch", layout)
     rows = read_while_publishing(spark, name, 5, waitMs="3000")
     assert seqs_of(rows) == list(range(5))
     assert [(row.topic, row.ring_pos, row.lost) for row in rows] == [(name, pos, 0) for pos in range(5)]
@@ -617,18 +631,23 @@ def run_small_job(spark) -> int:
     return total
 
 
-@pytest.mark.parametrize("impl", ["ours", "native"])
-def test_telemetry_reports_a_job_to_another_process(spark, prefix, impl):
+@pytest.mark.parametrize("impl", ["ours", "native", "native9"])
+def test_telemetry_reports_a_job_to_another_process(spark, prefix, impl, monkeypatch):
     """telemetry_start, job_start, stage counters ending at completed == tasks,
-    job_end SUCCEEDED, telemetry_end, all on /{prefix}_spark.telemetry.
+    job_end SUCCEEDED, telemetry_end, all on /{prefix}_spark.telemetry
+    (native9: a 0.9.2 viewer made it, of layout 9, and the telemetry, on
+    layout 9 by $KICKMSG_LAYOUT, joins it).
     (interval=30: the one poll is the final one, after the job; a live poll
     can race the job's end, see test_telemetry_final_stage_counters_precede_job_end.)"""
+    if impl == "native9":
+        monkeypatch.setenv("KICKMSG_LAYOUT", "9")
     with telemetry_viewer(impl, prefix) as viewer:
         with DriverTelemetry(spark, prefix=prefix, interval=30) as telemetry:
             assert run_small_job(spark) == 999_000
         events = viewer.result()
     regions = {path.name for path in pathlib.Path("/dev/shm").glob(f"{prefix}_*") if path.suffix != ".owners"}
-    assert regions == {f"{prefix}_spark.telemetry"}  # the viewer's channel, no other
+    registry = {f"{prefix}_registry"} if impl == "native9" else set()  # layout 9's participant registry
+    assert regions == {f"{prefix}_spark.telemetry"} | registry  # the viewer's channel, no other
     events = [event for event in events if not event["kind"].startswith("query_")]  # late ones of earlier tests
     kinds = [event["kind"] for event in events]
     assert kinds == ["telemetry_start", "job_start", "stage", "job_end", "telemetry_end"]

@@ -13,13 +13,12 @@ import argparse
 import base64
 import os
 import sys
-import time
 from typing import Any
 
-from kickmsg import jsontext
+from kickmsg import diagnostics, jsontext
 from kickmsg.cli.common import EXIT_FOUND, EXIT_OK, CommandError, counted, emit, positive_int, stop_on_signals, table
-from kickmsg.protocol.v9.blackboard import Blackboard, KeyStatus
-from kickmsg.protocol.v9.registry import Kind, Participant, Registry, Role, TopicSummary
+from kickmsg.protocol.v9.blackboard import Blackboard
+from kickmsg.protocol.v9.registry import Registry
 from kickmsg.terminal import printable
 
 DEFAULT_NAMESPACE = "kickmsg"
@@ -57,39 +56,35 @@ def cmd_registry(args: argparse.Namespace) -> int:
     if registry is None:
         return absent(args, f"no participant registry for namespace {namespace!r}")
     swept = registry.sweep_stale() if args.sweep else None
-    topics = [_topic_fields(topic) for topic in registry.list_topics()]
-    lines = [f"{registry.name}: {counted(len(topics), 'topic', 'topics')}"
-             + (f", {counted(swept, 'stale row', 'stale rows')} swept" if swept is not None else "")]
-    if topics:
-        lines.append(table([_topic_row(topic) for topic in topics], ("topic", "kind", "shm_name", "producers", "consumers")))
-    emit(args, {"registry": registry.name, "swept": swept, "topics": topics}, "\n".join(lines))
+    found = diagnostics.registry_info(registry)
+    emit(args, dict(diagnostics.to_json(found), swept=swept), registry_text(found, swept))
     return EXIT_OK
 
 
-def _participant_fields(participant: Participant, alive: bool) -> dict[str, Any]:
-    role = participant.role
-    return {"node": participant.node_name, "pid": participant.pid,
-            "role": role.name if isinstance(role, Role) else role, "stalled": not alive}
+def registry_text(found: diagnostics.RegistryInfo, swept: int | None = None) -> str:
+    """A registry's heading and its topics (``registry``, ``info``)."""
+    lines = [f"{printable(found.name)}: {counted(len(found.topics), 'topic', 'topics')}, "
+             f"{counted(found.participants, 'participant', 'participants')} ({found.stalled} stalled)"
+             + (f", {counted(swept, 'stale row', 'stale rows')} swept" if swept is not None else "")]
+    if found.topics:
+        lines.append(topic_table(found.topics))
+    return "\n".join(lines)
 
 
-def _topic_fields(topic: TopicSummary) -> dict[str, Any]:
-    kind = topic.kind
-    return {
-        "topic": topic.topic_name, "shm_name": topic.shm_name, "channel_type": topic.channel_type,
-        "kind": kind.name if isinstance(kind, Kind) else kind,
-        "producers": [_participant_fields(p, True) for p in topic.producers]
-        + [_participant_fields(p, False) for p in topic.stall_producers],
-        "consumers": [_participant_fields(p, True) for p in topic.consumers]
-        + [_participant_fields(p, False) for p in topic.stall_consumers],
-    }
+def people(participants: list[diagnostics.RegistryParticipant]) -> str | None:
+    """``node[pid]``, then ``Both`` for a row that publishes and subscribes,
+    ``stalled`` for one whose process is gone; None for nobody."""
+    return ", ".join(f"{p.node_name}[{p.pid}]" + (" Both" if p.role == "Both" else "") + (" stalled" if p.stalled else "")
+                     for p in participants) or None
 
 
-def _people(participants: list[dict[str, Any]]) -> str | None:
-    return ", ".join(f"{p['node']}[{p['pid']}]" + (" stalled" if p["stalled"] else "") for p in participants) or None
-
-
-def _topic_row(topic: dict[str, Any]) -> dict[str, Any]:
-    return {**topic, "producers": _people(topic["producers"]), "consumers": _people(topic["consumers"])}
+def topic_table(topics: list[diagnostics.RegistryTopic], regions: dict[str, str] | None = None) -> str:
+    """A registry's topics as a table; with ``regions`` (shm name to what
+    the region is), a REGION column."""
+    columns = ["topic", "kind", "shm_name", *(["region"] if regions is not None else []), "producers", "consumers"]
+    rows = [{"topic": t.topic, "kind": t.kind, "shm_name": t.shm_name, "region": (regions or {}).get(t.shm_name),
+             "producers": people(t.producers), "consumers": people(t.consumers)} for t in topics]
+    return table(rows, columns)
 
 
 # -- blackboard ----------------------------------------------------------------------------
@@ -105,27 +100,20 @@ def cmd_blackboard(args: argparse.Namespace) -> int:
     if board is None:
         return absent(args, f"no blackboard {Blackboard.shm_name(namespace_of(args), args.board)}")
     swept = board.sweep_stale() if args.sweep else None
-    keys = [_key_fields(status) for status in board.snapshot()]
-    lines = [f"{board.name}: capacity {board.capacity}, max value {board.max_value_size} bytes, "
-             f"{counted(len(keys), 'key', 'keys')}"
-             + (f", {counted(swept, 'stale key', 'stale keys')} swept" if swept is not None else "")]
-    if keys:
-        rows = [{**key, "age": None if key["age_s"] is None else f"{key['age_s']:.3f}s"} for key in keys]
-        lines.append(table(rows, ("key", "size", "updates", "age", "owner", "pid", "state")))
-    emit(args, {"board": board.name, "capacity": board.capacity, "max_value_size": board.max_value_size,
-                "swept": swept, "keys": keys}, "\n".join(lines))
+    found = diagnostics.board_info(board)
+    emit(args, dict(diagnostics.to_json(found), swept=swept), board_text(found, swept))
     return EXIT_OK
 
 
-def _key_fields(status: KeyStatus) -> dict[str, Any]:
-    """A key's status; its age from the monotonic clock (None: never written)."""
-    written = status.update_count > 0
-    state = "live" if status.owner_alive else "dead" if status.owner_pid else "unowned"
-    return {
-        "key": status.key, "size": status.value_len, "updates": status.update_count,
-        "age_s": (time.monotonic_ns() - status.updated_at_ns) / 1e9 if written else None,
-        "owner": status.owner_node, "pid": status.owner_pid, "state": state,
-    }
+def board_text(found: diagnostics.BoardInfo, swept: int | None = None) -> str:
+    """A board's heading and its keys (``blackboard``, ``info``)."""
+    lines = [f"{printable(found.name)}: capacity {found.capacity}, max value {found.max_value_size} bytes, "
+             f"{counted(len(found.keys), 'key', 'keys')}"
+             + (f", {counted(swept, 'stale key', 'stale keys')} swept" if swept is not None else "")]
+    if found.keys:
+        rows = [dict(vars(key), age=None if key.age_s is None else f"{key.age_s:.3f}s") for key in found.keys]
+        lines.append(table(rows, ("key", "size", "updates", "age", "owner", "pid", "state")))
+    return "\n".join(lines)
 
 
 # -- bbwatch ---------------------------------------------------------------------------------
@@ -171,7 +159,7 @@ def _changes(board: Blackboard, known: dict[str, tuple[int, int]]) -> list[dict[
             continue
         event = "key" if key not in known else "value" if known[key][0] != now[0] else "owner"
         known[key] = now
-        events.append({"event": event, **_key_fields(status), "value": values.get(key)})
+        events.append({"event": event, **vars(diagnostics.board_key(status)), "value": values.get(key)})
     return events
 
 

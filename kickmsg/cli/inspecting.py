@@ -1,13 +1,18 @@
 """Commands that look without touching: list, info, stats, watch, schema,
 schema-diff, diagnose, audit, exporter. They render ``kickmsg.diagnostics``.
+``list`` groups by namespace the regions a participant registry lists;
+reading a blackboard's keys (list, info, exporter) takes its lock for a
+moment, as 0.9.2's snapshot does.
 """
 import argparse
+import dataclasses
 import datetime
 import sys
 from typing import Any
 
-from kickmsg import diagnostics, jsontext, typed
+from kickmsg import diagnostics, jsontext, shm, typed
 from kickmsg.audit import audit
+from kickmsg.cli.boards import board_text, registry_text, topic_table
 from kickmsg.cli.common import (
     EXIT_FOUND,
     EXIT_OK,
@@ -26,9 +31,9 @@ from kickmsg.terminal import printable
 
 LIST_COLUMNS = (
     "name", "type", "version", "creator", "pid", "alive", "subs", "pubs", "bridges", "capacity", "pool", "payload",
-    "schema", "health", "mode", "owner", "problem",
+    "schema", "health", "mode", "owner", "problem", "namespace", "topic", "topics",
 )
-TABLE_COLUMNS = tuple(c for c in LIST_COLUMNS if c not in ("bridges", "problem"))  # problems go in a footer
+TABLE_COLUMNS = tuple(c for c in LIST_COLUMNS if c not in ("bridges", "problem", "namespace", "topic", "topics"))  # problems go in a footer
 JSON_FIELDS = {  # list --json: numbers apart
     "subs": ("subs_live", "subs_max"), "pubs": ("pubs_live", "pubs_stall"), "pool": ("pool_free", "pool_size"),
     "bridges": ("bridges_live", "bridges_dead"),
@@ -51,18 +56,42 @@ def cmd_list(args: argparse.Namespace) -> int:
         if denied:
             print(f"kickmsg list: {unreadable}", file=sys.stderr)
         return EXIT_OK
-    lines = [table([text_list_row(row) for row in rows], columns) if rows else
-             "no shared-memory objects" if args.all else "no Kickmsg regions"]
-    if any(row.type == "damaged" or row.type.startswith("unsupported") for row in rows):
+    registries = [row for row in rows if row.topics is not None]
+    others = [row for row in rows if row.namespace is None]  # not accounted for by a registry
+    lines = [namespace_lines(registry, rows) for registry in registries]
+    if others or not registries:
+        lines.append(table([text_list_row(row) for row in others], columns) if others else
+                     "no shared-memory objects" if args.all else "no Kickmsg regions")
+    if any(row.type in ("damaged", "busy") or row.type.startswith("unsupported") for row in rows):
         lines.append("kickmsg info NAME for details on damaged or unsupported regions")
-    if "pubs" in columns and any(row.pubs_live is not None for row in rows):
+    if "pubs" in columns and any(row.pubs_live is not None for row in others):
         lines.append(f"PUBS: live publishers of this package ({diagnostics.UNRECORDED_PUBLISHERS})")
-    if "bridges" in columns and any(row.bridges_live is not None for row in rows):
+    if "bridges" in columns and any(row.bridges_live is not None for row in others):
         lines.append("BRIDGES: live kickmsg bridges forwarding the channel (kickmsg stats NAME shows their figures)")
+    if registries:
+        lines.append("PRODUCERS, CONSUMERS: rows of the namespace's participant registry, node[pid] (any implementation); "
+                     "stalled: the process is gone (kickmsg registry NS --sweep frees their rows)")
     if denied:
         lines.append(unreadable)
     print("\n".join(lines), flush=True)
     return EXIT_OK
+
+
+def namespace_lines(registry: diagnostics.RegionSummary, rows: list[diagnostics.RegionSummary]) -> str:
+    """A namespace's heading and its registry's topics, each with what its
+    region is (type and health, ``missing`` when there is no such object)."""
+    topics = registry.topics or []
+    listed = {row.name: row for row in rows}
+    regions = {}
+    for topic in topics:
+        row = listed.get(topic.shm_name)
+        if row is not None:
+            regions[topic.shm_name] = f"{row.type} {(row.health or '').split(':')[0]}".strip()
+        elif not diagnostics.exists(topic.shm_name):
+            regions[topic.shm_name] = "missing"
+    heading = (f"namespace {printable(registry.namespace or '')} ({printable(registry.name)}): "
+               f"{counted(len(topics), 'topic', 'topics')}, {registry.health}")
+    return "\n".join([heading, topic_table(topics, regions)] if topics else [heading]) + "\n"
 
 
 def json_list_row(row: diagnostics.RegionSummary, columns: list[str]) -> dict[str, Any]:
@@ -70,7 +99,7 @@ def json_list_row(row: diagnostics.RegionSummary, columns: list[str]) -> dict[st
     ``bridges`` and ``pool`` as two numbers each (``subs_live``,
     ``subs_max``, ``pubs_live``, ``pubs_stall``, ``bridges_live``,
     ``bridges_dead``, ``pool_free``, ``pool_size``)."""
-    fields = vars(row)
+    fields = dataclasses.asdict(row)
     return {name: fields[name] for column in columns for name in JSON_FIELDS.get(column, (column,))}
 
 
@@ -88,7 +117,17 @@ def text_list_row(row: diagnostics.RegionSummary) -> dict[str, Any]:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    found = diagnostics.region_info(inspect(channel_name(args)))
+    name = channel_name(args)
+    kind = object_type_of(name)
+    if kind == diagnostics.REGISTRY:
+        registry = diagnostics.registry(name)
+        emit(args, diagnostics.to_json(registry), registry_text(registry))
+        return EXIT_OK
+    if kind == diagnostics.BLACKBOARD:
+        board = diagnostics.blackboard(name)
+        emit(args, diagnostics.to_json(board), board_text(board))
+        return EXIT_OK
+    found = diagnostics.region_info(inspect(name))
     data = diagnostics.to_json(found)
     lines = []
     for key, value in data.items():
@@ -100,6 +139,16 @@ def cmd_info(args: argparse.Namespace) -> int:
     lines += [f"{'warning':<18} {hazard}" for hazard in found.hazards]
     emit(args, data, "\n".join(lines))
     return EXIT_OK
+
+
+def object_type_of(name: str) -> str | None:
+    """The object's type by its magic; None when it cannot be read (the
+    channel path then says why)."""
+    try:
+        shm.check_existing_name(name)
+        return diagnostics.object_type(diagnostics.read_magic_and_version(shm.SHM_DIRECTORY + name))
+    except (OSError, ValueError):
+        return None
 
 
 def cmd_stats(args: argparse.Namespace) -> int:

@@ -1,4 +1,5 @@
-"""Commands that write: pub, create, rm, repair, clean."""
+"""Commands that write: pub, create, rm, repair, clean. ``rm`` and ``clean``
+know layout 9's participant registries and blackboards too."""
 import argparse
 import errno
 import fcntl
@@ -27,14 +28,18 @@ from kickmsg.cli.common import (
 )
 from kickmsg.config import ChannelType
 from kickmsg.diagnostics import (
-    is_kickmsg,
+    BLACKBOARD,
+    REGISTRY,
     is_orphan_sidecar,
     is_sidecar,
+    object_type,
     pid_alive,
     read_magic_and_version,
     shm_objects,
     user_name,
 )
+from kickmsg.protocol.v9 import blackboard as board9
+from kickmsg.protocol.v9 import registry as registry9
 from kickmsg.publisher import send_retrying
 from kickmsg.region import DeadSubscriberReport, SharedRegion
 from kickmsg.terminal import printable
@@ -148,8 +153,8 @@ def cmd_repair(args: argparse.Namespace) -> int:
         done["locked_entries_repaired"] = region.repair_locked_entries()
         lines.append(f"repaired {counted(done['locked_entries_repaired'], 'locked entry', 'locked entries')}")
     if args.retired:
-        # layout 4 drains the rings' references; layout 9's claims stay until publishers replace them
-        done["retired_rings_reset"] = region.reset_retired_rings(drain=region.layout == layouts.LAYOUT_4)
+        # the drain the timed-out teardown skipped gives the rings' references back (both layouts)
+        done["retired_rings_reset"] = region.reset_retired_rings(drain=True)
         lines.append(f"reset {counted(done['retired_rings_reset'], 'retired ring', 'retired rings')}")
     if args.orphans:
         done["orphaned_slots_reclaimed"] = region.reclaim_orphaned_slots()
@@ -202,11 +207,13 @@ def why_not_unused(path: str) -> str | None:
 
 
 def cmd_clean(args: argparse.Namespace) -> int:
-    """Remove regions whose creator is dead and that no process has open or
-    mapped, and sidecars whose region is gone; clear the records of dead
+    """Remove regions whose creator is dead (channels, blackboards) and
+    participant registries, once it is proven that no process has them open
+    or mapped, and sidecars whose region is gone; clear the records of dead
     bridges. What it cannot judge or remove is reported, and the rest goes on."""
     signal.signal(signal.SIGIO, signal.SIG_IGN)  # see why_not_unused
     stale, unproven, in_use, orphan_sidecars, dead_bridges, skipped = [], [], [], [], [], []
+    types: dict[str, str] = {}  # the type of each region judged
     for entry in shm_objects(args.prefix):
         name = "/" + entry.name
         try:
@@ -216,12 +223,14 @@ def cmd_clean(args: argparse.Namespace) -> int:
                 elif owners.sidecar_kind(entry.name) == "bridge":
                     dead_bridges += dead_bridge_records(owners.region_of_sidecar(entry.name), args.dry_run)
                 continue
-            if not is_region_of_dead_creator(entry.path):
+            kind = candidate_type(entry.path)
+            if kind is None:
                 continue
         except OSError as error:  # unreadable, another user's, or removed meanwhile
             if not isinstance(error, FileNotFoundError):
                 skipped.append({"name": name, "reason": f"cannot read it ({error.strerror})"})
             continue
+        types[name] = kind
         reason = why_not_unused(entry.path)
         if reason is None:
             stale.append(name)
@@ -234,21 +243,36 @@ def cmd_clean(args: argparse.Namespace) -> int:
     sidecars, failed_sidecars = ([*orphan_sidecars], []) if args.dry_run else remove_each(orphan_sidecars, remove_file)
     data = {"dry_run": args.dry_run, "removed": removed, "sidecars": sidecars, "dead_bridges": dead_bridges,
             "in_use": in_use, "unproven": [] if args.force else unproven, "failed": failed + failed_sidecars,
-            "skipped": skipped}
+            "skipped": skipped, "types": types}
     emit(args, data, clean_report(data))
     return EXIT_ERROR if data["failed"] else EXIT_OK
 
 
-def is_region_of_dead_creator(path: str) -> bool:
-    """Whether the object is a Kickmsg region of a layout we read (4 or 9)
-    whose creator is dead. OSError if it cannot be read. Both layouts keep
-    the creator's pid at the same offset of the same-sized header."""
+def candidate_type(path: str) -> str | None:
+    """What ``clean`` may remove once it is proven unused: a channel (of a
+    layout we read, 4 or 9) or a blackboard whose creator is dead, or any
+    participant registry (it has no creator: while a Node lists itself in
+    it, the Node has it mapped); its type, else None. OSError if the object
+    cannot be read. Both channel layouts keep the creator's pid at the same
+    offset of the same-sized header."""
     found = read_magic_and_version(path)
-    if found is None or not is_kickmsg(found) or found[1] not in layouts.SUPPORTED_LAYOUTS:
-        return False
+    kind = object_type(found)
+    if found is None or kind is None:
+        return None
+    if kind == REGISTRY:
+        return kind if found[1] == registry9.VERSION else None
+    if kind == BLACKBOARD:
+        if found[1] != board9.VERSION:
+            return None
+        with open(path, "rb") as file:
+            file.seek(board9.CREATOR_PID_OFFSET)
+            creator_pid = int.from_bytes(file.read(8).ljust(8, b"\0"), "little")
+        return kind if not pid_alive(creator_pid) else None
+    if found[1] not in layouts.SUPPORTED_LAYOUTS:
+        return None
     with open(path, "rb") as file:
         header = layout.Header.from_buffer_copy(file.read(layout.HEADER_SIZE).ljust(layout.HEADER_SIZE, b"\0"))
-    return not pid_alive(header.creator_pid)
+    return kind if not pid_alive(header.creator_pid) else None
 
 
 def remove_file(name: str) -> None:
@@ -277,15 +301,22 @@ def remove_each(names: list[str], remove: Callable[[str], None]) -> tuple[list[s
 def clean_report(data: dict[str, Any]) -> str:
     """clean's outcome in sentences, one per object."""
     verb = "would remove" if data["dry_run"] else "removed"
-    lines = [f"{verb} {printable(name)}" for name in data["removed"] + data["sidecars"]]
+    types = data["types"]
+    lines = [f"{verb} {printable(name)}{type_suffix(types.get(name))}" for name in data["removed"] + data["sidecars"]]
     lines += [f"{'would reclaim' if data['dry_run'] else 'reclaimed'} the record of dead bridge {found['pid']} on {printable(found['name'])}"
               for found in data["dead_bridges"]]
-    lines += [f"left {printable(name)}: its creator is dead, but {IN_USE}" for name in data["in_use"]]
-    lines += [f"left {printable(found['name'])}: could not prove it unused ({printable(found['reason'])}); --force removes it"
-              for found in data["unproven"]]
+    lines += [f"left {printable(name)}{type_suffix(types[name])}: "
+              f"{'' if types[name] == REGISTRY else 'its creator is dead, but '}{IN_USE}" for name in data["in_use"]]
+    lines += [f"left {printable(found['name'])}{type_suffix(types[found['name']])}: could not prove it unused "
+              f"({printable(found['reason'])}); --force removes it" for found in data["unproven"]]
     lines += [printable(found["reason"]) for found in data["failed"]]
     lines += [f"skipped {printable(found['name'])}: {printable(found['reason'])}" for found in data["skipped"]]
     return "\n".join(lines or ["nothing to clean"])
+
+
+def type_suffix(kind: str | None) -> str:
+    """`` (registry)``, `` (blackboard)``: a channel, the usual object, goes unnamed."""
+    return f" ({kind})" if kind in (REGISTRY, BLACKBOARD) else ""
 
 
 def dead_bridge_records(name: str, dry_run: bool) -> list[dict[str, Any]]:
@@ -320,25 +351,27 @@ def cmd_create(args: argparse.Namespace) -> int:
 
 
 def cmd_rm(args: argparse.Namespace) -> int:
-    removed, errors = [], {}
+    removed, errors, types = [], {}, {}
     for name in map(shm_name, args.names):
         try:
-            remove_region(name, args.force)
+            types[name] = remove_region(name, args.force)
         except (CommandError, ValueError, OSError) as error:
             errors[name] = str(error).splitlines()[0]
             print(f"kickmsg rm: error: {printable(errors[name])}", file=sys.stderr, flush=True)
             continue
         removed.append(name)
         if not args.json:
-            print(f"removed {printable(name)}", flush=True)
+            print(f"removed {printable(name)}{type_suffix(types[name])}", flush=True)
     if args.json:
-        emit(args, {"removed": removed, "errors": errors}, "")
+        emit(args, {"removed": removed, "errors": errors, "types": types}, "")
     return EXIT_ERROR if errors else EXIT_OK
 
 
-def remove_region(name: str, force: bool) -> None:
-    """Remove a region and its sidecars; refuse what is not a Kickmsg region
-    unless ``force``. Any object of /dev/shm can be named, whatever its text."""
+def remove_region(name: str, force: bool) -> str | None:
+    """Remove a region (a channel and its sidecars, a participant registry,
+    a blackboard); refuse what is not a Kickmsg region unless ``force``. Any
+    object of /dev/shm can be named, whatever its text. Its type (None: not
+    a Kickmsg region, or unreadable)."""
     shm.check_existing_name(name)
     try:
         found = read_magic_and_version(shm.SHM_DIRECTORY + name)
@@ -348,6 +381,8 @@ def remove_region(name: str, force: bool) -> None:
         if not force:
             raise CommandError(f"permission denied: cannot read {name} to check it is a Kickmsg region (--force removes it anyway)") from None
         found = None
-    if not is_kickmsg(found) and not force:
+    kind = object_type(found)
+    if kind is None and not force:
         raise CommandError(f"not a Kickmsg region: {name} (--force removes it anyway)")
     kickmsg.unlink_shm(name)
+    return kind

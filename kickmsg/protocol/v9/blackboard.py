@@ -19,9 +19,11 @@ release or acquire fence: the seq_cst fence stands in for both. The region is
 untrusted: its geometry is validated once and copied, every length read from
 it is bounded.
 """
+import atexit
 import errno
 import os
 import time
+import weakref
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -701,6 +703,18 @@ def _decode(raw: bytes) -> str:
     return raw.split(b"\0", 1)[0].decode("utf-8", errors="replace")
 
 
+# The writers still holding a key: released at exit while the interpreter is
+# whole (a writer's __del__ run during finalization could not reach the board's
+# lock checks, which read /proc).
+_declared_writers: "weakref.WeakSet[BlackboardWriter]" = weakref.WeakSet()
+
+
+@atexit.register
+def _release_declared_writers() -> None:
+    for writer in list(_declared_writers):
+        writer.release()
+
+
 class BlackboardWriter:
     """The owner of one key (D.9, D.12)."""
 
@@ -712,6 +726,7 @@ class BlackboardWriter:
         self._writes = writes  # completed writes so far (a takeover continues the count)
         self._pid = os.getpid()  # the declaring process
         self.valid = True
+        _declared_writers.add(self)
 
     def write(self, data: bytes) -> None:
         """Publish a new value; OSError EBADF (released), EPERM (another

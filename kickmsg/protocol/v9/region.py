@@ -134,17 +134,18 @@ class Region:
     @classmethod
     def create(
         cls, name: str, channel_type: int, config: ChannelConfig = ChannelConfig(), creator: str = "",
-        atomics: Atomics = HARDWARE,
+        atomics: Atomics = HARDWARE, mode: int | None = None,
     ) -> "Region":
         """Remove any object of that name, create it exclusively (mode
-        0600 / $KICKMSG_SHM_MODE), initialise it and store MAGIC last."""
+        0600 / $KICKMSG_SHM_MODE, or ``mode``: our extension), initialise it
+        and store MAGIC last."""
         # 1. validate the config; 2. compute the layout
         creator_bytes = creator.encode("utf-8")
         geometry = config.geometry(channel_type, len(creator_bytes))
         shm.check_name(name)
         # 2. unlink, then create exclusive (never O_TRUNC: peers keep their old mapping)
         shm.unlink(name)
-        mapping = shm.create_exclusive(name, geometry.total_size, shm_mode())
+        mapping = shm.create_exclusive(name, geometry.total_size, shm_mode() if mode is None else mode)
         region = cls(mapping, geometry, atomics)
         region._initialise(creator_bytes, config)
         return region
@@ -213,14 +214,16 @@ class Region:
     @classmethod
     def create_or_open(
         cls, name: str, channel_type: int, config: ChannelConfig = ChannelConfig(), creator: str = "",
-        atomics: Atomics = HARDWARE,
+        atomics: Atomics = HARDWARE, mode: int | None = None,
     ) -> "Region":
+        """``mode`` (our extension) replaces 0.9.2's 0600 / $KICKMSG_SHM_MODE
+        for the object this call creates."""
         # 1. validate, compute the layout
         creator_bytes = creator.encode("utf-8")
         geometry = config.geometry(channel_type, len(creator_bytes))
         # 2. try an exclusive create
         try:
-            mapping = shm.create_exclusive(name, geometry.total_size, shm_mode())
+            mapping = shm.create_exclusive(name, geometry.total_size, shm_mode() if mode is None else mode)
         except FileExistsError:
             pass
         else:

@@ -12,6 +12,7 @@ from kickmsg.protocol.v9.layout import (
     HAS_WAITER_OFFSET,
     INVALID_SLOT,
     META_OFFSET,
+    META_SLOT_MASK,
     NEXT_FREE_OFFSET,
     OWNER_PID_OFFSET,
     OWNER_STARTTIME_OFFSET,
@@ -162,19 +163,58 @@ def repair_locked_entries(region: Region) -> int:
 # -- B.13 reset_retired_rings ---------------------------------------------------------
 
 
-def reset_retired_rings(region: Region) -> int:
+def reset_retired_rings(region: Region, drain: bool = False) -> int:
     """Free rings still counting admitted publishers become claimable again.
-    Only safe once those publishers are known to have stopped."""
+    Only safe once those publishers are known to have stopped.
+
+    ``drain`` (our extension, as on layout 4) also does the drain the
+    timed-out leave skipped (B.12), over the ring's whole window: the
+    references its entries still hold go back to the pool instead of
+    waiting for publishers to replace them. The ring is Draining meanwhile,
+    so nobody joins it; each claim is given back by the one CAS that zeroes
+    its slot field, so a publisher's takeover never releases it twice."""
     ops = region.atomics
     reset = 0
     for index in range(region.geometry.max_subs):
         ring = region.ring_address(index)
-        state_flight = ops.load_acquire_u32(ring + STATE_FLIGHT_OFFSET)
-        if state_flight & RING_STATE_MASK == RING_FREE and state_flight >> 2:
+        address = ring + STATE_FLIGHT_OFFSET
+        state_flight = ops.load_acquire_u32(address)
+        if state_flight & RING_STATE_MASK != RING_FREE or not state_flight >> 2:
+            continue
+        if not drain:
             _clear_owner(region, ring)
-            ops.store_release_u32(ring + STATE_FLIGHT_OFFSET, RING_FREE)
+            ops.store_release_u32(address, RING_FREE)
             reset += 1
+            continue
+        # Draining with in_flight 0 (CAS strong, acq_rel): nobody joins while we drain
+        if ops.cas_acq_rel_u32(address, state_flight, RING_DRAINING) != state_flight:
+            continue  # changed meanwhile: left for the next call
+        _clear_owner(region, ring)
+        drain_window(region, index)
+        ops.store_release_u32(address, RING_FREE)
+        reset += 1
     return reset
+
+
+def drain_window(region: Region, index: int) -> None:
+    """B.12's drain over the whole window of ring ``index`` (no owner's
+    start_pos to begin at): give back every valid claim in
+    [max(0, wp - capacity), wp), whatever the sequence or tag says; the
+    tag stays."""
+    ops = region.atomics
+    g = region.geometry
+    # wp = write_pos (acq) (0: an empty window)
+    write_pos = ops.load_acquire_u64(region.ring_address(index) + WRITE_POS_OFFSET)
+    for pos in range(max(0, write_pos - g.capacity), write_pos):
+        entry = region.entry_address(index, pos)
+        # m = meta (acq); skip if the slot field is 0 or out of range
+        meta = ops.load_acquire_u64(entry + META_OFFSET)
+        field = meta_slot_field(meta)
+        if field == 0 or field - 1 >= g.pool_size:
+            continue
+        # CAS(strong, acq_rel) m -> m with the slot field zeroed; on success release the slot
+        if ops.cas_acq_rel_u64(entry + META_OFFSET, meta, meta & ~META_SLOT_MASK) == meta:
+            freestack.release(region, field - 1)
 
 
 # -- B.13 reclaim_dead_rings --------------------------------------------------------------
