@@ -1,38 +1,64 @@
 """Differential cross-check of another Kickmsg implementation against this one.
 
-``crosscheck(other_python)`` generates a random (seeded, reproducible)
-sequence of single-threaded operations and runs each one on this package,
-in-process, and on the other implementation, driven in a subprocess
-(``other_python -I -S`` with ``other_path`` first on ``sys.path``, or
-``other_python -I`` and its own ``kickmsg``). Each side works on its own
-region: same config and creator string, different shm names. After every
-operation it compares the return values and the raw bytes of the two
-regions, all of them but ``creator_pid`` and ``created_at_ns``:
-deterministic single-threaded use must leave identical bytes. It stops at
-the first divergence and reports the operation, what differed (decoded:
-which header field, ring, entry or slot), and a sequence that reproduces it,
-which ``replay`` runs again.
+``crosscheck(other_python, layout=4|9)`` generates a random (seeded,
+reproducible) sequence of single-threaded operations and runs each one on
+this package, in-process, and on the other implementation, driven in a
+subprocess (``other_python -I -S`` with ``other_path`` first on
+``sys.path``, or ``other_python -I`` and its own ``kickmsg``). Each side
+works on its own region of the layout chosen: same config and creator
+string, different shm names. After every operation it compares the return
+values and the raw bytes of the two regions: deterministic single-threaded
+use must leave identical bytes. It stops at the first divergence and
+reports the operation, what differed (decoded: which header field, ring,
+entry or slot, and on layout 9 what a tagged sequence or meta word means),
+and a sequence that reproduces it, which ``replay`` runs again.
+
+Masked, because they differ by nature (``masked``): the header's
+``creator_pid`` and ``created_at_ns`` (each side's process; the monotonic
+clock on layout 4, the realtime clock on layout 9); on layout 9 also each
+ring's ``owner_pid`` and ``owner_starttime`` when they hold the side's own
+subscribing process (this process for ours, the child for the other),
+compared as "its driver process's". Nothing else: an owner left 0, or the
+dead owner of a killed subscriber, is compared as it is.
 
 Operations (JSON lists, see ``kickmsg.crossdriver``): create a region (1-4
 subscribers, ring capacity 2/4/8, pool capacity+1 to 16, payload 8-64, PubSub or
-Broadcast), publishers, ``send`` (also too long, or with the pool dry),
-``allocate``/fill/``publish``, subscribers joining and leaving, copy and
+Broadcast; on layout 9 a commit timeout of 0.5, 1 or 2 ms), publishers,
+``send`` (also too long, or with the pool dry), allocate/fill/publish in
+the layout's API (0.1.0's ``allocate(len)``/``publish()`` on layout 4,
+0.9.2's ``allocate()``/``publish(len)`` on layout 9, superseded and
+published slots refused there), subscribers joining and leaving, copy and
 view receives (views held, released later), ``lost``, ``dropped``,
-``diagnose``, ``repair_locked_entries``, ``reset_retired_rings``,
-``reclaim_orphaned_slots`` (only while no view is held, its contract), and
-damage that a crashed publisher leaves (``poke_*``: poked into both regions'
-bytes by this process, identically, so that the repair paths run too).
+``diagnose`` (and on layout 9 0.9.2's ``stats`` and the schema claim,
+read and reset), ``repair_locked_entries``, ``reset_retired_rings``,
+``reclaim_orphaned_slots`` (only while no view is held, its contract).
+Crash residue, identical in both regions so that the repair paths run too:
+on layout 4 the damage a crashed publisher leaves, poked into the bytes
+(``poke_*``); on layout 9 a publisher dying before any one of its
+shared-memory writes (``crash_send``, run by this package's layout-9 core
+on both regions: a leaked slot, an admission held, a claimed position, a
+position-tagged lock, a meta claim under it), a subscriber dying while it
+joins or leaves (``crash_subscriber``: a Live ring without owner, a
+Draining one, claims partly drained), a reclaim of dead rings dying
+(``crash_reclaim_dead_rings``: a ring left Reclaiming), a schema claimer
+dying mid-claim (``crash_claim_schema``), and a subscriber killed with
+the pins of its views (``kill_subscriber``: both sides keep the objects out
+of reach, and its ring records a dead owner), recovered by
+``reclaim_dead_rings`` (which 0.9.2's binding lacks: the driver calls the
+library's symbol).
 
 Left out on purpose, because the implementations differ there (README,
-"Compatibility"): dropping an unpublished slot on its own; using a slot that
+"Compatibility"): dropping a subscriber while views it received are alive
+(0.1.0 and 0.9.2 keep the subscriber, so its ring stays Live, until those
+view objects are collected; this package leaves the ring at once). On
+layout 4 also: dropping an unpublished slot on its own; using a slot that
 a newer ``allocate`` of its publisher replaced (0.1.0 lets it alias the new
 one); ``send`` on a publisher that has an unpublished slot (0.1.0 gives
 that slot back first, so it may then hold the sent message, which writing
-through the old slot would change; this package keeps the two apart); and
-dropping a subscriber while views it received are alive (0.1.0
-keeps the subscriber, so its ring stays Live, until those view objects are
-collected; this package leaves the ring at once).
+through the old slot would change; this package keeps the two apart). On
+layout 9 those three are generated: 0.9.2 and this package agree there.
 """
+import ctypes
 import json
 import os
 import random
@@ -42,17 +68,25 @@ import shlex
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import kickmsg
 from kickmsg import crossdriver, jsontext, layout
-from kickmsg.layout import field_at
+from kickmsg.atomics import HARDWARE, Atomics
+from kickmsg.layout import Field, SchemaInfoLayout, field_at
+from kickmsg.protocol import v9
+from kickmsg.protocol.v9 import layout as v9layout
+from kickmsg.protocol.v9.layout import OWNER_PID_OFFSET, OWNER_STARTTIME_OFFSET, STATE_FLIGHT_OFFSET
+from kickmsg.protocol.v9 import repair
+from kickmsg.protocol.v9.receive import process_start_time
 from kickmsg.region import unlink_shm
+from kickmsg.schema import SchemaInfo
 from kickmsg.userfiles import read_at_most
 
-IGNORED = range(112, 128)  # creator_pid and created_at_ns differ by nature
+IGNORED = range(112, 128)  # creator_pid and created_at_ns differ by nature (both layouts)
+DRIVER_MARK = (1 << 64) - 1  # a ring owner word holding its side's own subscribing process (layout 9, see masked)
 START_TIMEOUT_S = 30.0  # for the other side to import its kickmsg
 OPERATION_TIMEOUT_S = 30.0  # for one operation on the other side
 MAX_DIFFERENCES = 16  # fields listed in a report
@@ -86,6 +120,31 @@ WEIGHTS = {
 POKES = {"poke_admit", "poke_claim", "poke_lock"}
 MAX_PUBLISHERS = 3
 
+# Layout 9 (0.9.2's API): allocate() and publish(len), superseded slots
+# used too; crashes forged by this process (``crash_*``) instead of pokes,
+# and the dead-ring reclaim.
+WEIGHTS9 = {
+    **{kind: weight for kind, weight in WEIGHTS.items() if kind not in POKES | {"allocate", "publish"}},
+    "allocate_max": 8,
+    "publish_len": 8,
+    "reclaim_dead_rings": 2,
+    "stats": 2,
+    "claim_schema": 0.5,
+    "schema": 0.5,
+    "reset_schema_claim": 0.5,
+    "crash_send": 1.5,
+    "crash_claim_schema": 0.3,
+    "crash_subscriber": 0.7,
+    "crash_reclaim_dead_rings": 0.5,
+    "kill_subscriber": 1,
+}
+CRASHES = {"crash_send", "crash_claim_schema", "crash_subscriber", "crash_reclaim_dead_rings"}
+COMMIT_TIMEOUTS_US = (500, 1000, 2000)  # layout 9's creates: short, so that the waits on crash residue stay short
+# The owner a killed subscriber's ring records: no process can have this
+# pid (pid_max is at most 2^22), so every owner check finds it dead.
+DEAD_PID = 0x7FFFFFFE
+DEAD_START = 1
+
 Operation = list[Any]  # [kind, *args], JSON values
 Difference = dict[str, str | int]  # a region field that differs: field, offset, ours, other
 
@@ -102,18 +161,21 @@ class Generator:
     """Yields random operations that make sense in the current state; it
     learns the state from this package's results (``observe``)."""
 
-    def __init__(self, seed: int, count: int) -> None:
+    def __init__(self, seed: int, count: int, layout: int = 4) -> None:
         self.random = random.Random(seed)
         self.count = count
+        self.layout = layout
+        self.weights = WEIGHTS9 if layout == 9 else WEIGHTS
         self.next_id = 0
         self.reset(None)
 
     def reset(self, geometry: tuple[Any, ...] | None) -> None:
         """A new region (or none): no handles yet."""
-        self.geometry = geometry  # (type, max_subs, capacity, pool, payload)
+        self.geometry = geometry  # (type, max_subs, capacity, pool, payload[, commit timeout])
         self.publishers: dict[int, int | None] = {}  # id -> its unpublished slot id, or None
         self.slot_owner: dict[int, int] = {}  # slot id -> publisher id, for slot handles held
         self.published: set[int] = set()  # slot handles already published
+        self.superseded: set[int] = set()  # layout 9: slot handles a newer allocate() replaced
         self.subscribers: set[int] = set()
         self.views: dict[int, int] = {}  # view id -> subscriber id
 
@@ -128,15 +190,15 @@ class Generator:
     def possible(self, kind: str) -> bool:
         if kind == "publisher":
             return len(self.publishers) < MAX_PUBLISHERS
-        if kind in ("drop_publisher", "allocate", "dropped"):
+        if kind in ("drop_publisher", "allocate", "allocate_max", "dropped"):
             return bool(self.publishers)
         if kind == "send":
-            return bool(self.idle_publishers())
-        if kind in ("fill", "publish"):
+            return bool(self.senders())
+        if kind in ("fill", "publish", "publish_len"):
             return bool(self.pending_slots())
         if kind == "drop_slot":
-            return bool(self.published)
-        if kind in ("recv", "recv_view", "lost"):
+            return bool(self.droppable_slots())
+        if kind in ("recv", "recv_view", "lost", "kill_subscriber"):
             return bool(self.subscribers)
         if kind == "leave":
             return bool(self.subscribers - set(self.views.values()))
@@ -149,9 +211,16 @@ class Generator:
     def pending_slots(self) -> list[int]:
         return [s for s in self.publishers.values() if s is not None]
 
-    def idle_publishers(self) -> list[int]:
-        """Publishers without an unpublished slot."""
-        return [p for p, pending in self.publishers.items() if pending is None]
+    def senders(self) -> list[int]:
+        """Publishers that may send: on layout 4 those without an
+        unpublished slot; on layout 9 all (a send supersedes that slot, as
+        a newer allocate() does)."""
+        return [p for p, pending in self.publishers.items() if pending is None or self.layout == 9]
+
+    def droppable_slots(self) -> set[int]:
+        """Slot handles that may be dropped: published or superseded ones;
+        on layout 9 unpublished ones too (back to the pool in both)."""
+        return self.published | self.superseded | (set(self.pending_slots()) if self.layout == 9 else set())
 
     def length(self, payload: int) -> int:
         """A payload length: mostly fitting, sometimes exactly full or too long."""
@@ -168,7 +237,7 @@ class Generator:
     def create_operation(self) -> Operation:
         r = self.random
         capacity = r.choice([2, 4, 8])
-        return [
+        op = [
             "create",
             r.choice(["PubSub", "Broadcast"]),
             r.randint(1, 4),
@@ -176,13 +245,21 @@ class Generator:
             r.randint(capacity + 1, 16),  # this package refuses a pool no larger than a ring (0.1.0 does not)
             r.randint(8, 64),
         ]
+        if self.layout == 9:
+            op.append(r.choice(COMMIT_TIMEOUTS_US))
+        return op
+
+    def refused_slot(self) -> int | None:
+        """Now and then a slot its operation refuses: published, or (layout 9) superseded."""
+        refused = self.published | self.superseded
+        return self.pick(refused) if refused and self.random.random() < 0.1 else None
 
     def next_operation(self) -> Operation:
         if self.geometry is None:
             return self.create_operation()
-        _, max_subs, _, _, payload = self.geometry
-        kinds = [kind for kind in WEIGHTS if self.possible(kind)]
-        weights = [WEIGHTS[kind] for kind in kinds]
+        max_subs, payload = self.geometry[1], self.geometry[4]
+        kinds = [kind for kind in self.weights if self.possible(kind)]
+        weights = [self.weights[kind] for kind in kinds]
         if len(self.subscribers) >= max_subs:  # every ring taken: joins mostly fail
             weights[kinds.index("join")] /= 4
         kind = self.random.choices(kinds, weights)[0]
@@ -194,18 +271,23 @@ class Generator:
         if kind in ("drop_publisher", "dropped"):
             return [kind, self.pick(self.publishers)]
         if kind == "send":
-            return [kind, self.pick(self.idle_publishers()), self.length(payload), r.randrange(256)]
+            return [kind, self.pick(self.senders()), self.length(payload), r.randrange(256)]
         if kind == "allocate":
             return [kind, self.pick(self.publishers), self.length(payload), self.new_id()]
-        if kind in ("fill", "publish"):
-            # An unpublished slot; sometimes a published one (refused).
-            slot = self.pick(self.published) if self.published and r.random() < 0.1 else self.pick(self.pending_slots())
-            return [kind, slot, r.randrange(256)] if kind == "fill" else [kind, slot]
+        if kind == "allocate_max":
+            return [kind, self.pick(self.publishers), self.new_id()]
+        if kind in ("fill", "publish", "publish_len"):
+            slot = self.refused_slot()
+            if slot is None:
+                slot = self.pick(self.pending_slots())
+            if kind == "fill":
+                return [kind, slot, r.randrange(256)]
+            return [kind, slot, self.length(payload)] if kind == "publish_len" else [kind, slot]
         if kind == "drop_slot":
-            return [kind, self.pick(self.published)]
+            return [kind, self.pick(self.droppable_slots())]
         if kind == "leave":
             return [kind, self.pick(self.subscribers - set(self.views.values()))]
-        if kind in ("recv", "lost"):
+        if kind in ("recv", "lost", "kill_subscriber"):
             return [kind, self.pick(self.subscribers)]
         if kind == "recv_view":
             return [kind, self.pick(self.subscribers), self.new_id()]
@@ -213,6 +295,14 @@ class Generator:
             return [kind, self.pick(self.views)]
         if kind in POKES:
             return [kind, r.randrange(max_subs)]
+        if kind in ("claim_schema", "crash_claim_schema"):
+            return [kind, r.choice(["imu", "camera/frame"]), r.randrange(4)]
+        if kind == "crash_subscriber":  # 3 writes to join, then leave: Draining, the owner cleared, the drain, Free
+            return [kind, r.randint(0, 8 + 2 * self.geometry[2])]
+        if kind == "crash_reclaim_dead_rings":  # per dead ring: Reclaiming, the owner cleared, Free
+            return [kind, r.randint(0, 5)]
+        if kind == "crash_send":  # dies before one of its writes: 4 before the rings, up to 9 in each Live ring
+            return [kind, r.randint(0, 3 + 9 * max(1, len(self.subscribers))), r.randint(0, payload), r.randrange(256)]
         return [kind]
 
     def observe(self, op: Operation, result: object) -> None:
@@ -227,25 +317,37 @@ class Generator:
             for slot in [s for s, owner in self.slot_owner.items() if owner == args[0]]:
                 del self.slot_owner[slot]
                 self.published.discard(slot)
-        elif kind == "allocate" and isinstance(result, int):
-            publisher, _, slot = args
+                self.superseded.discard(slot)
+        elif kind in ("allocate", "allocate_max") and isinstance(result, int):
+            publisher, slot = args[0], args[-1]
             replaced = self.publishers[publisher]
-            if replaced is not None:
+            if replaced is not None and kind == "allocate":
                 self.slot_owner.pop(replaced, None)  # replaced: its handle is dropped
+            elif replaced is not None:
+                self.superseded.add(replaced)  # replaced: its handle is kept, superseded
             self.publishers[publisher] = slot
             self.slot_owner[slot] = publisher
-        elif kind == "publish" and isinstance(result, int):
+        elif kind in ("publish", "publish_len") and isinstance(result, int):
             owner = self.slot_owner[args[0]]
             if self.publishers.get(owner) == args[0]:
                 self.publishers[owner] = None
             self.published.add(args[0])
+        elif kind == "send" and isinstance(result, int) and (unpublished := self.publishers.get(args[0])) is not None:
+            self.superseded.add(unpublished)  # layout 9: the send superseded the unpublished slot
+            self.publishers[args[0]] = None
         elif kind == "drop_slot":
             self.published.discard(args[0])
-            self.slot_owner.pop(args[0], None)
+            self.superseded.discard(args[0])
+            owner = self.slot_owner.pop(args[0], -1)
+            if self.publishers.get(owner) == args[0]:
+                self.publishers[owner] = None  # layout 9: an unpublished slot dropped
         elif kind == "join" and result is None:
             self.subscribers.add(args[0])
         elif kind == "leave":
             self.subscribers.discard(args[0])
+        elif kind == "kill_subscriber":  # with its views: a dead process's pins stay, but count as no view alive
+            self.subscribers.discard(args[0])
+            self.views = {view: owner for view, owner in self.views.items() if owner != args[0]}
         elif kind == "recv_view" and isinstance(result, list):
             self.views[args[1]] = args[0]
         elif kind == "release":
@@ -275,13 +377,13 @@ class OtherFailed(Exception):
 class OtherSide:
     """The other implementation running ``kickmsg.crossdriver`` in a child."""
 
-    def __init__(self, python: str, path: str | None) -> None:
+    def __init__(self, python: str, path: str | None, layout: int) -> None:
         with open(crossdriver.__file__, encoding="utf-8") as file:
             source = file.read()
         if path:
-            command = [python, "-I", "-S", "-c", source, path]
+            command = [python, "-I", "-S", "-c", source, str(layout), path]
         else:
-            command = [python, "-I", "-c", source]
+            command = [python, "-I", "-c", source, str(layout)]
         self.stderr = tempfile.TemporaryFile()
         try:
             self.proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr)
@@ -297,6 +399,7 @@ class OtherSide:
             raise SetupError(f"the other implementation did not start ({python} {'-I -S' if path else '-I'}): {failure}") from None
         self.kickmsg_file = hello.get("kickmsg") or "?"
         self.python_version = hello.get("python", "?")
+        self.pid = hello.get("pid", 0)  # the process that owns its subscribers' rings
         if path and not any(
             os.path.realpath(self.kickmsg_file).startswith(os.path.realpath(d) + os.sep) for d in path.split(os.pathsep) if d
         ):
@@ -377,6 +480,127 @@ def poke(op: Operation, name: str, geometry: layout.Geometry) -> str | None:
         os.close(fd)
 
 
+# -- layout 9: crashes, forged by this process in both regions ------------------------
+
+
+class Crashed(Exception):
+    """A forged crash: the process died here."""
+
+
+class CrashingAtomics(Atomics):
+    """Hardware atomics whose write number ``writes`` (counting from 0:
+    stores, CASes and read-modify-writes; loads do not count, so a spin
+    waiting on the clock cannot move the crash) raises ``Crashed`` instead
+    of happening."""
+
+    def __init__(self, writes: int) -> None:
+        self.writes_left = writes
+
+    def before_write(self) -> None:
+        if self.writes_left == 0:
+            raise Crashed
+        self.writes_left -= 1
+
+
+def _counted(name: str) -> Callable[..., int | None]:
+    operation = getattr(Atomics, name)
+
+    def write(self: CrashingAtomics, *args: int) -> int | None:
+        self.before_write()
+        return operation(*args)
+
+    return write
+
+
+# Every writing operation of the atomics door, counted (loads, the fence and the futex calls are inherited as they are).
+for _write in [name for name in vars(Atomics) if name.startswith(("store_", "cas_", "fetch_"))]:
+    setattr(CrashingAtomics, _write, _counted(_write))
+
+
+def crash(op: Operation, name: str) -> str:
+    """A forged crash on the region ``name``, run by this package's
+    layout-9 core in this process. The twin regions are identical before,
+    so they are after.
+
+    ``crash_send`` [writes, length, fill]: a publisher sends ``length``
+    bytes and dies before its shared-memory write number ``writes``. By
+    where that falls it leaves a slot popped and never published, its
+    refcount pre-set, a ring's admission held, a position claimed, a
+    position-tagged lock, a meta claim installed under that lock, or
+    nothing (``"completed"``; ``"no free slot"`` when the pool is dry).
+    ``crash_claim_schema`` [name, version]: a process claims the schema and
+    dies before storing Set (its copy written): the claim stays Claiming
+    (``"crashed"``), or someone's claim was there (``"claimed"``).
+    ``crash_subscriber`` [writes]: a subscriber joins, then leaves, and
+    dies before its write number ``writes``: a Live ring, one Draining,
+    its owner cleared or not, its claims partly drained; the owner words it
+    wrote then record a dead process (``bury``). ``crash_reclaim_dead_rings``
+    [writes]: a reclaim of dead rings dies before its write number
+    ``writes``: a ring left Reclaiming, its owner cleared or not."""
+    if op[0] == "crash_subscriber":
+        return crash_subscriber(name, op[1])
+    if op[0] == "crash_reclaim_dead_rings":
+        try:
+            repair.reclaim_dead_rings(v9.Region.open(name, atomics=CrashingAtomics(op[1])))
+        except Crashed:
+            return "crashed"
+        return "completed"
+    if op[0] == "crash_claim_schema":
+        schema_name, version = op[1:]
+        region = v9.Region.open(name, atomics=CrashingAtomics(1))  # the claim's CAS, not the store of Set
+        try:
+            repair.try_claim_schema(region, SchemaInfo(name=schema_name, version=version))
+        except Crashed:
+            return "crashed"
+        return "claimed"
+    writes, length, fill = op[1:]
+    region = v9.Region.open(name, atomics=CrashingAtomics(writes))
+    try:
+        v9.Publisher(region).send(crossdriver.pattern(length, fill))
+    except Crashed:
+        return "crashed"
+    except BlockingIOError:
+        return "no free slot"
+    return "completed"
+
+
+def crash_subscriber(name: str, writes: int) -> str:
+    region = v9.Region.open(name, atomics=CrashingAtomics(writes))
+    ops = HARDWARE
+    # the ring its join takes: the first Free one with no publisher in flight (B.4)
+    free = [i for i in range(region.geometry.max_subs) if ops.load_acquire_u32(region.ring_address(i) + STATE_FLIGHT_OFFSET) == 0]
+    if not free:
+        return "no free ring"
+    try:
+        subscriber = v9.Subscriber(region)
+    except Crashed:
+        outcome = "crashed joining"
+    else:
+        subscriber.owner_pid = DEAD_PID  # its process is gone: nothing leaves the ring when the object goes
+        try:
+            subscriber.close()
+        except Crashed:
+            outcome = "crashed leaving"
+        else:
+            return "completed"
+    # the owner words it wrote in its ring now name a dead process
+    address = region.ring_address(free[0])
+    if ops.load_relaxed_u64(address + OWNER_STARTTIME_OFFSET) == process_start_time(os.getpid()):
+        ops.store_relaxed_u64(address + OWNER_STARTTIME_OFFSET, DEAD_START)
+    if ops.load_acquire_u64(address + OWNER_PID_OFFSET) == os.getpid():
+        ops.store_release_u64(address + OWNER_PID_OFFSET, DEAD_PID)
+    return outcome
+
+
+def bury(name: str, ring: int) -> None:
+    """Record a dead owner (``DEAD_PID``) in ring ``ring`` of the region
+    ``name``: what a subscriber's process leaves when it is killed."""
+    region = v9.Region.open(name)
+    address = region.ring_address(ring)
+    region.atomics.store_relaxed_u64(address + OWNER_STARTTIME_OFFSET, DEAD_START)
+    region.atomics.store_release_u64(address + OWNER_PID_OFFSET, DEAD_PID)
+
+
 # -- comparing regions --------------------------------------------------------------
 
 
@@ -393,14 +617,47 @@ def read_region(name: str) -> bytes | None:
         return None
 
 
-def describe_value(label: str, value: int) -> str:
+def masked(data: bytes, layout_version: int, geometry: Any, pid: int, start_time: int) -> bytearray:
+    """A region's bytes with what legitimately differs between the twins
+    masked: the header's ``creator_pid`` and ``created_at_ns`` (each side's
+    own process and clock) zeroed; on layout 9 also each ring's
+    ``owner_pid`` and ``owner_starttime`` when they are the subscribing
+    process's own (``pid``, ``start_time``: this process for ours, the
+    child for the other), replaced by ``DRIVER_MARK``. Any other owner value
+    (0, or a forged crash's ``DEAD_PID``) is compared as it is."""
+    region = bytearray(data)
+    region[IGNORED.start : IGNORED.stop] = bytes(len(IGNORED))
+    if layout_version == 9:
+        mark = DRIVER_MARK.to_bytes(8, "little")
+        for ring in range(geometry.max_subs):
+            base = geometry.ring_offset(ring)
+            for offset, own in ((OWNER_PID_OFFSET, pid), (OWNER_STARTTIME_OFFSET, start_time)):
+                word = slice(base + offset, base + offset + 8)
+                if len(region) >= word.stop and int.from_bytes(region[word], "little") == own:
+                    region[word] = mark
+    return region
+
+
+def describe_value(label: str, value: int, layout_version: int = 4) -> str:
     """A field's integer value, with its meaning where it has one."""
     if label == "header.free_top":
         top = value & layout.U32_MAX
         return f"0x{value:016x} (generation {value >> 32}, top {'empty' if top == layout.INVALID_SLOT else f'slot {top}'})"
     if label.endswith(".state_flight"):
-        state = layout.RING_STATE_NAMES.get(value & layout.RING_STATE_MASK, "?")
+        state = v9layout.RING_STATE_NAMES.get(value & layout.RING_STATE_MASK, "?")
         return f"{value} ({state}, in_flight {value >> 2})"
+    if label.endswith((".owner_pid", ".owner_starttime")) and value == DRIVER_MARK:
+        return "its driver process's"
+    if layout_version == 9 and label.endswith(".sequence"):
+        if v9layout.seq_locked(value):
+            who = "repairer" if value & v9layout.SEQ_REPAIR_BIT else "publisher"
+            return f"0x{value:016x} ({who} lock of position {v9layout.seq_pos(value)})"
+        if v9layout.seq_skip(value):
+            return f"0x{value:016x} (skip marker of position {v9layout.seq_pos(value) - 1})"
+        return f"{value} (committed position {value - 1})" if value else "0 (never written)"
+    if layout_version == 9 and label.endswith(".meta"):
+        claim = v9layout.meta_slot_field(value)
+        return f"0x{value:016x} (tag {v9layout.meta_tag(value)}, {f'slot {claim - 1}' if claim else 'no claim'})"
     if label.endswith(".sequence") and value == layout.LOCKED_SEQUENCE:
         return "LOCKED"
     if label.endswith((".slot_idx", ".next_free")) and value == layout.INVALID_SLOT:
@@ -408,28 +665,77 @@ def describe_value(label: str, value: int) -> str:
     return str(value)
 
 
-def compare_regions(ours: bytes | None, other: bytes | None, geometry: layout.Geometry) -> list[Difference]:
-    """The fields in which two regions differ (creator_pid and
-    created_at_ns ignored), each with both values."""
+def _struct_field9(struct_type: type[ctypes.Structure], base: int, rel: int, prefix: str) -> Field:
+    """The field of a layout-9 ctypes structure at ``base`` containing ``base + rel``."""
+    for name, ctype, *_ in struct_type._fields_:
+        info = getattr(struct_type, name)
+        if info.offset <= rel < info.offset + info.size:
+            if name == "schema_data":
+                return _struct_field9(SchemaInfoLayout, base + info.offset, rel - info.offset, prefix + "schema_data.")
+            label = prefix + ("padding" if name.startswith("_pad") else name)
+            return Field(label, base + info.offset, info.size, not hasattr(ctype, "_length_") and not name.startswith("_pad"))
+    return Field(prefix + "padding", base + rel, 1, False)
+
+
+def field_at9(geometry: v9.Geometry, offset: int) -> Field:
+    """Which layout-9 header field, ring, entry or slot field holds byte ``offset`` (WIRE9.md A.2-A.5)."""
+    g = geometry
+    if offset < v9layout.HEADER_SIZE:
+        return _struct_field9(v9layout.Header, 0, offset, "header.")
+    if offset < v9layout.HEADER_SIZE + g.creator_name_len:
+        return Field("creator name", v9layout.HEADER_SIZE, g.creator_name_len, False)
+    if offset < g.sub_rings_offset:
+        return Field("header padding", offset, 1, False)
+    if offset < g.pool_offset:
+        ring, rel = divmod(offset - g.sub_rings_offset, g.ring_stride)
+        base = g.ring_offset(ring)
+        if rel < v9layout.RING_HEADER_SIZE:
+            return _struct_field9(v9layout.SubRingHeader, base, rel, f"ring {ring}.")
+        entry, rel = divmod(rel - v9layout.RING_HEADER_SIZE, v9layout.ENTRY_SIZE)
+        if entry < g.capacity:
+            return _struct_field9(v9layout.Entry, g.entry_offset(ring, entry), rel, f"ring {ring} entry {entry}.")
+        return Field(f"ring {ring} padding", offset, 1, False)
+    if offset < g.total_size:
+        slot, rel = divmod(offset - g.pool_offset, g.slot_stride)
+        base = g.slot_offset(slot)
+        if rel < v9layout.SLOT_HEADER_SIZE:
+            return _struct_field9(v9layout.SlotHeader, base, rel, f"slot {slot}.")
+        if rel < v9layout.SLOT_HEADER_SIZE + g.slot_data_size:
+            return Field(f"slot {slot} payload", base + v9layout.SLOT_HEADER_SIZE, g.slot_data_size, False)
+        return Field(f"slot {slot} padding", offset, 1, False)
+    return Field("past total_size", offset, 1, False)
+
+
+def compare_regions(
+    ours: bytes | None, other: bytes | None, geometry: Any, layout_version: int = 4,
+    owners: tuple[tuple[int, int], tuple[int, int]] = ((0, 0), (0, 0)),
+) -> list[Difference]:
+    """The fields in which two regions of ``layout_version`` differ, each
+    with both values, once ``masked`` (``owners``: each side's subscribing
+    process, (pid, start time))."""
     if ours is None or other is None:
         return [{"field": "shared-memory object", "offset": 0, "ours": "present" if ours is not None else "missing",
                  "other": "present" if other is not None else "missing"}]
     if len(ours) != len(other):
         return [{"field": "object size", "offset": 0, "ours": str(len(ours)), "other": str(len(other))}]
-    ours_bytes, other_bytes = bytearray(ours), bytearray(other)
-    ours_bytes[IGNORED.start : IGNORED.stop] = other_bytes[IGNORED.start : IGNORED.stop] = bytes(len(IGNORED))
+    ours_bytes = masked(ours, layout_version, geometry, *owners[0])
+    other_bytes = masked(other, layout_version, geometry, *owners[1])
     if ours_bytes == other_bytes:
         return []
-    found: dict[int, tuple[layout.Field, int, int]] = {}  # field start -> (field, first and last differing offsets)
+    locate = field_at9 if layout_version == 9 else field_at
+    found: dict[int, tuple[Field, int, int]] = {}  # field start -> (field, first and last differing offsets)
     for offset in (i for i in range(len(ours_bytes)) if ours_bytes[i] != other_bytes[i]):
-        where = field_at(geometry, offset)
+        where = locate(geometry, offset)
         first = found.get(where.start, (where, offset, offset))[1]
         found[where.start] = (where, first, offset)
     differences: list[Difference] = []
     for where, first, last in found.values():
         if where.scalar:
             span = slice(where.start, where.start + where.size)
-            values = [describe_value(where.label, int.from_bytes(side[span], "little")) for side in (ours_bytes, other_bytes)]
+            values = [
+                describe_value(where.label, int.from_bytes(side[span], "little"), layout_version)
+                for side in (ours_bytes, other_bytes)
+            ]
             label = where.label
         else:
             span = slice(first, last + 1)
@@ -465,6 +771,7 @@ class Result:
     elapsed_s: float
     ours: str  # this package's kickmsg file
     other: str  # the other side's kickmsg file and Python version
+    layout: int = 4  # of the channels compared
     divergence: Divergence | None = None
     replay_command: list[str] = field(default_factory=list)  # argv of ``kickmsg crosscheck`` without --replay
 
@@ -474,7 +781,10 @@ class Result:
         head = f"ours:  {self.ours}\nother: {self.other}\n"
         d = self.divergence
         if d is None:  # agreed
-            return head + f"agreed: {self.compared} operations ({where}), return values and region bytes identical, {self.elapsed_s:.1f} s"
+            return head + (
+                f"agreed: {self.compared} operations ({where}, layout {self.layout}), return values and region bytes "
+                f"identical, {self.elapsed_s:.1f} s"
+            )
         lines = [head + f"DIVERGENCE at operation {d.index} ({where}, after {self.elapsed_s:.1f} s): {json.dumps(d.operation)}"]
         if d.failure:
             lines.append(f"  the other implementation failed: {d.failure}")
@@ -499,6 +809,7 @@ class Result:
             "agreed": self.agreed,
             "compared": self.compared,
             "seed": self.seed,
+            "layout": self.layout,
             "elapsed_s": round(self.elapsed_s, 3),
             "ours": self.ours,
             "other": self.other,
@@ -511,23 +822,31 @@ class Result:
 # -- running ---------------------------------------------------------------------
 
 
-def crosscheck(other_python: str, other_path: str | None = None, ops: int = 1000, seed: int = 0) -> Result:
+def crosscheck(other_python: str, other_path: str | None = None, ops: int = 1000, seed: int = 0, layout: int = 4) -> Result:
     """Run ``ops`` random operations (from ``seed``) on this package and on
     the implementation that ``other_python`` imports (from ``other_path``, a
-    directory or several joined with ``os.pathsep``, when given), comparing
-    results and region bytes after each. Raises ``SetupError`` if the other
-    side does not start."""
+    directory or several joined with ``os.pathsep``, when given), on
+    channels of ``layout`` (4: against native 0.1.0's API, 9: 0.9.2's),
+    comparing results and region bytes after each. Raises ``SetupError`` if
+    the other side does not start or does not make regions of that layout."""
     if not isinstance(ops, int) or ops < 1:
         raise SetupError(f"the number of operations must be a positive integer, got {ops!r}")
-    return _run(Generator(seed, ops), other_python, other_path, seed)
+    check_layout(layout)
+    return _run(Generator(seed, ops, layout), other_python, other_path, seed, layout)
 
 
-def replay(other_python: str, operations: list[Operation], other_path: str | None = None) -> Result:
+def replay(other_python: str, operations: list[Operation], other_path: str | None = None, layout: int = 4) -> Result:
     """Run a given operation sequence (e.g. a divergence's reproducer)."""
+    check_layout(layout)
     for op in operations:
         if not (isinstance(op, list) and op and isinstance(op[0], str)):
             raise SetupError(f"not an operation: {op!r} (expected a JSON list such as [\"send\", 0, 12, 7])")
-    return _run(Replay(operations), other_python, other_path, None)
+    return _run(Replay(operations), other_python, other_path, None, layout)
+
+
+def check_layout(layout_version: object) -> None:
+    if layout_version not in (4, 9):
+        raise SetupError(f"the layout must be 4 or 9, got {layout_version!r}")
 
 
 def load_operations(path: str) -> list[Operation]:
@@ -545,16 +864,21 @@ def load_operations(path: str) -> list[Operation]:
         raise SetupError(f"{path} is not a sequence of JSON operations: {error}") from None
 
 
-def _run(source: Generator | Replay, other_python: str, other_path: str | None, seed: int | None) -> Result:
-    ours = crossdriver.Driver(kickmsg)
-    other = OtherSide(other_python, other_path)
+def _run(source: Generator | Replay, other_python: str, other_path: str | None, seed: int | None, layout_version: int) -> Result:
+    ours = crossdriver.Driver(kickmsg, layout_version)
+    other = OtherSide(other_python, other_path, layout_version)
     replay_command = ["kickmsg", "crosscheck", "--other-python", other_python]
     if other_path:
         replay_command += ["--other-path", other_path]
+    if layout_version != 4:
+        replay_command += ["--layout", str(layout_version)]
     result = Result(
         agreed=True, compared=0, seed=seed, elapsed_s=0.0, ours=kickmsg.__file__,
-        other=f"{other.kickmsg_file} (Python {other.python_version})", replay_command=replay_command,
+        other=f"{other.kickmsg_file} (Python {other.python_version})", layout=layout_version,
+        replay_command=replay_command,
     )
+    # Each side's subscribing process, whose pid and start time its rings record (layout 9).
+    owners = ((os.getpid(), process_start_time(os.getpid())), (other.pid, process_start_time(other.pid)))
     stem = f"/kmcc_{os.getpid()}_{secrets.token_hex(3)}"
     names: tuple[str, str] | None = None  # (ours, other) of the region in use
     made: list[str] = []
@@ -570,27 +894,42 @@ def _run(source: Generator | Replay, other_python: str, other_path: str | None, 
                 last_create = index
                 previous, names = made[:], (f"{stem}_{index}_ours", f"{stem}_{index}_other")
                 made += names
-            if op[0] in POKES:
+            if op[0] in POKES | CRASHES:
                 if ours.region is None or names is None:
                     ours_result = other_result = "no region"
-                else:
+                elif op[0] not in (CRASHES if layout_version == 9 else POKES):  # (a replay of the other layout's)
+                    ours_result = other_result = f"not on layout {layout_version}"
+                elif op[0] in POKES:
                     ours_result = poke(op, names[0], ours.region.geometry)
                     other_result = poke(op, names[1], ours.region.geometry)
+                else:
+                    ours_result, other_result = crash(op, names[0]), crash(op, names[1])
             else:
+                # kill_subscriber: its ring, as our Subscriber9 knows it (the twin's is the same ring, or the
+                # regions already differ)
+                killed = ours.subscribers.get(op[1]) if op[0] == "kill_subscriber" and layout_version == 9 else None
                 ours_result = json.loads(json.dumps(ours.run(op, names and names[0])))
                 try:
                     other_result = other.run(op, names and names[1])
                 except OtherFailed as failure:
                     result.divergence = Divergence(index, op, ours_result, None, [], executed[last_create:], str(failure))
                     break
+                if killed is not None and names is not None:
+                    for name in names:
+                        bury(name, killed._core.ring_index)
             if op[0] == "create":
                 for name in previous:
                     unlink_shm(name)
+                if ours_result is None and names is not None:
+                    check_version(names[1], layout_version, other)
             source.observe(op, ours_result)
             result.compared += 1
             differences = []
             if ours.region is not None and names is not None:
-                differences = compare_regions(read_region(names[0]), read_region(names[1]), ours.region.geometry)
+                geometry = ours.region.core.geometry if layout_version == 9 else ours.region.geometry
+                differences = compare_regions(
+                    read_region(names[0]), read_region(names[1]), geometry, layout_version, owners
+                )
             if ours_result != other_result or differences:
                 result.divergence = Divergence(index, op, ours_result, other_result, differences, executed[last_create:])
                 break
@@ -602,3 +941,15 @@ def _run(source: Generator | Replay, other_python: str, other_path: str | None, 
         result.elapsed_s = time.monotonic() - start
     result.agreed = result.divergence is None
     return result
+
+
+def check_version(name: str, layout_version: int, other: OtherSide) -> None:
+    """The other side must have made a region of the layout compared (its
+    version word, at offset 8): else ``SetupError``."""
+    region = read_region(name)
+    version = int.from_bytes(region[8:12], "little") if region is not None and len(region) >= 12 else None
+    if version is not None and version != layout_version:
+        raise SetupError(
+            f"the other implementation ({other.kickmsg_file}) made a layout-{version} region, not layout {layout_version}: "
+            f"choose --layout {version}" + (" (native 0.1.0 speaks only layout 4, 0.9.2 only layout 9)" if version in (4, 9) else "")
+        )

@@ -481,7 +481,12 @@ class Publisher9(Publisher):
             raise ValueError(
                 f"message too large: exceeds max_payload_size: {size} bytes > {max_size} of {self._region.name}"
             )
-        # B.5 allocate (no reservation of the core is pending: AllocatedSlot keeps its own)
+        # B.5 allocate, step 1: a slot still pending from allocate() goes back
+        # to the pool first, superseded, as 0.9.2's send does (the core's own
+        # pending slot is always none: AllocatedSlot keeps the reservation)
+        pending = self._pending() if self._pending else None
+        if pending is not None:
+            pending._abandon()
         slot = self._core.allocate()
         if slot == INVALID_SLOT:
             return None

@@ -1,10 +1,11 @@
 """The differential cross-check (``kickmsg.crosscheck``, ``kickmsg crosscheck``).
 
 Against the native kickmsg 0.1.0 (in a child, see ``nativepeer``) it must
-agree over a few thousand random operations. Against deliberately altered
-copies of this package (copied into tmp_path, one behaviour patched) it must
-stop at the first diverging operation: every operation before it agrees
-when replayed, the named one does not.
+agree over a few thousand random operations on layout 4, and against the
+native 0.9.2 on layout 9, forged crashes and their repairs included.
+Against deliberately altered copies of this package (copied into tmp_path,
+one behaviour patched) it must stop at the first diverging operation: every
+operation before it agrees when replayed, the named one does not.
 """
 import json
 import os
@@ -18,7 +19,8 @@ import pytest
 
 import kickmsg
 from kickmsg import crosscheck, crossdriver, layout
-from nativepeer import native_dir
+from kickmsg.protocol import v9
+from nativepeer import NATIVE9_DIR, NATIVE_DIR, native_dir
 
 KICKMSG = pathlib.Path(sys.executable).with_name("kickmsg")
 PACKAGE = pathlib.Path(kickmsg.__file__).parent
@@ -38,11 +40,28 @@ DRAIN_PATCH = (  # the drain releases entries but leaves their slot index
     "                pass\n",
 )
 
+# Layout 9: a reclaim of dead rings that leaves the dead owner recorded, and
+# a steal whose skip marker names the next position.
+DEAD_OWNER_PATCH = (
+    "protocol/v9/repair.py",
+    "        if _ring_is_dead(region, ring):\n            _clear_owner(region, ring)\n",
+    "        if _ring_is_dead(region, ring):\n",
+)
+SKIP_PATCH = (
+    "protocol/v9/publish.py",
+    "    ops.store_release_u64(entry + SEQUENCE_OFFSET, skip_marker(pos))\n",
+    "    ops.store_release_u64(entry + SEQUENCE_OFFSET, skip_marker(pos + 1))\n",
+)
+
 pytestmark = pytest.mark.timeout(120)
 
 
 def native() -> str:
     return str(native_dir())
+
+
+def native9() -> str:
+    return str(native_dir("0.9.2"))
 
 
 def altered_copy(tmp_path, patch) -> str:
@@ -57,7 +76,7 @@ def altered_copy(tmp_path, patch) -> str:
     return f"{root}{os.pathsep}{sysconfig.get_paths()['purelib']}"
 
 
-def assert_first_divergence(result, other_path):
+def assert_first_divergence(result, other_path, layout=4):
     """The divergence's reproducer replays to the same divergence at its last
     operation, and everything before that operation agrees."""
     assert not result.agreed
@@ -65,12 +84,12 @@ def assert_first_divergence(result, other_path):
     assert divergence.reproducer[0][0] == "create"
     assert divergence.reproducer[-1] == divergence.operation
     assert result.compared == divergence.index + 1
-    again = crosscheck.replay(sys.executable, divergence.reproducer, other_path)
+    again = crosscheck.replay(sys.executable, divergence.reproducer, other_path, layout=layout)
     assert not again.agreed
     assert again.divergence.index == len(divergence.reproducer) - 1
     assert (again.divergence.ours, again.divergence.other) == (divergence.ours, divergence.other)
     assert again.divergence.differences == divergence.differences
-    before = crosscheck.replay(sys.executable, divergence.reproducer[:-1], other_path)
+    before = crosscheck.replay(sys.executable, divergence.reproducer[:-1], other_path, layout=layout)
     assert before.agreed, before.report()
 
 
@@ -91,11 +110,13 @@ def test_agrees_with_native_0_1_0(seed):
     assert no_regions_left()
 
 
-def generate(seed: int, count: int) -> tuple[list, set]:
+def generate(seed: int, count: int, layout: int = 4) -> tuple[list, set]:
     """The sequence the generator makes for ``seed`` against this package
-    alone, and the kinds of operations and errors it reached."""
-    generator = crosscheck.Generator(seed, count)
-    driver = crossdriver.Driver(kickmsg)
+    alone (as the cross-check runs it), and the kinds of operations and
+    errors it reached; on layout 9 also the repairs and crashes that did
+    something ("repair_locked_entries>0", "crash_send:crashed", ...)."""
+    generator = crosscheck.Generator(seed, count, layout)
+    driver = crossdriver.Driver(kickmsg, layout)
     operations, seen, name = [], set(), None
     for index, op in enumerate(generator):
         if op[0] == "create":
@@ -104,8 +125,17 @@ def generate(seed: int, count: int) -> tuple[list, set]:
             name = f"/kmcc_{os.getpid()}_gen_{seed}_{index}"
         if op[0] in crosscheck.POKES:
             result = crosscheck.poke(op, name, driver.region.geometry)
+        elif op[0] in crosscheck.CRASHES:
+            result = crosscheck.crash(op, name)
+            seen.add(f"{op[0]}:{result}")
         else:
+            killed = driver.subscribers.get(op[1]) if op[0] == "kill_subscriber" else None
             result = json.loads(json.dumps(driver.run(op, name)))
+            if killed is not None:
+                crosscheck.bury(name, killed._core.ring_index)
+        if op[0] in ("repair_locked_entries", "reset_retired_rings", "reclaim_orphaned_slots", "reclaim_dead_rings",
+                     "reset_schema_claim"):
+            seen.add(f"{op[0]}>0" if result else op[0])
         generator.observe(op, result)
         operations.append(op)
         seen.add(op[0] if not isinstance(result, dict) else f"{op[0]}:{result['error']}")
@@ -123,6 +153,105 @@ def test_the_sequence_is_reproducible_and_exercises_every_operation():
     assert set(crosscheck.WEIGHTS) <= seen
     assert {"send:BlockingIOError", "send:ValueError", "join:RuntimeError", "publish:ValueError"} <= seen
     assert no_regions_left()
+
+
+# -- agreement with the native 0.9.2, on layout 9 ------------------------------------------------
+
+LAYOUT9_SEED, LAYOUT9_OPS = 3, 2500
+
+
+def test_agrees_with_native_0_9_2_on_layout_9():
+    """2500 random operations on layout 9 (crashes and repairs included, see
+    the next test): identical results and region bytes."""
+    result = crosscheck.crosscheck(sys.executable, native9(), ops=LAYOUT9_OPS, seed=LAYOUT9_SEED, layout=9)
+    assert result.agreed, result.report()
+    assert (result.compared, result.layout) == (LAYOUT9_OPS, 9)
+    assert result.other.startswith(str(native_dir("0.9.2") / "kickmsg"))
+    assert no_regions_left()
+
+
+def test_the_layout_9_sequence_crashes_and_repairs():
+    """The sequence of the agreement test reaches every layout-9 kind, the
+    refusals of 0.9.2's API (superseded and published slots), publishers
+    dying mid-send, subscribers dying mid-join and mid-leave, a schema
+    claimer and a reclaimer dying, killed subscribers, and each repair doing
+    something."""
+    operations, seen = generate(LAYOUT9_SEED, LAYOUT9_OPS, layout=9)
+    assert set(crosscheck.WEIGHTS9) <= seen
+    assert {"fill:BufferError", "publish_len:ValueError", "send:BlockingIOError", "join:RuntimeError"} <= seen
+    assert {"crash_send:crashed", "crash_send:completed", "crash_claim_schema:crashed", "crash_subscriber:crashed joining",
+            "crash_subscriber:crashed leaving", "crash_reclaim_dead_rings:crashed"} <= seen
+    assert {"repair_locked_entries>0", "reset_retired_rings>0", "reclaim_orphaned_slots>0", "reclaim_dead_rings>0",
+            "reset_schema_claim>0"} <= seen
+    assert not seen & ({"allocate", "publish"} | crosscheck.POKES)  # layout 4's forms
+    assert no_regions_left()
+
+
+# WIRE9.md H.3: a publisher dies holding the lock of position 0, two more
+# die after claiming positions 1 and 2 (entry 0 is position 2's window
+# entry, still locked for 0), then the repair, a live publisher's wrap onto
+# the never-written entry 1, and the ring's leave and reset.
+EARLIER_LAP_LOCK = [
+    ["create", "PubSub", 1, 2, 5, 8, 1000],
+    ["join", 0],
+    ["crash_send", 6, 4, 1],
+    ["crash_send", 5, 4, 2],
+    ["crash_send", 5, 4, 3],
+    ["diagnose"],
+    ["repair_locked_entries"],
+    ["recv", 0],
+    ["lost", 0],
+    ["publisher", 1],
+    ["send", 1, 4, 9],
+    ["dropped", 1],
+    ["recv", 0],
+    ["lost", 0],
+    ["leave", 0],
+    ["reset_retired_rings"],
+    ["reclaim_orphaned_slots"],
+]
+
+
+def test_an_earlier_laps_lock_is_repaired_alike():
+    """0.9.2 and we steal a lock older than its window position into that
+    position's skip marker, and the reader counts each of the four
+    positions lost once (H.3: no double count)."""
+    result = crosscheck.replay(sys.executable, EARLIER_LAP_LOCK, native9(), layout=9)
+    assert result.agreed, result.report()
+    assert results_here(EARLIER_LAP_LOCK) == [None, None, "crashed", "crashed", "crashed", [1, 0, 0, 1, False], 1, None, 1, None, 4, 1, None, 4,
+                    None, 1, 3]
+
+
+def results_here(operations: list) -> list:
+    """The results of ``operations`` (layout 9) run on this package alone."""
+    driver = crossdriver.Driver(kickmsg, 9)
+    name = f"/kmcc_{os.getpid()}_replay"
+    results = [crosscheck.crash(op, name) if op[0] in crosscheck.CRASHES else driver.run(op, name) for op in operations]
+    driver.drop_all()
+    kickmsg.unlink_shm(name)
+    return results
+
+
+def test_field_names_and_values_of_layout_9():
+    """Layout-9 offsets decode to WIRE9.md's fields (A.2-A.5), the tagged words to their meaning."""
+    geometry = v9.Geometry.for_config(1, 2, 4, 3, 20, 10_000, len("crosscheck"))
+    assert (geometry.sub_rings_offset, geometry.ring_stride, geometry.slot_stride) == (896, 192, 64)
+    names = {
+        776: "header.steal_count",
+        784: "header.identity_hash",
+        896 + 8: "ring 0.owner_pid",
+        896 + 192 + 88: "ring 1.lost_count",
+        896 + 192 + 128 + 16 * 3 + 8: "ring 1 entry 3.meta",
+        896 + 384 + 8: "slot 0.payload_len",
+        896 + 384 + 64 + 16: "slot 1 payload",
+    }
+    assert {offset: crosscheck.field_at9(geometry, offset).label for offset in names} == names
+    describe = crosscheck.describe_value
+    assert describe("ring 0 entry 1.sequence", 0x8000000000000004, 9) == "0x8000000000000004 (publisher lock of position 4)"
+    assert describe("ring 0 entry 1.sequence", 0x400000000000000B, 9) == "0x400000000000000b (skip marker of position 10)"
+    assert describe("ring 0 entry 0.meta", 0x6000004, 9) == "0x0000000006000004 (tag 6, slot 3)"
+    assert describe("ring 0.state_flight", 7, 9) == "7 (Reclaiming, in_flight 1)"
+    assert describe("ring 0.owner_pid", crosscheck.DRIVER_MARK, 9) == "its driver process's"
 
 
 # -- detecting divergences ------------------------------------------------------------------
@@ -161,6 +290,42 @@ def test_detects_different_region_bytes_and_names_the_fields(tmp_path):
     assert no_regions_left()
 
 
+def test_detects_a_dead_owner_left_recorded(tmp_path):
+    """Layout 9: a copy whose reclaim_dead_rings frees a killed subscriber's
+    ring but leaves its dead owner recorded diverges there, in the owner
+    words (which the comparison masks only when they hold a side's own,
+    live, subscribing process)."""
+    other_path = altered_copy(tmp_path, DEAD_OWNER_PATCH)
+    result = crosscheck.crosscheck(sys.executable, other_path, ops=500, seed=2, layout=9)
+    divergence = result.divergence
+    assert divergence is not None and divergence.operation == ["reclaim_dead_rings"]
+    assert divergence.ours == divergence.other >= 1
+    dead = {".owner_pid": str(crosscheck.DEAD_PID), ".owner_starttime": str(crosscheck.DEAD_START)}
+    assert divergence.differences
+    for difference in divergence.differences:
+        word = difference["field"][difference["field"].rindex("."):]
+        assert (difference["ours"], difference["other"]) == ("0", dead[word]), difference
+    assert any(op[0] in ("kill_subscriber", "crash_subscriber") for op in divergence.reproducer)
+    assert_first_divergence(result, other_path, layout=9)
+    assert no_regions_left()
+
+
+@pytest.mark.parametrize("seed, operation", [(2, "repair_locked_entries"), (4, "send")])
+def test_detects_a_wrong_skip_marker(tmp_path, seed, operation):
+    """Layout 9: a copy whose steal writes the skip marker of the next
+    position diverges when a forged crash's lock is stolen, by the repair
+    or by a publisher's self-repair."""
+    other_path = altered_copy(tmp_path, SKIP_PATCH)
+    result = crosscheck.crosscheck(sys.executable, other_path, ops=500, seed=seed, layout=9)
+    divergence = result.divergence
+    assert divergence is not None and divergence.operation[0] == operation
+    assert any(op[0] == "crash_send" for op in divergence.reproducer)
+    sequence = [d for d in divergence.differences if d["field"].endswith(".sequence")]
+    assert sequence and all("skip marker of position" in d["ours"] for d in sequence), divergence.differences
+    assert_first_divergence(result, other_path, layout=9)
+    assert no_regions_left()
+
+
 def test_field_names_of_offsets():
     """Byte offsets decode to WIRE.md's fields (creator "crosscheck": rings at 896)."""
     geometry = layout.Geometry.for_config(1, 2, 4, 3, 20, 10_000, len("crosscheck"))
@@ -195,7 +360,10 @@ def test_cli_exit_0_when_they_agree():
     data = json.loads(done.stdout)
     assert (data["agreed"], data["compared"], data["seed"]) == (True, 300, 9)
     text = cli("--other-python", sys.executable, "--other-path", native(), "--ops", 50)
-    assert text.returncode == 0 and "agreed: 50 operations (seed 0)" in text.stdout
+    assert text.returncode == 0 and "agreed: 50 operations (seed 0, layout 4)" in text.stdout
+    nine = cli("--other-python", sys.executable, "--other-path", native9(), "--layout", 9, "--ops", 100, "--json")
+    assert nine.returncode == 0, nine.stderr
+    assert (json.loads(nine.stdout)["agreed"], json.loads(nine.stdout)["layout"]) == (True, 9)
 
 
 def test_cli_exit_1_at_a_divergence_and_its_replay(tmp_path):
@@ -222,6 +390,9 @@ def test_cli_exit_1_at_a_divergence_and_its_replay(tmp_path):
         (["--other-python", sys.executable, "--other-path", "/nonexistent"], "did not start"),
         (["--other-python", sys.executable, "--ops", "0"], "positive integer"),
         (["--other-python", sys.executable, "--replay", "/nonexistent/ops.jsonl"], "cannot read"),
+        (["--other-python", sys.executable, "--other-path", str(NATIVE9_DIR), "--ops", "3"], "choose --layout 9"),
+        (["--other-python", sys.executable, "--other-path", str(NATIVE_DIR), "--ops", "3", "--layout", "9"],
+         "choose --layout 4"),
     ],
 )
 def test_cli_exit_2_on_bad_input(args, message):

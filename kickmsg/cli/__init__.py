@@ -292,6 +292,7 @@ def build_parser() -> CommandLineParser:
                   "run random operations on this package and another implementation, compare results and region "
                   "bytes (exit 1 at the first divergence, printing a sequence that reproduces it)",
                   "  kickmsg crosscheck --other-python python3 --other-path .native/kickmsg-0.1.0\n"
+                  "  kickmsg crosscheck --other-python python3 --other-path .native/kickmsg-0.9.2 --layout 9\n"
                   "  kickmsg crosscheck --other-python /opt/py/bin/python --ops 5000 --seed 7 --json\n"
                   "  kickmsg crosscheck --other-python python3 --other-path .native/kickmsg-0.1.0 --replay repro.jsonl",
                   channel=False)
@@ -301,6 +302,8 @@ def build_parser() -> CommandLineParser:
     sub.add_argument("--ops", type=int, default=1000, help="number of random operations (default 1000)")
     sub.add_argument("--seed", type=int, default=0, help="seed of the random sequence (default 0)")
     sub.add_argument("--replay", metavar="FILE", help="run the operations in FILE (one JSON list per line) instead")
+    sub.add_argument("--layout", type=int, choices=(4, 9), default=4,
+                     help="channel layout compared: 4 (native 0.1.0's API, the default) or 9 (native 0.9.2's)")
 
     sub = command("verify", cmd_verify,
                   "run the package's publish, receive, join and leave code under a controlled scheduler, checking "

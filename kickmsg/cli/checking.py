@@ -12,9 +12,10 @@ def cmd_crosscheck(args: argparse.Namespace) -> int:
     try:
         if args.replay:
             operations = crosscheck.load_operations(args.replay)
-            result = crosscheck.replay(args.other_python, operations, args.other_path)
+            result = crosscheck.replay(args.other_python, operations, args.other_path, layout=args.layout)
         else:
-            result = crosscheck.crosscheck(args.other_python, args.other_path, ops=args.ops, seed=args.seed)
+            result = crosscheck.crosscheck(args.other_python, args.other_path, ops=args.ops, seed=args.seed,
+                                           layout=args.layout)
     except crosscheck.SetupError as error:
         raise CommandError(str(error)) from None
     emit(args, result.to_dict(), result.report())
