@@ -18,8 +18,12 @@ import pytest
 
 import crashworkers
 import rawregion
+from conftest import on_layout4
 from kickmsg import ChannelType, Config, Publisher, SharedRegion, Subscriber, audit, cli, layout, owners
 from tinyshm import run_on_a_tiny_dev_shm
+
+# These tests check layout 4's own: owner and publisher records in sidecar files.
+pytestmark = on_layout4
 
 SMALL = dict(max_subscribers=4, sub_ring_capacity=8, pool_size=32, max_payload_size=64)
 NOBODY = pwd.getpwnam("nobody")

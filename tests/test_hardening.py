@@ -27,8 +27,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import rawregion
+from conftest import on_layout4
 from kickmsg import ChannelType, Config, Publisher, SchemaInfo, SharedRegion, Subscriber, audit, owners, unlink_shm
 from kickmsg.region import DeadSubscriberReport, HealthReport
+
+# These tests check layout 4's own: its byte offsets and its ring-owner sidecar.
+pytestmark = on_layout4
 
 INVALID_SLOT = 0xFFFFFFFF
 LOCKED = 0xFFFFFFFFFFFFFFFF

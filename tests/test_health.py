@@ -20,7 +20,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import rawregion
+from conftest import on_layout4
 from kickmsg import ChannelType, Config, Publisher, SchemaInfo, SharedRegion, Subscriber, audit, unlink_shm
+
+# These tests check layout 4's own: its byte offsets (WIRE.md) and 0.1.0's repair rules.
+pytestmark = on_layout4
 from nativepeer import run_native, run_ours, start_native, start_ours
 
 INVALID_SLOT = 0xFFFFFFFF
