@@ -28,6 +28,11 @@ medians of single sends). After each flow's figure, in brackets: the calls
 into the atomics shim it makes per operation (the region's atomics swapped
 for a counting copy, averaged over 1 000 operations after the timing). Not
 part of ``make bench``: that one compares against the peers.
+
+The channels are layout 4's (the free-stack and shim rows know its
+internals) unless ``KICKMSG_LAYOUT`` says otherwise:
+``KICKMSG_LAYOUT=9 python benchmarks/hotpath.py --only send`` times layout
+9's sends.
 """
 import argparse
 import json
@@ -201,7 +206,8 @@ def main() -> int:
             command = [sys.executable, "-P", __file__, "--child", str(tree), "--repeats", str(arguments.repeats)]
             command += ["--fastest"] if arguments.fastest else []
             command += [option for part in arguments.only for option in ("--only", part)]
-            child = subprocess.run(command, capture_output=True, text=True, timeout=600)
+            layout = {"KICKMSG_LAYOUT": os.environ.get("KICKMSG_LAYOUT", "4")}
+            child = subprocess.run(command, capture_output=True, text=True, timeout=600, env={**os.environ, **layout})
             if child.returncode:
                 sys.exit(f"hotpath: timing {tree} failed:\n{child.stderr}")
             runs[tree].append(json.loads(child.stdout))

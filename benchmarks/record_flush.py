@@ -93,7 +93,8 @@ def main() -> int:
     parser.add_argument("--name", default=f"/kmbench_record_{os.getpid()}", help="shm name of the channel")
     parser.add_argument("--json", dest="json_path", help="write the figures as JSON")
     args = parser.parse_args()
-    kickmsg.SharedRegion.create(args.name, kickmsg.ChannelType.PubSub, CONFIG, "bench")
+    # layout 4: its ring keeps the recorder's read position, which says when it has read everything
+    kickmsg.SharedRegion.create(args.name, kickmsg.ChannelType.PubSub, CONFIG, "bench", layout=4)
     results: dict[str, dict[str, list[float]]] = {}
     try:
         with tempfile.TemporaryDirectory() as scratch:
