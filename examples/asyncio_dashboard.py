@@ -120,6 +120,7 @@ def main() -> None:
             feeder.kill()
         for topic in ("imu", "events", "spark.telemetry"):
             node.unlink_topic(topic)
+        kickmsg.Registry.unlink(prefix)  # the namespace's participant registry (layout 9's nodes list themselves)
 
 
 if __name__ == "__main__":

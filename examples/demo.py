@@ -189,6 +189,7 @@ def run_live(seconds: float, recording: str) -> None:
                         process.kill()
             for topic in CHANNELS:
                 node.unlink_topic(topic)
+            kickmsg.Registry.unlink(prefix)  # the namespace's participant registry (layout 9's nodes list themselves)
 
 
 def analyse(out: str, recording: str) -> None:

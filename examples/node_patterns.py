@@ -39,6 +39,7 @@ def main() -> None:
         sensor.unlink_topic("imu")
         sensor.unlink_broadcast("events")
         sensor.unlink_mailbox("requests")
+        kickmsg.Registry.unlink(prefix)  # the namespace's participant registry (layout 9's nodes list themselves)
 
 
 if __name__ == "__main__":

@@ -95,6 +95,7 @@ def main() -> None:
         spark.stop()
         for topic in ("imu", "orders", "spark.telemetry"):
             node.unlink_topic(topic)
+        kickmsg.Registry.unlink(prefix)  # the namespace's participant registry (layout 9's nodes list themselves)
 
 
 if __name__ == "__main__":

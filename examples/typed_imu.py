@@ -42,6 +42,7 @@ def main() -> None:
             print("old build refused:", error)
     finally:
         node.unlink_topic("imu")
+        kickmsg.Registry.unlink(node.prefix)  # the namespace's participant registry (layout 9's nodes list themselves)
 
 
 if __name__ == "__main__":

@@ -77,6 +77,7 @@ def main() -> None:
         publisher.join()
         for topic in ("imu", "gps", "setpoint"):
             node.unlink_topic(topic)
+        kickmsg.Registry.unlink(prefix)  # the namespace's participant registry (layout 9's nodes list themselves)
 
 
 if __name__ == "__main__":

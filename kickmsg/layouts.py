@@ -3,16 +3,15 @@
 
 ``DEFAULT_LAYOUT`` is the default of ``SharedRegion.create`` /
 ``create_or_open`` and ``Node``; ``$KICKMSG_LAYOUT`` (``4`` or ``9``)
-overrides it for a process, a ``layout=`` argument for one call. It stays 4
-until the tools still on layout 4 only (recorder, bridge, Spark, crosscheck) handle
-layout 9.
+overrides it for a process, a ``layout=`` argument for one call. It is 9,
+what today's native library speaks.
 """
 import os
 
 LAYOUT_4 = 4
 LAYOUT_9 = 9
 SUPPORTED_LAYOUTS = (LAYOUT_4, LAYOUT_9)
-DEFAULT_LAYOUT = LAYOUT_4
+DEFAULT_LAYOUT = LAYOUT_9
 LAYOUT_ENV = "KICKMSG_LAYOUT"
 
 

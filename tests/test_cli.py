@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import pytest
 
 import rawregion
-from conftest import SESSION_PREFIX
+from conftest import SESSION_PREFIX, on_layout4
 from kickmsg import ChannelType, Config, Node, Publisher, SchemaInfo, SharedRegion, Subscriber, owners, typed
 from nativepeer import run_native, run_native9, run_ours, start_native, start_native9, start_ours
 
@@ -331,6 +331,7 @@ def test_no_command_is_an_error():
 # -- list -----------------------------------------------------------------------------------
 
 
+@on_layout4
 def test_list_shows_our_native_and_unsupported_regions(prefix):
     """Rows for our region, a native one, an old-version one and one that
     does not fit its object (garbage and sidecars are skipped), with the
@@ -379,6 +380,7 @@ def access(name: str) -> dict:
     return {"mode": f"{status.st_mode & 0o777:04o}", "owner": pwd.getpwuid(status.st_uid).pw_name}
 
 
+@on_layout4
 def test_list_text_table_and_column_selection(prefix):
     """A table with an upper-case header; -o picks and orders columns."""
     first, second = f"/{prefix}_one", f"/{prefix}_two"
@@ -534,6 +536,7 @@ def error_argv(command: str, kind: str, broken: dict) -> list[str]:
     + [(command, "missing") for command in ("stats", "watch", "hz", "bw", "schema", "diagnose", "audit")]
     + [("audit", "old_version"), ("watch", "garbage")],
 )
+@on_layout4
 def test_errors_are_one_line_and_exit_2(broken, command, kind):
     """Missing, garbage, empty or old-version regions, invalid names and
     ambiguous naming: one line on stderr, exit status 2, nothing changed."""
@@ -601,6 +604,7 @@ def test_pub_gives_up_when_the_pool_stays_empty(name):
 # -- stats ---------------------------------------------------------------------------------------
 
 
+@on_layout4
 def test_stats_shows_our_subscribers_positions(name):
     """read_pos, pending and lost per ring come from the owner records
     (which a subscriber updates at most every 0.1 s: the last receive of
@@ -694,6 +698,7 @@ wait_go()
 """
 
 
+@on_layout4
 def test_stats_and_repair_of_a_subscriber_killed_with_sigkill(name):
     """A dead subscriber of ours shows as not alive; the default repair
     reclaims its ring, leaves live ones (ours: alive; native: unrecorded)."""
@@ -945,6 +950,7 @@ def test_hz_counts_messages_of_this_process(name, layout):
     assert 0 <= report["min_s"] <= report["max_s"] and report["std_s"] >= 0
 
 
+@on_layout4
 def test_bw_counts_sizes_from_a_native_publisher(name):
     """bw --count 20 --json: sizes 1..20 bytes published by native."""
     make(name, **ROOMY)
@@ -1190,6 +1196,7 @@ def test_tools_on_a_region_made_by_native_0_9_2(name):
     assert cli_json("audit", name)["clean"] is True
 
 
+@on_layout4
 def test_locked_entry_is_found_and_repaired(name):
     """diagnose/audit exit 1 on a LOCKED entry; the default repair commits it."""
     make(name)
@@ -1321,6 +1328,7 @@ INSPECTIONS = [
 ]
 
 
+@on_layout4
 def test_inspection_commands_do_not_modify_our_region(prefix):
     """Every byte of a quiescent region (and of its owner sidecar) is the
     same after list, info, stats, watch, schema, schema-diff, diagnose, audit."""

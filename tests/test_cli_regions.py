@@ -18,6 +18,7 @@ import sys
 import pytest
 
 import rawregion
+from conftest import on_layout4
 from kickmsg import Config, SharedRegion, Subscriber, owners
 from nativepeer import run_native, start_native, start_ours
 from test_cli import (
@@ -44,6 +45,7 @@ def exists(name: str) -> bool:
 # -- list ----------------------------------------------------------------------------------------
 
 
+@on_layout4
 def test_list_keeps_the_table_readable_around_a_damaged_region(prefix):
     """A damaged region is a row with a short status and '-' cells, and a
     footer points at kickmsg info; --json gives the reason in 'problem'."""
@@ -65,6 +67,7 @@ def test_list_keeps_the_table_readable_around_a_damaged_region(prefix):
     assert_one_line_error(cli("info", damaged), "info", "does not fit its mapping")
 
 
+@on_layout4
 def test_list_all_shows_orphan_sidecars_and_other_objects(prefix):
     """--all adds objects that are not Kickmsg regions and sidecars whose
     region is gone, each with its status; a region's own sidecar is never a row."""
@@ -115,6 +118,7 @@ def test_list_counts_objects_it_cannot_read(prefix):
 # -- clean of orphan sidecars -----------------------------------------------------------------------
 
 
+@on_layout4
 def test_clean_removes_sidecars_left_by_native_unlink_and_rm(prefix):
     """A sidecar outlives its region when the native unlink_shm or a plain
     rm removes the region: list --all shows it, clean removes it; the
@@ -143,6 +147,7 @@ def test_clean_removes_sidecars_left_by_native_unlink_and_rm(prefix):
 # -- dead subscribers and geometry hazards: stats, diagnose, audit, repair ------------------------------
 
 
+@on_layout4
 def test_dead_subscriber_in_stats_diagnose_audit_and_repair_sentences(name):
     """A subscriber of ours killed with SIGKILL (ring 0) beside a native one
     (ring 1, no owner record): stats marks it dead, diagnose and audit exit
@@ -218,6 +223,7 @@ def test_native_region_with_a_pool_too_small_is_flagged(name):
 # -- create -----------------------------------------------------------------------------------
 
 
+@on_layout4
 def test_create_with_defaults_prints_what_it_made(name):
     """create NAME: Config()'s geometry, a PubSub channel; the printout
     names the geometry, the size and the mode."""
@@ -239,6 +245,7 @@ def test_create_with_defaults_prints_what_it_made(name):
     assert os.stat(f"/dev/shm{name}").st_size == header["total_size"]
 
 
+@on_layout4
 def test_create_with_options_and_topic_naming(prefix):
     """--topic/--prefix naming, --broadcast (the type), geometry, creator, mode, --json."""
     umask = os.umask(0)
@@ -279,6 +286,7 @@ def test_create_refuses_an_existing_name_unless_replace(name):
     (["--commit-timeout", "1e309"], "commit_timeout must be a finite number of seconds, got inf"),
     (["--commit-timeout", "1e300"], "commit_timeout must be at most 1 day"),
 ])
+@on_layout4
 def test_create_with_an_invalid_geometry_is_one_line(name, options, phrase):
     """The library's refusal, on one line, exit 2; nothing is created."""
     assert_one_line_error(cli("create", name, *options), "create", phrase)

@@ -26,11 +26,19 @@ def version_word(name: str) -> int:
 # -- which layout a new region gets ---------------------------------------------------------
 
 
-def test_the_default_is_layout_4_until_the_tools_speak_9(shm_name, monkeypatch):
+def test_the_default_is_layout_9_as_native_0_9_2(shm_name, prefix, monkeypatch):
+    """Without layout= or $KICKMSG_LAYOUT: the API, Node and kickmsg create
+    make layout 9, what today's native library speaks."""
     monkeypatch.delenv("KICKMSG_LAYOUT", raising=False)
-    assert layouts.DEFAULT_LAYOUT == 4
+    assert layouts.DEFAULT_LAYOUT == 9
     region = SharedRegion.create(shm_name, ChannelType.PubSub, Config(**SMALL))
-    assert (region.layout, version_word(shm_name)) == (4, 4)
+    assert (region.layout, version_word(shm_name)) == (9, 9)
+    node = Node("n", prefix)
+    assert node.advertise("t").region.layout == 9
+    made = subprocess.run([sys.executable, "-m", "kickmsg", "create", f"/{prefix}_cli", "--json"], capture_output=True,
+                          text=True, timeout=60, env={k: v for k, v in os.environ.items() if k != "KICKMSG_LAYOUT"})
+    assert made.returncode == 0, made.stderr
+    assert version_word(f"/{prefix}_cli") == 9
 
 
 @pytest.mark.parametrize("env, wanted", [("4", 4), ("9", 9)])
