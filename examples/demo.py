@@ -60,14 +60,16 @@ def paced(rate_hz: float, stop):
         index += 1
 
 
-def imu_publisher(prefix: str, stop) -> None:
+def imu_publisher(prefix: str, ready, stop) -> None:
     publisher = typed.TypedPublisher(kickmsg.Node("imu", prefix=prefix).advertise_or_join("imu", CHANNELS["imu"][1]), Imu)
+    ready.release()
     for i in paced(CHANNELS["imu"][0], stop):
         publisher.send((stamp.now(), (0.01 * np.sin(i / 100), 0.0, 9.81), (0.0, 0.0, 0.001 * i)))
 
 
-def camera_publisher(prefix: str, stop) -> None:
+def camera_publisher(prefix: str, ready, stop) -> None:
     publisher = kickmsg.Node("camera", prefix=prefix).advertise_or_join("camera", CHANNELS["camera"][1])
+    ready.release()
     gradient = np.linspace(0, 255, FRAME_SHAPE[1], dtype=np.uint8)
     for i in paced(CHANNELS["camera"][0], stop):
         slot = publisher.allocate(FRAME_BYTES)
@@ -98,11 +100,11 @@ def subscriber(prefix: str, topic: str, pause_s: float, counts, ready, stop) -> 
                 time.sleep(pause_s)
 
 
-def recorder(prefix: str, out: str, seconds: float, ready, stop, result) -> None:
+def recorder(prefix: str, out: str, ready, stop, result) -> None:
     names = [f"/{prefix}_{topic}" for topic in CHANNELS]
     rec = Recorder(names, out, payload=False)
     ready.release()
-    summary = rec.run(duration=seconds, stop=stop)
+    summary = rec.run(stop=stop)  # until the live part ends
     result.put({name: (c.messages, c.lost) for name, c in summary.channels.items()})
 
 
@@ -151,9 +153,9 @@ def run_live(seconds: float, recording: str) -> None:
         context.Process(target=subscriber, args=(prefix, topic, 0.02 if speed == "slow" else 0, counts[topic, speed], ready, stop))
         for topic, speed in counts
     ]
-    rec = context.Process(target=recorder, args=(prefix, recording, seconds, ready, stop, result))
-    publishers = [context.Process(target=imu_publisher, args=(prefix, stop)),
-                  context.Process(target=camera_publisher, args=(prefix, stop))]
+    rec = context.Process(target=recorder, args=(prefix, recording, ready, stop, result))
+    publishers = [context.Process(target=imu_publisher, args=(prefix, ready, stop)),
+                  context.Process(target=camera_publisher, args=(prefix, ready, stop))]
     processes = readers + [rec] + publishers
     try:
         for topic, (_, config) in CHANNELS.items():
@@ -166,6 +168,8 @@ def run_live(seconds: float, recording: str) -> None:
         with ctrl_c_held():
             for process in publishers:
                 process.start()
+        for _ in publishers:  # the clock starts once both publish
+            ready.acquire(timeout=60)
         print(f"live for {seconds:g} s: IMU 1 kHz typed records, camera 30 Hz 640x480x3 frames written in place")
         print(f"{'t':>4}  {'channel':<7} {'fast: received':>15} {'lost':>5}   {'slow: received':>15} {'lost':>6}")
         began = time.monotonic()
