@@ -146,6 +146,25 @@ def test_a_registry_generation_at_the_u32_limit_wraps(prefix):
     assert registry.register(1, Role.Publisher, Kind.Pubsub, "/x", "/x", "node") == row
 
 
+def test_a_blackboard_write_after_taking_over_a_huge_publish_count_wraps(prefix):
+    """A takeover continues the entry's write count (publish >> 1): a hostile
+    publish word 2^64 - 2 gives a count of 2^63 - 1, whose next write stores
+    2k - 1 = 2^64 - 1 and then 2k, which wraps to 0 in u64 arithmetic as in the
+    wheel (readers see no value yet), instead of an OverflowError."""
+    board = Blackboard.open_or_create(prefix, "board", BlackboardConfig(capacity=4, max_value_size=40), "me")
+    board.declare("a").release()
+    memory = Raw(board.name)
+    memory.put(192 + 8, "<Q", U64 - 1)  # D.3: entry 0's publish word
+    writer = board.declare("a")  # takeover: the count continues from publish >> 1
+    writer.write(b"y")
+    assert memory.get(192 + 8, "<Q") == 0
+    memory.close()
+    assert board.observe("a").read().errno == errno.ENOMSG
+    writer.write(b"z")  # and the count goes on from there
+    assert board.observe("a").read().data == b"z"
+    writer.release()
+
+
 # -- the worker side: everything below runs in the subprocess ---------------------------------------
 
 ALLOWED = (RuntimeError, BlockingIOError)  # CorruptRegionError is a RuntimeError
@@ -833,7 +852,7 @@ def apply_board_patch(memory, kind, where, value, data, dead):
             memory.put(entry + BOARD_ENTRY[kind][0], BOARD_ENTRY[kind][1], value)
 
 
-BOARD_OPERATIONS = ["open", "try_open", "declare", "write", "release", "read", "owner_alive", "snapshot", "keys",
+BOARD_OPERATIONS = ["open", "try_open", "declare", "write", "release", "redeclare", "read", "owner_alive", "snapshot", "keys",
                     "read_all", "sweep_stale", "wait"]
 
 
@@ -878,6 +897,15 @@ def fuzz_blackboard(base, count):
             memory.close()
             current = board
             keys = itertools.cycle(BOARD_KEYS + ["dying"])
+
+            def write(writer):
+                try:
+                    writer.write(b"w" * (len(writers) * 11 % 41))
+                    harness["write:ok"] += 1
+                except OSError as error:  # D.9: an errno, the documented outcomes of a write
+                    assert error.errno in (errno.EBADF, errno.EPERM, errno.EMSGSIZE, errno.ENOTRECOVERABLE), error
+                    harness["write:OSError"] += 1
+
             for operation in operations:
                 key = next(keys)
                 if operation == "open":
@@ -890,15 +918,17 @@ def fuzz_blackboard(base, count):
                     if writer is not None:
                         writers.append(writer)
                 elif operation == "write" and writers:
-                    writer = writers[len(operations) % len(writers)]
-                    try:
-                        writer.write(b"w" * (len(writers) * 11 % 41))
-                        harness["write:ok"] += 1
-                    except OSError as error:  # D.9: an errno, the documented outcomes of a write
-                        assert error.errno in (errno.EBADF, errno.EPERM, errno.EMSGSIZE, errno.ENOTRECOVERABLE), error
-                        harness["write:OSError"] += 1
+                    write(writers[len(operations) % len(writers)])
                 elif operation == "release" and writers:
                     harness.call("release", writers.pop(0).release)
+                elif operation == "redeclare" and writers:  # a takeover of the kept entry: its count continues
+                    harness["redeclare"] += 1
+                    writer = writers.pop(0)
+                    harness.call("release", writer.release)
+                    writer = harness.call("declare", current.declare, writer.key)
+                    if writer is not None:
+                        writers.append(writer)
+                        write(writer)
                 elif operation == "read":
                     outcome = harness.call("read", lambda: current.observe(key).read())
                     if outcome is not None:
