@@ -227,7 +227,16 @@ RING_FIELDS = {  # A.3
     "has_waiter": (72, "<I"), "dropped_count": (80, "<Q"), "lost_count": (88, "<Q"),
 }
 SLOT_FIELDS = {"refcount": (0, "<I"), "next_free": (4, "<I"), "payload_len": (8, "<I")}  # A.5
-HEADER_WORDS = {"free_top": (768, "<Q"), "steal_count": (776, "<Q"), "schema_state": (192, "<I")}  # A.2
+HEADER_WORDS = {  # A.2
+    "magic": (0, "<Q"), "version": (8, "<I"), "channel_type": (12, "<I"), "total_size": (16, "<Q"),
+    "sub_rings_offset": (24, "<Q"), "pool_offset": (32, "<Q"), "max_subs": (40, "<Q"), "sub_ring_capacity": (48, "<Q"),
+    "pool_size": (64, "<Q"), "slot_data_size": (72, "<Q"), "commit_timeout_us": (96, "<Q"), "creator_pid": (112, "<Q"),
+    "created_at_ns": (120, "<Q"), "creator_name_len": (128, "<H"), "schema_state": (192, "<I"), "free_top": (768, "<Q"),
+    "steal_count": (776, "<Q"), "identity_hash": (784, "<Q"),
+}
+# Header words read only at open: a new open (reopen) and following a region
+# that looks re-created (magic or created_at_ns changed) see them.
+OPEN_ONLY = sorted(set(HEADER_WORDS) - {"free_top", "steal_count", "schema_state"})
 
 
 def pack_meta(position, slot_field):
@@ -456,17 +465,35 @@ class Session:
             assert 0 <= report.free_slots <= self.geometry.pool_size
 
     # repairs
+    def _entries_beyond_the_sequence_range(self):
+        """Window entries (read at the offsets this region was opened with)
+        whose position + 1 no 62-bit sequence value can hold: even a skip
+        marker written there reads as stuck."""
+        data, g = read_bytes(self.name), self.geometry
+        count = 0
+        for index in range(g.max_subs):
+            write_pos = struct.unpack_from("<Q", data, g.sub_rings_offset + index * g.ring_stride + 64)[0]
+            count += sum(1 for position in range(max(0, write_pos - g.capacity), write_pos) if position + 1 > VALUE_MASK)
+        return count
+
     def op_repair(self):
         repaired = self.harness.call("repair", self.region.repair_locked_entries)
-        assert repaired is None or 0 <= repaired <= self.geometry.max_subs * self.geometry.capacity
+        if repaired is not None:
+            assert 0 <= repaired <= self.geometry.max_subs * self.geometry.capacity
+            # Nothing stuck is left (no publisher runs meanwhile), except at the sequence limit.
+            assert self.region.diagnose().locked_entries <= self._entries_beyond_the_sequence_range()
+
+    def _reset(self, label, drain):
+        reset = self.harness.call(label, self.region.reset_retired_rings, drain)
+        if reset is not None:
+            assert 0 <= reset <= self.geometry.max_subs
+            assert self.region.diagnose().retired_rings == 0
 
     def op_reset(self):
-        reset = self.harness.call("reset", self.region.reset_retired_rings, False)
-        assert reset is None or 0 <= reset <= self.geometry.max_subs
+        self._reset("reset", False)
 
     def op_reset_drain(self):
-        reset = self.harness.call("reset_drain", self.region.reset_retired_rings, True)
-        assert reset is None or 0 <= reset <= self.geometry.max_subs
+        self._reset("reset_drain", True)
 
     def op_reclaim_orphaned(self):
         reclaimed = self.harness.call("reclaim_orphaned", self.region.reclaim_orphaned_slots)
@@ -474,13 +501,27 @@ class Session:
 
     def op_reclaim_dead_rings(self):
         reclaimed = self.harness.call("reclaim_dead_rings", self.region.reclaim_dead_rings)
-        assert reclaimed is None or 0 <= reclaimed <= self.geometry.max_subs
-        self.harness["reclaimed dead rings"] += reclaimed or 0
+        if reclaimed is not None:
+            assert 0 <= reclaimed <= self.geometry.max_subs
+            assert self.region.diagnose().dead_subscriber_rings == 0
+            self.harness["reclaimed dead rings"] += reclaimed
 
     def op_reclaim_dead_subscribers(self):
         self.harness.call("reclaim_dead_subscribers", self.region.reclaim_dead_subscribers)
 
-    # opening again, schema
+    # opening again, following a region that looks re-created, schema
+    def op_check_in(self):
+        """The next call of the publisher and of each subscriber looks
+        whether the region was re-created (as it does every 0.1 s)."""
+        self.publisher._next_check_in_ns = 0
+        for subscriber in self.subscribers:
+            subscriber._next_check_in_ns = 0
+
+    def op_follow(self):
+        region = self.harness.call("follow", self.region.reopen_if_recreated)
+        if region is not None:
+            assert region.layout == 9
+
     def op_reopen(self):
         region = self.harness.call("reopen", SharedRegion.open, self.name)
         if region is not None:
@@ -568,6 +609,18 @@ def channel_patches():
     )
 
 
+def header_patches():
+    """One header word read at open (A.2), seen by a new open and by a
+    publisher or subscriber following a region that looks re-created."""
+    any_word = st.tuples(st.sampled_from(sorted(set(OPEN_ONLY) - {"commit_timeout_us"})), st.just(0),
+                         st.one_of(st.integers(0, 2000), u64_words()))
+    # commit_timeout_us stays small or beyond the 1-day limit: a header may
+    # legitimately ask for long waits
+    timeout = st.tuples(st.just("commit_timeout_us"), st.just(0),
+                        st.one_of(st.integers(0, 2000), st.integers(86_400_000_001, U64)))
+    return st.one_of(any_word, timeout)
+
+
 def apply_channel_patch(memory, kind, where, value, data, dead):
     if kind in ("sequence", "meta"):
         ring, position = where
@@ -628,12 +681,13 @@ def fuzz_channel(base, count):
         views=st.integers(0, 2),
         allocated=st.booleans(),
         patches=st.lists(channel_patches(), max_size=10),
+        header=st.lists(header_patches(), max_size=2),
         chain=st.one_of(st.none(), free_chains()),
         operations=st.lists(st.sampled_from(OPERATIONS), min_size=1, max_size=30),
         data=st.data(),
     )
     @watched
-    def example(subscribers, dead_subscribers, traffic, reads, views, allocated, patches, chain, operations, data):
+    def example(subscribers, dead_subscribers, traffic, reads, views, allocated, patches, header, chain, operations, data):
         name = f"{base}_{next(counter)}"
         harness.region_name = name
         region = SharedRegion.create(name, ChannelType.PubSub, Config(**SMALL), layout=9)
@@ -655,7 +709,7 @@ def fuzz_channel(base, count):
             memory = Channel9(name)
             if chain is not None:
                 install_free_chain(memory, *chain)
-            for kind, where, value in patches:
+            for kind, where, value in patches + header:
                 apply_channel_patch(memory, kind, where, value, data, dead)
             memory.close()
             for operation in operations:
