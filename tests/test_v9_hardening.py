@@ -884,6 +884,8 @@ def board_patches():
         st.tuples(st.just("state"), entry, st.one_of(st.integers(0, 3), u32_words())),
         st.tuples(st.sampled_from(["publish", "tenancy"]), entry,
                   st.one_of(st.integers(0, 6), st.sampled_from([U64, U64 - 1, 2**63, 2**63 - 1]), u64_words())),
+        # write counts near the u64 limit on the first key's entry (the first re-declared)
+        st.tuples(st.just("publish"), st.just(0), st.sampled_from([U64, U64 - 1, U64 - 2, 2**63])),
         st.tuples(st.just("owner_pid"), entry, pids()),
         st.tuples(st.sampled_from(["owner_starttime", "key_hash"]), entry, u64_words()),
         st.tuples(st.just("key"), entry, st.sampled_from(BOARD_KEYS + [None])),  # None: hostile bytes, drawn below
@@ -973,7 +975,7 @@ def fuzz_blackboard(base, count):
                     assert error.errno in (errno.EBADF, errno.EPERM, errno.EMSGSIZE, errno.ENOTRECOVERABLE), error
                     harness["write:OSError"] += 1
 
-            for operation in operations:
+            for operation in ["read", "redeclare", "snapshot"] + operations:
                 key = next(keys)
                 if operation == "open":
                     current = harness.call("open", Blackboard.open_or_create, namespace, "board",
