@@ -132,6 +132,37 @@ def test_hostile_blackboard(prefix, tmp_path):
 # -- directed cases: the smallest reproductions of what the properties found --------------------
 
 
+def test_bad_arguments_are_value_errors_and_a_corrupt_head_an_empty_pool(shm_name):
+    """On a region whose free-stack head lies outside the pool and whose ring
+    0 holds publisher locks: the head reads as an empty pool (B.5, B.14: a
+    corrupt head must not fault; layout 4 raises CorruptRegionError there),
+    bad arguments stay ValueErrors, the locks are neither samples nor
+    losses until repaired."""
+    region = SharedRegion.create(shm_name, ChannelType.PubSub, Config(**SMALL), layout=9)
+    subscriber = Subscriber(region)
+    memory = Channel9(shm_name)
+    memory.put(768, "<Q", (memory.get(768, "<Q") >> 32) << 32 | 16)  # A.2 free_top: index 16 of a 16-slot pool
+    for position in range(5):
+        memory.put(memory.entry(0, position), "<Q", LOCK_BIT | position)  # A.4: publisher lock at pos
+    memory.put(memory.ring(0) + 64, "<Q", 5)  # A.3 write_pos
+    memory.close()
+    publisher = Publisher(region)
+    with pytest.raises(ValueError, match="max_payload_size"):
+        publisher.send(b"x" * 57)
+    with pytest.raises(ValueError):
+        publisher.allocate(-1)
+    with pytest.raises(ValueError):
+        subscriber.receive(-1.0)
+    with pytest.raises(BlockingIOError, match=shm_name):
+        publisher.send(b"x")
+    assert publisher.allocate() is None
+    assert subscriber.try_receive() is None and subscriber.lost == 0  # locked: not ready, not lost
+    assert region.repair_locked_entries() == 5
+    assert region.diagnose().locked_entries == 0
+    assert subscriber.try_receive() is None and subscriber.lost == 5  # skip markers: losses
+    subscriber.close()
+
+
 def test_a_registry_generation_at_the_u32_limit_wraps(prefix):
     """A row's generation word 0xFFFFFFFF: opening it for writing stores
     (g + 1) | 1 in u32 arithmetic (1), as the wheel does, instead of an
