@@ -19,7 +19,8 @@ its stacks (faulthandler) and dies.
   (cycles, out of range, generations), slot refcounts and payload lengths,
   the schema state and steal count, under live subscribers, views, a
   pending allocation and dead subscribers; then open, send, allocate,
-  publish, receive, stats, info, diagnose, audit and every repair;
+  publish, receive (also through a WaitSet), stats, info, diagnose, audit,
+  every repair, and the tools' kickmsg.diagnostics reports;
 - the same channel calls while another process keeps storing hostile words
   into the rings and the pool (timing-dependent: it can only fail on a real
   bug, but not always on the same example);
@@ -65,6 +66,7 @@ from kickmsg import (
     SchemaInfo,
     SharedRegion,
     Subscriber,
+    WaitSet,
     audit,
     unlink_shm,
 )
@@ -465,6 +467,19 @@ class Session:
             for data in received:
                 self.check_data(data, subscriber, lost)
             self.harness["iterate:ok"] += 1
+
+    def op_waitset(self):
+        """Wait on every subscriber at once (B.11's announce and park), then
+        receive from those found ready."""
+        if self.subscribers:
+            waitset = WaitSet()
+            try:
+                for subscriber in self.subscribers:
+                    waitset.add(subscriber)
+                for subscriber in self.harness.call("waitset", waitset.wait, 0.002) or ():
+                    self.harness.call("try_receive", subscriber.try_receive)
+            finally:
+                waitset.close()
 
     def op_view(self):
         subscriber = self.subscriber()
