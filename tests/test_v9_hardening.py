@@ -894,6 +894,8 @@ def registry_patches():
     row = st.integers(0, 3)
     return st.one_of(
         st.tuples(st.just("header"), st.sampled_from([(8, "<I"), (12, "<I")]), u32_words()),
+        # magic 0 reads as "not initialised yet": opens poll 2 s for it (C.1), so only other values
+        st.tuples(st.just("header"), st.just((0, "<Q")), st.integers(1, U64)),
         st.tuples(st.sampled_from(["state", "channel_type", "role", "kind"]), row, st.one_of(st.integers(0, 4), u32_words())),
         st.tuples(st.just("generation"), row, st.one_of(st.integers(0, 4), st.sampled_from([U32 - 1, U32]), u32_words())),
         st.tuples(st.just("pid"), row, pids()),
@@ -991,8 +993,8 @@ def fuzz_registry(base, count):
 # -- the blackboard (WIRE9.md D) -------------------------------------------------------------------------
 
 BOARD = dict(capacity=4, max_value_size=40)
-BOARD_HEADER = {  # D.2
-    "version": (8, "<I"), "capacity": (12, "<I"), "max_value_size": (16, "<Q"), "total_size": (24, "<Q"),
+BOARD_HEADER = {  # D.2 (magic: any but 0, which opens poll 2 s for, D.6)
+    "magic": (0, "<Q"), "version": (8, "<I"), "capacity": (12, "<I"), "max_value_size": (16, "<Q"), "total_size": (24, "<Q"),
     "config_hash": (32, "<Q"), "identity_hash": (40, "<Q"), "change_seq": (64, "<Q"), "waiters": (72, "<Q"),
 }
 BOARD_ENTRY = {  # D.3
@@ -1038,7 +1040,7 @@ def board_patches():
 def apply_board_patch(memory, kind, where, value, data, dead):
     values_offset, stride = 192 + 384 * BOARD["capacity"], (16 + BOARD["max_value_size"] + 63) // 64 * 64  # D.4
     if kind == "header":
-        memory.put(*BOARD_HEADER[where], value)
+        memory.put(*BOARD_HEADER[where], value or 1 if where == "magic" else value)
     elif kind == "lock_token":
         memory.put(128, "<Q", board_lock_token(dead, 12345) if value == "dead" else value)
     elif kind in ("value_len", "updated_at"):
