@@ -673,6 +673,7 @@ def channel_patches():
                   st.one_of(st.integers(0, 4), st.integers(55, 58), u32_words())),
         st.tuples(st.sampled_from(["free_top", "steal_count"]), st.just(0), u64_words()),
         st.tuples(st.just("schema_state"), st.just(0), st.one_of(st.integers(0, 3), u32_words())),
+        st.tuples(st.just("schema_data"), st.just(0), st.binary(min_size=512, max_size=512)),  # A.6, stored as Set
     )
 
 
@@ -704,6 +705,9 @@ def apply_channel_patch(memory, kind, where, value, data, dead):
         if kind in ("owner_pid", "owner_starttime") and value in ("self", "dead"):
             value = resolve_pid(value, dead) if kind == "owner_pid" else start_time(os.getpid())
         memory.put(memory.ring(where) + offset, fmt, value)
+    elif kind == "schema_data":
+        memory.put_bytes(256, value)
+        memory.put(192, "<I", 2)  # schema_state Set
     elif kind in SLOT_FIELDS:
         offset, fmt = SLOT_FIELDS[kind]
         memory.put(memory.slot(where) + offset, fmt, value)
