@@ -82,6 +82,9 @@ SMALL = dict(max_subscribers=3, sub_ring_capacity=8, pool_size=16, max_payload_s
 EXAMPLES = int(os.environ.get("KICKMSG_HARDENING_EXAMPLES", 0)) or None
 DEFAULT_EXAMPLES = {"channel": 200, "noise": 15, "registry": 40, "blackboard": 40}
 EXAMPLE_WATCHDOG_S = 20
+# Whole-worker bounds: generous per example (a loaded machine), scaled with the count asked for.
+WORKER_TIMEOUT_S = 60 + 2 * (EXAMPLES or max(DEFAULT_EXAMPLES.values()))
+TEST_TIMEOUT_S = WORKER_TIMEOUT_S + 30
 
 
 def examples(mode):
@@ -98,7 +101,7 @@ def run_worker(mode, name, workdir):
         [sys.executable, __file__, mode, name, str(count)],
         capture_output=True,
         text=True,
-        timeout=60 + 3 * count,
+        timeout=WORKER_TIMEOUT_S,
         cwd=workdir,  # hypothesis writes its cache into the working directory
         env=dict(os.environ, OPENBLAS_NUM_THREADS="1"),  # no BLAS threads: the worker forks
     )
@@ -111,7 +114,7 @@ def run_worker(mode, name, workdir):
     return summary
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(TEST_TIMEOUT_S)
 def test_corrupt_channel_rings_pool_and_free_stack(shm_name, tmp_path):
     summary = run_worker("channel", shm_name, tmp_path)
     for call in ("send", "allocate", "publish", "join", "try_receive", "view", "stats", "info", "diagnose", "audit",
@@ -120,7 +123,7 @@ def test_corrupt_channel_rings_pool_and_free_stack(shm_name, tmp_path):
     assert summary["received"] > 0 and summary["lost"] > 0
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(TEST_TIMEOUT_S)
 def test_channel_corrupted_while_in_use(shm_name, tmp_path):
     """Another process keeps storing hostile words into the rings and the pool
     while the calls run: values change between a call's reads."""
@@ -129,14 +132,14 @@ def test_channel_corrupted_while_in_use(shm_name, tmp_path):
         assert summary[f"{call}:ok"] > 0, (call, summary)
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(TEST_TIMEOUT_S)
 def test_hostile_registry(prefix, tmp_path):
     summary = run_worker("registry", prefix, tmp_path)
     for call in ("open", "snapshot", "list_topics", "sweep_stale", "register", "tools_registry"):
         assert summary[f"{call}:ok"] > 0, (call, summary)
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(TEST_TIMEOUT_S)
 def test_hostile_blackboard(prefix, tmp_path):
     summary = run_worker("blackboard", prefix, tmp_path)
     for call in ("open", "declare", "write", "read", "snapshot", "keys", "read_all", "sweep_stale", "tools_blackboard"):
