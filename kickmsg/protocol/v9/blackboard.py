@@ -32,6 +32,7 @@ from kickmsg.atomics import FUTEX_TIMED_OUT, HARDWARE, Atomics
 from kickmsg.hash import fnv1a_64
 from kickmsg.protocol.v9.layout import (
     U32_MAX,
+    U64_MAX,
     CorruptRegionError,
     VersionMismatchError,
     align64,
@@ -747,9 +748,11 @@ class BlackboardWriter:
         entry = board.entry_address(self._index)
         if ops.load_acquire_u32(entry + STATE_OFFSET) != ACTIVE or ops.load_acquire_u64(entry + TENANCY_OFFSET) != self._tenancy:
             raise OSError(errno.ENOTRECOVERABLE, f"write: {os.strerror(errno.ENOTRECOVERABLE)} (key {self.key!r} no longer owned)")
-        # k = writes + 1; publish = 2k − 1 (relaxed); release fence
-        k = self._writes + 1
-        ops.store_relaxed_u64(entry + PUBLISH_OFFSET, 2 * k - 1)
+        # k = writes + 1; publish = 2k − 1 (relaxed); release fence. u64
+        # arithmetic, as the wheel's: a taken-over count near 2^63 (a hostile
+        # publish word) wraps instead of overflowing the store.
+        k = (self._writes + 1) & U64_MAX
+        ops.store_relaxed_u64(entry + PUBLISH_OFFSET, (2 * k - 1) & U64_MAX)
         ops.fence_seq_cst()
         # payload into cell (k & 1), the last partial word zero-filled; value_len; updated_at_ns
         cell = board.cell_offset(self._index, k)
@@ -759,7 +762,7 @@ class BlackboardWriter:
         ops.store_relaxed_u64(board.base + cell + CELL_UPDATED_AT_OFFSET, time.monotonic_ns())
         # release fence; publish = 2k (relaxed); writes = k; notify
         ops.fence_seq_cst()
-        ops.store_relaxed_u64(entry + PUBLISH_OFFSET, 2 * k)
+        ops.store_relaxed_u64(entry + PUBLISH_OFFSET, (2 * k) & U64_MAX)
         self._writes = k
         board._notify()
 

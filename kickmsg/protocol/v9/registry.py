@@ -220,10 +220,11 @@ class Registry:
     # -- C.3 Generation protocol --------------------------------------------------------
 
     def _open_generation(self, row: int) -> None:
-        """Store (g + 1) | 1, relaxed: the row is being written."""
+        """Store (g + 1) | 1, relaxed: the row is being written (u32
+        arithmetic, as the wheel's: a hostile 0xFFFFFFFF wraps to 1)."""
         address = self.row_address(row) + GENERATION_OFFSET
         ops = self.atomics
-        ops.store_relaxed_u32(address, (ops.load_relaxed_u32(address) + 1) | 1)
+        ops.store_relaxed_u32(address, ((ops.load_relaxed_u32(address) + 1) | 1) & 0xFFFFFFFF)
 
     def _settle(self, row: int) -> None:
         """Store (g + 2) with bit 0 cleared, relaxed: the row is settled."""
