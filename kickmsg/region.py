@@ -979,9 +979,13 @@ def _create9(
         geometry = config.geometry(channel_type, len(creator.encode("utf-8")))
     except ValueError as error:
         raise ConfigError(f"{error} (creating {name})") from None
+    described = region9.described_geometry(geometry)
+    hazards = described.hazards()  # beyond 0.9.2, as on layout 4: a pool no larger than a ring
+    if hazards:
+        raise ConfigError(f"cannot create {name}: {hazards[0]}")
     if create_or_open and shm.object_size(name) is not None:
         return region9.create_or_open(name, channel_type, config, creator, permissions)
-    _check_creatable(name, region9.described_geometry(geometry), 0)
+    _check_creatable(name, described, 0)
     if create_or_open:
         return region9.create_or_open(name, channel_type, config, creator, permissions)
     owners.unlink(name)  # sidecars of a layout-4 region of that name

@@ -589,7 +589,7 @@ def test_only_a_channel_made_for_the_key_is_recreated_for_a_new_description(pref
                                                             "schema": describe.schema_to_json(Imu)}, None, 4)
     assert changes == ["layout 9 -> 4"] and region.layout == 4  # the importer's choice wins
     subscriber.close()
-    SharedRegion.create(name, ChannelType.PubSub, Config(**GEOMETRY), "someone else")
+    SharedRegion.create(name, ChannelType.PubSub, Config(**GEOMETRY), "someone else", layout=4)  # a description without "layout" is layout 4's
     with pytest.raises(bridge.BridgeError, match=rf"cannot import k/x into {name}: Config mismatch .*pool_size is 2048 there, 256 here"):
         bridge.open_local_channel(name, key, {**description, "pool_size": 256, "schema": None}, None, None)
 

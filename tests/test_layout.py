@@ -9,8 +9,12 @@ import time
 import pytest
 
 import rawregion
+from conftest import on_layout4
 from kickmsg import ChannelType, Config, SchemaInfo, SharedRegion, layout
 from kickmsg import hash as kmhash
+
+# These tests check layout 4's own: its ctypes layout and byte offsets.
+pytestmark = on_layout4
 
 # WIRE.md's three test vectors: (type, subs, cap, pool, payload) -> (config_hash, total_size with creator "wire").
 WIRE_VECTORS = [

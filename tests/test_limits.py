@@ -17,9 +17,13 @@ import pytest
 import nativepeer
 import rawregion
 import kickmsg
+from conftest import on_layout4
 from kickmsg import ChannelType, Config, ConfigError, Node, Publisher, SharedRegion, Subscriber, audit, shm, typed, unlink_shm
 from kickmsg.config import MAX_POOL_SIZE, MAX_SUBSCRIBERS
 from tinyshm import run_on_a_tiny_dev_shm
+
+# These tests check layout 4's own: its bounds and sidecars, and 0.1.0's config checks.
+pytestmark = on_layout4
 
 SMALL = dict(max_subscribers=2, sub_ring_capacity=8, pool_size=16, max_payload_size=64)
 HUGE = dict(pool_size=10**7, max_payload_size=10**6)  # 9.1 TiB: the config that took a machine down

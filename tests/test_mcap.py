@@ -19,6 +19,7 @@ from mcap.reader import NonSeekingReader, make_reader
 from mcap.writer import Writer
 
 import kickmsg
+from conftest import on_layout4
 from kickmsg import stamp, typed
 from kickmsg.mcap_file import channel_record_type, decode_records, encode_records
 from kickmsg.record import Recorder
@@ -103,6 +104,7 @@ def assert_one_line_error(result, *fragments):
 
 
 @pytest.mark.parametrize("signal_number", [signal.SIGINT, signal.SIGTERM])
+@on_layout4
 def test_record_mcap_from_a_publisher_process(channels, tmp_path, signal_number):
     """`kickmsg record --format mcap` (a process) records what a publisher
     process sends; stopped by a signal, it leaves a complete, valid file in
@@ -193,6 +195,7 @@ def test_recorder_losses_are_in_the_mcap_metadata(shm_name, tmp_path):
     assert losses == {"channel": shm_name, "messages": 8, "lost": 92, "before": [[92, 92]]}
 
 
+@on_layout4
 def test_convert_a_parquet_recording(channels, tmp_path):
     """Every Parquet row becomes a message: log_time = recv_wall_ns,
     publish_time = the stamp on the wall clock, sequence = ring_pos."""

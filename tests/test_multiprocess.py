@@ -15,6 +15,7 @@ import pytest
 import mpworkers
 import rawregion
 from crashworkers import CTX, RUN_S, STARTUP_S
+from conftest import on_layout4
 from kickmsg import ChannelType, Config, Publisher, SharedRegion, Subscriber
 
 RING_FREE, RING_LIVE = 0, 1
@@ -159,6 +160,7 @@ def test_subscriber_process_leaving_normally_frees_its_ring(shm_name, procs, end
     rawregion.assert_pool_whole(shm_name)
 
 
+@on_layout4
 def test_subscriber_killed_holding_views_leaves_its_ring_live(shm_name, procs):
     """SIGKILL skips the teardown: the ring stays Live (a later issue recovers
     it), and each received slot keeps the ring's reference plus the dead

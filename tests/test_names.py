@@ -12,6 +12,7 @@ import pyarrow.parquet
 import pytest
 
 import kickmsg
+from conftest import on_layout4
 from kickmsg import bridge, cli, diagnostics, shm
 from kickmsg.description import describe
 from kickmsg.record import COLUMNS, SCHEMA_KEY, play
@@ -83,6 +84,7 @@ def test_the_rule_is_stated(prefix):
 
 
 @pytest.mark.parametrize("label", BAD_TEXTS)
+@on_layout4
 def test_a_node_refuses_to_create_such_topics_mailboxes_and_broadcasts(prefix, label):
     text, fault = BAD_TEXTS[label]
     node = kickmsg.Node("n", prefix=prefix)
@@ -154,12 +156,14 @@ def region_renamed(prefix: str, raw_name: bytes) -> bytes:
     return path
 
 
+@on_layout4
 def test_unlink_shm_removes_an_object_whose_name_is_not_utf8_with_its_sidecar(prefix):
     path = region_renamed(prefix, prefix.encode() + b"_\xff")
     kickmsg.unlink_shm(os.fsdecode(path.removeprefix(b"/dev/shm")))
     assert objects_under(prefix) == []
 
 
+@on_layout4
 def test_rm_removes_objects_named_with_any_bytes(prefix):
     """A region named by raw bytes (not UTF-8, a newline), and a foreign
     object so named (os.open on the bytes path): rm removes them, given as
@@ -176,6 +180,7 @@ def test_rm_removes_objects_named_with_any_bytes(prefix):
     assert objects_under(prefix) == []
 
 
+@on_layout4
 def test_clean_removes_a_dead_region_whose_name_is_not_utf8_and_goes_on(prefix):
     """One object named by bytes that are not UTF-8 made clean exit 2 having
     removed nothing; now it is removed like any other, and a foreign
@@ -190,6 +195,7 @@ def test_clean_removes_a_dead_region_whose_name_is_not_utf8_and_goes_on(prefix):
     assert objects_under(prefix) == [foreign.removeprefix(b"/dev/shm/")]
 
 
+@on_layout4
 def test_list_shows_a_region_whose_name_breaks_the_rule_as_any_other(prefix):
     """Another program may name its region outside the rule: it is listed
     (and can be opened and removed) like any region."""

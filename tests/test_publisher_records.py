@@ -8,11 +8,13 @@ import time
 
 import pytest
 
+from conftest import on_layout4
 from kickmsg import ChannelType, Config, Node, Publisher, SharedRegion, diagnostics, owners, unlink_shm
 from nativepeer import start_native, start_ours
 from test_cli import cli, cli_json
 
-pytestmark = pytest.mark.timeout(120)
+# These tests check layout 4's own: publisher records in sidecar files.
+pytestmark = [pytest.mark.timeout(120), on_layout4]
 
 SMALL = Config(max_subscribers=3, sub_ring_capacity=8, pool_size=16, max_payload_size=64)
 

@@ -21,7 +21,7 @@ import kickmsg
 from kickmsg import diagnostics, mcap_file, owners, record, stamp, typed
 from kickmsg.record import COLUMNS, SCHEMA_KEY, Recorder, play, recording_files
 
-from conftest import layout4_only
+from conftest import layout4_only, on_layout4
 
 KICKMSG = str(pathlib.Path(sys.executable).with_name("kickmsg"))
 CONFIG = kickmsg.Config(max_subscribers=4, sub_ring_capacity=1024, pool_size=4096, max_payload_size=256)  # bursts fit
@@ -469,6 +469,7 @@ def test_play_only_one_channel_remapped_to_a_new_name(channels, tmp_path):
 
 
 @pytest.mark.parametrize("format", ["parquet", "mcap"])
+@on_layout4
 def test_record_prefix_picks_up_a_channel_created_later(prefix, tmp_path, format):
     """`kickmsg record --prefix P`: the channel there at the start and one
     created while it records are both recorded (the second in a file whose

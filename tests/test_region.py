@@ -8,6 +8,7 @@ import time
 import pytest
 
 import rawregion
+from conftest import on_layout4
 from kickmsg import ChannelType, Config, Publisher, SchemaInfo, SharedRegion, Subscriber, unlink_shm
 from kickmsg.region import CHECK_IN_INTERVAL_NS
 
@@ -206,6 +207,7 @@ def test_create_replaces_existing_of_another_size(shm_name):
     assert old.mapping.is_replaced() and not reopened.mapping.is_replaced()
 
 
+@on_layout4
 def test_create_of_the_same_size_reinitialises_in_place(shm_name):
     """The same layout: the same object is re-initialised, as 0.1.0 does, so
     a process still attached sees the new region: its rings, free stack and

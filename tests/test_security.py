@@ -16,6 +16,7 @@ import stat
 
 import pytest
 
+from conftest import on_layout4
 from kickmsg import ChannelType, Config, SharedRegion, Subscriber, cli, diagnostics, shm
 
 SMALL = dict(max_subscribers=2, sub_ring_capacity=8, pool_size=16, max_payload_size=64)
@@ -81,6 +82,7 @@ def as_nobody(action: str, name: str) -> dict:
             child.kill()
 
 
+@on_layout4
 def test_a_new_region_and_its_sidecar_are_0600_by_default(shm_name, monkeypatch):
     monkeypatch.delenv(shm.MODE_VARIABLE, raising=False)
     with umask(0):  # 0600 is the default itself, not an effect of the umask
@@ -90,6 +92,7 @@ def test_a_new_region_and_its_sidecar_are_0600_by_default(shm_name, monkeypatch)
     assert mode_of(f"/dev/shm{shm_name}.owners") == 0o600
 
 
+@on_layout4
 def test_the_environment_and_the_keyword_choose_the_mode(shm_name, monkeypatch):
     """KICKMSG_SHM_MODE sets the mode of new regions; mode= wins over it;
     the umask applies as to any file; the sidecar gets the region's bits
@@ -112,6 +115,7 @@ def test_the_environment_and_the_keyword_choose_the_mode(shm_name, monkeypatch):
 
 
 @pytest.mark.parametrize("text", ["0999", "rw-r--r--", "01777", "-1"])
+@on_layout4
 def test_an_invalid_mode_in_the_environment_is_refused_by_name(shm_name, monkeypatch, text):
     monkeypatch.setenv(shm.MODE_VARIABLE, text)
     with pytest.raises(ValueError, match=f"KICKMSG_SHM_MODE={text!r} is not"):
@@ -155,6 +159,7 @@ def test_the_tools_tell_another_user_the_mode_and_owner(shm_name, monkeypatch):
     assert outcome["status"] == 2 and "read-write: permission denied (mode 0600, owner root" in outcome["stderr"]
 
 
+@on_layout4
 def test_another_user_may_subscribe_to_a_region_made_for_everyone(shm_name):
     """With mode 0666 (and a umask that keeps it), user nobody maps the
     region, subscribes (recording itself in the sidecar, made 0666 too)

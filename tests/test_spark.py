@@ -38,7 +38,7 @@ from pyspark.sql.types import (
 
 import kickmsg.spark
 import rawregion
-from conftest import SESSION_PREFIX
+from conftest import SESSION_PREFIX, on_layout4
 from kickmsg import ChannelType, Config, Node, Publisher, SharedRegion, Subscriber, owners, typed
 from kickmsg.spark.source import StreamReader, Writer
 from kickmsg.spark.telemetry import TELEMETRY_CONFIG, DriverTelemetry
@@ -266,6 +266,7 @@ def test_stream_schema(spark, prefix):
 
 @pytest.mark.parametrize("impl, by_name", [("ours", False), ("native", True), ("native9", True)],
                          ids=["ours-publisher-topic-option", "native-publisher-name-option", "native9-layout9-name-option"])
+@on_layout4  # native 0.1.0 peers or the owner records of layout 4
 def test_stream_receives_every_message_of_a_paced_publisher(spark, prefix, impl, by_name):
     """300 messages at 200 Hz from another process arrive once each, in order,
     none lost (native9: 0.9.2 publishing into a layout-9 channel)."""
@@ -358,6 +359,7 @@ def paused(pid: int):
         os.kill(pid, signal.SIGCONT)
 
 
+@on_layout4  # native 0.1.0 peers or the owner records of layout 4
 def test_ring_overflow_is_counted_in_lost(spark, prefix):
     """20 messages into a 2-entry ring while the query's receiver is paused:
     at most 2 rows, each row's ``lost`` is the gap in ring positions before
@@ -389,6 +391,7 @@ def test_stream_reads_the_buffer_limit_option(prefix):
         reader.receiver.stop()
 
 
+@on_layout4  # native 0.1.0 peers or the owner records of layout 4
 def test_stopped_query_frees_its_ring(spark, prefix):
     """Once the query's source process is gone, its ring is Free again."""
     name = make_topic(prefix, "stop", **ROOMY)
@@ -450,6 +453,7 @@ def write(frame, prefix: str, topic: str, **options) -> None:
 
 
 @pytest.mark.parametrize("impl", ["ours", "native", "native9"])
+@on_layout4  # native 0.1.0 peers or the owner records of layout 4
 def test_write_payload_column_to_a_subscriber_process(spark, prefix, impl):
     """A binary ``payload`` column: each row is one message with exactly those
     bytes (native9: into a layout-9 topic, to a native 0.9.2 subscriber)."""
@@ -469,6 +473,7 @@ def test_write_payload_column_to_a_subscriber_process(spark, prefix, impl):
 
 
 @pytest.mark.parametrize("impl", ["ours", "native"])
+@on_layout4  # native 0.1.0 peers or the owner records of layout 4
 def test_write_rows_as_json_to_a_subscriber_process(spark, prefix, impl):
     """Without a payload column each row is a JSON object of its columns."""
     name = make_topic(prefix, "orders", **ROOMY)
@@ -639,14 +644,14 @@ def test_telemetry_reports_a_job_to_another_process(spark, prefix, impl, monkeyp
     layout 9 by $KICKMSG_LAYOUT, joins it).
     (interval=30: the one poll is the final one, after the job; a live poll
     can race the job's end, see test_telemetry_final_stage_counters_precede_job_end.)"""
-    if impl == "native9":
-        monkeypatch.setenv("KICKMSG_LAYOUT", "9")
+    # the telemetry's layout: the viewer's (native 0.1.0 speaks layout 4 only)
+    monkeypatch.setenv("KICKMSG_LAYOUT", "4" if impl == "native" else "9")
     with telemetry_viewer(impl, prefix) as viewer:
         with DriverTelemetry(spark, prefix=prefix, interval=30) as telemetry:
             assert run_small_job(spark) == 999_000
         events = viewer.result()
     regions = {path.name for path in pathlib.Path("/dev/shm").glob(f"{prefix}_*") if path.suffix != ".owners"}
-    registry = {f"{prefix}_registry"} if impl == "native9" else set()  # layout 9's participant registry
+    registry = set() if impl == "native" else {f"{prefix}_registry"}  # layout 9's participant registry
     assert regions == {f"{prefix}_spark.telemetry"} | registry  # the viewer's channel, no other
     events = [event for event in events if not event["kind"].startswith("query_")]  # late ones of earlier tests
     kinds = [event["kind"] for event in events]
@@ -664,7 +669,7 @@ def test_telemetry_reports_a_job_to_another_process(spark, prefix, impl, monkeyp
 
 def test_telemetry_reports_streaming_progress(spark, prefix):
     """A streaming query inside the block: query_progress events, batch ids increasing."""
-    with telemetry_viewer("native", prefix) as viewer:
+    with telemetry_viewer("ours", prefix) as viewer:
         with DriverTelemetry(spark, prefix=prefix, interval=0.25):
             query = spark.readStream.format("rate-micro-batch").option("rowsPerBatch", 5).load() \
                 .writeStream.format("noop").queryName(f"kickmsg_test_{next(_queries)}") \
