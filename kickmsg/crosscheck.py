@@ -47,8 +47,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import kickmsg
-from kickmsg import crossdriver, jsontext, layout
-from kickmsg.layout import field_at
+from kickmsg import crossdriver, jsontext
+from kickmsg.protocol.v4 import layout
+from kickmsg.protocol.v4.layout import field_at
 from kickmsg.region import unlink_shm
 from kickmsg.userfiles import read_at_most
 

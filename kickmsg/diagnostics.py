@@ -24,7 +24,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from kickmsg import layout, layouts, owners, shm
+from kickmsg import layouts, owners, shm
+from kickmsg.protocol.v4 import layout
 from kickmsg.audit import AuditReport, RingAudit, audit
 from kickmsg.description import schema_to_json
 from kickmsg.region import SharedRegion

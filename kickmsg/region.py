@@ -7,10 +7,13 @@ import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from kickmsg import layout, layouts, owners, shm, treiber
+from kickmsg import layouts, owners, shm
+from kickmsg.protocol.v4 import layout
+from kickmsg.protocol import freestack
+from kickmsg.protocol.info import RegionInfo, RegionStats, RingStats, region_info
 from kickmsg.atomics import HARDWARE, Atomics
 from kickmsg.config import MAX_POOL_SIZE, MAX_SUBSCRIBERS, ChannelType, Config, ConfigError
-from kickmsg.layout import CorruptRegionError, Geometry, Header
+from kickmsg.protocol.v4.layout import CorruptRegionError, Geometry, Header
 from kickmsg.protocol import v9
 from kickmsg.schema import SchemaInfo
 
@@ -329,32 +332,21 @@ class SharedRegion:
         """Remove the region's name; attached processes keep their mapping."""
         unlink_shm(self.name)
 
+    def slot_address(self, slot: int) -> int:
+        """The address of ``slot``'s header (IndexError outside the pool)."""
+        return self.slot_addresses[slot]
+
     def payload_view(self, slot: int, length: int) -> memoryview:
         """The first ``length`` payload bytes of ``slot`` (both in range)."""
         start = self.payload_offsets[slot]
         return self.mapping.buffer[start : start + length]
 
-    def info(self) -> v9.RegionInfo:
+    def info(self) -> RegionInfo:
         """0.9.2's ``RegionInfo``: what the header says (both layouts)."""
-        g = self.geometry
-        creator = bytes(self.mapping.buffer[layout.HEADER_SIZE : layout.HEADER_SIZE + g.creator_name_len])
-        return v9.RegionInfo(
-            shm_name=self.name,
-            channel_type=g.channel_type,
-            version=self.layout,
-            config_hash=g.config_hash,
-            total_size=g.total_size,
-            max_subs=g.max_subs,
-            sub_ring_capacity=g.capacity,
-            pool_size=g.pool_size,
-            max_payload_size=g.slot_data_size,
-            commit_timeout_us=g.commit_timeout_us,
-            creator_pid=self.header.creator_pid,
-            creator_name=creator.decode("utf-8", errors="replace"),
-            created_at_ns=self.header.created_at_ns,
-        )
+        creator = bytes(self.mapping.buffer[layout.HEADER_SIZE : layout.HEADER_SIZE + self.geometry.creator_name_len])
+        return region_info(self.name, self.geometry, self.header, creator)
 
-    def stats(self) -> v9.RegionStats:
+    def stats(self) -> RegionStats:
         """0.9.2's ``RegionStats`` (lock-free, racy by nature). Layout 4 has
         no counters in shared memory: drops, losses and steals read 0 (the
         rings' lost counts of our subscribers are in ``kickmsg.owners``)."""
@@ -363,7 +355,7 @@ class SharedRegion:
         for ring in self.rings:
             state_flight = ops.load_acquire_u32(ring.state_flight)
             rings.append(
-                v9.RingStats(
+                RingStats(
                     state=v9.layout.RING_STATE_NAMES[state_flight & layout.RING_STATE_MASK],
                     in_flight=state_flight >> 2,
                     write_pos=ops.load_acquire_u64(ring.write_pos),
@@ -371,11 +363,11 @@ class SharedRegion:
                     lost_count=0,
                 )
             )
-        return v9.RegionStats(
+        return RegionStats(
             rings=rings,
             total_writes=max((r.write_pos for r in rings), default=0),
             live_rings=sum(r.state == "Live" for r in rings),
-            pool_free=treiber.count_free(self),
+            pool_free=freestack.count_free(self),
             pool_size=self.geometry.pool_size,
         )
 
@@ -652,7 +644,7 @@ class SharedRegion:
                 continue  # evicted, uncommitted or locked
             slot = ops.load_relaxed_u32(entry + layout.SLOT_IDX_OFFSET)
             if slot < self.geometry.pool_size:
-                treiber.release_slot(self, slot)
+                freestack.release_slot(self, slot)
                 ops.store_seq_cst_u32(entry + layout.SLOT_IDX_OFFSET, layout.INVALID_SLOT)
 
     def referenced_slots(self) -> set[int]:
@@ -682,19 +674,9 @@ class SharedRegion:
             refcount_address = self.slot_addresses[slot] + layout.REFCOUNT_OFFSET
             if slot not in referenced and ops.load_acquire_u32(refcount_address) > 0:
                 ops.store_release_u32(refcount_address, 0)
-                treiber.push(self, slot)
+                freestack.push(self, slot)
                 reclaimed += 1
         return reclaimed
-
-    # -- slot indices -------------------------------------------------------
-
-    def check_slot_index(self, slot: int, source: str) -> None:
-        """Raise ``CorruptRegionError`` unless ``slot`` (read from ``source``)
-        names a slot of the pool."""
-        if slot >= self.geometry.pool_size:
-            raise CorruptRegionError(
-                f"{self.name}: {source} holds slot index {slot}, but the pool has {self.geometry.pool_size} slots"
-            )
 
     layout: int = layouts.LAYOUT_4  # the region's layout version (last in the class: ``layout`` above is the module)
 

@@ -17,7 +17,8 @@ import sysconfig
 import pytest
 
 import kickmsg
-from kickmsg import crosscheck, crossdriver, layout
+from kickmsg import crosscheck, crossdriver
+from kickmsg.protocol.v4 import layout
 from nativepeer import native_dir
 
 KICKMSG = pathlib.Path(sys.executable).with_name("kickmsg")

@@ -18,7 +18,8 @@ import pytest
 
 import crashworkers
 import rawregion
-from kickmsg import ChannelType, Config, Publisher, SharedRegion, Subscriber, audit, cli, layout, owners
+from kickmsg import ChannelType, Config, Publisher, SharedRegion, Subscriber, audit, cli, owners
+from kickmsg.protocol.v4 import layout
 from tinyshm import run_on_a_tiny_dev_shm
 
 SMALL = dict(max_subscribers=4, sub_ring_capacity=8, pool_size=32, max_payload_size=64)
@@ -35,7 +36,8 @@ import json, os, signal, subprocess, sys, warnings
 paths = json.loads(sys.argv[1])
 sys.path[:0] = paths
 import mpworkers
-from kickmsg import ChannelType, Config, Publisher, SharedRegion, Subscriber, audit, diagnostics, layout
+from kickmsg import ChannelType, Config, Publisher, SharedRegion, Subscriber, audit, diagnostics
+from kickmsg.protocol.v4 import layout
 
 NAME, MAX_SUBS = "/full", 4
 ENV = dict(os.environ, PYTHONPATH=os.pathsep.join(paths))

@@ -9,7 +9,8 @@ import time
 import pytest
 
 import rawregion
-from kickmsg import ChannelType, Config, SchemaInfo, SharedRegion, layout
+from kickmsg import ChannelType, Config, SchemaInfo, SharedRegion
+from kickmsg.protocol.v4 import layout
 from kickmsg import hash as kmhash
 
 # WIRE.md's three test vectors: (type, subs, cap, pool, payload) -> (config_hash, total_size with creator "wire").

@@ -29,7 +29,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from kickmsg import layout, region as region_module, shm
+from kickmsg import region as region_module, shm
+from kickmsg.protocol.v4 import layout
 from kickmsg.atomics import HARDWARE
 from kickmsg.config import ChannelType, Config
 from kickmsg.publisher import Publisher

@@ -7,7 +7,7 @@ import os
 import time
 from dataclasses import dataclass
 
-from kickmsg.protocol.v9 import freestack
+from kickmsg.protocol import freestack
 from kickmsg.protocol.v9.layout import (
     HAS_WAITER_OFFSET,
     INVALID_SLOT,
