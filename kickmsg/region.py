@@ -303,7 +303,7 @@ class SharedRegion:
     def info(self) -> RegionInfo:
         """0.9.2's ``RegionInfo``: what the header says (both layouts)."""
         creator = bytes(self.mapping.buffer[layout.HEADER_SIZE : layout.HEADER_SIZE + self.geometry.creator_name_len])
-        return region_info(self.name, self.geometry, self.header, creator)
+        return region_info(self.name, self.geometry, self.layout, self.header, creator)
 
     def stats(self) -> RegionStats:
         """0.9.2's ``RegionStats`` (lock-free, racy by nature). Layout 4 has

@@ -2,8 +2,8 @@
 layouts (WIRE9.md B.18; layout 4 reports the same, with no counters).
 
 ``region_info`` builds ``RegionInfo`` from a region's geometry and header:
-the header words it reads (version, creator_pid, created_at_ns) are at the
-same offsets in both layouts.
+the header words it reads (creator_pid, created_at_ns) are at the same
+offsets in both layouts.
 """
 import ctypes
 from dataclasses import dataclass, field
@@ -80,14 +80,14 @@ class InfoGeometry(Protocol):
     def commit_timeout_us(self) -> int: ...
 
 
-def region_info(name: str, geometry: InfoGeometry, header: ctypes.Structure, creator: bytes) -> RegionInfo:
-    """``RegionInfo`` of region ``name``: its geometry, its ``header``'s
-    version, creator pid and creation time, and the creator name's bytes."""
+def region_info(name: str, geometry: InfoGeometry, version: int, header: ctypes.Structure, creator: bytes) -> RegionInfo:
+    """``RegionInfo`` of region ``name``: its geometry and layout version,
+    its ``header``'s creator pid and creation time, the creator name's bytes."""
     g = geometry
     return RegionInfo(
         shm_name=name,
         channel_type=g.channel_type,
-        version=header.version,
+        version=version,
         config_hash=g.config_hash,
         total_size=g.total_size,
         max_subs=g.max_subs,

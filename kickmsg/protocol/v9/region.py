@@ -239,7 +239,7 @@ class Region:
     def info(self) -> RegionInfo:
         header = Header.from_buffer_copy(bytes(self.mapping.buffer[:HEADER_SIZE]))
         creator = bytes(self.mapping.buffer[HEADER_SIZE : HEADER_SIZE + self.geometry.creator_name_len])
-        return region_info(self.name, self.geometry, header, creator)
+        return region_info(self.name, self.geometry, header.version, header, creator)
 
     def stats(self) -> RegionStats:
         """B.18: lock-free and racy by nature."""
