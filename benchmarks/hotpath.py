@@ -51,7 +51,8 @@ COUNTED_OPERATIONS = 1_000  # per count of shim calls
 def measure(repeats: int, fastest: bool, only: list[str]) -> dict:
     """Run in a child process whose sys.path starts at one tree."""
     import kickmsg
-    from kickmsg import layout, treiber
+    from kickmsg.protocol.v4 import layout
+    from kickmsg.protocol import freestack
     from kickmsg.atomics import HARDWARE
 
     class CountingAtomics:
@@ -148,8 +149,8 @@ def measure(repeats: int, fastest: bool, only: list[str]) -> dict:
         return statistics.median(spans)
 
     def pop_push(region, publisher, subscribers):
-        result = timed(lambda: treiber.push(region, treiber.pop(region)))
-        counted("pop + push", region, lambda: treiber.push(region, treiber.pop(region)))
+        result = timed(lambda: freestack.push(region, freestack.pop(region, empty_on_corrupt_head=False)))
+        counted("pop + push", region, lambda: freestack.push(region, freestack.pop(region, empty_on_corrupt_head=False)))
         return result
 
     def shim_calls(region, publisher, subscribers):

@@ -20,7 +20,7 @@ from kickmsg.config import ChannelType, Config, ConfigError
 from kickmsg.publisher import AllocatedSlot, Publisher
 from kickmsg.node import BroadcastHandle, Node
 from kickmsg.process import current_pid, process_exists
-from kickmsg.protocol.v9 import RegionInfo, RegionStats, RingStats
+from kickmsg.protocol.info import RegionInfo, RegionStats, RingStats
 from kickmsg.region import HealthReport, SharedRegion, unlink_shm
 from kickmsg.schema import SchemaInfo
 from kickmsg.subscriber import SampleView, Subscriber

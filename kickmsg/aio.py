@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, overload
 
 from kickmsg import atomics
 from kickmsg.config import to_microseconds
-from kickmsg.layout import U32_MAX
+from kickmsg.protocol.v4.layout import U32_MAX
 from kickmsg.subscriber import SampleView, Subscriber
 from kickmsg.waitset import WaitSet, Waitable, _Sleep, _sooner, ring_owner
 

@@ -49,8 +49,9 @@ died holding views.
 import time
 from dataclasses import dataclass, field, replace
 
-from kickmsg import layout, owners
-from kickmsg.layout import Geometry
+from kickmsg import owners
+from kickmsg.protocol.v4 import layout
+from kickmsg.protocol.v4.layout import Geometry
 from kickmsg.protocol.v9 import layout as v9layout
 from kickmsg.protocol.v9.repair import owner_is_dead
 from kickmsg.region import SharedRegion

@@ -4,7 +4,7 @@ import enum
 import math
 from typing import Any, Protocol
 
-from kickmsg import layout
+from kickmsg.protocol.v4 import layout
 from kickmsg.schema import SchemaInfo
 
 

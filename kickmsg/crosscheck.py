@@ -73,9 +73,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import kickmsg
-from kickmsg import crossdriver, jsontext, layout
+from kickmsg import crossdriver, jsontext
 from kickmsg.atomics import HARDWARE, Atomics
-from kickmsg.layout import Field, SchemaInfoLayout, field_at
+from kickmsg.protocol.common import SchemaInfoLayout
+from kickmsg.protocol.v4 import layout
+from kickmsg.protocol.v4.layout import Field, field_at
 from kickmsg.protocol import v9
 from kickmsg.protocol.v9 import layout as v9layout
 from kickmsg.protocol.v9.layout import OWNER_PID_OFFSET, OWNER_STARTTIME_OFFSET, STATE_FLIGHT_OFFSET

@@ -31,8 +31,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from kickmsg import layout, layouts, owners, shm
+from kickmsg import layouts, owners, shm
 from kickmsg.atomics import HARDWARE
+from kickmsg.protocol.v4 import layout
 from kickmsg.audit import AuditReport, RingAudit, audit
 from kickmsg.description import schema_to_json
 from kickmsg.protocol.v9 import blackboard as board9

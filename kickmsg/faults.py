@@ -24,7 +24,7 @@ import signal
 import sys
 from collections.abc import Callable
 
-from kickmsg import layout
+from kickmsg.protocol.v4 import layout
 from kickmsg.atomics import Atomics
 from kickmsg.region import SharedRegion
 

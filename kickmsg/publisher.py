@@ -13,10 +13,11 @@ import weakref
 from typing import Self
 from collections.abc import Buffer
 
-from kickmsg import layouts, owners, process, treiber
+from kickmsg import layouts, owners, process
+from kickmsg.protocol import freestack
 from kickmsg.atomics import Atomics
 from kickmsg.audit import explain_empty_pool
-from kickmsg.layout import (
+from kickmsg.protocol.v4.layout import (
     IN_FLIGHT_ONE,
     INVALID_SLOT,
     LOCKED_SEQUENCE,
@@ -31,7 +32,6 @@ from kickmsg.layout import (
     entry_is_stuck,
 )
 from kickmsg.protocol import v9
-from kickmsg.protocol.v9 import freestack
 from kickmsg.region import SharedRegion
 from kickmsg.region9 import Layout9Region
 
@@ -125,7 +125,7 @@ class Publisher:
                 f"{region.geometry.slot_data_size} of {region.name}"
             )
         # 1. Pop a free slot.
-        slot = treiber.pop(region)
+        slot = freestack.pop(region, empty_on_corrupt_head=False)
         if slot == INVALID_SLOT:
             return None
         # 2. Write the payload into it.
@@ -166,11 +166,11 @@ class Publisher:
 
     def _reserve_slot(self) -> int:
         """Publish flow step 1 for ``allocate``: pop a free slot (INVALID_SLOT: none)."""
-        return treiber.pop(self._region)
+        return freestack.pop(self._region, empty_on_corrupt_head=False)
 
     def _give_back(self, region: SharedRegion, slot: int) -> None:
         """Return an unpublished slot of ``region`` to its free stack."""
-        treiber.push(region, slot)
+        freestack.push(region, slot)
 
     def close(self) -> None:
         """Stop publishing: give back a slot allocated and not published
@@ -270,7 +270,7 @@ class Publisher:
                 # reference to the evicted slot, unless a subscriber's drain
                 # already did (and marked the entry INVALID_SLOT).
                 if evicted_slot < pool_size and ops.load_relaxed_u32(entry + SLOT_IDX_OFFSET) != INVALID_SLOT:
-                    treiber.release_slot(region, evicted_slot)
+                    freestack.release_slot(region, evicted_slot)
                 # Release, not the spec's relaxed: their readers must see our lock (README: "a seqlock re-check that reads the past").
                 ops.store_release_u32(entry + SLOT_IDX_OFFSET, slot)
                 ops.store_release_u32(entry + PAYLOAD_LEN_OFFSET, payload_len)
@@ -297,7 +297,7 @@ class Publisher:
                 ops.futex_wake_all(ring.write_pos)
         # 5. Batch excess: one fetch_sub for all the rings not delivered to.
         if excess:
-            treiber.release_slot(region, slot, excess)
+            freestack.release_slot(region, slot, excess)
         return delivered
 
     def __repr__(self) -> str:

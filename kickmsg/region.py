@@ -1,23 +1,21 @@
 """SharedRegion: create, open and describe one channel's shared memory."""
-import ctypes
 import functools
 import os
 import time
-import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 
-from kickmsg import layout, layouts, owners, shm, treiber
+from kickmsg import layouts, owners, shm
+from kickmsg.protocol.v4 import layout
+from kickmsg.protocol import freestack
+from kickmsg.protocol.info import RegionInfo, RegionStats, RingStats, region_info
 from kickmsg.atomics import HARDWARE, Atomics
-from kickmsg.config import MAX_POOL_SIZE, MAX_SUBSCRIBERS, ChannelType, Config, ConfigError, config_differences
-from kickmsg.layout import CorruptRegionError, Geometry, Header
+from kickmsg.config import MAX_POOL_SIZE, MAX_SUBSCRIBERS, ChannelType, Config, ConfigError
+from kickmsg.protocol.v4.layout import Geometry, Header
 from kickmsg.protocol import v9
 from kickmsg.schema import SchemaInfo
 
-INIT_POLL_ATTEMPTS = 200  # create_or_open waits up to 200 x 10 ms for the creator
-INIT_POLL_INTERVAL_S = 0.010
 SCHEMA_CLAIM_YIELDS = 1024  # how long a losing schema claimant waits for Set
-CREATE_ATTEMPTS = 100  # unlink-then-create retries when racing other creators
 CHECK_IN_INTERVAL_NS = 100_000_000  # how often publishers and subscribers look whether their region was re-created
 NEVER = 1 << 63  # a region in private memory is never re-created
 
@@ -185,22 +183,9 @@ class SharedRegion:
         """
         if layouts.chosen_layout(layout) == layouts.LAYOUT_9:
             return _create9(name, type, cfg, creator, mode, create_or_open=False)
-        _refuse_identity_on_layout_4(name, cfg)
-        geometry, creator_bytes = _new_geometry(name, type, cfg, creator)
-        permissions = shm.creation_mode(mode)
-        reusable = shm.allocated_bytes(name) if shm.object_size(name) == geometry.total_size else 0
-        _check_creatable(name, geometry, reusable)
-        for _ in range(CREATE_ATTEMPTS):
-            mapping, created = _create_or_map(name, geometry, permissions)
-            if mapping is not None and created:
-                owners.unlink(name)  # ring owners of a region removed without its sidecar
-                return _initialise(mapping, geometry, creator_bytes, cfg.schema, in_place=False)
-            if mapping is not None and _has_layout(mapping, geometry):
-                kept = _rings_of_live_subscribers(SharedRegion(mapping, geometry))
-                return _initialise(mapping, geometry, creator_bytes, cfg.schema, in_place=True, kept_rings=kept)
-            owners.unlink(name)
-            shm.unlink(name)
-        raise RuntimeError(f"could not create {name}: other processes keep re-creating it")
+        from kickmsg.protocol.v4 import region as region4  # it builds on this module
+
+        return region4.create(name, type, cfg, creator, mode)
 
     @staticmethod
     def open(name: str, expected_identity: int = 0) -> "SharedRegion":
@@ -240,32 +225,9 @@ class SharedRegion:
         call creates; an existing region of the other layout is refused."""
         if layouts.chosen_layout(layout) == layouts.LAYOUT_9:
             return _create9(name, type, cfg, creator, mode, create_or_open=True)
-        _refuse_identity_on_layout_4(name, cfg)
-        geometry, creator_bytes = _new_geometry(name, type, cfg, creator)
-        permissions = shm.creation_mode(mode)
-        if shm.object_size(name) is None:
-            _check_creatable(name, geometry, 0)  # only a region we may have to create must fit
-        for _ in range(INIT_POLL_ATTEMPTS):
-            mapping, created = _create_or_map(name, geometry, permissions)
-            if mapping is not None and created:
-                owners.unlink(name)  # a sidecar left by a region removed without it
-                return _initialise(mapping, geometry, creator_bytes, cfg.schema, in_place=False)
-            # Not ours: wait until its creator has stored magic (None: it was
-            # unlinked meanwhile, or its creator is before ftruncate).
-            if mapping is not None and _stamped_version(mapping) not in (None, layouts.LAYOUT_4):
-                raise RuntimeError(
-                    f"Region version mismatch on {name}: it has layout {_stamped_version(mapping)}, "
-                    f"create_or_open was asked for layout 4"
-                )
-            if mapping is not None and _is_initialised(mapping):
-                region = _attach(mapping, 0)
-                if region.geometry.config_hash != geometry.config_hash:
-                    raise RuntimeError(
-                        f"Config mismatch on existing region: {name} ({config_differences(region.geometry, geometry)})"
-                    )
-                return region
-            time.sleep(INIT_POLL_INTERVAL_S)
-        raise RuntimeError(f"Timed out waiting for region init: {name}")
+        from kickmsg.protocol.v4 import region as region4  # it builds on this module
+
+        return region4.create_or_open(name, type, cfg, creator, mode)
 
     # -- description ------------------------------------------------------
 
@@ -330,32 +292,21 @@ class SharedRegion:
         """Remove the region's name; attached processes keep their mapping."""
         unlink_shm(self.name)
 
+    def slot_address(self, slot: int) -> int:
+        """The address of ``slot``'s header (IndexError outside the pool)."""
+        return self.slot_addresses[slot]
+
     def payload_view(self, slot: int, length: int) -> memoryview:
         """The first ``length`` payload bytes of ``slot`` (both in range)."""
         start = self.payload_offsets[slot]
         return self.mapping.buffer[start : start + length]
 
-    def info(self) -> v9.RegionInfo:
+    def info(self) -> RegionInfo:
         """0.9.2's ``RegionInfo``: what the header says (both layouts)."""
-        g = self.geometry
-        creator = bytes(self.mapping.buffer[layout.HEADER_SIZE : layout.HEADER_SIZE + g.creator_name_len])
-        return v9.RegionInfo(
-            shm_name=self.name,
-            channel_type=g.channel_type,
-            version=self.layout,
-            config_hash=g.config_hash,
-            total_size=g.total_size,
-            max_subs=g.max_subs,
-            sub_ring_capacity=g.capacity,
-            pool_size=g.pool_size,
-            max_payload_size=g.slot_data_size,
-            commit_timeout_us=g.commit_timeout_us,
-            creator_pid=self.header.creator_pid,
-            creator_name=creator.decode("utf-8", errors="replace"),
-            created_at_ns=self.header.created_at_ns,
-        )
+        creator = bytes(self.mapping.buffer[layout.HEADER_SIZE : layout.HEADER_SIZE + self.geometry.creator_name_len])
+        return region_info(self.name, self.geometry, self.layout, self.header, creator)
 
-    def stats(self) -> v9.RegionStats:
+    def stats(self) -> RegionStats:
         """0.9.2's ``RegionStats`` (lock-free, racy by nature). Layout 4 has
         no counters in shared memory: drops, losses and steals read 0 (the
         rings' lost counts of our subscribers are in ``kickmsg.owners``)."""
@@ -364,7 +315,7 @@ class SharedRegion:
         for ring in self.rings:
             state_flight = ops.load_acquire_u32(ring.state_flight)
             rings.append(
-                v9.RingStats(
+                RingStats(
                     state=v9.layout.RING_STATE_NAMES[state_flight & layout.RING_STATE_MASK],
                     in_flight=state_flight >> 2,
                     write_pos=ops.load_acquire_u64(ring.write_pos),
@@ -372,11 +323,11 @@ class SharedRegion:
                     lost_count=0,
                 )
             )
-        return v9.RegionStats(
+        return RegionStats(
             rings=rings,
             total_writes=max((r.write_pos for r in rings), default=0),
             live_rings=sum(r.state == "Live" for r in rings),
-            pool_free=treiber.count_free(self),
+            pool_free=freestack.count_free(self),
             pool_size=self.geometry.pool_size,
         )
 
@@ -653,7 +604,7 @@ class SharedRegion:
                 continue  # evicted, uncommitted or locked
             slot = ops.load_relaxed_u32(entry + layout.SLOT_IDX_OFFSET)
             if slot < self.geometry.pool_size:
-                treiber.release_slot(self, slot)
+                freestack.release_slot(self, slot)
                 ops.store_seq_cst_u32(entry + layout.SLOT_IDX_OFFSET, layout.INVALID_SLOT)
 
     def referenced_slots(self) -> set[int]:
@@ -683,19 +634,9 @@ class SharedRegion:
             refcount_address = self.slot_addresses[slot] + layout.REFCOUNT_OFFSET
             if slot not in referenced and ops.load_acquire_u32(refcount_address) > 0:
                 ops.store_release_u32(refcount_address, 0)
-                treiber.push(self, slot)
+                freestack.push(self, slot)
                 reclaimed += 1
         return reclaimed
-
-    # -- slot indices -------------------------------------------------------
-
-    def check_slot_index(self, slot: int, source: str) -> None:
-        """Raise ``CorruptRegionError`` unless ``slot`` (read from ``source``)
-        names a slot of the pool."""
-        if slot >= self.geometry.pool_size:
-            raise CorruptRegionError(
-                f"{self.name}: {source} holds slot index {slot}, but the pool has {self.geometry.pool_size} slots"
-            )
 
     layout: int = layouts.LAYOUT_4  # the region's layout version (last in the class: ``layout`` above is the module)
 
@@ -712,35 +653,7 @@ def unlink_shm(name: str) -> None:
     owners.unlink(name)
 
 
-def _new_geometry(name: str, type: ChannelType, cfg: Config, creator: str) -> tuple[Geometry, bytes]:
-    """Check the arguments of create/create_or_open; the region's geometry.
-    An invalid channel type or config (0.1.0's rules, our wire limits, a
-    geometry that cannot work: ``Geometry.hazards``) raises ``ConfigError``,
-    both the ``ValueError`` we document and the ``RuntimeError`` of 0.1.0."""
-    shm.check_name(name)
-    if not isinstance(cfg, Config):
-        raise TypeError(f"cfg must be a kickmsg.Config, got {cfg!r}")
-    channel_type = _channel_type(type)
-    problem = cfg.validation_error()
-    if problem:
-        raise ConfigError(f"{problem} (creating {name})")
-    creator_bytes = creator.encode("utf-8")[: layout.U16_MAX]
-    geometry = Geometry.for_config(
-        channel_type,
-        cfg.max_subscribers,
-        cfg.sub_ring_capacity,
-        cfg.pool_size,
-        cfg.max_payload_size,
-        cfg.commit_timeout_us,
-        len(creator_bytes),
-    )
-    hazards = geometry.hazards()
-    if hazards:
-        raise ConfigError(f"cannot create {name}: {hazards[0]}")
-    return geometry, creator_bytes
-
-
-def _check_creatable(name: str, geometry: Geometry, reusable: int) -> None:
+def check_creatable(name: str, geometry: Geometry, reusable: int) -> None:
     """Refuse (``ConfigError``) a region larger than the memory the machine
     can give it (``shm.room_for_new_object``), counting ``reusable`` bytes
     already held by the object it would re-initialise in place; then one
@@ -750,8 +663,8 @@ def _check_creatable(name: str, geometry: Geometry, reusable: int) -> None:
     room, limit = shm.room_for_new_object()
     if geometry.total_size > room + reusable:
         raise ConfigError(
-            f"cannot create {name}: it would take {_bytes_text(geometry.total_size)} "
-            f"({geometry.total_size} bytes: {geometry.size_breakdown()}), but only {_bytes_text(room)} "
+            f"cannot create {name}: it would take {bytes_text(geometry.total_size)} "
+            f"({geometry.total_size} bytes: {geometry.size_breakdown()}), but only {bytes_text(room)} "
             f"are {limit}; lower pool_size, max_payload_size, max_subscribers or sub_ring_capacity"
         )
     if geometry.max_subs > MAX_SUBSCRIBERS:
@@ -766,7 +679,7 @@ def _check_creatable(name: str, geometry: Geometry, reusable: int) -> None:
         )
 
 
-def _bytes_text(size: int) -> str:
+def bytes_text(size: int) -> str:
     """``1084288`` -> ``1.0 MiB``."""
     value, unit = float(size), "bytes"
     for bigger in ("KiB", "MiB", "GiB", "TiB", "PiB"):
@@ -774,131 +687,6 @@ def _bytes_text(size: int) -> str:
             break
         value, unit = value / 1024, bigger
     return f"{size} bytes" if unit == "bytes" else f"{value:.1f} {unit}"
-
-
-def _create_or_map(name: str, geometry: Geometry, permissions: int) -> tuple[shm.Mapping | None, bool]:
-    """``shm.create_or_map``, a failed reservation told as ``ConfigError``."""
-    try:
-        return shm.create_or_map(name, geometry.total_size, permissions)
-    except shm.NoRoomError as error:
-        raise ConfigError(
-            f"cannot create {name}: {error.strerror} while reserving {_bytes_text(geometry.total_size)} "
-            f"({geometry.total_size} bytes: {geometry.size_breakdown()})"
-        ) from None
-
-
-def _has_layout(mapping: shm.Mapping, geometry: Geometry) -> bool:
-    """Whether the mapped object is an initialised region laid out exactly
-    as ``geometry`` says (so processes attached to it may run their flows
-    over a re-initialised one), every page of it already allocated (so
-    re-initialising it touches no page the machine cannot give)."""
-    if mapping.size != geometry.total_size or not _is_initialised(mapping):
-        return False
-    if shm.allocated_bytes(mapping.name) < mapping.size:
-        return False
-    return Geometry.from_header(Header.from_address(mapping.address)).same_layout(geometry)
-
-
-def _rings_of_live_subscribers(region: SharedRegion) -> list[tuple[int, int, int]]:
-    """(ring, write_pos, has_waiter) of each Live ring held by a living
-    subscriber of this package (its owner record's lock is held): the rings
-    a re-create in place keeps for them."""
-    ops = region.atomics
-    records = owners.read_owners(region.name, region.geometry.max_subs) or []
-    kept = []
-    for ring, (record, held) in zip(region.rings, records):
-        state = ops.load_acquire_u32(ring.state_flight) & layout.RING_STATE_MASK
-        if state == layout.RING_LIVE and held and record is not None and record.region_created_at_ns == region.created_at_ns:
-            kept.append((ring.index, ops.load_acquire_u64(ring.write_pos), ops.load_relaxed_u32(ring.has_waiter)))
-    return kept
-
-
-def _initialise(
-    mapping: shm.Mapping,
-    geometry: Geometry,
-    creator: bytes,
-    schema: SchemaInfo | None,
-    in_place: bool,
-    kept_rings: Sequence[tuple[int, int, int]] = (),
-) -> SharedRegion:
-    """Lay out a region in the mapping; publish it by storing magic last.
-
-    A new object is zero-filled by ftruncate. One re-initialised in place is
-    first marked uninitialised (magic 0) and zeroed; ``kept_rings``
-    (``_rings_of_live_subscribers``) stay Live for their subscribers.
-    """
-    region = SharedRegion(mapping, geometry)
-    ops = region.atomics
-    header = region.header
-    if in_place:
-        ops.store_release_u64(mapping.address + layout.MAGIC_OFFSET, 0)
-        ctypes.memset(mapping.address, 0, mapping.size)
-    # 1. Header fields.
-    header.version = layout.VERSION
-    header.channel_type = geometry.channel_type
-    header.total_size = geometry.total_size
-    header.sub_rings_offset = geometry.sub_rings_offset
-    header.pool_offset = geometry.pool_offset
-    header.max_subs = geometry.max_subs
-    header.sub_ring_capacity = geometry.capacity
-    header.sub_ring_mask = geometry.mask
-    header.pool_size = geometry.pool_size
-    header.slot_data_size = geometry.slot_data_size
-    header.slot_stride = geometry.slot_stride
-    header.sub_ring_stride = geometry.ring_stride
-    header.commit_timeout_us = geometry.commit_timeout_us
-    header.config_hash = geometry.config_hash
-    header.creator_pid = os.getpid()
-    header.created_at_ns = time.monotonic_ns()
-    header.creator_name_len = len(creator)
-    region.created_at_ns = header.created_at_ns
-    mapping.buffer[layout.HEADER_SIZE : layout.HEADER_SIZE + len(creator)] = creator
-    # 2. Schema: nobody can see the region yet, so a relaxed Set suffices.
-    if schema is not None:
-        schema.write_to(header.schema_data)
-        ops.store_relaxed_u32(region.schema_state_address, layout.SCHEMA_SET)
-    # 3. Free stack: as if slots 0, 1, ..., pool_size-1 were pushed in order
-    #    (each push bumps the generation; slot pool_size-1 ends on top).
-    for slot in range(geometry.pool_size):
-        below = slot - 1 if slot > 0 else layout.INVALID_SLOT
-        ops.store_relaxed_u32(region.slot_addresses[slot] + layout.NEXT_FREE_OFFSET, below)
-    ops.store_relaxed_u64(
-        region.free_top_address, (geometry.pool_size & layout.U32_MAX) << 32 | (geometry.pool_size - 1)
-    )
-    # 4. Rings are Free with write_pos 0: already zero. Beyond 0.1.0, a ring
-    #    kept for a live subscriber of the replaced incarnation stays Live at
-    #    its write position, the entries of its window committed empty
-    #    (INVALID_SLOT), its owner record moved to this incarnation: its
-    #    subscriber reads on, counting the messages it had not read as lost.
-    if in_place and mapping.shared:
-        owners.restart(mapping.name, [ring for ring, _, _ in kept_rings], header.created_at_ns)
-    for index, write_pos, has_waiter in kept_rings:
-        ring = region.rings[index]
-        for position in range(max(0, write_pos - geometry.capacity), write_pos):
-            entry = ring.entries[position & geometry.mask]
-            ops.store_relaxed_u32(entry + layout.SLOT_IDX_OFFSET, layout.INVALID_SLOT)
-            ops.store_relaxed_u64(entry + layout.SEQUENCE_OFFSET, position + 1)
-        ops.store_relaxed_u64(ring.write_pos, write_pos)
-        ops.store_relaxed_u32(ring.has_waiter, has_waiter)
-        ops.store_relaxed_u32(ring.state_flight, layout.RING_LIVE)
-    # 5. Magic last, with release: create_or_open polls it with acquire.
-    ops.store_release_u64(mapping.address + layout.MAGIC_OFFSET, layout.MAGIC)
-    return region
-
-
-def _is_initialised(mapping: shm.Mapping) -> bool:
-    """Magic and version are in place (read with acquire)."""
-    if mapping.size < layout.HEADER_SIZE:
-        return False
-    magic = HARDWARE.load_acquire_u64(mapping.address + layout.MAGIC_OFFSET)
-    return magic == layout.MAGIC and Header.from_address(mapping.address).version == layout.VERSION
-
-
-def _stamped_version(mapping: shm.Mapping) -> int | None:
-    """The version word of an initialised region (magic read with acquire), else None."""
-    if mapping.size < layout.HEADER_SIZE or HARDWARE.load_acquire_u64(mapping.address + layout.MAGIC_OFFSET) != layout.MAGIC:
-        return None
-    return HARDWARE.load_relaxed_u32(mapping.address + layout.VERSION_OFFSET)
 
 
 def _open_if_ready(name: str) -> SharedRegion | None:
@@ -929,32 +717,9 @@ def _attach(mapping: shm.Mapping, expected_identity: int) -> SharedRegion:
         raise RuntimeError(
             f"Version mismatch: {name} has layout version {version}, this library reads layouts 4 and 9"
         )
-    if expected_identity:
-        raise RuntimeError(
-            f"Identity mismatch on {name}: it is a layout-4 region, which stamps no identity "
-            f"(expected 0x{expected_identity:016x})"
-        )
-    if mapping.size < layout.HEADER_SIZE:
-        raise RuntimeError(
-            f"Region {name} is truncated: {mapping.size} bytes, smaller than the {layout.HEADER_SIZE}-byte header"
-        )
-    header = Header.from_address(mapping.address)
-    geometry = Geometry.from_header(header)
-    problems = geometry.problems(mapping.size, header.sub_ring_mask)
-    if problems:
-        raise RuntimeError(f"Region {name} does not fit its mapping: " + "; ".join(problems))
-    if mapping.writable:
-        for hazard in geometry.hazards():
-            warnings.warn(f"{name}: {hazard}", RuntimeWarning, stacklevel=3)
-    return SharedRegion(mapping, geometry)
+    from kickmsg.protocol.v4 import region as region4  # it builds on this module
 
-
-def _refuse_identity_on_layout_4(name: str, cfg: Config) -> None:
-    if cfg.identity:
-        raise ConfigError(
-            f"cannot create {name} with Config.identity 0x{cfg.identity:016x}: layout 4 stamps no identity "
-            f"(layout=9 does)"
-        )
+    return region4.attach(mapping, expected_identity)
 
 
 def _create9(
@@ -967,7 +732,7 @@ def _create9(
     if not isinstance(cfg, Config):
         raise TypeError(f"cfg must be a kickmsg.Config, got {cfg!r}")
     permissions = None if mode is None else shm.creation_mode(mode)  # None: 0.9.2's $KICKMSG_SHM_MODE, else 0600
-    channel_type = _channel_type(type)
+    channel_type = channel_type_of(type)
     problem = cfg.validation_error()
     if problem:
         raise ConfigError(f"{problem} (creating {name})")
@@ -985,14 +750,14 @@ def _create9(
         raise ConfigError(f"cannot create {name}: {hazards[0]}")
     if create_or_open and shm.object_size(name) is not None:
         return region9.create_or_open(name, channel_type, config, creator, permissions)
-    _check_creatable(name, described, 0)
+    check_creatable(name, described, 0)
     if create_or_open:
         return region9.create_or_open(name, channel_type, config, creator, permissions)
     owners.unlink(name)  # sidecars of a layout-4 region of that name
     return region9.create(name, channel_type, config, creator, permissions)
 
 
-def _channel_type(type: int) -> ChannelType:
+def channel_type_of(type: int) -> ChannelType:
     """A channel type a region can be made of (not ``NoChannel``)."""
     if type in (ChannelType.PubSub, ChannelType.Broadcast) and not isinstance(type, bool):
         return ChannelType(type)

@@ -9,7 +9,8 @@ addresses, the owner sidecars) are not available on it.
 """
 from typing import NoReturn
 
-from kickmsg import layout, shm
+from kickmsg import shm
+from kickmsg.protocol.v4 import layout
 from kickmsg.atomics import HARDWARE, Atomics
 from kickmsg.protocol import v9
 from kickmsg.protocol.v9 import repair

@@ -6,7 +6,7 @@ what counts as a mismatch, is the caller's policy.
 import enum
 from typing import Any
 
-from kickmsg import layout
+from kickmsg.protocol.v4 import layout
 
 FINGERPRINT_SIZE = 64
 MAX_NAME_BYTES = 127  # the name field is 128 bytes, NUL-terminated

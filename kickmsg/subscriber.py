@@ -11,10 +11,11 @@ import weakref
 from collections.abc import Callable
 from typing import Self, TypeVar
 
-from kickmsg import layouts, owners, process, treiber
+from kickmsg import layouts, owners, process
+from kickmsg.protocol import freestack
 from kickmsg.atomics import FUTEX_TIMED_OUT
 from kickmsg.config import to_microseconds
-from kickmsg.layout import (
+from kickmsg.protocol.v4.layout import (
     LOCKED_SEQUENCE,
     PAYLOAD_LEN_OFFSET,
     REFCOUNT_OFFSET,
@@ -152,7 +153,7 @@ class Subscriber:
         slot, length, _ = pinned
         start = region.payload_offsets[slot]
         data = bytes(region.mapping.buffer[start : start + length])
-        treiber.release_slot(region, slot)  # unpin
+        freestack.release_slot(region, slot)  # unpin
         return data
 
     def try_receive_view(self) -> "SampleView | None":
@@ -253,7 +254,7 @@ class Subscriber:
             # Seqlock re-check: if the entry changed after we pinned, the slot
             # may hold another message by now.
             if ops.load_acquire_u64(entry + SEQUENCE_OFFSET) != sequence:
-                treiber.release_slot(region, slot)
+                freestack.release_slot(region, slot)
                 self._lost += 1
                 self._read_pos += 1
                 continue
@@ -625,7 +626,7 @@ class SampleView:
     def _unpin_if_done(self) -> None:
         if self._released and self._pinned and self._exports == 0:
             self._pinned = False
-            treiber.release_slot(self._region, self._slot)
+            freestack.release_slot(self._region, self._slot)
 
     def __enter__(self) -> Self:
         return self

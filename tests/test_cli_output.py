@@ -14,7 +14,8 @@ import sys
 
 import pytest
 
-from kickmsg import Config, Node, Publisher, Subscriber, jsontext, layout, typed
+from kickmsg import Config, Node, Publisher, Subscriber, jsontext, typed
+from kickmsg.protocol.v4 import layout
 from kickmsg.terminal import printable
 from test_cli import ROOMY, SMALL, Running, cli, command_line, create_in_child, make, wait_live
 from test_cli import name, prefix  # noqa: F401  (fixtures)

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 import rawregion
 from conftest import on_layout4
 from kickmsg import ChannelType, Config, Publisher, SharedRegion, Subscriber, unlink_shm
-from kickmsg.layout import CorruptRegionError
+from kickmsg.protocol.v4.layout import CorruptRegionError
 
 INVALID_SLOT = 0xFFFFFFFF
 LOCKED = 0xFFFFFFFFFFFFFFFF

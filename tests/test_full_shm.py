@@ -19,7 +19,8 @@ import pytest
 import crashworkers
 import rawregion
 from conftest import on_layout4
-from kickmsg import ChannelType, Config, Publisher, SharedRegion, Subscriber, audit, cli, layout, owners
+from kickmsg import ChannelType, Config, Publisher, SharedRegion, Subscriber, audit, cli, owners
+from kickmsg.protocol.v4 import layout
 from tinyshm import run_on_a_tiny_dev_shm
 
 # These tests check layout 4's own: owner and publisher records in sidecar files.
@@ -39,7 +40,8 @@ import json, os, signal, subprocess, sys, warnings
 paths = json.loads(sys.argv[1])
 sys.path[:0] = paths
 import mpworkers
-from kickmsg import ChannelType, Config, Publisher, SharedRegion, Subscriber, audit, diagnostics, layout
+from kickmsg import ChannelType, Config, Publisher, SharedRegion, Subscriber, audit, diagnostics
+from kickmsg.protocol.v4 import layout
 
 NAME, MAX_SUBS = "/full", 4
 ENV = dict(os.environ, PYTHONPATH=os.pathsep.join(paths))

@@ -10,7 +10,8 @@ import pytest
 
 import rawregion
 from conftest import on_layout4
-from kickmsg import ChannelType, Config, SchemaInfo, SharedRegion, layout
+from kickmsg import ChannelType, Config, SchemaInfo, SharedRegion
+from kickmsg.protocol.v4 import layout
 from kickmsg import hash as kmhash
 
 # These tests check layout 4's own: its ctypes layout and byte offsets.

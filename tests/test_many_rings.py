@@ -13,7 +13,8 @@ import sys
 import pytest
 
 import nativepeer
-from kickmsg import Publisher, SharedRegion, Subscriber, diagnostics, exporter, layout, owners, region as region_module
+from kickmsg import Publisher, SharedRegion, Subscriber, diagnostics, exporter, owners, region as region_module
+from kickmsg.protocol.v4 import layout
 
 RINGS = 20_000  # far above the 1024 this package creates; a million behaves the same, only slower to build
 USED = 3  # rings 0..2: two subscribers of ours (Live), one that left (Free, written)

@@ -19,7 +19,7 @@ import pytest
 from kickmsg import Blackboard, BlackboardConfig
 from kickmsg.atomics import HARDWARE
 from kickmsg.hash import fnv1a_64
-from kickmsg.layout import CorruptRegionError
+from kickmsg.protocol.common import CorruptRegionError
 from kickmsg.protocol.v9 import blackboard as bb
 from kickmsg.protocol.v9.layout import VersionMismatchError, blackboard_identity
 from nativepeer import run_native9, run_ours, start_native9, start_ours

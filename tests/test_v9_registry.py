@@ -14,7 +14,7 @@ import pytest
 
 from kickmsg import Kind, Registry, Role
 from kickmsg.atomics import HARDWARE
-from kickmsg.layout import CorruptRegionError
+from kickmsg.protocol.common import CorruptRegionError
 from kickmsg.protocol.v9 import registry as reg
 from kickmsg.protocol.v9.layout import VersionMismatchError
 from kickmsg.protocol.v9.registry import NodeRows, Participant

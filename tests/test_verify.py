@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from kickmsg import layout, treiber
+from kickmsg.protocol.v4 import layout
+from kickmsg.protocol import freestack
 from kickmsg.atomics import HARDWARE as ops
 from kickmsg.verify import MUTANT_SCENARIOS, MUTANTS, Scenario, _private_region, explore, explore_random, invariants
 from kickmsg.verify.mutants import Edit, Patch, build
@@ -168,7 +169,7 @@ def test_a_free_slot_with_a_refcount_is_a_violation():
 def test_a_refcount_that_matches_no_reference_is_a_violation():
     region = _private_region(Scenario())
     ledger = invariants.Ledger(region)
-    slot = treiber.pop(region)
+    slot = freestack.pop(region, empty_on_corrupt_head=False)
     ops.store_release_u32(region.slot_addresses[slot] + layout.REFCOUNT_OFFSET, 1)
     assert invariants.memory_violation(region, ledger) == (
         f"slot {slot} has refcount 1 but 0 committed entries of Live rings and 0 pins reference it")
@@ -197,7 +198,7 @@ def test_the_ledger_takes_the_captured_slot_from_the_slot_index_in_any_order():
 
 def test_a_slot_that_never_comes_back_is_a_violation_at_the_end():
     region = _private_region(Scenario())
-    slot = treiber.pop(region)
+    slot = freestack.pop(region, empty_on_corrupt_head=False)
     assert f"slot {slot} (refcount 0) never came back" in invariants.end_violation(region)
 
 

@@ -19,7 +19,7 @@ import rawregion
 from conftest import new_shm_name
 from kickmsg import ChannelType, Config, Node, Publisher, SharedRegion, Subscriber, WaitSet, atomics, typed
 from kickmsg.atomics import Atomics
-from kickmsg.layout import LOCKED_SEQUENCE, SEQUENCE_OFFSET, U32_MAX
+from kickmsg.protocol.v4.layout import LOCKED_SEQUENCE, SEQUENCE_OFFSET, U32_MAX
 from kickmsg.region import unlink_shm
 from nativepeer import start_native, start_native9, start_ours
 from conftest import layout4_only

@@ -38,7 +38,7 @@ from typing import NoReturn
 import warnings
 
 import kickmsg
-from kickmsg import layout
+from kickmsg.protocol.v4 import layout
 from kickmsg.cli.common import (
     EXIT_ERROR,
     EXIT_OK,

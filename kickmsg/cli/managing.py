@@ -11,7 +11,8 @@ from collections.abc import Callable
 from typing import Any
 
 import kickmsg
-from kickmsg import layout, layouts, owners, shm
+from kickmsg import layouts, owners, shm
+from kickmsg.protocol.v4 import layout
 from kickmsg.cli.common import (
     EXIT_ERROR,
     EXIT_OK,

@@ -29,7 +29,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from kickmsg import layout, region as region_module, shm
+from kickmsg import shm
+from kickmsg.protocol.v4 import layout, region as region4
 from kickmsg.atomics import HARDWARE
 from kickmsg.config import ChannelType, Config
 from kickmsg.publisher import Publisher
@@ -131,9 +132,9 @@ class World:
 
 def _private_region(scenario: Scenario) -> SharedRegion:
     """A region laid out exactly as in shared memory, in private memory."""
-    geometry, creator = region_module._new_geometry("/kickmsg_verify", ChannelType.PubSub, scenario.config(), "verify")
+    geometry, creator = region4.new_geometry("/kickmsg_verify", ChannelType.PubSub, scenario.config(), "verify")
     mapping = shm.Mapping.private("/kickmsg_verify", geometry.total_size)
-    return region_module._initialise(mapping, geometry, creator, None, in_place=False)
+    return region4.initialise(mapping, geometry, creator, None, in_place=False)
 
 
 def _world(scenario: Scenario) -> World:

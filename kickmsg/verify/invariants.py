@@ -29,7 +29,7 @@ A reference released too early breaks 1, 2 or 3; one never released breaks
 import collections
 import struct
 
-from kickmsg import layout
+from kickmsg.protocol.v4 import layout
 from kickmsg.atomics import HARDWARE as ops
 from kickmsg.region import SharedRegion
 from kickmsg.verify.scheduler import Step

@@ -20,7 +20,8 @@ import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kickmsg import publisher, region, subscriber, treiber
+from kickmsg import publisher, region, subscriber
+from kickmsg.protocol import freestack
 from kickmsg.verify import Report, Scenario, explore
 from kickmsg.verify.scheduler import Outcome
 from kickmsg.verify.memory import OPERATIONS
@@ -35,9 +36,9 @@ FLOWS = (
     ("leave/drain", region.SharedRegion, "leave_ring"),
     ("leave/drain", region.SharedRegion, "set_ring_state"),
     ("leave/drain", region.SharedRegion, "drain_ring"),
-    ("free stack", treiber, "pop"),
-    ("free stack", treiber, "push"),
-    ("free stack", treiber, "release_slot"),
+    ("free stack", freestack, "pop"),
+    ("free stack", freestack, "push"),
+    ("free stack", freestack, "release_slot"),
     ("repair", region.SharedRegion, "_live_window"),
     ("repair", region.SharedRegion, "repair_locked_entries"),
 )

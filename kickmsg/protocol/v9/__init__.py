@@ -3,7 +3,6 @@
 Each module reads beside its section of WIRE9.md:
 
 - ``layout``: constants, byte layout, sizes, hashes, validation, naming (A);
-- ``freestack``: the slot pool's Treiber stack (B.14);
 - ``region``: create, open, create_or_open, info, stats (B.1-B.3, B.18);
 - ``publish``: ``Publisher``: allocate and publish with lock, steal, takeover, wake (B.5-B.9, B.15);
 - ``receive``: ``Subscriber``, ``SampleView``: join, receive, blocking receive, leave and drain (B.4, B.10-B.12);
@@ -12,13 +11,16 @@ Each module reads beside its section of WIRE9.md:
 - ``registry``: ``Registry``, ``NodeRows``: the participant registry, version 4 (C);
 - ``blackboard``: ``Blackboard`` and its writers and readers, region version 2 (D).
 
+The slot pool's free stack (B.14) and the words both layouts share are
+beside it: ``kickmsg.protocol.freestack``, ``kickmsg.protocol.common``.
 ``kickmsg.SharedRegion`` and the API classes hand layout-9 regions to this
 core (``kickmsg.region9``, ``Publisher9``, ``Subscriber9``, ``SampleView9``).
 """
 from kickmsg.protocol.v9.publish import Publisher
 from kickmsg.protocol.v9.receive import SampleView, Subscriber
 from kickmsg.protocol.v9.layout import CorruptRegionError, Geometry, VersionMismatchError
-from kickmsg.protocol.v9.region import ChannelConfig, Region, RegionInfo, RegionStats, RingStats
+from kickmsg.protocol.info import RegionInfo, RegionStats, RingStats
+from kickmsg.protocol.v9.region import ChannelConfig, Region
 
 __all__ = [
     "ChannelConfig",

@@ -17,25 +17,42 @@ address, loop and bound uses, whatever peers write into the header after.
 """
 import ctypes
 import os
-import struct
 import sys
 import time
 from dataclasses import dataclass
 
 from kickmsg.hash import FNV1A_64_OFFSET_BASIS, fnv1a_64
-from kickmsg.layout import CorruptRegionError, SchemaInfoLayout
-
-# CorruptRegionError and SchemaInfoLayout are shared with layout 4 (A.6 is unchanged).
 
 # -- A.1 Constants -------------------------------------------------------------
 
-MAGIC = 0x4B49434B4D534721  # "KICKMSG!", stored last at creation (release)
+# The words layout 9 shares with layout 4 (A.1, A.6-A.8 unchanged), named here as part of layout 9.
+from kickmsg.protocol.common import (
+    CACHE_LINE,
+    CHANNEL_BROADCAST,
+    CHANNEL_PUBSUB,
+    DEFAULT_COMMIT_TIMEOUT_US,
+    IN_FLIGHT_ONE,
+    INVALID_SLOT,
+    MAGIC,
+    MAX_COMMIT_TIMEOUT_US,
+    RING_DRAINING,
+    RING_FREE,
+    RING_LIVE,
+    RING_STATE_MASK,
+    SCHEMA_CLAIMING,
+    SCHEMA_SET,
+    SCHEMA_UNSET,
+    U16_MAX,
+    U32_MAX,
+    U64_MAX,
+    CorruptRegionError,
+    SchemaInfoLayout,
+    align64,
+    config_hash,
+)
+
 VERSION = 9
-INVALID_SLOT = 0xFFFFFFFF
-CACHE_LINE = 64
 MAX_POOL_SIZE = (1 << 24) - 2  # slot index + 1 must fit the 24-bit meta field
-DEFAULT_COMMIT_TIMEOUT_US = 10_000
-MAX_COMMIT_TIMEOUT_US = 86_400_000_000  # our bound (1 day): a hostile header must not make waits endless
 
 SEQ_LOCK_BIT = 1 << 63
 SEQ_REPAIR_BIT = 1 << 62
@@ -46,29 +63,13 @@ META_TAG_MASK = (1 << 40) - 1
 META_TAG_SIGN = 1 << 39
 
 CHANNEL_NONE = 0  # never stamped in a region
-CHANNEL_PUBSUB = 1
-CHANNEL_BROADCAST = 2
 
-# Ring state: the low 2 bits of state_flight; in_flight is state_flight >> 2.
-RING_FREE = 0
-RING_LIVE = 1
-RING_DRAINING = 2
-RING_RECLAIMING = 3
-RING_STATE_MASK = 0b11
+RING_RECLAIMING = 3  # a fourth ring state (the low 2 bits of state_flight)
 RING_STATE_NAMES = {RING_FREE: "Free", RING_LIVE: "Live", RING_DRAINING: "Draining", RING_RECLAIMING: "Reclaiming"}
-IN_FLIGHT_ONE = 4  # one admitted publisher
 
 WAITER_NONE = 0
 WAITER_FUTEX = 1
 WAITER_CARRIER = 2
-
-SCHEMA_UNSET = 0
-SCHEMA_CLAIMING = 1
-SCHEMA_SET = 2
-
-U16_MAX = 0xFFFF
-U32_MAX = 0xFFFFFFFF
-U64_MAX = 0xFFFFFFFFFFFFFFFF
 
 
 class VersionMismatchError(RuntimeError):
@@ -160,6 +161,7 @@ assert (SubRingHeader.owner_pid.offset, SubRingHeader.owner_starttime.offset) ==
 assert (SubRingHeader.write_pos.offset, SubRingHeader.has_waiter.offset) == (64, 72)
 assert (SubRingHeader.dropped_count.offset, SubRingHeader.lost_count.offset) == (80, 88)
 assert SlotHeader.payload_len.offset == 8
+assert (SlotHeader.refcount.offset, SlotHeader.next_free.offset) == (0, 4)  # kickmsg.protocol.freestack
 
 # Offsets of the atomic words, for address arithmetic.
 MAGIC_OFFSET = Header.magic.offset
@@ -237,22 +239,7 @@ def meta_precedes(meta: int, pos: int) -> bool:
     return distance != 0 and bool(distance & META_TAG_SIGN)
 
 
-# -- A.7 Sizes, A.8 config hash ------------------------------------------------
-
-
-def align64(size: int) -> int:
-    return (size + CACHE_LINE - 1) // CACHE_LINE * CACHE_LINE
-
-
-def config_hash(
-    channel_type: int, max_subscribers: int, sub_ring_capacity: int, pool_size: int, max_payload_size: int,
-    commit_timeout_us: int,
-) -> int:
-    """FNV-1a 64 of the packed config; neither schema nor identity enters it."""
-    packed = struct.pack(
-        "<IQQQQq", channel_type, max_subscribers, sub_ring_capacity, pool_size, max_payload_size, commit_timeout_us
-    )
-    return fnv1a_64(packed)
+# -- A.7 Sizes (align64, A.8 config_hash: kickmsg.protocol.common) ---------------
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ its order in its name.
 """
 import os
 
-from kickmsg.protocol.v9 import freestack
+from kickmsg.protocol import freestack
 from kickmsg.protocol.v9.layout import (
     DROPPED_COUNT_OFFSET,
     HAS_WAITER_OFFSET,
@@ -85,7 +85,7 @@ class Publisher:
             freestack.push(self.region, self.pending)
             self.pending = INVALID_SLOT
         # 2. pop (an empty pool or a corrupt head reads as INVALID_SLOT)
-        slot = freestack.pop(self.region)
+        slot = freestack.pop(self.region, empty_on_corrupt_head=True)
         # 3. remember it
         if slot != INVALID_SLOT:
             self.pending = slot
@@ -202,7 +202,7 @@ class Publisher:
             # i. release the evicted claim (the previous lap's sample)
             evicted = meta_slot_field(old)
             if evicted and evicted - 1 < g.pool_size:
-                freestack.release(region, evicted - 1)
+                freestack.release_slot(region, evicted - 1)
             # j. commit by CAS from our own lock
             if ops.cas_release_u64(entry + SEQUENCE_OFFSET, lock_value, pos + 1) != lock_value:
                 self._abandon(ring)  # stolen after the takeover: the entry owns our reference

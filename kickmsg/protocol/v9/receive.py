@@ -11,7 +11,7 @@ import os
 import time
 
 from kickmsg.atomics import FUTEX_TIMED_OUT
-from kickmsg.protocol.v9 import freestack
+from kickmsg.protocol import freestack
 from kickmsg.protocol.v9.layout import (
     HAS_WAITER_OFFSET,
     LOST_COUNT_OFFSET,
@@ -93,7 +93,7 @@ class SampleView:
         if self._exports:
             raise BufferError(f"SampleView still has {self._exports} memoryview(s) open")
         self.valid = False
-        freestack.release(self._region, self.slot)
+        freestack.release_slot(self._region, self.slot)
 
     def __enter__(self) -> "SampleView":
         return self
@@ -148,7 +148,7 @@ class Subscriber:
         self.region.atomics.fetch_add_relaxed_u64(self.ring + LOST_COUNT_OFFSET, count)
 
     def _unpin(self, slot: int) -> None:
-        freestack.release(self.region, slot)
+        freestack.release_slot(self.region, slot)
 
     def try_receive_view(self) -> SampleView | None:
         """The next message in place, or None (nothing committed yet)."""
@@ -335,7 +335,7 @@ class Subscriber:
             if field == 0 or field - 1 >= g.pool_size:
                 continue
             if ops.cas_acq_rel_u64(entry + META_OFFSET, meta, meta & ~META_SLOT_MASK) == meta:
-                freestack.release(region, field - 1)
+                freestack.release_slot(region, field - 1)
 
     def __del__(self) -> None:
         # As the native Subscriber's destructor: leave when dropped (not a forked child's copy).

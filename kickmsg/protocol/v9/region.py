@@ -7,12 +7,13 @@ door; every address it hands out is computed from the snapshot.
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from kickmsg import shm
 from kickmsg.atomics import HARDWARE, Atomics
 from kickmsg.config import config_differences
-from kickmsg.protocol.v9 import freestack
+from kickmsg.protocol import freestack
+from kickmsg.protocol.info import RegionInfo, RegionStats, RingStats, region_info
 from kickmsg.protocol.v9.layout import (
     DEFAULT_COMMIT_TIMEOUT_US,
     FREE_TOP_OFFSET,
@@ -83,48 +84,6 @@ class ChannelConfig:
             channel_type, self.max_subscribers, self.sub_ring_capacity, self.pool_size, self.max_payload_size,
             self.commit_timeout_us, creator_name_len,
         )
-
-
-@dataclass(frozen=True)
-class RegionInfo:
-    """What 0.9.2's ``SharedRegion.info()`` reports."""
-
-    shm_name: str
-    channel_type: int
-    version: int
-    config_hash: int
-    total_size: int
-    max_subs: int
-    sub_ring_capacity: int
-    pool_size: int
-    max_payload_size: int
-    commit_timeout_us: int
-    creator_pid: int
-    creator_name: str
-    created_at_ns: int
-
-
-@dataclass(frozen=True)
-class RingStats:
-    state: str
-    in_flight: int
-    write_pos: int
-    dropped_count: int
-    lost_count: int
-
-
-@dataclass(frozen=True)
-class RegionStats:
-    """What 0.9.2's ``SharedRegion.stats()`` reports (B.18)."""
-
-    rings: list[RingStats] = field(default_factory=list)
-    total_writes: int = 0
-    total_drops: int = 0
-    total_losses: int = 0
-    total_steals: int = 0
-    live_rings: int = 0
-    pool_free: int = 0
-    pool_size: int = 0
 
 
 class Region:
@@ -292,24 +251,9 @@ class Region:
     # -- Reports ---------------------------------------------------------------
 
     def info(self) -> RegionInfo:
-        g = self.geometry
         header = Header.from_buffer_copy(bytes(self.mapping.buffer[:HEADER_SIZE]))
-        name_bytes = bytes(self.mapping.buffer[HEADER_SIZE : HEADER_SIZE + g.creator_name_len])
-        return RegionInfo(
-            shm_name=self.name,
-            channel_type=g.channel_type,
-            version=header.version,
-            config_hash=g.config_hash,
-            total_size=g.total_size,
-            max_subs=g.max_subs,
-            sub_ring_capacity=g.capacity,
-            pool_size=g.pool_size,
-            max_payload_size=g.slot_data_size,
-            commit_timeout_us=g.commit_timeout_us,
-            creator_pid=header.creator_pid,
-            creator_name=name_bytes.decode("utf-8", errors="replace"),
-            created_at_ns=header.created_at_ns,
-        )
+        creator = bytes(self.mapping.buffer[HEADER_SIZE : HEADER_SIZE + self.geometry.creator_name_len])
+        return region_info(self.name, self.geometry, header.version, header, creator)
 
     def stats(self) -> RegionStats:
         """B.18: lock-free and racy by nature."""

@@ -7,7 +7,7 @@ import os
 import time
 from dataclasses import dataclass
 
-from kickmsg.protocol.v9 import freestack
+from kickmsg.protocol import freestack
 from kickmsg.protocol.v9.layout import (
     HAS_WAITER_OFFSET,
     INVALID_SLOT,
@@ -214,7 +214,7 @@ def drain_window(region: Region, index: int) -> None:
             continue
         # CAS(strong, acq_rel) m -> m with the slot field zeroed; on success release the slot
         if ops.cas_acq_rel_u64(entry + META_OFFSET, meta, meta & ~META_SLOT_MASK) == meta:
-            freestack.release(region, field - 1)
+            freestack.release_slot(region, field - 1)
 
 
 # -- B.13 reclaim_dead_rings --------------------------------------------------------------

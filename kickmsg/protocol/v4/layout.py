@@ -13,56 +13,37 @@ the offsets; every atomic field is read and written through
 ``kickmsg.atomics`` at ``base address + offset``, never through ctypes.
 """
 import ctypes
-import struct
 from dataclasses import dataclass
 
-from kickmsg.hash import fnv1a_64
+# The words layout 4 shares with layout 9, named here as part of layout 4.
+from kickmsg.protocol.common import (
+    CACHE_LINE,
+    CHANNEL_BROADCAST,
+    CHANNEL_PUBSUB,
+    DEFAULT_COMMIT_TIMEOUT_US,
+    IN_FLIGHT_ONE,
+    INVALID_SLOT,
+    MAGIC,
+    MAX_COMMIT_TIMEOUT_US,
+    RING_DRAINING,
+    RING_FREE,
+    RING_LIVE,
+    RING_STATE_MASK,
+    SCHEMA_CLAIMING,
+    SCHEMA_SET,
+    SCHEMA_UNSET,
+    U16_MAX,
+    U32_MAX,
+    U64_MAX,
+    CorruptRegionError,
+    SchemaInfoLayout,
+    align64,
+    config_hash,
+)
 
-MAGIC = 0x4B49434B4D534721  # "KICKMSG!", stored last at creation (release)
 VERSION = 4
-INVALID_SLOT = 0xFFFFFFFF
 LOCKED_SEQUENCE = 0xFFFFFFFFFFFFFFFF
-CACHE_LINE = 64
-DEFAULT_COMMIT_TIMEOUT_US = 10_000  # 0.1.0 uses 10 ms (the spec text says 100 ms)
-MAX_COMMIT_TIMEOUT_US = 86_400_000_000  # our bound (1 day): a hostile header must not make waits endless
-
-CHANNEL_PUBSUB = 1
-CHANNEL_BROADCAST = 2
-
-# Ring state: the low 2 bits of state_flight; in_flight is state_flight >> 2.
-RING_FREE = 0
-RING_LIVE = 1
-RING_DRAINING = 2
-RING_STATE_MASK = 0b11
 RING_STATE_NAMES = {RING_FREE: "Free", RING_LIVE: "Live", RING_DRAINING: "Draining"}
-IN_FLIGHT_ONE = 4  # one admitted publisher
-
-SCHEMA_UNSET = 0
-SCHEMA_CLAIMING = 1
-SCHEMA_SET = 2
-
-U16_MAX = 0xFFFF
-U32_MAX = 0xFFFFFFFF
-U64_MAX = 0xFFFFFFFFFFFFFFFF
-
-
-class CorruptRegionError(RuntimeError):
-    """Shared memory holds a value that no correct writer could have stored."""
-
-
-class SchemaInfoLayout(ctypes.Structure):
-    """The 512-byte schema descriptor stored in the header."""
-
-    _fields_ = [
-        ("identity", ctypes.c_uint8 * 64),
-        ("layout", ctypes.c_uint8 * 64),
-        ("name", ctypes.c_uint8 * 128),  # UTF-8, NUL-terminated and zero-padded
-        ("version", ctypes.c_uint32),
-        ("identity_algo", ctypes.c_uint32),
-        ("layout_algo", ctypes.c_uint32),
-        ("flags", ctypes.c_uint32),
-        ("reserved", ctypes.c_uint8 * 240),  # zero on write
-    ]
 
 
 class Header(ctypes.Structure):
@@ -132,9 +113,9 @@ RING_HEADER_SIZE = ctypes.sizeof(SubRingHeader)
 ENTRY_SIZE = ctypes.sizeof(Entry)
 SLOT_HEADER_SIZE = ctypes.sizeof(SlotHeader)
 assert (HEADER_SIZE, RING_HEADER_SIZE, ENTRY_SIZE, SLOT_HEADER_SIZE) == (832, 128, 16, 8)
-assert ctypes.sizeof(SchemaInfoLayout) == 512
 assert (Header.schema_state.offset, Header.schema_data.offset, Header.free_top.offset) == (192, 256, 768)
 assert (SubRingHeader.write_pos.offset, SubRingHeader.has_waiter.offset) == (64, 72)
+assert (SlotHeader.refcount.offset, SlotHeader.next_free.offset) == (0, 4)  # kickmsg.protocol.freestack
 
 # Offsets of the atomic words, for address arithmetic.
 MAGIC_OFFSET = Header.magic.offset
@@ -156,32 +137,6 @@ def entry_is_stuck(sequence: int, position: int, capacity: int) -> bool:
     """Whether the entry at ``position`` holds a writer's abandoned work:
     LOCKED, or more than one wrap behind (u64 arithmetic, as 0.1.0 does)."""
     return sequence == LOCKED_SEQUENCE or (sequence + capacity) & U64_MAX < (position + 1) & U64_MAX
-
-
-def align64(size: int) -> int:
-    return (size + CACHE_LINE - 1) // CACHE_LINE * CACHE_LINE
-
-
-def config_hash(
-    channel_type: int,
-    max_subscribers: int,
-    sub_ring_capacity: int,
-    pool_size: int,
-    max_payload_size: int,
-    commit_timeout_us: int,
-) -> int:
-    """FNV-1a 64 of the packed geometry; two regions with equal hashes are
-    interchangeable for create_or_open. The schema is not hashed."""
-    packed = struct.pack(
-        "<IQQQQq",
-        channel_type,
-        max_subscribers,
-        sub_ring_capacity,
-        pool_size,
-        max_payload_size,
-        commit_timeout_us,
-    )
-    return fnv1a_64(packed)
 
 
 @dataclass(frozen=True)

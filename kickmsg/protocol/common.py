@@ -1,0 +1,83 @@
+"""What layouts 4 and 9 share word for word: constants, the schema
+descriptor's bytes, ``align64``, the config hash and ``CorruptRegionError``
+(seed 000 and WIRE9.md A.1, A.6-A.8 agree on these).
+
+``kickmsg.protocol.v4.layout`` and ``kickmsg.protocol.v9.layout`` import
+them beside what differs (header tail, ring header, entry, slot header).
+"""
+import ctypes
+import struct
+
+from kickmsg.hash import fnv1a_64
+
+MAGIC = 0x4B49434B4D534721  # "KICKMSG!", stored last at creation (release)
+INVALID_SLOT = 0xFFFFFFFF
+CACHE_LINE = 64
+DEFAULT_COMMIT_TIMEOUT_US = 10_000  # 0.1.0 and 0.9.2 use 10 ms (the layout-4 spec text says 100 ms)
+MAX_COMMIT_TIMEOUT_US = 86_400_000_000  # our bound (1 day): a hostile header must not make waits endless
+
+CHANNEL_PUBSUB = 1
+CHANNEL_BROADCAST = 2
+
+# Ring state: the low 2 bits of state_flight; in_flight is state_flight >> 2.
+RING_FREE = 0
+RING_LIVE = 1
+RING_DRAINING = 2
+RING_STATE_MASK = 0b11
+IN_FLIGHT_ONE = 4  # one admitted publisher
+
+SCHEMA_UNSET = 0
+SCHEMA_CLAIMING = 1
+SCHEMA_SET = 2
+
+U16_MAX = 0xFFFF
+U32_MAX = 0xFFFFFFFF
+U64_MAX = 0xFFFFFFFFFFFFFFFF
+
+
+class CorruptRegionError(RuntimeError):
+    """Shared memory holds a value that no correct writer could have stored."""
+
+
+class SchemaInfoLayout(ctypes.Structure):
+    """The 512-byte schema descriptor stored in the header."""
+
+    _fields_ = [
+        ("identity", ctypes.c_uint8 * 64),
+        ("layout", ctypes.c_uint8 * 64),
+        ("name", ctypes.c_uint8 * 128),  # UTF-8, NUL-terminated and zero-padded
+        ("version", ctypes.c_uint32),
+        ("identity_algo", ctypes.c_uint32),
+        ("layout_algo", ctypes.c_uint32),
+        ("flags", ctypes.c_uint32),
+        ("reserved", ctypes.c_uint8 * 240),  # zero on write
+    ]
+
+
+assert ctypes.sizeof(SchemaInfoLayout) == 512
+
+
+def align64(size: int) -> int:
+    return (size + CACHE_LINE - 1) // CACHE_LINE * CACHE_LINE
+
+
+def config_hash(
+    channel_type: int,
+    max_subscribers: int,
+    sub_ring_capacity: int,
+    pool_size: int,
+    max_payload_size: int,
+    commit_timeout_us: int,
+) -> int:
+    """FNV-1a 64 of the packed config; two regions with equal hashes are
+    interchangeable for create_or_open. Neither schema nor identity enters it."""
+    packed = struct.pack(
+        "<IQQQQq",
+        channel_type,
+        max_subscribers,
+        sub_ring_capacity,
+        pool_size,
+        max_payload_size,
+        commit_timeout_us,
+    )
+    return fnv1a_64(packed)

@@ -1,0 +1,101 @@
+"""What 0.9.2's ``SharedRegion.info()`` and ``stats()`` report, for both
+layouts (WIRE9.md B.18; layout 4 reports the same, with no counters).
+
+``region_info`` builds ``RegionInfo`` from a region's geometry and header:
+the header words it reads (creator_pid, created_at_ns) are at the same
+offsets in both layouts.
+"""
+import ctypes
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class RegionInfo:
+    """What 0.9.2's ``SharedRegion.info()`` reports."""
+
+    shm_name: str
+    channel_type: int
+    version: int
+    config_hash: int
+    total_size: int
+    max_subs: int
+    sub_ring_capacity: int
+    pool_size: int
+    max_payload_size: int
+    commit_timeout_us: int
+    creator_pid: int
+    creator_name: str
+    created_at_ns: int
+
+
+@dataclass(frozen=True)
+class RingStats:
+    state: str
+    in_flight: int
+    write_pos: int
+    dropped_count: int
+    lost_count: int
+
+
+@dataclass(frozen=True)
+class RegionStats:
+    """What 0.9.2's ``SharedRegion.stats()`` reports (B.18)."""
+
+    rings: list[RingStats] = field(default_factory=list)
+    total_writes: int = 0
+    total_drops: int = 0
+    total_losses: int = 0
+    total_steals: int = 0
+    live_rings: int = 0
+    pool_free: int = 0
+    pool_size: int = 0
+
+
+class InfoGeometry(Protocol):
+    """The geometry fields ``RegionInfo`` reports (both layouts' ``Geometry``)."""
+
+    @property
+    def channel_type(self) -> int: ...
+
+    @property
+    def config_hash(self) -> int: ...
+
+    @property
+    def total_size(self) -> int: ...
+
+    @property
+    def max_subs(self) -> int: ...
+
+    @property
+    def capacity(self) -> int: ...
+
+    @property
+    def pool_size(self) -> int: ...
+
+    @property
+    def slot_data_size(self) -> int: ...
+
+    @property
+    def commit_timeout_us(self) -> int: ...
+
+
+def region_info(name: str, geometry: InfoGeometry, version: int, header: ctypes.Structure, creator: bytes) -> RegionInfo:
+    """``RegionInfo`` of region ``name``: its geometry and layout version,
+    its ``header``'s creator pid and creation time, the creator name's bytes."""
+    g = geometry
+    return RegionInfo(
+        shm_name=name,
+        channel_type=g.channel_type,
+        version=version,
+        config_hash=g.config_hash,
+        total_size=g.total_size,
+        max_subs=g.max_subs,
+        sub_ring_capacity=g.capacity,
+        pool_size=g.pool_size,
+        max_payload_size=g.slot_data_size,
+        commit_timeout_us=g.commit_timeout_us,
+        creator_pid=header.creator_pid,
+        creator_name=creator.decode("utf-8", errors="replace"),
+        created_at_ns=header.created_at_ns,
+    )

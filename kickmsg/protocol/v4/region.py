@@ -1,0 +1,259 @@
+"""Layout 4's region lifecycle: create, open and create_or_open checks,
+initialisation (seed 000 "Region creation", "Opening a region").
+
+``kickmsg.SharedRegion`` runs these for a layout-4 region; the region
+object they build and check is a ``SharedRegion`` (the layout-4 region and
+the version-agnostic API are one class).
+"""
+import ctypes
+import os
+import time
+import warnings
+from collections.abc import Sequence
+
+from kickmsg import layouts, owners, shm
+from kickmsg.atomics import HARDWARE
+from kickmsg.config import ChannelType, Config, ConfigError, config_differences
+from kickmsg.protocol.v4 import layout
+from kickmsg.protocol.v4.layout import Geometry, Header
+from kickmsg.region import SharedRegion, bytes_text, channel_type_of, check_creatable
+from kickmsg.schema import SchemaInfo
+
+INIT_POLL_ATTEMPTS = 200  # create_or_open waits up to 200 x 10 ms for the creator
+INIT_POLL_INTERVAL_S = 0.010
+CREATE_ATTEMPTS = 100  # unlink-then-create retries when racing other creators
+
+
+def create(name: str, type: ChannelType, cfg: Config, creator: str, mode: int | None) -> SharedRegion:
+    """``SharedRegion.create`` of a layout-4 region (its docstring says how)."""
+    refuse_identity_on_layout_4(name, cfg)
+    geometry, creator_bytes = new_geometry(name, type, cfg, creator)
+    permissions = shm.creation_mode(mode)
+    reusable = shm.allocated_bytes(name) if shm.object_size(name) == geometry.total_size else 0
+    check_creatable(name, geometry, reusable)
+    for _ in range(CREATE_ATTEMPTS):
+        mapping, created = create_or_map(name, geometry, permissions)
+        if mapping is not None and created:
+            owners.unlink(name)  # ring owners of a region removed without its sidecar
+            return initialise(mapping, geometry, creator_bytes, cfg.schema, in_place=False)
+        if mapping is not None and has_layout(mapping, geometry):
+            kept = rings_of_live_subscribers(SharedRegion(mapping, geometry))
+            return initialise(mapping, geometry, creator_bytes, cfg.schema, in_place=True, kept_rings=kept)
+        owners.unlink(name)
+        shm.unlink(name)
+    raise RuntimeError(f"could not create {name}: other processes keep re-creating it")
+
+
+def create_or_open(name: str, type: ChannelType, cfg: Config, creator: str, mode: int | None) -> SharedRegion:
+    """``SharedRegion.create_or_open`` of a layout-4 region."""
+    refuse_identity_on_layout_4(name, cfg)
+    geometry, creator_bytes = new_geometry(name, type, cfg, creator)
+    permissions = shm.creation_mode(mode)
+    if shm.object_size(name) is None:
+        check_creatable(name, geometry, 0)  # only a region we may have to create must fit
+    for _ in range(INIT_POLL_ATTEMPTS):
+        mapping, created = create_or_map(name, geometry, permissions)
+        if mapping is not None and created:
+            owners.unlink(name)  # a sidecar left by a region removed without it
+            return initialise(mapping, geometry, creator_bytes, cfg.schema, in_place=False)
+        # Not ours: wait until its creator has stored magic (None: it was
+        # unlinked meanwhile, or its creator is before ftruncate).
+        if mapping is not None and stamped_version(mapping) not in (None, layouts.LAYOUT_4):
+            raise RuntimeError(
+                f"Region version mismatch on {name}: it has layout {stamped_version(mapping)}, "
+                f"create_or_open was asked for layout 4"
+            )
+        if mapping is not None and is_initialised(mapping):
+            region = attach(mapping, 0)
+            if region.geometry.config_hash != geometry.config_hash:
+                raise RuntimeError(
+                    f"Config mismatch on existing region: {name} ({config_differences(region.geometry, geometry)})"
+                )
+            return region
+        time.sleep(INIT_POLL_INTERVAL_S)
+    raise RuntimeError(f"Timed out waiting for region init: {name}")
+
+
+def attach(mapping: shm.Mapping, expected_identity: int) -> SharedRegion:
+    """Check a mapping whose version word says layout 4 and wrap it; flag a
+    geometry that cannot work (when attached to use it, not to inspect it)."""
+    name = mapping.name
+    if expected_identity:
+        raise RuntimeError(
+            f"Identity mismatch on {name}: it is a layout-4 region, which stamps no identity "
+            f"(expected 0x{expected_identity:016x})"
+        )
+    if mapping.size < layout.HEADER_SIZE:
+        raise RuntimeError(
+            f"Region {name} is truncated: {mapping.size} bytes, smaller than the {layout.HEADER_SIZE}-byte header"
+        )
+    header = Header.from_address(mapping.address)
+    geometry = Geometry.from_header(header)
+    problems = geometry.problems(mapping.size, header.sub_ring_mask)
+    if problems:
+        raise RuntimeError(f"Region {name} does not fit its mapping: " + "; ".join(problems))
+    if mapping.writable:
+        for hazard in geometry.hazards():
+            warnings.warn(f"{name}: {hazard}", RuntimeWarning, stacklevel=4)  # the caller of SharedRegion.open or create_or_open
+    return SharedRegion(mapping, geometry)
+
+
+def refuse_identity_on_layout_4(name: str, cfg: Config) -> None:
+    if cfg.identity:
+        raise ConfigError(
+            f"cannot create {name} with Config.identity 0x{cfg.identity:016x}: layout 4 stamps no identity "
+            f"(layout=9 does)"
+        )
+
+
+def new_geometry(name: str, type: ChannelType, cfg: Config, creator: str) -> tuple[Geometry, bytes]:
+    """Check the arguments of create/create_or_open; the region's geometry.
+    An invalid channel type or config (0.1.0's rules, our wire limits, a
+    geometry that cannot work: ``Geometry.hazards``) raises ``ConfigError``,
+    both the ``ValueError`` we document and the ``RuntimeError`` of 0.1.0."""
+    shm.check_name(name)
+    if not isinstance(cfg, Config):
+        raise TypeError(f"cfg must be a kickmsg.Config, got {cfg!r}")
+    channel_type = channel_type_of(type)
+    problem = cfg.validation_error()
+    if problem:
+        raise ConfigError(f"{problem} (creating {name})")
+    creator_bytes = creator.encode("utf-8")[: layout.U16_MAX]
+    geometry = Geometry.for_config(
+        channel_type,
+        cfg.max_subscribers,
+        cfg.sub_ring_capacity,
+        cfg.pool_size,
+        cfg.max_payload_size,
+        cfg.commit_timeout_us,
+        len(creator_bytes),
+    )
+    hazards = geometry.hazards()
+    if hazards:
+        raise ConfigError(f"cannot create {name}: {hazards[0]}")
+    return geometry, creator_bytes
+
+
+def create_or_map(name: str, geometry: Geometry, permissions: int) -> tuple[shm.Mapping | None, bool]:
+    """``shm.create_or_map``, a failed reservation told as ``ConfigError``."""
+    try:
+        return shm.create_or_map(name, geometry.total_size, permissions)
+    except shm.NoRoomError as error:
+        raise ConfigError(
+            f"cannot create {name}: {error.strerror} while reserving {bytes_text(geometry.total_size)} "
+            f"({geometry.total_size} bytes: {geometry.size_breakdown()})"
+        ) from None
+
+
+def has_layout(mapping: shm.Mapping, geometry: Geometry) -> bool:
+    """Whether the mapped object is an initialised region laid out exactly
+    as ``geometry`` says (so processes attached to it may run their flows
+    over a re-initialised one), every page of it already allocated (so
+    re-initialising it touches no page the machine cannot give)."""
+    if mapping.size != geometry.total_size or not is_initialised(mapping):
+        return False
+    if shm.allocated_bytes(mapping.name) < mapping.size:
+        return False
+    return Geometry.from_header(Header.from_address(mapping.address)).same_layout(geometry)
+
+
+def rings_of_live_subscribers(region: SharedRegion) -> list[tuple[int, int, int]]:
+    """(ring, write_pos, has_waiter) of each Live ring held by a living
+    subscriber of this package (its owner record's lock is held): the rings
+    a re-create in place keeps for them."""
+    ops = region.atomics
+    records = owners.read_owners(region.name, region.geometry.max_subs) or []
+    kept = []
+    for ring, (record, held) in zip(region.rings, records):
+        state = ops.load_acquire_u32(ring.state_flight) & layout.RING_STATE_MASK
+        if state == layout.RING_LIVE and held and record is not None and record.region_created_at_ns == region.created_at_ns:
+            kept.append((ring.index, ops.load_acquire_u64(ring.write_pos), ops.load_relaxed_u32(ring.has_waiter)))
+    return kept
+
+
+def initialise(
+    mapping: shm.Mapping,
+    geometry: Geometry,
+    creator: bytes,
+    schema: SchemaInfo | None,
+    in_place: bool,
+    kept_rings: Sequence[tuple[int, int, int]] = (),
+) -> SharedRegion:
+    """Lay out a region in the mapping; publish it by storing magic last.
+
+    A new object is zero-filled by ftruncate. One re-initialised in place is
+    first marked uninitialised (magic 0) and zeroed; ``kept_rings``
+    (``rings_of_live_subscribers``) stay Live for their subscribers.
+    """
+    region = SharedRegion(mapping, geometry)
+    ops = region.atomics
+    header = region.header
+    if in_place:
+        ops.store_release_u64(mapping.address + layout.MAGIC_OFFSET, 0)
+        ctypes.memset(mapping.address, 0, mapping.size)
+    # 1. Header fields.
+    header.version = layout.VERSION
+    header.channel_type = geometry.channel_type
+    header.total_size = geometry.total_size
+    header.sub_rings_offset = geometry.sub_rings_offset
+    header.pool_offset = geometry.pool_offset
+    header.max_subs = geometry.max_subs
+    header.sub_ring_capacity = geometry.capacity
+    header.sub_ring_mask = geometry.mask
+    header.pool_size = geometry.pool_size
+    header.slot_data_size = geometry.slot_data_size
+    header.slot_stride = geometry.slot_stride
+    header.sub_ring_stride = geometry.ring_stride
+    header.commit_timeout_us = geometry.commit_timeout_us
+    header.config_hash = geometry.config_hash
+    header.creator_pid = os.getpid()
+    header.created_at_ns = time.monotonic_ns()
+    header.creator_name_len = len(creator)
+    region.created_at_ns = header.created_at_ns
+    mapping.buffer[layout.HEADER_SIZE : layout.HEADER_SIZE + len(creator)] = creator
+    # 2. Schema: nobody can see the region yet, so a relaxed Set suffices.
+    if schema is not None:
+        schema.write_to(header.schema_data)
+        ops.store_relaxed_u32(region.schema_state_address, layout.SCHEMA_SET)
+    # 3. Free stack: as if slots 0, 1, ..., pool_size-1 were pushed in order
+    #    (each push bumps the generation; slot pool_size-1 ends on top).
+    for slot in range(geometry.pool_size):
+        below = slot - 1 if slot > 0 else layout.INVALID_SLOT
+        ops.store_relaxed_u32(region.slot_addresses[slot] + layout.NEXT_FREE_OFFSET, below)
+    ops.store_relaxed_u64(
+        region.free_top_address, (geometry.pool_size & layout.U32_MAX) << 32 | (geometry.pool_size - 1)
+    )
+    # 4. Rings are Free with write_pos 0: already zero. Beyond 0.1.0, a ring
+    #    kept for a live subscriber of the replaced incarnation stays Live at
+    #    its write position, the entries of its window committed empty
+    #    (INVALID_SLOT), its owner record moved to this incarnation: its
+    #    subscriber reads on, counting the messages it had not read as lost.
+    if in_place and mapping.shared:
+        owners.restart(mapping.name, [ring for ring, _, _ in kept_rings], header.created_at_ns)
+    for index, write_pos, has_waiter in kept_rings:
+        ring = region.rings[index]
+        for position in range(max(0, write_pos - geometry.capacity), write_pos):
+            entry = ring.entries[position & geometry.mask]
+            ops.store_relaxed_u32(entry + layout.SLOT_IDX_OFFSET, layout.INVALID_SLOT)
+            ops.store_relaxed_u64(entry + layout.SEQUENCE_OFFSET, position + 1)
+        ops.store_relaxed_u64(ring.write_pos, write_pos)
+        ops.store_relaxed_u32(ring.has_waiter, has_waiter)
+        ops.store_relaxed_u32(ring.state_flight, layout.RING_LIVE)
+    # 5. Magic last, with release: create_or_open polls it with acquire.
+    ops.store_release_u64(mapping.address + layout.MAGIC_OFFSET, layout.MAGIC)
+    return region
+
+
+def is_initialised(mapping: shm.Mapping) -> bool:
+    """Magic and version are in place (read with acquire)."""
+    if mapping.size < layout.HEADER_SIZE:
+        return False
+    magic = HARDWARE.load_acquire_u64(mapping.address + layout.MAGIC_OFFSET)
+    return magic == layout.MAGIC and Header.from_address(mapping.address).version == layout.VERSION
+
+
+def stamped_version(mapping: shm.Mapping) -> int | None:
+    """The version word of an initialised region (magic read with acquire), else None."""
+    if mapping.size < layout.HEADER_SIZE or HARDWARE.load_acquire_u64(mapping.address + layout.MAGIC_OFFSET) != layout.MAGIC:
+        return None
+    return HARDWARE.load_relaxed_u32(mapping.address + layout.VERSION_OFFSET)
