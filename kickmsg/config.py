@@ -2,7 +2,7 @@
 import datetime
 import enum
 import math
-from typing import Any, Protocol
+from typing import Any
 
 from kickmsg.protocol.v4 import layout
 from kickmsg.schema import SchemaInfo
@@ -13,48 +13,6 @@ from kickmsg.schema import SchemaInfo
 # every ring's header and every slot's refcount.
 MAX_SUBSCRIBERS = 1024
 MAX_POOL_SIZE = 1 << 20
-
-
-class ChannelGeometry(Protocol):
-    """What either layout's geometry says of the config that made it."""
-
-    @property
-    def channel_type(self) -> int: ...
-
-    @property
-    def max_subs(self) -> int: ...
-
-    @property
-    def capacity(self) -> int: ...
-
-    @property
-    def pool_size(self) -> int: ...
-
-    @property
-    def slot_data_size(self) -> int: ...
-
-    @property
-    def commit_timeout_us(self) -> int: ...
-
-    @property
-    def config_hash(self) -> int: ...
-
-
-def config_differences(existing: ChannelGeometry, wanted: ChannelGeometry) -> str:
-    """How an existing region's config differs from the one asked for
-    (``pool_size is 4096 there, 2048 here``), for a config mismatch's error."""
-    fields = (
-        ("channel type", ChannelType(existing.channel_type).name, ChannelType(wanted.channel_type).name),
-        ("max_subscribers", existing.max_subs, wanted.max_subs),
-        ("sub_ring_capacity", existing.capacity, wanted.capacity),
-        ("pool_size", existing.pool_size, wanted.pool_size),
-        ("max_payload_size", existing.slot_data_size, wanted.slot_data_size),
-        ("commit_timeout", f"{existing.commit_timeout_us} us", f"{wanted.commit_timeout_us} us"),
-    )
-    differences = [f"{label} is {there} there, {here} here" for label, there, here in fields if there != here]
-    return "; ".join(differences) or (
-        f"its config hash is 0x{existing.config_hash:016x}, this config's is 0x{wanted.config_hash:016x}"
-    )
 
 
 class ConfigError(ValueError, RuntimeError):

@@ -1,13 +1,16 @@
 """What 0.9.2's ``SharedRegion.info()`` and ``stats()`` report, for both
 layouts (WIRE9.md B.18; layout 4 reports the same, with no counters).
 
-``region_info`` builds ``RegionInfo`` from a region's geometry and header:
+``region_info`` builds ``RegionInfo`` from a region's geometry and header
+(``config_differences`` says how two geometries' configs differ):
 the header words it reads (creator_pid, created_at_ns) are at the same
 offsets in both layouts.
 """
 import ctypes
 from dataclasses import dataclass, field
 from typing import Protocol
+
+from kickmsg.config import ChannelType
 
 
 @dataclass(frozen=True)
@@ -52,8 +55,8 @@ class RegionStats:
     pool_size: int = 0
 
 
-class InfoGeometry(Protocol):
-    """The geometry fields ``RegionInfo`` reports (both layouts' ``Geometry``)."""
+class ChannelGeometry(Protocol):
+    """What both layouts' ``Geometry`` say of the config that made a region."""
 
     @property
     def channel_type(self) -> int: ...
@@ -80,7 +83,24 @@ class InfoGeometry(Protocol):
     def commit_timeout_us(self) -> int: ...
 
 
-def region_info(name: str, geometry: InfoGeometry, version: int, header: ctypes.Structure, creator: bytes) -> RegionInfo:
+def config_differences(existing: ChannelGeometry, wanted: ChannelGeometry) -> str:
+    """How an existing region's config differs from the one asked for
+    (``pool_size is 4096 there, 2048 here``), for a config mismatch's error."""
+    fields = (
+        ("channel type", ChannelType(existing.channel_type).name, ChannelType(wanted.channel_type).name),
+        ("max_subscribers", existing.max_subs, wanted.max_subs),
+        ("sub_ring_capacity", existing.capacity, wanted.capacity),
+        ("pool_size", existing.pool_size, wanted.pool_size),
+        ("max_payload_size", existing.slot_data_size, wanted.slot_data_size),
+        ("commit_timeout", f"{existing.commit_timeout_us} us", f"{wanted.commit_timeout_us} us"),
+    )
+    differences = [f"{label} is {there} there, {here} here" for label, there, here in fields if there != here]
+    return "; ".join(differences) or (
+        f"its config hash is 0x{existing.config_hash:016x}, this config's is 0x{wanted.config_hash:016x}"
+    )
+
+
+def region_info(name: str, geometry: ChannelGeometry, version: int, header: ctypes.Structure, creator: bytes) -> RegionInfo:
     """``RegionInfo`` of region ``name``: its geometry and layout version,
     its ``header``'s creator pid and creation time, the creator name's bytes."""
     g = geometry

@@ -13,7 +13,8 @@ from collections.abc import Sequence
 
 from kickmsg import layouts, owners, shm
 from kickmsg.atomics import HARDWARE
-from kickmsg.config import ChannelType, Config, ConfigError, config_differences
+from kickmsg.config import ChannelType, Config, ConfigError
+from kickmsg.protocol.info import config_differences
 from kickmsg.protocol.v4 import layout
 from kickmsg.protocol.v4.layout import Geometry, Header
 from kickmsg.region import SharedRegion, bytes_text, channel_type_of, check_creatable

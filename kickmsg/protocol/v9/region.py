@@ -11,9 +11,8 @@ from dataclasses import dataclass
 
 from kickmsg import shm
 from kickmsg.atomics import HARDWARE, Atomics
-from kickmsg.config import config_differences
 from kickmsg.protocol import freestack
-from kickmsg.protocol.info import RegionInfo, RegionStats, RingStats, region_info
+from kickmsg.protocol.info import RegionInfo, RegionStats, RingStats, config_differences, region_info
 from kickmsg.protocol.v9.layout import (
     DEFAULT_COMMIT_TIMEOUT_US,
     FREE_TOP_OFFSET,
