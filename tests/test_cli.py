@@ -285,10 +285,10 @@ def broken():
     }
     pathlib.Path(f"/dev/shm{names['garbage']}").write_bytes(bytes((i * 97 + 13) & 0xFF for i in range(4096)))
     pathlib.Path(f"/dev/shm{names['empty']}").write_bytes(b"")
-    make(names["old_version"])
+    SharedRegion.create(names["old_version"], ChannelType.PubSub, Config(**SMALL), CREATOR, layout=4)
     poke(names["old_version"], 8, "<I", 5)
-    make(names["bad_geometry"])
-    poke(names["bad_geometry"], 64, "<Q", 10**6)  # pool_size far beyond the object
+    SharedRegion.create(names["bad_geometry"], ChannelType.PubSub, Config(**SMALL), CREATOR, layout=4)
+    poke(names["bad_geometry"], 64, "<Q", 10**6)  # layout 4's pool_size, far beyond the object
     yield names
     remove_under(base)
 
