@@ -13,6 +13,8 @@ unless KICKMSG_VERIFY_DEEP=1 (README, Layout 9: "Bounds and cost").
 import ctypes
 import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -33,7 +35,8 @@ DEEP = pytest.mark.skipif(os.environ.get("KICKMSG_VERIFY_DEEP") != "1",
     (Scenario9(publishers=1, messages=2), "ra", 1),
     (Scenario9(blocking=True), "sc", 0),
     (Scenario9(publishers=1, blocking=True), "ra", 1),
-], ids=["polling-sc", "polling-ra", "blocking-sc", "blocking-ra"])
+    (Scenario9(deaths=1), "sc", 0),
+], ids=["polling-sc", "polling-ra", "blocking-sc", "blocking-ra", "deaths-sc"])
 def test_the_flows_as_shipped_pass(scenario, model, stale):
     report = verify.explore(scenario, preemptions=1, memory_model=model, stale=stale)
     assert report.violation is None, report.trace
@@ -44,8 +47,7 @@ def test_the_flows_as_shipped_pass(scenario, model, stale):
 @pytest.mark.parametrize("scenario, model, stale", [
     (Scenario9(), "ra", 1),
     (Scenario9(blocking=True), "ra", 1),
-    (Scenario9(deaths=1), "sc", 0),
-], ids=["polling-ra", "blocking-ra", "deaths-sc"])
+], ids=["polling-ra", "blocking-ra"])
 def test_the_flows_as_shipped_pass_deep(scenario, model, stale):
     report = verify.explore(scenario, preemptions=1, memory_model=model, stale=stale)
     assert report.violation is None, report.trace
@@ -151,6 +153,14 @@ def test_the_layout9_orders_table():
     """The whole table (README, Layout 9): every weakening explored."""
     rows = orders.check_orders(preemptions=0, stale=2, budget=2, layout=9)
     assert all(row.result != "undecided" for row in rows)
+
+
+def test_cli_orders_of_layout9_explore_under_ra():
+    result = subprocess.run([str(Path(sys.executable).with_name("kickmsg")), "verify", "--layout", "9", "--orders",
+                             "--memory-model", "sc"], capture_output=True, text=True, timeout=60,
+                            stdin=subprocess.DEVNULL)
+    assert result.returncode == 2
+    assert "--orders explores under --memory-model ra" in result.stderr
 
 
 def test_the_readme_layout9_orders_table_points_at_the_code_as_it_is():
