@@ -6,6 +6,7 @@ invariants themselves fire on a damaged region; `kickmsg verify` exits 0/1.
 """
 import functools
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +20,10 @@ from kickmsg.verify import MUTANT_SCENARIOS, MUTANTS, Scenario, _private_region,
 from kickmsg.verify.mutants import Edit, Patch, build
 
 SC_MUTANTS = sorted(name for name, mutant in MUTANTS.items() if mutant.model == "sc")  # the others: test_verify_weak
+# Deep runs (minutes each): skipped, with this reason in pytest's summary,
+# unless asked for (README, "Tests and time").
+DEEP = pytest.mark.skipif(os.environ.get("KICKMSG_VERIFY_DEEP") != "1",
+                          reason="deep run: KICKMSG_VERIFY_DEEP=1 pytest tests/test_verify*.py (README, Tests and time)")
 
 
 def test_unmutated_code_passes_every_schedule_with_one_preemption():
@@ -28,6 +33,7 @@ def test_unmutated_code_passes_every_schedule_with_one_preemption():
     assert report.schedules > 500  # a real exploration, not one run
 
 
+@DEEP
 @pytest.mark.timeout(900)
 def test_unmutated_code_passes_every_schedule_with_two_preemptions():
     report = explore(Scenario(), preemptions=2)
@@ -36,8 +42,9 @@ def test_unmutated_code_passes_every_schedule_with_two_preemptions():
     assert report.schedules > 10_000
 
 
-def test_unmutated_code_passes_three_publishers_on_a_ring_of_one():
-    report = explore(Scenario(publishers=3, messages=1, rejoin=False, capacity=1), preemptions=1)
+@pytest.mark.parametrize("preemptions", [0, pytest.param(1, marks=DEEP)])
+def test_unmutated_code_passes_three_publishers_on_a_ring_of_one(preemptions):
+    report = explore(Scenario(publishers=3, messages=1, rejoin=False, capacity=1), preemptions=preemptions)
     assert report.violation is None, report.trace
     assert report.complete
 

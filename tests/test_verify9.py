@@ -1,32 +1,57 @@
 """The explorer on layout 9 (kickmsg.verify.layout9): the real flows of
 kickmsg.protocol.v9 pass at small bounds under both memory models, with
-stalls, deaths and a blocking subscriber; the named mutants it catches come
-with a readable trace; the seq_cst fence of the ra model orders a store-buffering
-litmus exactly when both fences are there.
+stalls, deaths and a blocking subscriber; every named mutant is caught with
+a readable trace; the --orders table of layout 9 and the README's copy of
+it agree with the code; the seq_cst fence of the ra model orders a
+store-buffering litmus exactly when both fences are there.
 
-Bounds are kept small (each exploration a few seconds); deeper runs are
-documented in the README (Verification, layout 9).
+`make test` runs one quick case per behaviour (each a few seconds, the
+steal mutant about a minute). The deep runs (larger scenarios, the README's
+bounds) are marked DEEP and skipped, with that reason in pytest's summary,
+unless KICKMSG_VERIFY_DEEP=1 (README, Layout 9: "Bounds and cost").
 """
 import ctypes
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from kickmsg import verify
-from kickmsg.verify import MUTANTS9, Scenario9
+from kickmsg.protocol import freestack
+from kickmsg.protocol.v9 import publish as publish9
+from kickmsg.verify import MUTANTS9, Scenario9, orders
 from kickmsg.verify.layout9 import MUTANT_SCENARIOS9
 from kickmsg.verify.memory import WeakMemory
+
+DEEP = pytest.mark.skipif(os.environ.get("KICKMSG_VERIFY_DEEP") != "1",
+                          reason="deep run: KICKMSG_VERIFY_DEEP=1 pytest tests/test_verify*.py (README, Tests and time)")
 
 
 @pytest.mark.parametrize("scenario, model, stale", [
     (Scenario9(), "sc", 0),
-    (Scenario9(), "ra", 1),
+    (Scenario9(publishers=1, messages=2), "ra", 1),
     (Scenario9(blocking=True), "sc", 0),
-    (Scenario9(blocking=True), "ra", 1),
-], ids=["polling-sc", "polling-ra", "blocking-sc", "blocking-ra"])
+    (Scenario9(publishers=1, blocking=True), "ra", 1),
+    (Scenario9(deaths=1), "sc", 0),
+], ids=["polling-sc", "polling-ra", "blocking-sc", "blocking-ra", "deaths-sc"])
 def test_the_flows_as_shipped_pass(scenario, model, stale):
     report = verify.explore(scenario, preemptions=1, memory_model=model, stale=stale)
     assert report.violation is None, report.trace
     assert report.complete and report.schedules > 50
+
+
+@DEEP
+@pytest.mark.parametrize("scenario, model, stale", [
+    (Scenario9(), "ra", 1),
+    (Scenario9(blocking=True), "ra", 1),
+], ids=["polling-ra", "blocking-ra"])
+def test_the_flows_as_shipped_pass_deep(scenario, model, stale):
+    report = verify.explore(scenario, preemptions=1, memory_model=model, stale=stale)
+    assert report.violation is None, report.trace
+    assert report.complete
 
 
 def test_steals_and_deaths_are_explored_and_repaired():
@@ -40,25 +65,123 @@ def test_steals_and_deaths_are_explored_and_repaired():
                           for step in outcome.steps))
         died.append(any(choice.chosen == "pub0 dies" for choice in outcome.choices))
 
-    report = verify.explore(Scenario9(deaths=1), preemptions=1, observe=observe)
+    report = verify.explore(Scenario9(subscribers=0, idle=1, deaths=1), preemptions=1, observe=observe)
     assert report.violation is None, report.trace
     assert report.complete
     assert any(stolen) and any(died)
 
 
-# Not caught within 2 preemptions in 400 s (README, Layout 9): steal-unproven
-# and meta-takeover-any need a third unusual choice in these scenarios.
-CAUGHT = sorted(set(MUTANTS9) - {"steal-unproven", "meta-takeover-any"})
+def test_an_idle_ring_counts_in_max_subscribers_and_is_left_at_the_end():
+    scenario = Scenario9(subscribers=0, idle=2)
+    assert scenario.config().max_subscribers == 2
+    report = verify.explore(scenario, preemptions=0)
+    assert report.violation is None and report.complete  # the end check: every ring Free again
 
 
-@pytest.mark.parametrize("name", CAUGHT)
-def test_every_caught_layout9_mutant_comes_with_a_trace(name):
+@pytest.mark.parametrize("name", sorted(MUTANTS9))
+def test_every_layout9_mutant_comes_with_a_trace(name):
     scenario, preemptions, stale = MUTANT_SCENARIOS9[name]
     mutant = MUTANTS9[name]
     report = verify.explore(scenario, name, preemptions=preemptions, memory_model=mutant.model, stale=stale)
     assert report.violation is not None, report.summary()
     assert report.trace is not None and report.trace.splitlines()[-1].startswith("violation: ")
     assert "MUTANT" not in report.trace  # the trace names the flows' functions, not the edits
+
+
+def test_an_unproven_steal_takes_a_lock_first_seen_after_the_timeout():
+    """steal-unproven: pub0 stopped between its claim and its lock, time
+    passing while pub1 waits on the entry, pub0 locking and stopped again:
+    pub1 first sees the lock only after its timeout, and steals it at once."""
+    scenario, preemptions, _ = MUTANT_SCENARIOS9["steal-unproven"]
+    assert preemptions == 3
+    report = verify.explore(scenario, "steal-unproven", preemptions=preemptions)
+    assert report.violation.startswith("pub1 steals publisher lock of pos 0 on ring 0 entry 0, which it first saw 0 ns")
+    lines = report.trace.splitlines()
+    assert "      (time passes)" in lines
+    passed = lines.index("      (time passes)")
+    assert "pub0  Publisher.publish" in lines[passed + 1] and "publisher lock of pos 0" in lines[passed + 1]
+    assert "steal_and_skip" in lines[-2] and "cas_acquire_u64" in lines[-2]
+    # The code as shipped passes the same bound.
+    assert verify.explore(scenario, preemptions=preemptions).violation is None
+
+
+def test_a_takeover_of_any_claim_replaces_a_newer_one():
+    """meta-takeover-any: pub0 stopped between its early check and its
+    takeover; pub1 steals pub0's lock after a timeout (skip), publishes
+    position 2 into the entry; pub0's takeover then replaces that claim."""
+    scenario, preemptions, _ = MUTANT_SCENARIOS9["meta-takeover-any"]
+    report = verify.explore(scenario, "meta-takeover-any", preemptions=preemptions)
+    assert re.fullmatch(r"pub0 replaces the claim of pos 2: slot \d on ring 0 entry 0 by claim of pos 0: slot \d: "
+                        r"not an older position's", report.violation), report.violation
+    assert "skip marker of pos 1" in report.trace and "(time passes)" in report.trace
+    assert verify.explore(scenario, preemptions=preemptions).violation is None
+
+
+# -- the orders ------------------------------------------------------------------------------
+
+
+def test_every_call_of_the_door_in_the_layout9_flows_is_a_site():
+    sites = orders.sites(orders.FLOWS9)
+    assert {(site.owner, site.attribute) for site in sites} == {(o, a) for _, o, a in orders.FLOWS9}
+    assert all(site.operation in site.source and site.path.startswith("kickmsg/protocol/v9/") for site in sites)
+    assert all(orders.spec_order(site) is None for site in sites)  # spec-seqlock-orders is layout 4's
+
+
+def test_the_layout9_orders_of_the_steal(monkeypatch):
+    """steal_and_skip weakened: its acquire CAS and its release store of the
+    skip marker, in the steal scenario (a publisher may die: one preemption
+    at least, whatever the bound given)."""
+    monkeypatch.setattr(orders, "FLOWS9", (("steal", publish9, "steal_and_skip"),))
+    rows = orders.check_orders(preemptions=0, stale=2, budget=2, layout=9)
+    assert [(row.site.operation, row.weakened) for row in rows] == [
+        ("cas_acquire_u64", "relaxed"), ("store_release_u64", "relaxed"), ("fetch_add_relaxed_u64", None)]
+    assert [row.result for row in rows] == ["none within bounds", "none within bounds", "-"]
+    assert orders.format_table(rows).splitlines()[1].startswith("kickmsg/protocol/v9/publish.py:")
+
+
+def test_the_layout9_free_stack_push_must_release(monkeypatch):
+    monkeypatch.setattr(orders, "FLOWS9", (("free stack", freestack, "push"),))
+    rows = orders.check_orders(preemptions=0, stale=2, budget=2, layout=9)
+    assert [(row.site.operation, row.weakened, row.result) for row in rows] == [
+        ("load_relaxed_u64", None, "-"), ("store_relaxed_u32", None, "-"),
+        ("cas_release_u64", "relaxed", "counter-example")]
+    assert rows[2].report.violation.startswith("data race on slot")
+
+
+@DEEP
+def test_the_layout9_orders_table():
+    """The whole table (README, Layout 9): every weakening explored."""
+    rows = orders.check_orders(preemptions=0, stale=2, budget=2, layout=9)
+    assert all(row.result != "undecided" for row in rows)
+
+
+def test_cli_orders_of_layout9_explore_under_ra():
+    result = subprocess.run([str(Path(sys.executable).with_name("kickmsg")), "verify", "--layout", "9", "--orders",
+                             "--memory-model", "sc"], capture_output=True, text=True, timeout=60,
+                            stdin=subprocess.DEVNULL)
+    assert result.returncode == 2
+    assert "--orders explores under --memory-model ra" in result.stderr
+
+
+LAYOUT9_SECTION = "### Layout 9 (`kickmsg verify --layout 9`)"  # the README section of layout 9's table
+
+
+def test_the_readme_layout9_orders_table_points_at_the_code_as_it_is():
+    """Each row of the README's layout-9 --orders table names a site by
+    file:line: the rows are the sites orders.sites(FLOWS9) finds now
+    (acq_rel ones twice, relaxed ones not at all), in order."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    readme = readme[readme.index(LAYOUT9_SECTION):]  # the layout-4 table comes before
+    rows = re.findall(r"^\| `(kickmsg/protocol/(?:v9/)?[a-z_]+\.py):(\d+)` \| `([^`]+)` \| `([a-z_0-9]+)` \|", readme, re.M)
+    expected = []
+    for site in orders.sites(orders.FLOWS9):
+        order = orders.OPERATIONS[site.operation].order
+        if order != "relaxed":
+            expected += [(site.path, str(site.line), site.function, site.operation)] * (2 if order == "acq_rel" else 1)
+    assert rows == expected
+
+
+# -- the fences --------------------------------------------------------------------------------
 
 
 class Litmus:

@@ -46,21 +46,27 @@ def cmd_verify(args: argparse.Namespace) -> int:
     stale = args.stale if args.stale is not None else (2 if model == "ra" else 0)
     budget = args.budget if args.budget is not None else (2 if model == "ra" else None)
     if args.orders:
-        from kickmsg.verify import orders
-
-        began = time.monotonic()
-        table = orders.check_orders(preemptions, stale, budget, progress=lambda row: print(
-            f"{row.site.path}:{row.site.line} {row.site.operation} -> {row.weakened}: {row.result}", file=sys.stderr))
-        bounds = f"at most {preemptions} preemption(s), {stale} stale read(s), {budget} in all"
-        emit(args, {"bounds": bounds, "seconds": round(time.monotonic() - began), "rows": [r.to_dict() for r in table]},
-             f"{orders.format_table(table)}\n{len(table)} rows in {time.monotonic() - began:.0f} s "
-             f"(under ra, {bounds})")
-        return EXIT_OK
+        return _orders(args, 4, preemptions, stale, budget)
     scenario = verify.MUTANT_SCENARIOS.get(args.mutant, verify.Scenario())
     changes = {field: getattr(args, field) for field in ("publishers", "messages", "subscribers", "capacity", "pool")}
     changes["repairer"] = True if args.repair_pass else None
     scenario = dataclasses.replace(scenario, **{k: v for k, v in changes.items() if v is not None})
     return _explore(args, scenario, model, preemptions, stale, budget)
+
+
+def _orders(args: argparse.Namespace, layout: int, preemptions: int, stale: int, budget: int | None) -> int:
+    """``kickmsg verify --orders``: weaken each order of layout 4's or 9's flows."""
+    from kickmsg.verify import orders
+
+    began = time.monotonic()
+    table = orders.check_orders(preemptions, stale, budget, progress=lambda row: print(
+        f"{row.site.path}:{row.site.line} {row.site.operation} -> {row.weakened}: {row.result}", file=sys.stderr),
+        layout=layout)
+    bounds = f"at most {preemptions} preemption(s), {stale} stale read(s), {budget} in all"
+    emit(args, {"bounds": bounds, "seconds": round(time.monotonic() - began), "rows": [r.to_dict() for r in table]},
+         f"{orders.format_table(table)}\n{len(table)} rows in {time.monotonic() - began:.0f} s "
+         f"(under ra, {bounds})")
+    return EXIT_OK
 
 
 def _verify_layout9(args: argparse.Namespace) -> int:
@@ -71,7 +77,10 @@ def _verify_layout9(args: argparse.Namespace) -> int:
     from kickmsg.verify.layout9 import MUTANT_SCENARIOS9
 
     if args.orders:
-        raise CommandError("--orders explores layout 4 only for now (issue 27, item 3)")
+        if args.memory_model == "sc":
+            raise CommandError("--orders explores under --memory-model ra")
+        return _orders(args, 9, args.preemptions if args.preemptions is not None else 0,
+                       args.stale if args.stale is not None else 2, args.budget if args.budget is not None else 2)
     if args.repair_pass:
         raise CommandError("--repair-pass adds layout 4's repair actor; layout 9 repairs after a death (--deaths)")
     if args.mutant is not None and args.mutant not in verify.MUTANTS9:

@@ -6,7 +6,9 @@ into a skip marker, meta takeover, commit by CAS, the seq_cst fence and the
 wake) and subscribers (``Subscriber``: join, ``try_receive_view`` or the
 blocking ``receive_view`` on the futex, leave and drain) run on a region in
 private memory, one atomic step at a time (``kickmsg.verify.scheduler``),
-under sequential consistency or the release/acquire model.
+under sequential consistency or the release/acquire model. Idle
+subscribers (``Scenario9.idle``) join before the run and leave after it,
+reading nothing: a Live ring for the publishers at no cost in steps.
 
 Time is modelled (``ModelledClock``, read by the flows through
 ``Region.monotonic_ns``): it stands still while anyone can make progress,
@@ -24,8 +26,9 @@ The invariants, checked before every step and at the end:
 2. every other slot (not being published) has a refcount at least its
    claims plus its pins, and at most max_subs plus the subscribers' pins;
 3. a commit replaces its own publisher's lock (a commit after a steal
-   fails); a steal takes a lock only after it stayed one whole timeout; a
-   claim only replaces an older position's claim;
+   fails); a steal takes a lock the stealer first saw one whole timeout
+   before (B.8's proof: lock values are unique per position, so that lock
+   stayed all along); a claim only replaces an older position's claim;
 4. every sample a subscriber gets is the message committed at that ring
    position (not a skip marker, not a recycled slot), positions rising, each
    publisher's messages in order;
@@ -88,33 +91,41 @@ class Scenario9:
     messages: int = 1  # each publisher's
     sends: tuple[int, ...] = ()  # each publisher's message count, if given (overrides messages)
     subscribers: int = 1  # each joins, receives until the publishers are over, leaves (drains)
+    idle: int = 0  # rings joined before the run by subscribers that read nothing and leave after it
     capacity: int = 1
     pool: int = 3
     blocking: bool = False  # subscribers sleep on the futex (receive_view) instead of polling
     deaths: int = 0  # publishers that may die at any step
-    rings: int = 0  # max_subscribers (0: one per subscriber)
+    rings: int = 0  # max_subscribers (0: one per subscriber, idle ones too)
     payload: int = max(invariants.MESSAGE_SIZES)
     layout: int = 9
 
     def config(self) -> ChannelConfig:
-        return ChannelConfig(max_subscribers=self.rings or self.subscribers, sub_ring_capacity=self.capacity,
-                             pool_size=self.pool, max_payload_size=self.payload, commit_timeout_us=TIMEOUT_US)
+        return ChannelConfig(max_subscribers=self.rings or self.subscribers + self.idle,
+                             sub_ring_capacity=self.capacity, pool_size=self.pool, max_payload_size=self.payload,
+                             commit_timeout_us=TIMEOUT_US)
 
     def describe(self) -> str:
         mishaps = f", {self.deaths} publisher(s) may die" if self.deaths else ""
         messages = "+".join(map(str, self.sends)) if self.sends else f"{self.publishers} x {self.messages}"
+        idle = f", {self.idle} idle subscriber(s) (joined before, left after)" if self.idle else ""
         return (f"layout 9: {self.publishers} publishers sending {messages} messages, {self.subscribers} "
-                f"{'blocking' if self.blocking else 'polling'} subscriber(s), {self.config().max_subscribers} ring(s) "
-                f"of {self.capacity}, pool {self.pool}, stalls of a commit timeout{mishaps}")
+                f"{'blocking' if self.blocking else 'polling'} subscriber(s){idle}, "
+                f"{self.config().max_subscribers} ring(s) of {self.capacity}, pool {self.pool}, "
+                f"stalls of a commit timeout{mishaps}")
 
 
 # The small configuration, preemptions and stale reads at which the explorer
-# finds each layout-9 mutant (kickmsg.verify.mutants.MUTANTS9).
+# finds each layout-9 mutant (kickmsg.verify.mutants.MUTANTS9). The steal
+# and takeover mutants need no reader: an idle ring keeps the steps few.
+# steal-unproven needs three unusual choices: the victim stopped between its
+# claim and its lock, time passing while the stealer waits, and the victim
+# stopped again right after its lock (the stealer first sees it then).
 MUTANT_SCENARIOS9: dict[str, tuple[Scenario9, int, int]] = {
     "no-meta-tag-check": (Scenario9(publishers=1, messages=2), 2, 1),
-    "steal-unproven": (Scenario9(), 2, 0),
-    "meta-takeover-any": (Scenario9(sends=(1, 2)), 2, 0),
-    "commit-plain-store": (Scenario9(), 2, 0),
+    "steal-unproven": (Scenario9(subscribers=0, idle=1, pool=2), 3, 0),
+    "meta-takeover-any": (Scenario9(subscribers=0, idle=1, sends=(1, 2), pool=2), 2, 0),
+    "commit-plain-store": (Scenario9(subscribers=0, idle=1), 2, 0),
     "no-publisher-fence": (Scenario9(publishers=1, blocking=True), 1, 1),
     "no-subscriber-fence": (Scenario9(publishers=1, blocking=True), 1, 1),
     "pin-fetch-add": (Scenario9(), 1, 0),
@@ -133,11 +144,14 @@ class World9:
     held: dict[str, int] = field(default_factory=dict)  # publisher -> the slot it allocated and publishes
     pins: collections.Counter[int] = field(default_factory=collections.Counter)  # slot -> views held
     subscribers: dict[str, Subscriber] = field(default_factory=dict)
+    idle: list[Subscriber] = field(default_factory=list)  # joined before the run, leave after it
     rings: dict[str, int] = field(default_factory=dict)  # subscriber -> the ring it joined
     first_pos: dict[str, int] = field(default_factory=dict)  # subscriber -> where it began reading
     received: dict[str, list[tuple[int, int, bytes]]] = field(default_factory=dict)  # subscriber -> (ring, pos, bytes)
     committed: dict[tuple[int, int], bytes] = field(default_factory=dict)  # (ring, pos) -> the message committed
-    sequences: dict[int, tuple[int, int]] = field(default_factory=dict)  # sequence word -> (value, time stored)
+    sequences: dict[int, int] = field(default_factory=dict)  # sequence word -> value
+    seen: dict[tuple[str, int, int], int] = field(default_factory=dict)  # (actor, sequence word, value) -> when the
+    # actor first read that value there
     claims: dict[int, int] = field(default_factory=dict)  # meta word -> value
     checked_steps: int = 0
     repaired: str = ""  # what the repairs at the end did
@@ -156,6 +170,7 @@ def _world(scenario: Scenario9) -> World9:
     region = _private_region(scenario)
     region.monotonic_ns = clock.monotonic_ns
     world = World9(region, [], clock)
+    world.idle = [Subscriber(region) for _ in range(scenario.idle)]
     publishers: list[Actor] = []
 
     def publishers_over() -> bool:
@@ -246,30 +261,35 @@ def _follow(world: World9, step: Step) -> str | None:
     """Rule 3, on one step: commits, steals and claim takeovers."""
     region = world.region
     where = _entry_word(region, step.address)
-    value = _stored(step)
-    if where is None or value is None:
+    if where is None:
         return None
     ring, entry, offset = where
     now = world.clock.now
+    if offset == SEQUENCE_OFFSET and step.operation.startswith(("load_", "cas_")) and step.result is not None:
+        world.seen.setdefault((step.actor, step.address, step.result), now)
+    value = _stored(step)
+    if value is None:
+        return None
     if offset == SEQUENCE_OFFSET:
-        before, since = world.sequences.get(step.address, (0, 0))
-        world.sequences[step.address] = (value, now)
+        before = world.sequences.get(step.address, 0)
+        world.sequences[step.address] = value
         if not seq_locked(value) and not seq_skip(value):  # a commit of position value - 1
             if before != publisher_lock(value - 1):
                 return (f"{step.actor} commits position {value - 1} of ring {ring} over "
                         f"{describe_sequence(before)}, not over its own lock (a commit after a steal must fail)")
             world.committed[(ring, value - 1)] = world.sending.get(step.actor, b"")
         elif value & SEQ_REPAIR_BIT and seq_locked(before) and not before & SEQ_REPAIR_BIT:
-            held_ns = now - since
-            if held_ns < region.geometry.commit_timeout_us * 1000:
-                return (f"{step.actor} steals {describe_sequence(before)} on ring {ring} entry {entry} after "
-                        f"{held_ns} ns of the {region.geometry.commit_timeout_us * 1000} ns commit timeout "
-                        f"(only a lock that stayed a whole timeout may be stolen)")
+            # B.8's proof: the stealer saw this very lock (its value is unique to its position) a whole timeout ago
+            seen_ns = now - world.seen[(step.actor, step.address, before)]
+            if seen_ns < region.geometry.commit_timeout_us * 1000:
+                return (f"{step.actor} steals {describe_sequence(before)} on ring {ring} entry {entry}, which it "
+                        f"first saw {seen_ns} ns before, within the {region.geometry.commit_timeout_us * 1000} ns "
+                        f"commit timeout (only a lock seen to stay a whole timeout may be stolen)")
     elif offset == META_OFFSET:
         before = world.claims.get(step.address, 0)
         world.claims[step.address] = value
         if meta_slot_field(value) and before and not meta_precedes(before, meta_tag(value) - 1):
-            return (f"{step.actor} replaces the claim {describe_meta(before)} on ring {ring} entry {entry} by "
+            return (f"{step.actor} replaces the {describe_meta(before)} on ring {ring} entry {entry} by "
                     f"{describe_meta(value)}: not an older position's")
     return None
 
@@ -339,9 +359,27 @@ def _delivery_violation(world: World9) -> str | None:
     return None
 
 
+def _leave_idle(world: World9) -> None:
+    """The idle subscribers leave (drain) once the run is over. Nobody else
+    runs: time passes by one commit timeout at each look at the clock, so a
+    leave waiting for a dead publisher's admission gives up (the ring is
+    left retired, for the repairs)."""
+    clock = world.clock
+
+    def passing() -> int:
+        clock.now += TIMEOUT_US * 1000
+        return clock.now
+
+    world.region.monotonic_ns = passing
+    for receiver in world.idle:
+        receiver.close()
+
+
 def _end_violation(world: World9, died: list[str]) -> str | None:
     """Rule 5, once every actor is done or dead (after the repairs if one died)."""
     region = world.region
+    if world.idle:
+        _leave_idle(world)
     if died:  # the operator's repairs, as the spec prescribes once no publisher runs
         retired = repair.reset_retired_rings(region)
         pushed = repair.reclaim_orphaned_slots(region)
@@ -404,6 +442,7 @@ def run_schedule(scenario: Scenario9, choose: Chooser, memory_model: str = "sc")
     finally:
         publish_module.SPINS_PER_CLOCK_CHECK, publish_module.LOCK_ATTEMPTS = spins, attempts
         world.region.atomics = HARDWARE  # for finalizers that run later, outside any schedule
+        _leave_idle(world)  # if a violation ended the run early (else done already)
 
 
 # -- the counter-example, readable ---------------------------------------------------------------
@@ -419,6 +458,8 @@ def describe_sequence(value: int) -> str:
 
 
 def describe_meta(value: int) -> str:
+    if value == 0:
+        return "0 (never claimed)"
     field = meta_slot_field(value)
     return f"claim of pos {meta_tag(value) - 1}: {'no slot' if not field else f'slot {field - 1}'}"
 

@@ -1,10 +1,12 @@
 """Which memory orders the flows need (``kickmsg verify --orders``).
 
 Every call of the atomics door in the publish, receive, join, leave/drain,
-free-stack and repair flows names its memory order. Each order in turn is
-weakened one step (release and acquire to relaxed, acq_rel to release and
-to acquire, seq_cst to acq_rel, which for a store is release) by a mutant
-that edits that one call, and the flows are explored under the ra model. A
+free-stack and repair flows (layout 4's ``FLOWS``; layout 9's ``FLOWS9``,
+``kickmsg verify --orders --layout 9``) names its memory order. Each order
+in turn is weakened one step (release and acquire to relaxed, acq_rel to
+release and to acquire, seq_cst to acq_rel, which for a store is release)
+by a mutant that edits that one call, and the flows are explored under
+the ra model. A
 counter-example shows the order necessary; none within the bounds means a
 weaker order would do there, in this scenario and these bounds.
 
@@ -22,7 +24,9 @@ from dataclasses import dataclass
 
 from kickmsg import publisher, region, subscriber
 from kickmsg.protocol import freestack
-from kickmsg.verify import Report, Scenario, explore
+from kickmsg.protocol.v9 import publish as publish9
+from kickmsg.protocol.v9 import receive as receive9
+from kickmsg.verify import Report, Scenario, Scenario9, explore
 from kickmsg.verify.scheduler import Outcome
 from kickmsg.verify.memory import OPERATIONS
 from kickmsg.verify.mutants import MUTANTS, Edit, Mutant, Patch
@@ -43,6 +47,37 @@ FLOWS = (
     ("repair", region.SharedRegion, "repair_locked_entries"),
 )
 SCENARIOS = {"repair": Scenario(repairer=True)}  # the flows' scenario, if not the default one
+
+# Layout 9's flows (``kickmsg verify --orders --layout 9``). Its repairs run
+# once every actor is over (not explored); its seq_cst fences are not calls
+# of one order (their mutants no-publisher-fence and no-subscriber-fence).
+FLOWS9 = (
+    ("publish", publish9.Publisher, "publish"),
+    ("publish", publish9.Publisher, "_wait_for_commit"),
+    ("publish", publish9.Publisher, "_abandon"),
+    ("steal", publish9.Publisher, "_self_repair"),
+    ("steal", publish9, "steal_and_skip"),
+    ("wake", publish9, "wake_ring"),
+    ("receive", receive9.Subscriber, "try_receive_view"),
+    ("receive", receive9.Subscriber, "lose"),
+    ("blocking receive", receive9.Subscriber, "receive_view"),
+    ("join", receive9.Subscriber, "_join"),
+    ("leave/drain", receive9.Subscriber, "close"),
+    ("leave/drain", receive9.Subscriber, "_drain"),
+    ("free stack", freestack, "pop"),
+    ("free stack", freestack, "push"),
+    ("free stack", freestack, "release_slot"),
+)
+# Two publishers sending 1 + 2 messages through a ring of one entry (wrap,
+# takeover, eviction) and a pool of two (every slot reused) to a polling
+# subscriber; for the steals, two publishers, one of which may die (no
+# reader: an idle ring), explored with at least one preemption (a death
+# costs one: without it no lock is ever stolen); for the wake, a subscriber
+# asleep on the futex.
+SCENARIO9 = Scenario9(sends=(1, 2), pool=2)
+SCENARIOS9 = {"steal": Scenario9(subscribers=0, idle=1, deaths=1), "wake": Scenario9(publishers=1, blocking=True),
+              "blocking receive": Scenario9(publishers=1, blocking=True)}
+PREEMPTIONS9 = {"steal": 1}  # the least preemptions a flow needs to be reached
 
 ONE_STEP_WEAKER = {"relaxed": (), "acquire": ("relaxed",), "release": ("relaxed",),
                    "acq_rel": ("release", "acquire"), "seq_cst": ("acq_rel",)}
@@ -97,10 +132,10 @@ def _door_calls(source: str) -> list[tuple[int, str]]:
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in OPERATIONS]
 
 
-def sites() -> list[Site]:
-    """Every call of the door in the flows, in file order."""
+def sites(flows: tuple[tuple[str, object, str], ...] | None = None) -> list[Site]:
+    """Every call of the door in ``flows`` (None: layout 4's), in file order."""
     found = []
-    for flow, owner, attribute in FLOWS:
+    for flow, owner, attribute in FLOWS if flows is None else flows:
         function = getattr(owner, attribute)
         lines, first_line = inspect.getsourcelines(function)
         path = str(pathlib.Path(inspect.getfile(function)).relative_to(PACKAGE_ROOT))
@@ -143,26 +178,28 @@ def weakening(site: Site, order: str) -> Mutant:
 
 
 def check_orders(
-    preemptions: int = 1, stale: int = 2, budget: int | None = 2, progress: Callable[[Row], object] | None = None
+    preemptions: int = 1, stale: int = 2, budget: int | None = 2, progress: Callable[[Row], object] | None = None,
+    layout: int = 4,
 ) -> list[Row]:
-    """Weaken every order of the flows one step in turn and explore the
-    flows under ra within the bounds; ``progress(row)`` is called as each
-    row is done."""
-    baselines: dict[Scenario, tuple[Report, set[tuple[str, int]]]] = {}  # flow scenario -> (the unmutated
-    # flows' report, the (function, line) pairs they reached)
+    """Weaken every order of layout 4's (or 9's) flows one step in turn and
+    explore the flows under ra within the bounds; ``progress(row)`` is
+    called as each row is done."""
+    baselines: dict[tuple[Scenario | Scenario9, int], tuple[Report, set[tuple[str, int]]]] = {}  # (flow scenario,
+    # preemptions) -> (the unmutated flows' report, the (function, line) pairs they reached)
     rows = []
-    for site in sites():
-        scenario = SCENARIOS.get(site.flow, Scenario())
-        if scenario not in baselines:
+    for site in sites() if layout == 4 else sites(FLOWS9):
+        scenario = SCENARIOS.get(site.flow, Scenario()) if layout == 4 else SCENARIOS9.get(site.flow, SCENARIO9)
+        bound = preemptions if layout == 4 else max(preemptions, PREEMPTIONS9.get(site.flow, 0))
+        if (scenario, bound) not in baselines:
             reached: set[tuple[str, int]] = set()
 
             def observe(outcome: Outcome, reached: set[tuple[str, int]] = reached) -> None:
                 reached.update((step.where, step.line) for step in outcome.steps)
 
-            baseline = explore(scenario, preemptions=preemptions, memory_model="ra", stale=stale, budget=budget,
+            baseline = explore(scenario, preemptions=bound, memory_model="ra", stale=stale, budget=budget,
                                observe=observe)
-            baselines[scenario] = (baseline, reached)
-        baseline, reached = baselines[scenario]
+            baselines[(scenario, bound)] = (baseline, reached)
+        baseline, reached = baselines[(scenario, bound)]
         order = OPERATIONS[site.operation].order
         weaker_orders = ONE_STEP_WEAKER[order]
         if OPERATIONS[site.operation].kind == "store" and order == "seq_cst":
@@ -172,7 +209,7 @@ def check_orders(
         for weaker in weaker_orders:
             row = Row(site, order, spec_order(site), weaker, "undecided", baseline)
             if baseline.violation is None:
-                row.report = explore(scenario, weakening(site, weaker), preemptions, memory_model="ra", stale=stale,
+                row.report = explore(scenario, weakening(site, weaker), bound, memory_model="ra", stale=stale,
                                      budget=budget)
                 if row.report.violation:
                     row.result = "counter-example"
