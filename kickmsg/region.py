@@ -183,8 +183,6 @@ class SharedRegion:
         """
         if layouts.chosen_layout(layout) == layouts.LAYOUT_9:
             return _create9(name, type, cfg, creator, mode, create_or_open=False)
-        from kickmsg.protocol.v4 import region as region4  # it builds on this module
-
         return region4.create(name, type, cfg, creator, mode)
 
     @staticmethod
@@ -225,8 +223,6 @@ class SharedRegion:
         call creates; an existing region of the other layout is refused."""
         if layouts.chosen_layout(layout) == layouts.LAYOUT_9:
             return _create9(name, type, cfg, creator, mode, create_or_open=True)
-        from kickmsg.protocol.v4 import region as region4  # it builds on this module
-
         return region4.create_or_open(name, type, cfg, creator, mode)
 
     # -- description ------------------------------------------------------
@@ -717,8 +713,6 @@ def _attach(mapping: shm.Mapping, expected_identity: int) -> SharedRegion:
         raise RuntimeError(
             f"Version mismatch: {name} has layout version {version}, this library reads layouts 4 and 9"
         )
-    from kickmsg.protocol.v4 import region as region4  # it builds on this module
-
     return region4.attach(mapping, expected_identity)
 
 
@@ -762,3 +756,9 @@ def channel_type_of(type: int) -> ChannelType:
     if type in (ChannelType.PubSub, ChannelType.Broadcast) and not isinstance(type, bool):
         return ChannelType(type)
     raise ConfigError(f"channel type must be ChannelType.PubSub or ChannelType.Broadcast, got {type!r}")
+
+
+# Layout 4's lifecycle builds on SharedRegion, so it is imported once this
+# module is whole; at import time, not at the first open (a process may have
+# dropped the rights to read the package by then).
+from kickmsg.protocol.v4 import region as region4  # noqa: E402
