@@ -392,7 +392,7 @@ except Exception as error:
     assert run_native(code, name=shm_name) == "RuntimeError: Version mismatch"
     cfg = kickmsg.Config()
     cfg.max_subscribers, cfg.sub_ring_capacity, cfg.pool_size, cfg.max_payload_size = 1, 2, 4, 8
-    kickmsg.SharedRegion.create(shm_name + "_4", kickmsg.ChannelType.PubSub, cfg)
+    kickmsg.SharedRegion.create(shm_name + "_4", kickmsg.ChannelType.PubSub, cfg, layout=4)
     try:
         assert run_native9(code, name=shm_name + "_4") == "RuntimeError: Region version mismatch"
         with pytest.raises(VersionMismatchError, match="version 4"):
