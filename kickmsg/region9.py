@@ -9,7 +9,7 @@ addresses, the owner sidecars) are not available on it.
 """
 from typing import NoReturn
 
-from kickmsg import shm
+from kickmsg import layouts, shm
 from kickmsg.protocol.v4 import layout
 from kickmsg.atomics import HARDWARE, Atomics
 from kickmsg.protocol import v9
@@ -30,8 +30,10 @@ from kickmsg.protocol.v9.layout import (
     STATE_FLIGHT_OFFSET,
     WRITE_POS_OFFSET,
     Header,
+    VersionMismatchError,
     validate,
 )
+from kickmsg.protocol.v4.region import stamped_version
 from kickmsg.region import DeadSubscriberReport, HealthReport, SharedRegion
 from kickmsg.schema import SchemaInfo
 
@@ -252,4 +254,18 @@ def create(name: str, channel_type: int, config: v9.ChannelConfig, creator: str,
 
 
 def create_or_open(name: str, channel_type: int, config: v9.ChannelConfig, creator: str, mode: int | None) -> Layout9Region:
-    return Layout9Region(v9.Region.create_or_open(name, channel_type, config, creator, mode=mode))
+    """0.9.2's create_or_open; a layout-4 channel of that name is refused
+    saying how this package joins it (0.9.2's words advise unlinking it)."""
+    try:
+        return Layout9Region(v9.Region.create_or_open(name, channel_type, config, creator, mode=mode))
+    except VersionMismatchError:
+        try:
+            found = stamped_version(shm.open_existing(name, writable=False))
+        except (OSError, RuntimeError):  # gone meanwhile: 0.9.2's words stand
+            found = None
+        if found != layouts.LAYOUT_4:
+            raise
+        raise VersionMismatchError(
+            f"Region version mismatch on {name}: it has layout 4, create_or_open was asked for layout 9 "
+            f"(layout=4 or KICKMSG_LAYOUT=4 joins it)"
+        ) from None

@@ -41,6 +41,17 @@ def test_the_default_is_layout_9_as_native_0_9_2(shm_name, prefix, monkeypatch):
     assert version_word(f"/{prefix}_cli") == 9
 
 
+@pytest.mark.parametrize("made, asked", [(4, 9), (9, 4)])
+def test_create_or_open_of_the_other_layout_says_which_layout_joins_it(shm_name, made, asked):
+    """Not 0.9.2's "stop its users and unlink it": the channel is fine, the
+    layout asked for is not."""
+    SharedRegion.create(shm_name, ChannelType.PubSub, Config(**SMALL), layout=made)
+    with pytest.raises(RuntimeError, match=rf"it has layout {made}, create_or_open was asked for layout {asked} "
+                                           rf"\(layout={made} or KICKMSG_LAYOUT={made} joins it\)"):
+        SharedRegion.create_or_open(shm_name, ChannelType.PubSub, Config(**SMALL), layout=asked)
+    assert version_word(shm_name) == made
+
+
 @pytest.mark.parametrize("env, wanted", [("4", 4), ("9", 9)])
 def test_kickmsg_layout_chooses_and_the_keyword_overrides_it(shm_name, monkeypatch, env, wanted):
     monkeypatch.setenv("KICKMSG_LAYOUT", env)

@@ -60,10 +60,9 @@ def create_or_open(name: str, type: ChannelType, cfg: Config, creator: str, mode
         # Not ours: wait until its creator has stored magic (None: it was
         # unlinked meanwhile, or its creator is before ftruncate).
         if mapping is not None and stamped_version(mapping) not in (None, layouts.LAYOUT_4):
-            raise RuntimeError(
-                f"Region version mismatch on {name}: it has layout {stamped_version(mapping)}, "
-                f"create_or_open was asked for layout 4"
-            )
+            found = stamped_version(mapping)
+            hint = " (layout=9 or KICKMSG_LAYOUT=9 joins it)" if found == layouts.LAYOUT_9 else ""
+            raise RuntimeError(f"Region version mismatch on {name}: it has layout {found}, create_or_open was asked for layout 4{hint}")
         if mapping is not None and is_initialised(mapping):
             region = attach(mapping, 0)
             if region.geometry.config_hash != geometry.config_hash:
