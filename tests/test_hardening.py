@@ -28,7 +28,8 @@ from hypothesis import strategies as st
 
 import rawregion
 from conftest import on_layout4
-from kickmsg import ChannelType, Config, Publisher, SchemaInfo, SharedRegion, Subscriber, audit, owners, unlink_shm
+from hardening_session import ChannelSession, Harness
+from kickmsg import ChannelType, Config, Publisher, SharedRegion, Subscriber, owners, unlink_shm
 from kickmsg.region import DeadSubscriberReport, HealthReport
 
 # These tests check layout 4's own: its byte offsets and its ring-owner sidecar.
@@ -159,8 +160,6 @@ def test_a_truncated_sidecar_does_not_crash_a_subscriber(shm_name):
 
 # -- the worker side: everything below runs in the subprocess ---------------------------------------
 
-ALLOWED = (RuntimeError, BlockingIOError)  # CorruptRegionError is a RuntimeError
-
 
 
 class Memory:
@@ -200,65 +199,8 @@ def u32_words():
     return st.one_of(st.integers(0, 40), st.sampled_from([INVALID_SLOT, 2**31, 0xFFFFFFFD]), st.integers(0, 2**32 - 1))
 
 
-class Harness(Counter):
-    """Counts outcomes. An allowed error gives None (and must name the
-    region); any other exception propagates and fails the example
-    (hypothesis then shrinks it)."""
-
-    region_name = ""
-
-    def call(self, label, function, *args):
-        try:
-            result = function(*args)
-        except ALLOWED as error:
-            assert self.region_name in str(error), f"{label}: the error does not name the region: {error!r}"
-            self[f"{label}:{type(error).__name__}"] += 1
-            return None
-        self[f"{label}:ok"] += 1
-        return result
-
-
-class Session:
-    """A region and what a process does with it: one publisher, some
-    subscribers, views and a pending allocated slot. Each operation checks
-    the invariants a caller may rely on even when the region is corrupt."""
-
-    def __init__(self, harness, region, name):
-        self.harness = harness
-        self.region = region
-        self.name = name
-        self.geometry = region.geometry
-        self.publisher = Publisher(region)
-        self.subscribers = []
-        self.views = []
-        self.pending = None
-        self.counter = itertools.count()
-
-    def run(self, operation):
-        getattr(self, "op_" + operation)()
-
-    def subscriber(self):
-        return self.subscribers[next(self.counter) % len(self.subscribers)] if self.subscribers else None
-
-    def check_data(self, data, subscriber, lost_before):
-        assert subscriber.lost >= lost_before, "lost went down"
-        if data is not None:
-            assert len(data) <= self.geometry.slot_data_size
-            self.harness["received"] += 1
-
-    # publishing
-    def op_send(self):
-        size = next(self.counter) % (self.geometry.slot_data_size + 1)
-        sent = self.harness.call("send", self.publisher.send, b"s" * size)
-        assert sent in (None, size)
-
-    def op_send_too_large(self):
-        try:
-            self.publisher.send(b"x" * (self.geometry.slot_data_size + 1))
-        except ValueError:
-            self.harness["send_too_large:ok"] += 1
-        else:
-            raise AssertionError("an oversized send was accepted")
+class Session(ChannelSession):
+    """Layout 4's own operations beside the shared ones (hardening_session)."""
 
     def op_allocate(self):
         slot = self.harness.call("allocate", self.publisher.allocate, 5)
@@ -267,92 +209,19 @@ class Session:
                 buffer[:] = b"alloc"
             self.pending = slot
 
-    def op_allocate_publish(self):
-        self.op_allocate()
-        self.op_publish()
-
     def op_publish(self):
         if self.pending is not None:
             slot, self.pending = self.pending, None
             delivered = self.harness.call("publish", slot.publish)
             assert delivered is None or 0 <= delivered <= self.geometry.max_subs
 
-    # subscribing
-    def op_join(self):
-        subscriber = self.harness.call("join", Subscriber, self.region)
-        if subscriber is not None:
-            self.subscribers.append(subscriber)
-
-    def op_leave(self):
-        if self.subscribers:
-            subscriber = self.subscribers.pop(next(self.counter) % len(self.subscribers))
-            self.harness.call("leave", subscriber.close)
-            self.harness["lost"] += subscriber.lost
-
-    def _receive(self, label, method, *args):
-        subscriber = self.subscriber()
-        if subscriber is not None:
-            lost = subscriber.lost
-            data = self.harness.call(label, getattr(subscriber, method), *args)
-            self.check_data(data, subscriber, lost)
-
-    def op_try_receive(self):
-        self._receive("try_receive", "try_receive")
-
-    def op_receive(self):
-        self._receive("receive", "receive", 0.001)
-
-    def op_latest(self):
-        self._receive("latest", "try_receive_latest")
-
-    def op_receive_latest(self):
-        self._receive("receive_latest", "receive_latest", 0.001)
-
-    def op_iterate(self):
-        subscriber = self.subscriber()
-        if subscriber is not None:
-            lost = subscriber.lost
-            try:
-                received = list(itertools.islice(subscriber, 10_000))
-            except ALLOWED as error:
-                assert self.name in str(error), f"iterate: the error does not name the region: {error!r}"
-                self.harness[f"iterate:{type(error).__name__}"] += 1
-                return
-            assert len(received) < 10_000, "iteration over a ring did not end"
-            for data in received:
-                self.check_data(data, subscriber, lost)
-            self.harness["iterate:ok"] += 1
-
-    def op_view(self):
-        subscriber = self.subscriber()
-        if subscriber is not None:
-            view = self.harness.call("view", subscriber.receive_view, 0.001)
-            if view is not None:
-                assert len(bytes(view)) <= self.geometry.slot_data_size
-                self.views.append(view)
-
-    def op_release_view(self):
-        if self.views:
-            self.harness.call("release_view", self.views.pop(0).release)
-
-    # health and repair
     def op_diagnose(self):
-        before = rawregion.read_bytes(self.name)
-        report = self.harness.call("diagnose", self.region.diagnose)
-        assert rawregion.read_bytes(self.name) == before, "diagnose wrote into the region"
-        if report is not None:
-            assert isinstance(report, HealthReport)
-            g = self.geometry
-            assert 0 <= report.locked_entries <= g.max_subs * g.capacity
-            assert report.retired_rings + report.draining_rings + report.live_rings <= g.max_subs
+        report = super().op_diagnose()
+        assert report is None or isinstance(report, HealthReport)
 
     def op_audit(self):
-        before = rawregion.read_bytes(self.name)
-        report = self.harness.call("audit", audit, self.region)
-        assert rawregion.read_bytes(self.name) == before, "audit wrote into the region"
+        report = super().op_audit()
         if report is not None:
-            assert report.verdict.startswith("clean: " if report.clean else "DAMAGED: ")
-            assert 0 <= report.free_slots <= self.geometry.pool_size
             assert len(report.rings) + report.idle_rings == self.geometry.max_subs
 
     def _entries_stuck_at_u64_limit(self):
@@ -377,53 +246,19 @@ class Session:
             # Nothing stuck is left, except at the u64 limit.
             assert self.region.diagnose().locked_entries <= self._entries_stuck_at_u64_limit()
 
-    def _reset(self, label, drain):
-        reset = self.harness.call(label, self.region.reset_retired_rings, drain)
-        if reset is not None:
-            assert 0 <= reset <= self.geometry.max_subs
-            assert self.region.diagnose().retired_rings == 0
-
-    def op_reset(self):
-        self._reset("reset", False)
-
-    def op_reset_drain(self):
-        self._reset("reset_drain", True)
-
-    def op_reclaim_orphaned(self):
-        reclaimed = self.harness.call("reclaim_orphaned", self.region.reclaim_orphaned_slots)
-        assert reclaimed is None or 0 <= reclaimed <= self.geometry.pool_size
-
     def op_reclaim_dead(self):
         report = self.harness.call("reclaim_dead", self.region.reclaim_dead_subscribers)
         if report is not None:
             assert isinstance(report, DeadSubscriberReport)
             self.harness["reclaimed dead rings"] += len(report.reclaimed)
 
-    # opening again, schema
     def op_reopen(self):
         region = self.harness.call("reopen", SharedRegion.open, self.name)
         if region is not None:
             self.harness.call("diagnose", region.diagnose)
 
-    def op_schema(self):
-        self.harness.call("schema", self.region.schema)
-        info = SchemaInfo()
-        info.name = "hardening"
-        self.harness.call("claim_schema", self.region.try_claim_schema, info)
-        self.harness.call("reset_schema_claim", self.region.reset_schema_claim)
 
-    def close(self):
-        """Release everything this session holds (allowed errors only)."""
-        self.pending = None
-        while self.views:
-            self.harness.call("release_view", self.views.pop().release)
-        while self.subscribers:
-            subscriber = self.subscribers.pop()
-            self.harness.call("leave", subscriber.close)
-            self.harness["lost"] += subscriber.lost
-
-
-OPERATIONS = sorted(name[3:] for name in vars(Session) if name.startswith("op_"))
+OPERATIONS = Session.operations()
 # Every call the fuzz must have seen succeed at least once.
 CALLS = (
     "send send_too_large allocate publish join leave try_receive receive latest receive_latest iterate view "
