@@ -46,12 +46,15 @@ from kickmsg.publisher import AllocatedSlot, Publisher
 from kickmsg.region import SharedRegion
 from kickmsg.schema import SchemaInfo
 from kickmsg.subscriber import SampleView, Subscriber
+from kickmsg.errors import TypeMismatchError
+
+__all__ = [
+    "RecordType", "TYPED_FINGERPRINT_ALGO", "TypedBlackboardReader", "TypedBlackboardWriter", "TypedPublisher",
+    "TypedReadOutcome", "TypedSlot", "TypedSubscriber", "advertise", "declare", "join_check", "observe",
+    "snapshot_json", "subscribe",
+]
 
 TYPED_FINGERPRINT_ALGO = 0x4B4D5459  # "KMTY": the identity_algo/layout_algo tag of kickmsg.typed v1
-
-
-class TypeMismatchError(RuntimeError):
-    """A channel carries another record type than the one we join with."""
 
 
 def _fields(dtype: np.dtype) -> list[tuple[str, np.dtype, int]]:

@@ -28,7 +28,8 @@ from hypothesis import strategies as st
 
 import rawregion
 from conftest import on_layout4
-from kickmsg import ChannelType, Config, Publisher, SchemaInfo, SharedRegion, Subscriber, audit, owners, unlink_shm
+from kickmsg import ChannelType, Config, Publisher, SchemaInfo, SharedRegion, Subscriber, audit, unlink_shm
+from kickmsg.ops import owners
 from kickmsg.region import DeadSubscriberReport, HealthReport
 
 # These tests check layout 4's own: its byte offsets and its ring-owner sidecar.
@@ -607,7 +608,7 @@ def sidecar_records():
     )
 
 
-# The sidecar's record (kickmsg.owners.OwnerRecord): pid, process start,
+# The sidecar's record (kickmsg.ops.owners.OwnerRecord): pid, process start,
 # start_pos, region created_at_ns, read_pos, lost.
 SIDECAR_RECORD = struct.Struct("<QQQQQQ")
 assert SIDECAR_RECORD.size == owners.RECORD_SIZE

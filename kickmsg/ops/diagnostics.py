@@ -10,7 +10,7 @@ they mean the same thing (``RegionInfo``, ``RingStats``, ``RegionStats``,
 Every function attaches read-only (``SharedRegion.inspect``) and works on
 regions of this package and of the native library. Subscribers and
 publishers of this package record themselves beside the region
-(``kickmsg.owners``); native ones record nothing: their rings show without
+(``kickmsg.ops.owners``); native ones record nothing: their rings show without
 an owner, and native publishers cannot be seen at all. Bridges
 (``kickmsg bridge``) record their figures per forwarded channel the same
 way (``BridgeFigures``, in ``RegionStats.bridges``).
@@ -31,15 +31,29 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from kickmsg import layouts, owners, shm
+from kickmsg import layouts, shm
+from kickmsg.ops import owners
 from kickmsg.atomics import HARDWARE
 from kickmsg.protocol.v4 import layout
-from kickmsg.audit import AuditReport, RingAudit, audit
+from kickmsg.ops.audit import AuditReport, RingAudit, audit
 from kickmsg.description import schema_to_json
 from kickmsg.protocol.v9 import blackboard as board9
 from kickmsg.protocol.v9 import registry as registry9
 from kickmsg.protocol.v9.layout import VersionMismatchError
 from kickmsg.region import SharedRegion
+from kickmsg.errors import BoardBusyError, RegionError
+
+__all__ = [
+    "BLACKBOARD", "BoardInfo", "BoardKey", "BridgeFigures", "CHANNEL", "CHANNEL_TYPES", "HealthSnapshot", "IDLE_RATE",
+    "OBJECT_TYPES", "Participant", "REGISTRY", "REGISTRY_SUFFIX", "RegionInfo", "RegionStats", "RegionSummary",
+    "RegistryInfo", "RegistryParticipant", "RegistryTopic", "RingRate", "RingStats", "SCHEMA_STATES",
+    "UNRECORDED_PUBLISHERS", "WatchSnapshot", "account_for_registries", "age_s", "attach", "blackboard", "board_info",
+    "board_key", "creator_name", "exists", "health", "health_of", "info", "is_kickmsg", "is_orphan_sidecar",
+    "is_sidecar", "list_regions", "object_type", "open_blackboard", "open_registry", "owned_ring_stats4",
+    "owned_ring_stats9", "pid_alive", "read_bridges", "read_magic_and_version", "read_participants", "region_info",
+    "region_stats", "registry", "registry_info", "ring_stats", "shm_objects", "stats", "summarize",
+    "summarize_blackboard", "summarize_registry", "to_json", "user_name", "watch",
+]
 
 CHANNEL_TYPES = {layout.CHANNEL_PUBSUB: "PubSub", layout.CHANNEL_BROADCAST: "Broadcast"}
 SCHEMA_STATES = {layout.SCHEMA_UNSET: "Unset", layout.SCHEMA_CLAIMING: "Claiming", layout.SCHEMA_SET: "Set"}
@@ -47,16 +61,6 @@ UNRECORDED_PUBLISHERS = "+ unrecorded: native publishers cannot be seen"
 CHANNEL, REGISTRY, BLACKBOARD = "channel", "registry", "blackboard"  # the object types, by magic
 OBJECT_TYPES = {layout.MAGIC: CHANNEL, registry9.MAGIC: REGISTRY, board9.MAGIC: BLACKBOARD}
 REGISTRY_SUFFIX = "_registry"
-
-
-class RegionError(RuntimeError):
-    """A region that cannot be inspected: missing, not permitted, not a
-    Kickmsg region, an unsupported version, or damaged (one-line message)."""
-
-
-class BoardBusyError(RegionError):
-    """A blackboard whose lock stayed taken by a live holder: its keys
-    could not be read this time (the board is not damaged for that)."""
 
 
 # -- the data ------------------------------------------------------------------------------------
@@ -151,7 +155,7 @@ class RingStats:
 
 @dataclass
 class Participant:
-    """A publisher of this package, from its record (``kickmsg.owners``)."""
+    """A publisher of this package, from its record (``kickmsg.ops.owners``)."""
 
     pid: int
     pid_starttime: int  # clock ticks after boot
@@ -211,7 +215,7 @@ class HealthSnapshot:
 
     name: str
     status: str  # healthy, damaged
-    problems: dict[str, int]  # kind -> count, every kind the audit looks for (kickmsg.audit)
+    problems: dict[str, int]  # kind -> count, every kind the audit looks for (kickmsg.ops.audit)
     verdict: str  # one line: "clean: ..." or "DAMAGED: ..."
     stall_publishers: int  # recorded publishers that died (not damage: their records are reclaimed)
 
@@ -298,7 +302,7 @@ def shm_objects(prefix: str | None) -> Iterator[os.DirEntry[str]]:
 
 
 def is_sidecar(entry: os.DirEntry[str]) -> bool:
-    """A ring-owner or publisher record file (``kickmsg.owners``)."""
+    """A ring-owner or publisher record file (``kickmsg.ops.owners``)."""
     return entry.name.endswith(owners.SUFFIX)
 
 

@@ -24,8 +24,13 @@ from prometheus_client import start_http_server
 from prometheus_client.core import CollectorRegistry, CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from kickmsg import diagnostics
-from kickmsg.audit import audit
+from kickmsg.ops import diagnostics
+from kickmsg.ops.audit import audit
+
+__all__ = [
+    "ChannelCollector", "ChannelSample", "DEFAULT_INTERVAL_S", "DEFAULT_PORT", "gather", "one_bridge_per_label",
+    "sample", "serve",
+]
 
 DEFAULT_PORT = 9464
 DEFAULT_INTERVAL_S = 5.0

@@ -44,6 +44,16 @@ import warnings
 
 from kickmsg import shm
 
+__all__ = [
+    "BRIDGES_SUFFIX", "BRIDGE_DIRECTIONS", "BRIDGE_KEY_SIZE", "BRIDGE_RECORD_SIZE", "BridgeEntry", "BridgeRecord",
+    "CHECK_IN_OFFSET", "CLAIM_ATTEMPTS", "CLAIM_RETRY_S", "FLOCK", "MAX_BRIDGE_PEERS", "MAX_BRIDGE_RECORDS",
+    "MAX_PUBLISHER_RECORDS", "OwnerRecord", "PROGRESS_OFFSET", "PUBLISHERS_SUFFIX", "PUBLISHER_NAME_SIZE",
+    "PUBLISHER_RECORD_SIZE", "PublisherEntry", "PublisherRecord", "RECORD_SIZE", "RecordEntry", "SUFFIX", "Sidecar",
+    "UNRECORDED_CONSEQUENCES", "bridges_path", "process_start_time", "program_name", "publishers_path", "read_bridges",
+    "read_owners", "read_publishers", "reclaim_dead_bridges", "reclaim_dead_publishers", "region_of_sidecar", "restart",
+    "sidecar_kind", "sidecar_path", "sidecar_paths", "unlink",
+]
+
 SUFFIX = shm.SIDECAR_SUFFIX
 PUBLISHERS_SUFFIX = SUFFIX + SUFFIX  # stripped of one SUFFIX, still not a valid region name
 BRIDGES_SUFFIX = SUFFIX * 3  # stripped of one or two SUFFIXes, still not a valid region name

@@ -18,7 +18,7 @@ schema):
   marks binary data, and it costs 4/3 of the size before compression.
 
 Message fields: ``log_time`` = receive time (wall clock, ns since the
-epoch); ``publish_time`` = the payload's stamp (``kickmsg.stamp``,
+epoch); ``publish_time`` = the payload's stamp (``kickmsg.recording.stamp``,
 CLOCK_MONOTONIC) moved to the wall clock, ``recv_wall - (recv_mono -
 stamp)``, when the stamp is 0 to 60 s before receipt, else the receive time;
 ``sequence`` = the ring position (mod 2**32: the field is 32 bits).
@@ -50,8 +50,15 @@ from mcap.writer import CompressionType, Writer
 import kickmsg
 from kickmsg import jsontext
 from kickmsg.description import schema_from_json
-from kickmsg.record import COLUMNS, SCHEMA_KEY, file_format, recording_files
+from kickmsg.recording.files import COLUMNS, SCHEMA_KEY, file_format, recording_files
 from kickmsg.typed import RecordType
+
+__all__ = [
+    "CHUNK_BYTES", "ConvertSummary", "MAPPING_KEY", "McapRecording", "McapRecordingWriter", "PAYLOAD_SCHEMA_NAME",
+    "RESERVED_KEYS", "SEQUENCE_MASK", "STAMP_WINDOW_NS", "TEXT_KEYS", "analysis_table", "channel_record_type",
+    "convert", "decode_records", "encode_records", "partial_recording", "played_messages", "publish_time",
+    "read_recording", "recover",
+]
 
 PAYLOAD_SCHEMA_NAME = "kickmsg.Payload"
 MAPPING_KEY = "kickmsg.mapping"  # channel metadata: "fields" (typed records) or "payload" (base64)

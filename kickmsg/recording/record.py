@@ -16,7 +16,7 @@ lost            int64    messages the recorder lost on this channel just
                          before this one
 stamp_ns        int64    the payload's first 8 bytes (little-endian), the
                          publish time if the payload is stamped
-                         (``kickmsg.stamp``); null if shorter or >= 2**63
+                         (``kickmsg.recording.stamp``); null if shorter or >= 2**63
 payload         binary   the message (absent with ``payload=False``)
 ==============  =======  ==============================================
 
@@ -32,7 +32,7 @@ subscriber: it never slows publishers down, and when it falls behind its own
 losses are in the ``lost`` column.
 
 With ``format="mcap"`` the same rows go to MCAP files instead
-(``kickmsg.mcap_file``: Foxglove opens them; each flush writes a chunk);
+(``kickmsg.recording.mcap``: Foxglove opens them; each flush writes a chunk);
 ``play`` plays both.
 """
 import json
@@ -50,30 +50,21 @@ import pyarrow
 import pyarrow.ipc
 import pyarrow.parquet
 
-from kickmsg import diagnostics, jsontext, layouts, shm, stamp
+from kickmsg import jsontext, layouts, shm
+from kickmsg.ops import diagnostics
+from kickmsg.recording import stamp
+from kickmsg.recording.files import CLOSING, COLUMNS, FORMATS, PARTIAL, SCHEMA_KEY, file_format, recording_files
 from kickmsg.description import channel_config, describe, described_layout
 from kickmsg.publisher import Publisher, send_retrying
 from kickmsg.region import SharedRegion
 from kickmsg.subscriber import Subscriber
 
-SCHEMA_KEY = b"kickmsg.recording"
-COLUMNS = [
-    ("recording", pyarrow.string()),
-    ("channel", pyarrow.string()),
-    ("ring_pos", pyarrow.int64()),
-    ("recv_mono_ns", pyarrow.int64()),
-    ("recv_wall_ns", pyarrow.int64()),
-    ("size", pyarrow.int32()),
-    ("lost", pyarrow.int64()),
-    ("stamp_ns", pyarrow.int64()),
-    ("payload", pyarrow.binary()),
+__all__ = [
+    "ChannelCounts", "FLUSH_INTERVAL_S", "MCAP_EXTRA", "PLAYER", "PlaySummary", "Recorder", "RecordingSummary",
+    "Recovered", "channel_names", "mcap_module", "play", "recording_channels", "recover",
 ]
+
 FLUSH_INTERVAL_S = 1.0  # default: buffered rows reach the file (and survive a killed recorder) this often
-FORMATS = ("parquet", "mcap")
-MCAP_MAGIC = b"\x89MCAP0\r\n"  # the first 8 bytes of an MCAP file
-PARQUET_MAGIC = b"PAR1"  # the first (and last) 4 bytes of a Parquet file
-PARTIAL = ".partial"  # suffix of a file being written
-CLOSING = ".closing"  # suffix of a complete file being written from a .partial one, renamed when done
 MCAP_EXTRA = "pip install 'kickmsg-py[mcap]'"
 PLAYER = "kickmsg-play"  # creator of the channels play makes, and name of its publishers
 
@@ -81,10 +72,10 @@ PLAYER = "kickmsg-play"  # creator of the channels play makes, and name of its p
 def mcap_module() -> ModuleType:
     """The MCAP module, or a one-line error naming the extra it needs."""
     try:
-        from kickmsg import mcap_file
+        from kickmsg.recording import mcap
     except ImportError as error:
         raise RuntimeError(f"MCAP needs the mcap extra ({error}): {MCAP_EXTRA}") from None
-    return mcap_file
+    return mcap
 
 
 @dataclass
@@ -142,9 +133,9 @@ class _McapFile:
         no larger than the rotation size, so that a file can rotate."""
         self.path = path
         recording = {key: metadata[key] for key in ("recording", "host", "started_wall_ns")}
-        mcap_file = mcap_module()
-        chunk_bytes = max(1, min(mcap_file.CHUNK_BYTES, rotate_bytes))
-        self.writer = mcap_file.McapRecordingWriter(path + PARTIAL, [recording], metadata["channels"], chunk_bytes)
+        mcap = mcap_module()
+        chunk_bytes = max(1, min(mcap.CHUNK_BYTES, rotate_bytes))
+        self.writer = mcap.McapRecordingWriter(path + PARTIAL, [recording], metadata["channels"], chunk_bytes)
 
     def write(self, rows: list[list]) -> None:
         """Append the rows and flush them to the file (a chunk of their own)."""
@@ -349,30 +340,6 @@ def channel_names(prefix: str) -> list[str]:
         except OSError:  # removed meanwhile, or not ours to read
             continue
     return names
-
-
-def recording_files(path: str) -> list[str]:
-    """The Parquet or MCAP files of a recording directory (or a single file), in order."""
-    if os.path.isfile(path):
-        return [path]
-    if not os.path.isdir(path):
-        raise ValueError(f"no such file or directory: {path}")
-    files = sorted(os.path.join(path, name) for name in os.listdir(path) if name.endswith((".parquet", ".mcap")))
-    if not files:
-        raise ValueError(f"no .parquet or .mcap files in {path}")
-    return files
-
-
-def file_format(file: str) -> str:
-    """``mcap`` or ``parquet``, by the file's magic bytes; anything else is
-    refused naming the file."""
-    with open(file, "rb") as head:
-        magic = head.read(8)
-    if magic == MCAP_MAGIC:
-        return "mcap"
-    if magic[:4] == PARQUET_MAGIC:
-        return "parquet"
-    raise ValueError(f"{file} is not a recording: neither a Parquet nor an MCAP file")
 
 
 def _flushed_batches(partial: str) -> tuple[pyarrow.Schema, list[pyarrow.RecordBatch]]:

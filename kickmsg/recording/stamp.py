@@ -13,6 +13,8 @@ import time
 from collections.abc import Buffer, Sized
 from typing import Protocol
 
+__all__ = ["FIELD", "SIZE", "STAMP", "SizedBuffer", "latency_ns", "now", "read", "stamped", "write"]
+
 STAMP = struct.Struct("<Q")
 SIZE = STAMP.size
 FIELD = ("stamp_ns", "<u8")  # the first field of a stamped typed record

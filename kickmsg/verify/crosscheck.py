@@ -21,7 +21,7 @@ subscribing process (this process for ours, the child for the other),
 compared as "its driver process's". Nothing else: an owner left 0, or the
 dead owner of a killed subscriber, is compared as it is.
 
-Operations (JSON lists, see ``kickmsg.crossdriver``): create a region (1-4
+Operations (JSON lists, see ``kickmsg.verify.crossdriver``): create a region (1-4
 subscribers, ring capacity 2/4/8, pool capacity+1 to 16, payload 8-64, PubSub or
 Broadcast; on layout 9 a commit timeout of 0.5, 1 or 2 ms), publishers,
 ``send`` (also too long, or with the pool dry), allocate/fill/publish in
@@ -73,7 +73,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import kickmsg
-from kickmsg import crossdriver, jsontext
+from kickmsg import jsontext
+from kickmsg.verify import crossdriver
 from kickmsg.atomics import HARDWARE, Atomics
 from kickmsg.protocol.common import SchemaInfoLayout
 from kickmsg.protocol.v4 import layout
@@ -86,6 +87,15 @@ from kickmsg.protocol.v9.receive import process_start_time
 from kickmsg.region import unlink_shm
 from kickmsg.schema import SchemaInfo
 from kickmsg.userfiles import read_at_most
+
+__all__ = [
+    "COMMIT_TIMEOUTS_US", "CRASHES", "Crashed", "CrashingAtomics", "DEAD_PID", "DEAD_START", "DRIVER_MARK",
+    "Difference", "Divergence", "Generator", "IGNORED", "MAX_DIFFERENCES", "MAX_PUBLISHERS", "OPERATION_TIMEOUT_S",
+    "Operation", "OtherFailed", "OtherSide", "POKES", "REPLAY_LIMIT", "Replay", "Result", "START_TIMEOUT_S",
+    "SetupError", "WEIGHTS", "WEIGHTS9", "bury", "check_layout", "check_version", "compare_regions", "crash",
+    "crash_subscriber", "crosscheck", "describe_value", "field_at9", "load_operations", "masked", "poke", "read_region",
+    "replay", "shm_path",
+]
 
 IGNORED = range(112, 128)  # creator_pid and created_at_ns differ by nature (both layouts)
 DRIVER_MARK = (1 << 64) - 1  # a ring owner word holding its side's own subscribing process (layout 9, see masked)
@@ -377,7 +387,7 @@ class OtherFailed(Exception):
 
 
 class OtherSide:
-    """The other implementation running ``kickmsg.crossdriver`` in a child."""
+    """The other implementation running ``kickmsg.verify.crossdriver`` in a child."""
 
     def __init__(self, python: str, path: str | None, layout: int) -> None:
         with open(crossdriver.__file__, encoding="utf-8") as file:

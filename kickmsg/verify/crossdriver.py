@@ -1,4 +1,4 @@
-"""The operation driver of ``kickmsg.crosscheck`` (internal).
+"""The operation driver of ``kickmsg.verify.crosscheck`` (internal).
 
 ``Driver`` runs one cross-check operation at a time on a Kickmsg
 implementation given as a module, and returns a JSON-ready result. The same
@@ -25,6 +25,11 @@ import os
 import sys
 from types import ModuleType
 from typing import Any
+
+__all__ = [
+    "Absent", "CREATOR", "Driver", "NATIVE_REGION_BYTES", "NativeRepair", "RING_STATES", "error_result", "main",
+    "pattern",
+]
 
 CREATOR = "crosscheck"
 RING_STATES = ("Free", "Live", "Draining", "Reclaiming")  # 0.9.2's RingStats.state values 0-3

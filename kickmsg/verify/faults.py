@@ -28,11 +28,13 @@ from kickmsg.protocol.v4 import layout
 from kickmsg.atomics import Atomics
 from kickmsg.region import SharedRegion
 
+__all__ = ["CRASH_POINTS", "CrashingAtomics", "crash_at"]
+
 CRASH_POINTS = ("after_pop", "after_refcount", "mid_ring_loop", "after_claim", "holding_lock")
 
 
 def _print_to_stderr(point: str) -> None:
-    print(f"kickmsg.faults: process {os.getpid()} stopped at {point}", file=sys.stderr, flush=True)
+    print(f"kickmsg.verify.faults: process {os.getpid()} stopped at {point}", file=sys.stderr, flush=True)
 
 
 class CrashingAtomics(Atomics):
