@@ -7,6 +7,7 @@ import ast
 import importlib
 import inspect
 import pathlib
+import re
 import subprocess
 import sys
 import warnings
@@ -19,6 +20,7 @@ from kickmsg import errors
 from kickmsg._moved import MOVED
 
 PACKAGE = pathlib.Path(kickmsg.__file__).parent
+ARCHITECTURE = PACKAGE.parent / "docs" / "explanation" / "architecture.md"
 
 # Issue 25 (layout 4's flows moving into kickmsg.protocol.v4) restructures
 # these modules; until it is merged, a cycle among them only, and their lack
@@ -211,3 +213,22 @@ def test_old_import_statements_work_and_warn():
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("kickmsg.record moved to kickmsg.recording.record: import Recorder from")
+
+
+def test_the_architecture_page_names_every_module_and_only_those():
+    """Each module of the package, or its subpackage, has a row in the
+    page's module table, and every path the table names exists."""
+    rows = [line for line in ARCHITECTURE.read_text(encoding="utf-8").split("## Modules")[1].split("\n## ")[0].splitlines()
+            if line.startswith("| `kickmsg")]
+    named = {path for row in rows for path in re.findall(r"`(kickmsg/[^`]*)`", row.split(" | ")[0])}
+    assert all((PACKAGE.parent / path).exists() for path in named), sorted(p for p in named if not (PACKAGE.parent / p).exists())
+    files = [path.relative_to(PACKAGE.parent) for path in PACKAGE.rglob("*") if path.suffix in (".py", ".c")]
+    shims = {pathlib.Path(*old.split(".")).with_suffix(".py") for old in MOVED}
+
+    def has_a_row(file: pathlib.Path) -> bool:  # its own, its directory's, or for a package's __init__.py one of its modules'
+        directory = f"{file.parent}/"
+        return (str(file) in named or any(directory.startswith(path) for path in named if path.endswith("/"))
+                or (file.name == "__init__.py" and any(path.startswith(directory) for path in named)))
+
+    unnamed = [str(file) for file in files if file not in shims and file.name != "_moved.py" and not has_a_row(file)]
+    assert not unnamed, f"modules without a row in {ARCHITECTURE.name}: {sorted(unnamed)}"
