@@ -33,12 +33,12 @@ from kickmsg.errors import (
     TypeMismatchError,
     VersionMismatchError,
 )
-__import__("kickmsg.audit")  # the old module path of kickmsg.ops.audit, loaded before the function takes its name
-from kickmsg.ops.audit import audit
-from kickmsg.publisher import AllocatedSlot, Publisher
 from kickmsg.node import BroadcastHandle, Node
+__import__("kickmsg.audit")  # the old path of the module kickmsg.ops.audit, loaded first: loaded later, it would take the function's name
+from kickmsg.ops.audit import audit
 from kickmsg.process import current_pid, process_exists
 from kickmsg.protocol.info import RegionInfo, RegionStats, RingStats
+from kickmsg.publisher import AllocatedSlot, Publisher
 from kickmsg.region import HealthReport, SharedRegion, unlink_shm
 from kickmsg.schema import SchemaInfo
 from kickmsg.subscriber import SampleView, Subscriber

@@ -4,9 +4,9 @@ import enum
 import math
 from typing import Any
 
+from kickmsg.errors import ConfigError
 from kickmsg.protocol.v4 import layout
 from kickmsg.schema import SchemaInfo
-from kickmsg.errors import ConfigError
 
 __all__ = ["ChannelType", "Config", "MAX_POOL_SIZE", "MAX_SUBSCRIBERS", "to_microseconds"]
 

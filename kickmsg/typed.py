@@ -39,6 +39,7 @@ import numpy.typing as npt
 
 from kickmsg import jsontext
 from kickmsg.config import Config
+from kickmsg.errors import TypeMismatchError
 from kickmsg.hash import identity_from_fnv1a
 from kickmsg.node import Node
 from kickmsg.protocol.v9.blackboard import Blackboard, BlackboardReader, BlackboardWriter
@@ -46,7 +47,6 @@ from kickmsg.publisher import AllocatedSlot, Publisher
 from kickmsg.region import SharedRegion
 from kickmsg.schema import SchemaInfo
 from kickmsg.subscriber import SampleView, Subscriber
-from kickmsg.errors import TypeMismatchError
 
 __all__ = [
     "RecordType", "TYPED_FINGERPRINT_ALGO", "TypedBlackboardReader", "TypedBlackboardWriter", "TypedPublisher",

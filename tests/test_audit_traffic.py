@@ -14,8 +14,8 @@ import pytest
 
 from conftest import on_layout4
 from kickmsg import ChannelType, Config, Publisher, SharedRegion, Subscriber, audit
-from kickmsg.ops import diagnostics
 from kickmsg.atomics import Atomics
+from kickmsg.ops import diagnostics
 from kickmsg.ops.audit import SlotReading
 from nativepeer import Peer, start_native, start_ours
 from test_health import make

@@ -18,9 +18,9 @@ import sysconfig
 import pytest
 
 import kickmsg
-from kickmsg.verify import crosscheck, crossdriver
 from kickmsg.protocol import v9
 from kickmsg.protocol.v4 import layout
+from kickmsg.verify import crosscheck, crossdriver
 from nativepeer import NATIVE9_DIR, NATIVE_DIR, native_dir
 
 KICKMSG = pathlib.Path(sys.executable).with_name("kickmsg")

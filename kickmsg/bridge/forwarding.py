@@ -72,9 +72,9 @@ from kickmsg.bridge.options import (
     zenoh_text,
 )
 from kickmsg.config import ChannelType, Config
-from kickmsg.layouts import LAYOUT_9
 from kickmsg.description import channel_config, describe, described_layout
 from kickmsg.errors import BridgeError, RegionNotFoundError
+from kickmsg.layouts import LAYOUT_9
 from kickmsg.ops import owners
 from kickmsg.publisher import Publisher, send_retrying
 from kickmsg.region import SharedRegion

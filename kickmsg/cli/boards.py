@@ -16,8 +16,8 @@ import sys
 from typing import Any
 
 from kickmsg import jsontext
-from kickmsg.ops import diagnostics
 from kickmsg.cli.common import EXIT_FOUND, EXIT_OK, CommandError, counted, emit, positive_int, stop_on_signals, table
+from kickmsg.ops import diagnostics
 from kickmsg.protocol.v9.blackboard import Blackboard
 from kickmsg.protocol.v9.registry import Registry
 from kickmsg.terminal import printable

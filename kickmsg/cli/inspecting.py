@@ -11,9 +11,9 @@ import sys
 from typing import Any
 
 from kickmsg import jsontext, shm, typed
+from kickmsg.cli.boards import board_text, registry_text, topic_table
 from kickmsg.ops import diagnostics
 from kickmsg.ops.audit import audit
-from kickmsg.cli.boards import board_text, registry_text, topic_table
 from kickmsg.cli.common import (
     EXIT_FOUND,
     EXIT_OK,

@@ -9,9 +9,9 @@ import tempfile
 from types import ModuleType
 
 from kickmsg import shm
-from kickmsg.subscriber import Subscriber
 from kickmsg.cli.common import EXIT_OK, CommandError, emit, import_extra, shm_name, stop_on_signals
 from kickmsg.cli.receiving import tell_rejoined
+from kickmsg.subscriber import Subscriber
 from kickmsg.terminal import printable
 
 __all__ = [

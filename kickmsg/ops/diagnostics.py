@@ -32,16 +32,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kickmsg import layouts, shm
-from kickmsg.ops import owners
 from kickmsg.atomics import HARDWARE
-from kickmsg.protocol.v4 import layout
-from kickmsg.ops.audit import AuditReport, RingAudit, audit
 from kickmsg.description import schema_to_json
+from kickmsg.errors import BoardBusyError, RegionError
+from kickmsg.ops import owners
+from kickmsg.ops.audit import AuditReport, RingAudit, audit
+from kickmsg.protocol.v4 import layout
 from kickmsg.protocol.v9 import blackboard as board9
 from kickmsg.protocol.v9 import registry as registry9
 from kickmsg.protocol.v9.layout import VersionMismatchError
 from kickmsg.region import SharedRegion
-from kickmsg.errors import BoardBusyError, RegionError
 
 __all__ = [
     "BLACKBOARD", "BoardInfo", "BoardKey", "BridgeFigures", "CHANNEL", "CHANNEL_TYPES", "HealthSnapshot", "IDLE_RATE",

@@ -51,11 +51,11 @@ import pyarrow.ipc
 import pyarrow.parquet
 
 from kickmsg import jsontext, layouts, shm
+from kickmsg.description import channel_config, describe, described_layout
 from kickmsg.ops import diagnostics
+from kickmsg.publisher import Publisher, send_retrying
 from kickmsg.recording import stamp
 from kickmsg.recording.files import CLOSING, COLUMNS, FORMATS, PARTIAL, SCHEMA_KEY, file_format, recording_files
-from kickmsg.description import channel_config, describe, described_layout
-from kickmsg.publisher import Publisher, send_retrying
 from kickmsg.region import SharedRegion
 from kickmsg.subscriber import Subscriber
 

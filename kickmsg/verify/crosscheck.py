@@ -74,19 +74,19 @@ from typing import Any
 
 import kickmsg
 from kickmsg import jsontext
-from kickmsg.verify import crossdriver
 from kickmsg.atomics import HARDWARE, Atomics
+from kickmsg.protocol import v9
 from kickmsg.protocol.common import SchemaInfoLayout
 from kickmsg.protocol.v4 import layout
 from kickmsg.protocol.v4.layout import Field, field_at
-from kickmsg.protocol import v9
 from kickmsg.protocol.v9 import layout as v9layout
-from kickmsg.protocol.v9.layout import OWNER_PID_OFFSET, OWNER_STARTTIME_OFFSET, STATE_FLIGHT_OFFSET
 from kickmsg.protocol.v9 import repair
+from kickmsg.protocol.v9.layout import OWNER_PID_OFFSET, OWNER_STARTTIME_OFFSET, STATE_FLIGHT_OFFSET
 from kickmsg.protocol.v9.receive import process_start_time
 from kickmsg.region import unlink_shm
 from kickmsg.schema import SchemaInfo
 from kickmsg.userfiles import read_at_most
+from kickmsg.verify import crossdriver
 
 __all__ = [
     "COMMIT_TIMEOUTS_US", "CRASHES", "Crashed", "CrashingAtomics", "DEAD_PID", "DEAD_START", "DRIVER_MARK",

@@ -24,8 +24,8 @@ import signal
 import sys
 from collections.abc import Callable
 
-from kickmsg.protocol.v4 import layout
 from kickmsg.atomics import Atomics
+from kickmsg.protocol.v4 import layout
 from kickmsg.region import SharedRegion
 
 __all__ = ["CRASH_POINTS", "CrashingAtomics", "crash_at"]
