@@ -82,7 +82,13 @@ from kickmsg.shm import object_size
 from kickmsg.subscriber import Subscriber
 from kickmsg.terminal import printable
 
-__all__ = ["Bridge", "ChannelFigures", "run"]
+__all__ = [
+    "ATTACHMENT", "Bridge", "CREATOR", "ChannelFigures", "DESCRIPTION_CHUNK", "DESCRIPTION_RETRY_S",
+    "DESCRIPTION_TIMEOUT_S", "EPOCHS_KEPT", "EpochState", "Exporter", "FigureRecords", "IMPORT_QUEUE_SIZE", "Importer",
+    "MAGIC", "RECEIVE_SLICE_S", "RECORD_INTERVAL_S", "REJOIN_POLL_S", "REJOIN_WAIT_S", "SEND_TIMEOUT_S",
+    "SequenceTracker", "VERSION", "channel_changes", "channel_made_for", "figures_table", "followers",
+    "open_local_channel", "recorded_subscribers", "recreate_local_channel", "report", "run",
+]
 
 ATTACHMENT = struct.Struct("<4sB3xQQQqQ")  # magic, version, epoch, sequence, ring_pos, forwarded_wall_ns, source_lost
 MAGIC, VERSION = b"KMBR", 1

@@ -16,8 +16,9 @@ from kickmsg.shm import check_name
 from kickmsg.userfiles import read_at_most
 
 __all__ = [
-    "BridgeOptions", "ImportSpec", "check_options", "default_key_prefix", "export_key", "load_file", "parse_import",
-    "shm_name", "zenoh_config", "zenoh_module",
+    "BridgeOptions", "CONFIG_LIMIT", "EXTRA", "FILE_KEYS", "GEOMETRY_KEYS", "ImportSpec", "MAX_STATS_INTERVAL_S",
+    "MODES", "RUST_LOCATION", "check_endpoint", "check_key", "check_options", "default_key_prefix", "export_key",
+    "load_file", "parse_import", "shm_name", "zenoh_config", "zenoh_module", "zenoh_text",
 ]
 
 EXTRA = "pip install 'kickmsg-py[bridge]'"

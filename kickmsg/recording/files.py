@@ -8,8 +8,8 @@ import os
 import pyarrow
 
 __all__ = [
-    "CLOSING", "COLUMNS", "FORMATS", "MCAP_MAGIC", "PARQUET_MAGIC", "PARTIAL", "SCHEMA_KEY",
-    "file_format", "recording_files",
+    "CLOSING", "COLUMNS", "FORMATS", "MCAP_MAGIC", "PARQUET_MAGIC", "PARTIAL", "SCHEMA_KEY", "file_format",
+    "recording_files",
 ]
 
 SCHEMA_KEY = b"kickmsg.recording"
