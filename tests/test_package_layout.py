@@ -10,6 +10,7 @@ import pathlib
 import re
 import subprocess
 import sys
+import tomllib
 import warnings
 from collections.abc import Collection
 
@@ -235,3 +236,11 @@ def test_the_architecture_page_names_every_module_and_only_those():
 
     unnamed = [str(file) for file in files if file not in shims and file.name != "_moved.py" and not has_a_row(file)]
     assert not unnamed, f"modules without a row in {ARCHITECTURE.name}: {sorted(unnamed)}"
+
+
+def test_every_package_is_installed():
+    """pyproject.toml lists the packages a wheel (not only an editable install) carries."""
+    with open(PACKAGE.parent / "pyproject.toml", "rb") as file:
+        listed = tomllib.load(file)["tool"]["setuptools"]["packages"]
+    packages = sorted(name for name, path in MODULES.items() if path.name == "__init__.py")
+    assert sorted(listed) == packages
