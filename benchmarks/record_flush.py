@@ -28,7 +28,8 @@ import tempfile
 import time
 
 import kickmsg
-from kickmsg import diagnostics, stamp
+from kickmsg.ops import diagnostics
+from kickmsg.recording import stamp
 
 KICKMSG = [sys.executable, "-m", "kickmsg"]
 RATE_HZ = 1000

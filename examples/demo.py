@@ -38,8 +38,9 @@ import time
 import numpy as np
 
 import kickmsg
-from kickmsg import stamp, typed
-from kickmsg.record import Recorder
+from kickmsg import typed
+from kickmsg.recording import stamp
+from kickmsg.recording.record import Recorder
 
 Imu = typed.RecordType("Imu", [stamp.FIELD, ("accel", "<f4", (3,)), ("gyro", "<f4", (3,))])
 FRAME_SHAPE = (480, 640, 3)

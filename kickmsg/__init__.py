@@ -5,22 +5,40 @@ Byte-compatible with the native ``kickmsg`` 0.1.0 (layout version 4) and
 process using this package and one using the native library can share a
 channel in either direction. ``kickmsg.layouts`` says which layout a new
 region gets. Beyond that API, the
-top level adds ``audit(region)``, ``ConfigError`` (every invalid config: a
-``ValueError`` that is also 0.1.0's ``RuntimeError``) and ``WaitSet``
-(waiting on many subscribers at once, handlers); typed channels are in
+top level adds ``audit(region)``, ``WaitSet`` (waiting on many subscribers
+at once, handlers) and the exceptions of ``kickmsg.errors`` (``ConfigError``,
+every invalid config: a ``ValueError`` that is also 0.1.0's
+``RuntimeError``; ``RegionNotFoundError``...); typed channels are in
 ``kickmsg.typed``, asyncio in ``kickmsg.aio``.
 """
 from kickmsg import stopsignals
 
 stopsignals.exit_while_the_command_starts()  # first: an interrupt while the `kickmsg` command imports exits 130
 
-from kickmsg import hash, schema
-from kickmsg.audit import audit
-from kickmsg.config import ChannelType, Config, ConfigError
-from kickmsg.publisher import AllocatedSlot, Publisher
+from kickmsg import errors, hash, schema
+from kickmsg.config import ChannelType, Config
+from kickmsg.errors import (
+    BoardBusyError,
+    BridgeError,
+    ConfigError,
+    CorruptRegionError,
+    EmptyObjectError,
+    FileTooLarge,
+    Layout4Only,
+    NoRoomError,
+    RegionError,
+    RegionInitTimeout,
+    RegionNotFoundError,
+    RegionPermissionError,
+    TypeMismatchError,
+    VersionMismatchError,
+)
 from kickmsg.node import BroadcastHandle, Node
+__import__("kickmsg.audit")  # the old path of the module kickmsg.ops.audit, loaded first: loaded later, it would take the function's name
+from kickmsg.ops.audit import audit
 from kickmsg.process import current_pid, process_exists
 from kickmsg.protocol.info import RegionInfo, RegionStats, RingStats
+from kickmsg.publisher import AllocatedSlot, Publisher
 from kickmsg.region import HealthReport, SharedRegion, unlink_shm
 from kickmsg.schema import SchemaInfo
 from kickmsg.subscriber import SampleView, Subscriber
@@ -33,7 +51,6 @@ __all__ = [
     "BroadcastHandle",
     "ChannelType",
     "Config",
-    "ConfigError",
     "HealthReport",
     "Node",
     "Publisher",
@@ -52,6 +69,7 @@ __all__ = [
     "schema",
     "unlink_shm",
 ]
+__all__ += errors.__all__  # every exception this package raises to its users (kickmsg.errors)
 
 # Layout 9's participant registry and Blackboard (WIRE9.md C, D), named as 0.9.2 names them.
 from kickmsg.protocol.v9.blackboard import (

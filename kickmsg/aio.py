@@ -40,6 +40,11 @@ if TYPE_CHECKING:  # not imported at run time: numpy is only needed by typed cha
     from kickmsg.protocol.v9.blackboard import Blackboard
     from kickmsg.typed import TypedSubscriber
 
+__all__ = [
+    "BOARD_SLICE_S", "LOOP_CHECK_NS", "Message", "Timeout", "board_change", "messages", "receive", "receive_latest",
+    "receive_view",
+]
+
 type Timeout = datetime.timedelta | float | None
 type Message = bytes | npt.NDArray[Any]  # a copy from a Subscriber, records from a TypedSubscriber
 

@@ -31,6 +31,12 @@ from kickmsg._atomics_cffi import lib as _lib  # called holding the GIL: they ne
 from kickmsg._futex_cffi import ffi as _futex_ffi
 from kickmsg._futex_cffi import lib as _futex_lib  # called with the GIL released: they sleep
 
+__all__ = [
+    "Atomics", "Cas", "FUTEX_INTERRUPTED", "FUTEX_TIMED_OUT", "FUTEX_VALUE_CHANGED", "FUTEX_WAITV_MAX", "FUTEX_WOKEN",
+    "FutexWaitv", "HARDWARE", "Load", "POLL_SLICE_MAX_NS", "POLL_SLICE_MIN_NS", "ReadModifyWrite", "Store",
+    "futex_waitv_kernel", "futex_waitv_polling",
+]
+
 FUTEX_WOKEN = _futex_lib.KM_FUTEX_WOKEN
 FUTEX_TIMED_OUT = _futex_lib.KM_FUTEX_TIMED_OUT
 FUTEX_VALUE_CHANGED = _futex_lib.KM_FUTEX_VALUE_CHANGED

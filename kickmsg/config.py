@@ -4,8 +4,11 @@ import enum
 import math
 from typing import Any
 
+from kickmsg.errors import ConfigError
 from kickmsg.protocol.v4 import layout
 from kickmsg.schema import SchemaInfo
+
+__all__ = ["ChannelType", "Config", "MAX_POOL_SIZE", "MAX_SUBSCRIBERS", "to_microseconds"]
 
 
 # Our bounds on a region this package creates (0.1.0 has none): every
@@ -13,14 +16,6 @@ from kickmsg.schema import SchemaInfo
 # every ring's header and every slot's refcount.
 MAX_SUBSCRIBERS = 1024
 MAX_POOL_SIZE = 1 << 20
-
-
-class ConfigError(ValueError, RuntimeError):
-    """An invalid channel config, naming the field and the value at fault.
-
-    A ``ValueError`` (what this package documents) that is also a
-    ``RuntimeError`` (what the native 0.1.0 raises for the fields it
-    checks), so code written for either catches it."""
 
 
 class ChannelType(enum.IntEnum):

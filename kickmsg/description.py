@@ -1,7 +1,7 @@
 """A channel's description as JSON values: its type, geometry and schema
 descriptor, which is what re-creating it elsewhere needs. Recordings keep
 one per channel (to play them into fresh channels) and ``kickmsg bridge``
-sends one to the importing side; the CLI and ``kickmsg.diagnostics`` show
+sends one to the importing side; the CLI and ``kickmsg.ops.diagnostics`` show
 the schema part."""
 from typing import Any
 
@@ -9,6 +9,8 @@ from kickmsg import layouts
 from kickmsg.config import ChannelType, Config
 from kickmsg.region import SharedRegion
 from kickmsg.schema import SchemaInfo
+
+__all__ = ["channel_config", "describe", "described_layout", "schema_from_json", "schema_to_json"]
 
 
 def schema_to_json(info: SchemaInfo) -> dict[str, Any]:

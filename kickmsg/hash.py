@@ -1,5 +1,7 @@
 """FNV-1a 64-bit hashing: the config hash and schema identity helpers."""
 
+__all__ = ["FNV1A_64_OFFSET_BASIS", "FNV1A_64_PRIME", "fnv1a_64", "identity_from_fnv1a"]
+
 FNV1A_64_OFFSET_BASIS = 0xCBF29CE484222325
 FNV1A_64_PRIME = 0x100000001B3
 _U64 = 0xFFFFFFFFFFFFFFFF

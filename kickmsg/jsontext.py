@@ -13,6 +13,8 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+__all__ = ["NON_FINITE", "dumps", "finite", "number"]
+
 NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}  # the strings -> the floats
 
 

@@ -8,6 +8,8 @@ what today's native library speaks.
 """
 import os
 
+__all__ = ["DEFAULT_LAYOUT", "LAYOUT_4", "LAYOUT_9", "LAYOUT_ENV", "SUPPORTED_LAYOUTS", "check_layout", "chosen_layout"]
+
 LAYOUT_4 = 4
 LAYOUT_9 = 9
 SUPPORTED_LAYOUTS = (LAYOUT_4, LAYOUT_9)

@@ -46,6 +46,8 @@ from kickmsg.region import SharedRegion, unlink_shm
 from kickmsg.schema import SchemaInfo
 from kickmsg.subscriber import Subscriber
 
+__all__ = ["BroadcastHandle", "Handle", "Node"]
+
 
 Handle = TypeVar("Handle")
 

@@ -8,6 +8,8 @@ forked through ``os.fork`` (``multiprocessing`` included).
 """
 import os
 
+__all__ = ["current_pid", "pid", "process_exists"]
+
 pid = os.getpid()
 
 

@@ -13,10 +13,11 @@ import weakref
 from typing import Self
 from collections.abc import Buffer
 
-from kickmsg import layouts, owners, process
+from kickmsg import layouts, process
+from kickmsg.ops import owners
 from kickmsg.protocol import freestack
 from kickmsg.atomics import Atomics
-from kickmsg.audit import explain_empty_pool
+from kickmsg.ops.audit import explain_empty_pool
 from kickmsg.protocol.v4.layout import (
     IN_FLIGHT_ONE,
     INVALID_SLOT,
@@ -52,7 +53,7 @@ class Publisher:
     that is not delivered and counts in ``dropped``.
 
     Also beyond 0.1.0: it records itself beside the region (``name``, by
-    default the program's; ``kickmsg.owners``) so that tools see it, with
+    default the program's; ``kickmsg.ops.owners``) so that tools see it, with
     its counts as of its last check-in, until it is garbage-collected or
     its process ends.
 

@@ -5,7 +5,8 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from kickmsg import layouts, owners, shm
+from kickmsg import layouts, shm
+from kickmsg.ops import owners
 from kickmsg.protocol.v4 import layout
 from kickmsg.protocol import freestack
 from kickmsg.protocol.info import RegionInfo, RegionStats, RingStats, region_info
@@ -45,7 +46,7 @@ class HealthReport:
     live_rings: int  # rings with a subscriber
     schema_stuck: bool  # schema_state left at Claiming
     # Beyond 0.1.0:
-    dead_subscriber_rings: int = 0  # Live or Draining rings whose recorded owner died (kickmsg.owners)
+    dead_subscriber_rings: int = 0  # Live or Draining rings whose recorded owner died (kickmsg.ops.owners)
     pool_too_small: bool = False  # pool_size <= sub_ring_capacity: sends fail for good (Geometry.hazards)
 
     @property
@@ -305,7 +306,7 @@ class SharedRegion:
     def stats(self) -> RegionStats:
         """0.9.2's ``RegionStats`` (lock-free, racy by nature). Layout 4 has
         no counters in shared memory: drops, losses and steals read 0 (the
-        rings' lost counts of our subscribers are in ``kickmsg.owners``)."""
+        rings' lost counts of our subscribers are in ``kickmsg.ops.owners``)."""
         ops = self.atomics
         rings = []
         for ring in self.rings:
@@ -512,7 +513,7 @@ class SharedRegion:
 
     def reclaim_dead_subscribers(self) -> DeadSubscriberReport:
         """Leave, on their behalf, the rings whose subscriber died (beyond
-        0.1.0; see ``kickmsg.owners``): Live rings, and Draining ones whose
+        0.1.0; see ``kickmsg.ops.owners``): Live rings, and Draining ones whose
         owner died during its own teardown. Each is drained and freed exactly
         as its owner's teardown would have done it, so this is safe with
         publishers in flight. Rings without an owner record (native

@@ -36,6 +36,7 @@ from kickmsg.protocol.v9.layout import (
 from kickmsg.protocol.v4.region import stamped_version
 from kickmsg.region import DeadSubscriberReport, HealthReport, SharedRegion
 from kickmsg.schema import SchemaInfo
+from kickmsg.errors import Layout4Only
 
 
 def described_geometry(geometry: v9.Geometry) -> layout.Geometry:
@@ -56,11 +57,6 @@ def described_geometry(geometry: v9.Geometry) -> layout.Geometry:
         total_size=geometry.total_size,
         config_hash=geometry.config_hash,
     )
-
-
-class Layout4Only(AttributeError, RuntimeError):
-    """A layout-4 internal asked of a layout-9 region (a RuntimeError, as the
-    tools report them)."""
 
 
 class Layout9Region(SharedRegion):

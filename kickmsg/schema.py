@@ -8,6 +8,8 @@ from typing import Any
 
 from kickmsg.protocol.v4 import layout
 
+__all__ = ["Diff", "FINGERPRINT_SIZE", "MAX_NAME_BYTES", "SchemaInfo", "diff"]
+
 FINGERPRINT_SIZE = 64
 MAX_NAME_BYTES = 127  # the name field is 128 bytes, NUL-terminated
 

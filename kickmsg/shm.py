@@ -13,8 +13,15 @@ import stat
 import posix_ipc
 
 from kickmsg._atomics_cffi import ffi
+from kickmsg.errors import EmptyObjectError, NoRoomError, RegionNotFoundError, RegionPermissionError
 
-SIDECAR_SUFFIX = ".owners"  # the ring-owner sidecar of region /x is /x.owners (kickmsg.owners)
+__all__ = [
+    "DEFAULT_MODE", "MADV_POPULATE_WRITE", "MODE_VARIABLE", "Mapping", "NAME_RULE", "SHM_DIRECTORY", "SIDECAR_SUFFIX",
+    "allocated_bytes", "check_existing_name", "check_may_remove", "check_name", "create_exclusive", "create_or_map",
+    "creation_mode", "object_size", "open_existing", "room_for_new_object", "unlink",
+]
+
+SIDECAR_SUFFIX = ".owners"  # the ring-owner sidecar of region /x is /x.owners (kickmsg.ops.owners)
 NAME_RULE = (
     "a shared-memory name is '/' followed by 1 to 254 bytes of UTF-8 text without '/' or control characters "
     f"(NUL, newline, ...), other than '.' and '..', and not ending in '{SIDECAR_SUFFIX}' (the suffix of ring-owner sidecars)"
@@ -22,23 +29,6 @@ NAME_RULE = (
 DEFAULT_MODE = 0o600  # only the creating user may map a new region (as native 0.9; 0.1.0 used 0666)
 MODE_VARIABLE = "KICKMSG_SHM_MODE"  # octal permission bits for new regions, as in native 0.9
 SHM_DIRECTORY = "/dev/shm"  # where Linux keeps POSIX shared-memory objects
-
-
-class RegionNotFoundError(FileNotFoundError, RuntimeError):
-    """No shared-memory object has this name."""
-
-
-class RegionPermissionError(PermissionError, RuntimeError):
-    """The shared-memory object exists but this process may not map it."""
-
-
-class NoRoomError(OSError):
-    """A new object could not be given its memory (ENOSPC): nothing was left behind."""
-
-
-class EmptyObjectError(RuntimeError):
-    """The object exists but has no bytes yet (a creator between shm_open
-    and ftruncate, or not a Kickmsg region)."""
 
 
 def check_name(name: str) -> None:

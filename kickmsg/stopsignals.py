@@ -7,6 +7,11 @@ import os
 import sys
 from types import FrameType
 
+__all__ = [
+    "EXIT_FORCED", "STOP_SIGNALS", "exit_forced", "exit_on_signals", "exit_while_the_command_starts",
+    "interrupt_on_ctrl_c", "is_the_kickmsg_command",
+]
+
 EXIT_FORCED = 130  # a signal ended the command before or after its work, or a second one forced it out
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 

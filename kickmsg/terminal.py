@@ -8,6 +8,8 @@ split one message or one row over two lines. Every text the ``kickmsg``
 command prints passes its untrusted parts through ``printable``.
 """
 
+__all__ = ["printable"]
+
 # C0 controls, DEL and C1 controls (Unicode category Cc) -> a visible escape
 _ESCAPES = {code: f"\\x{code:02x}" for code in [*range(0x20), *range(0x7F, 0xA0)]}
 _ESCAPES |= {ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\\t"}

@@ -39,6 +39,7 @@ import numpy.typing as npt
 
 from kickmsg import jsontext
 from kickmsg.config import Config
+from kickmsg.errors import TypeMismatchError
 from kickmsg.hash import identity_from_fnv1a
 from kickmsg.node import Node
 from kickmsg.protocol.v9.blackboard import Blackboard, BlackboardReader, BlackboardWriter
@@ -47,11 +48,13 @@ from kickmsg.region import SharedRegion
 from kickmsg.schema import SchemaInfo
 from kickmsg.subscriber import SampleView, Subscriber
 
+__all__ = [
+    "RecordType", "TYPED_FINGERPRINT_ALGO", "TypedBlackboardReader", "TypedBlackboardWriter", "TypedPublisher",
+    "TypedReadOutcome", "TypedSlot", "TypedSubscriber", "advertise", "declare", "join_check", "observe",
+    "snapshot_json", "subscribe",
+]
+
 TYPED_FINGERPRINT_ALGO = 0x4B4D5459  # "KMTY": the identity_algo/layout_algo tag of kickmsg.typed v1
-
-
-class TypeMismatchError(RuntimeError):
-    """A channel carries another record type than the one we join with."""
 
 
 def _fields(dtype: np.dtype) -> list[tuple[str, np.dtype, int]]:

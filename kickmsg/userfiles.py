@@ -8,10 +8,9 @@ memory. Here at most ``limit + 1`` bytes are read, whatever the file is.
 """
 import os
 import stat
+from kickmsg.errors import FileTooLarge
 
-
-class FileTooLarge(ValueError):
-    """A named file holds more than its use allows."""
+__all__ = ["read_at_most"]
 
 
 def read_at_most(path: str, limit: int, what: str) -> bytes:

@@ -21,6 +21,8 @@ from kickmsg.subscriber import DEFAULT_SPIN_S, Subscriber, _deadline_ns
 if TYPE_CHECKING:
     from kickmsg.typed import TypedSubscriber  # not imported at run time: typed needs numpy
 
+__all__ = ["Handler", "WaitSet", "Waitable", "ring_owner"]
+
 type Waitable = Subscriber | TypedSubscriber  # what a WaitSet (and kickmsg.aio) waits on
 Handler = Callable[[Any], object]  # handler(message): bytes from a Subscriber, records from a TypedSubscriber
 

@@ -75,8 +75,8 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # this repository's kickmsg (the supervisor never imports the native one)
 
 import kickmsg
+from kickmsg.ops.audit import audit
 from kickmsg.protocol.v4 import layout
-from kickmsg.audit import audit
 
 NATIVE_DIR = ROOT / ".native" / "kickmsg-0.1.0"
 WORKER = pathlib.Path(__file__).resolve().parent / "soak_worker.py"

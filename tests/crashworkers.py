@@ -18,7 +18,8 @@ import signal
 import time
 
 import mpworkers
-from kickmsg import Publisher, SharedRegion, Subscriber, faults
+from kickmsg import Publisher, SharedRegion, Subscriber
+from kickmsg.verify import faults
 
 CTX = multiprocessing.get_context("spawn")
 STARTUP_S = 60  # for a spawned interpreter to import kickmsg and join, on a loaded machine

@@ -1,4 +1,4 @@
-"""kickmsg.audit on layout 9 (WIRE9.md A.3-A.5, B.13): each invariant it
+"""kickmsg.ops.audit on layout 9 (WIRE9.md A.3-A.5, B.13): each invariant it
 checks there, broken by hand on a region with real traffic, is reported
 alone; a skip marker is not damage. (Layout 4's damages: test_health.py.)"""
 import struct
@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from kickmsg import ChannelType, Config, Publisher, SharedRegion, Subscriber
-from kickmsg.audit import audit
+from kickmsg.ops.audit import audit
 from kickmsg.protocol.v9 import layout as v9
 
 pytestmark = pytest.mark.timeout(60)

@@ -1,4 +1,4 @@
-"""The audit of a channel with traffic (kickmsg.audit): one look at a busy
+"""The audit of a channel with traffic (kickmsg.ops.audit): one look at a busy
 region catches flows half-way (a slot popped but in no ring yet, an entry
 claimed but not committed, a slot being released), so the audit reports only
 what holds still across its looks. Here publishers and subscribers of both
@@ -13,9 +13,10 @@ import time
 import pytest
 
 from conftest import on_layout4
-from kickmsg import ChannelType, Config, Publisher, SharedRegion, Subscriber, audit, diagnostics
+from kickmsg import ChannelType, Config, Publisher, SharedRegion, Subscriber, audit
 from kickmsg.atomics import Atomics
-from kickmsg.audit import SlotReading
+from kickmsg.ops import diagnostics
+from kickmsg.ops.audit import SlotReading
 from nativepeer import Peer, start_native, start_ours
 from test_health import make
 
@@ -124,7 +125,7 @@ def wait_for_a_new_message(region: SharedRegion) -> None:
 def count_looks(monkeypatch) -> list[int]:
     """Make the audit count its looks: the returned list gets one number per
     call of ``look``, reset by the caller between audits."""
-    audit_module = sys.modules["kickmsg.audit"]
+    audit_module = sys.modules["kickmsg.ops.audit"]
     looks = [0]
     real_look = audit_module.look
 
@@ -147,7 +148,7 @@ def test_hundreds_of_audits_of_a_busy_channel_find_no_damage(shm_name, monkeypat
         for number in range(AUDITS):
             wait_for_a_new_message(inspected)
             looks[0] = 0
-            # kickmsg.audit, and the health that `kickmsg list`/`audit` and the exporter show.
+            # kickmsg.ops.audit, and the health that `kickmsg list`/`audit` and the exporter show.
             verdicts.append(audit(inspected).verdict if number % 2 else diagnostics.health(shm_name).verdict)
             looked_again += looks[0] > 1
         received = stop(subscribers)

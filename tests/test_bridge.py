@@ -20,8 +20,11 @@ import time
 import pytest
 
 from conftest import ROOT
-from kickmsg import ChannelType, Config, Node, Publisher, SchemaInfo, SharedRegion, Subscriber, bridge, cli, diagnostics, typed
+from kickmsg import ChannelType, Config, Node, Publisher, SchemaInfo, SharedRegion, Subscriber, bridge, cli, typed
 from kickmsg import description as describe
+from kickmsg.bridge import forwarding, options as bridge_options
+from kickmsg.cli import bridging
+from kickmsg.ops import diagnostics
 from nativepeer import check_payload, make_payload, start_native, start_ours
 from test_exporter import exporter_for  # noqa: F401 (a fixture)
 
@@ -496,18 +499,18 @@ def test_the_config_file_adds_to_the_command_line(tmp_path):
         '[zenoh]\n"transport/link/tx/lease" = 5000\n'
     )
     parser = cli.build_parser()
-    options = bridge.options_from_args(parser.parse_args(["bridge", "--config", str(path), "--export", "kmbridge_cam"]))
+    options = bridging.options_from_args(parser.parse_args(["bridge", "--config", str(path), "--export", "kmbridge_cam"]))
     assert options.exports == ["/kmbridge_imu", "/kmbridge_cam"] and options.key_prefix == "robot"
     assert options.imports[0].name == "/kmbridge_cmd" and options.imports[0].config.pool_size == 512
-    bridge.check_options(options)
-    bridge.zenoh_config(options)  # every setting accepted by Zenoh
+    bridge_options.check_options(options)
+    bridge_options.zenoh_config(options)  # every setting accepted by Zenoh
     path.write_text('exports = ["/kmbridge_imu"]\n')
     with pytest.raises(ValueError, match="unknown key 'exports'"):
-        bridge.options_from_args(parser.parse_args(["bridge", "--config", str(path)]))
+        bridging.options_from_args(parser.parse_args(["bridge", "--config", str(path)]))
 
 
 def attachment(epoch: int, sequence: int, source_lost: int = 0) -> bytes:
-    return bridge.ATTACHMENT.pack(bridge.MAGIC, bridge.VERSION, epoch, sequence, sequence + 7, 0, source_lost)
+    return forwarding.ATTACHMENT.pack(forwarding.MAGIC, forwarding.VERSION, epoch, sequence, sequence + 7, 0, source_lost)
 
 
 def test_the_sequence_tracker_counts_gaps_per_epoch_and_no_loss_for_a_restart():
@@ -517,7 +520,7 @@ def test_the_sequence_tracker_counts_gaps_per_epoch_and_no_loss_for_a_restart():
     passed number and a sample without (or with a damaged) attachment are
     skipped, never forwarded."""
     figures = bridge.ChannelFigures("import", "/kmbridge_x", "k/x")
-    tracker = bridge.SequenceTracker(figures)
+    tracker = forwarding.SequenceTracker(figures)
     assert [tracker.admit(attachment(1, seq)) for seq in (0, 1, 2, 5, 6)] == [1] * 5
     assert figures.lost_on_way == 2 and figures.messages_in == 5
     assert tracker.admit(attachment(2, 4000, source_lost=3)) == 2  # restarted (or joined late): not a loss
@@ -533,10 +536,10 @@ def test_the_sequence_tracker_counts_gaps_per_epoch_and_no_loss_for_a_restart():
 
 def test_the_sequence_tracker_keeps_a_bounded_number_of_epochs():
     figures = bridge.ChannelFigures("import", "/kmbridge_x", "k/x")
-    tracker = bridge.SequenceTracker(figures)
+    tracker = forwarding.SequenceTracker(figures)
     for epoch in range(1, 100):
         tracker.admit(attachment(epoch, 0))
-    assert len(tracker.epochs) == bridge.EPOCHS_KEPT and figures.epochs == 99 and figures.lost_on_way == 0
+    assert len(tracker.epochs) == forwarding.EPOCHS_KEPT and figures.epochs == 99 and figures.lost_on_way == 0
 
 
 def test_bench_bridge_reports_both_rows_and_leaves_nothing_behind(tmp_path):
@@ -568,7 +571,7 @@ def test_an_invalid_description_is_a_clear_error(prefix, description):
     """Whatever answers on the description key, the importer gets a
     BridgeError naming the key and creates nothing."""
     with pytest.raises(bridge.BridgeError, match=f"cannot import k/x into /{prefix}_x"):
-        bridge.open_local_channel(f"/{prefix}_x", "k/x", description, None, None)
+        forwarding.open_local_channel(f"/{prefix}_x", "k/x", description, None, None)
     assert not os.path.exists(f"/dev/shm/{prefix}_x")
 
 
@@ -580,32 +583,32 @@ def test_only_a_channel_made_for_the_key_is_recreated_for_a_new_description(pref
     Imu, Gyro = (SchemaInfo(name=n, identity=n.encode().ljust(64, b"\0"), layout=bytes(64)) for n in ("Imu", "Gyro"))
     description = {"channel_type": int(ChannelType.PubSub), "max_subscribers": 4, "sub_ring_capacity": 64, "pool_size": 128,
                    "max_payload_size": 64, "commit_timeout_us": 100_000}
-    first, _ = bridge.open_local_channel(name, key, {**description, "schema": describe.schema_to_json(Imu)}, None, None)
-    assert bridge.open_local_channel(name, key, {**description, "schema": describe.schema_to_json(Imu)}, None, None)[1] == []
-    region, changes = bridge.open_local_channel(name, key, {**description, "pool_size": 256, "schema": None}, None, None)
+    first, _ = forwarding.open_local_channel(name, key, {**description, "schema": describe.schema_to_json(Imu)}, None, None)
+    assert forwarding.open_local_channel(name, key, {**description, "schema": describe.schema_to_json(Imu)}, None, None)[1] == []
+    region, changes = forwarding.open_local_channel(name, key, {**description, "pool_size": 256, "schema": None}, None, None)
     assert changes == ["pool_size 128 -> 256"] and region.geometry.pool_size == 256 and region.schema() is None
-    region, changes = bridge.open_local_channel(name, key, {**description, "pool_size": 256,
+    region, changes = forwarding.open_local_channel(name, key, {**description, "pool_size": 256,
                                                             "schema": describe.schema_to_json(Gyro)}, None, None)
     assert changes == [] and region.schema() == Gyro  # a channel without a schema takes the description's
-    region, changes = bridge.open_local_channel(name, key, {**description, "pool_size": 256,
+    region, changes = forwarding.open_local_channel(name, key, {**description, "pool_size": 256,
                                                             "schema": describe.schema_to_json(Imu)}, None, None)
     assert changes == ["schema 'Gyro' -> 'Imu'"] and region.schema() == Imu and region.geometry.pool_size == 256
     assert region.layout == 4  # as described: a description without a layout is layout 4's
     subscriber = Subscriber(region)  # cannot follow it into another layout: the importer does not wait for it
-    assert (bridge.followers(region, 4), bridge.followers(region, 9)) == (1, 0)
-    region, changes = bridge.open_local_channel(name, key, {**description, "layout": 9, "pool_size": 256,
+    assert (forwarding.followers(region, 4), forwarding.followers(region, 9)) == (1, 0)
+    region, changes = forwarding.open_local_channel(name, key, {**description, "layout": 9, "pool_size": 256,
                                                             "schema": describe.schema_to_json(Imu)}, None, None)
     assert changes == ["layout 4 -> 9"] and region.layout == 9 and region.schema() == Imu
     subscriber.close()
     subscriber = Subscriber(region)
-    assert (bridge.followers(region, 9), bridge.followers(region, 4)) == (1, 0)
-    region, changes = bridge.open_local_channel(name, key, {**description, "layout": 9, "pool_size": 256,
+    assert (forwarding.followers(region, 9), forwarding.followers(region, 4)) == (1, 0)
+    region, changes = forwarding.open_local_channel(name, key, {**description, "layout": 9, "pool_size": 256,
                                                             "schema": describe.schema_to_json(Imu)}, None, 4)
     assert changes == ["layout 9 -> 4"] and region.layout == 4  # the importer's choice wins
     subscriber.close()
     SharedRegion.create(name, ChannelType.PubSub, Config(**GEOMETRY), "someone else", layout=4)  # a description without "layout" is layout 4's
     with pytest.raises(bridge.BridgeError, match=rf"cannot import k/x into {name}: Config mismatch .*pool_size is 2048 there, 256 here"):
-        bridge.open_local_channel(name, key, {**description, "pool_size": 256, "schema": None}, None, None)
+        forwarding.open_local_channel(name, key, {**description, "pool_size": 256, "schema": None}, None, None)
 
 
 # -- the bridges' figures for other processes (diagnostics, kickmsg stats/list/clean, the exporter) ------------

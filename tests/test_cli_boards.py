@@ -12,7 +12,8 @@ import os
 import select
 import signal
 
-from kickmsg import Blackboard, ChannelType, Config, Node, Registry, SharedRegion, diagnostics
+from kickmsg import Blackboard, ChannelType, Config, Node, Registry, SharedRegion
+from kickmsg.ops import diagnostics
 from kickmsg.protocol.v9.registry import Kind, NodeRows, Role
 from nativepeer import start_native9
 from test_cli import Running, cli, cli_json
@@ -172,7 +173,7 @@ def test_list_groups_a_namespace_by_its_registry_native_and_ours(prefix):
     """A native node alive, one killed, our node and a row whose region is
     gone: `kickmsg list` shows them under the namespace by topic, the killed
     one stalled, the gone region missing; a channel no registry lists stays
-    in the table. `info`, `registry` and `bb` are kickmsg.diagnostics."""
+    in the table. `info`, `registry` and `bb` are kickmsg.ops.diagnostics."""
     plain, registry, board = f"/{prefix}_plain", f"/{prefix}_registry", f"/{prefix}_bb_state"
     SharedRegion.create(plain, ChannelType.PubSub, Config(max_subscribers=2, sub_ring_capacity=8, pool_size=16), "plain")
     with start_native9(NATIVE_NODE, ns=prefix, name="alive", key="a") as alive, \

@@ -7,7 +7,8 @@ import time
 import pytest
 
 import rawregion
-from kickmsg import ChannelType, Config, Publisher, SharedRegion, Subscriber, WaitSet, owners
+from kickmsg import ChannelType, Config, Publisher, SharedRegion, Subscriber, WaitSet
+from kickmsg.ops import owners
 from kickmsg.region import unlink_shm
 from nativepeer import start_ours
 

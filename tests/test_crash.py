@@ -1,6 +1,6 @@
 """Publisher crashes at each crash point of the spec, with real processes.
 
-A victim publisher process is armed with ``kickmsg.faults.crash_at``: at the
+A victim publisher process is armed with ``kickmsg.verify.faults.crash_at``: at the
 chosen point of the publish flow, in the middle of its stream, it stops
 itself (SIGSTOP) and the test SIGKILLs it there. A surviving publisher
 process and two subscriber processes live on. For every crash point the test
@@ -31,7 +31,8 @@ import crashworkers
 import mpworkers
 import rawregion
 from crashworkers import CTX
-from kickmsg import ChannelType, Config, Publisher, SharedRegion, Subscriber, audit, faults
+from kickmsg import ChannelType, Config, Publisher, SharedRegion, Subscriber, audit
+from kickmsg.verify import faults
 
 MAX_SUBS, CAPACITY, POOL_SIZE = 4, 16, 64
 COMMIT_TIMEOUT_S = 0.02

@@ -1,4 +1,4 @@
-"""The differential cross-check (``kickmsg.crosscheck``, ``kickmsg crosscheck``).
+"""The differential cross-check (``kickmsg.verify.crosscheck``, ``kickmsg crosscheck``).
 
 Against the native kickmsg 0.1.0 (in a child, see ``nativepeer``) it must
 agree over a few thousand random operations on layout 4, and against the
@@ -18,9 +18,9 @@ import sysconfig
 import pytest
 
 import kickmsg
-from kickmsg import crosscheck, crossdriver
 from kickmsg.protocol import v9
 from kickmsg.protocol.v4 import layout
+from kickmsg.verify import crosscheck, crossdriver
 from nativepeer import NATIVE9_DIR, NATIVE_DIR, native_dir
 
 KICKMSG = pathlib.Path(sys.executable).with_name("kickmsg")

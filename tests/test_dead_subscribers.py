@@ -27,7 +27,8 @@ import mpworkers
 import nativepeer
 import rawregion
 from crashworkers import CTX, require
-from kickmsg import ChannelType, Config, Publisher, SharedRegion, Subscriber, audit, owners, unlink_shm
+from kickmsg import ChannelType, Config, Publisher, SharedRegion, Subscriber, audit, unlink_shm
+from kickmsg.ops import owners
 
 RING_FREE, RING_LIVE, RING_DRAINING = 0, 1, 2
 # The head of a record: pid, process start (clock ticks), start_pos, region

@@ -1,4 +1,4 @@
-"""kickmsg.diagnostics: a program gets every figure of ``kickmsg
+"""kickmsg.ops.diagnostics: a program gets every figure of ``kickmsg
 list/info/stats/watch`` without the CLI, and the CLI's --json is exactly
 those dataclasses. Expected values come from what the test did."""
 import json
@@ -20,10 +20,9 @@ from kickmsg import (
     Registry,
     SharedRegion,
     Subscriber,
-    diagnostics,
-    owners,
     unlink_shm,
 )
+from kickmsg.ops import diagnostics, owners
 from kickmsg.protocol.v9.registry import Kind, NodeRows, Role
 from test_cli import assert_one_line_error, cli, cli_json, poke
 
@@ -169,7 +168,7 @@ def test_watch_yields_rates_until_stopped(shm_name, layout):
 
 BRIDGE_CHILD = """
 import os, sys, time
-from kickmsg import owners
+from kickmsg.ops import owners
 entry = owners.BridgeEntry(sys.argv[1], 0o600, "export", "host/key")
 entry.update(owners.BridgeRecord(messages_in=7, messages_out=6, bytes_out=60, lost_locally=1, epochs=1, matched=1))
 print("recorded", flush=True)

@@ -19,7 +19,8 @@ import pytest
 import crashworkers
 import rawregion
 from conftest import on_layout4
-from kickmsg import ChannelType, Config, Publisher, SharedRegion, Subscriber, audit, cli, owners
+from kickmsg import ChannelType, Config, Publisher, SharedRegion, Subscriber, audit, cli
+from kickmsg.ops import owners
 from kickmsg.protocol.v4 import layout
 from tinyshm import run_on_a_tiny_dev_shm
 
@@ -40,7 +41,8 @@ import json, os, signal, subprocess, sys, warnings
 paths = json.loads(sys.argv[1])
 sys.path[:0] = paths
 import mpworkers
-from kickmsg import ChannelType, Config, Publisher, SharedRegion, Subscriber, audit, diagnostics
+from kickmsg import ChannelType, Config, Publisher, SharedRegion, Subscriber, audit
+from kickmsg.ops import diagnostics
 from kickmsg.protocol.v4 import layout
 
 NAME, MAX_SUBS = "/full", 4

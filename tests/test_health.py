@@ -633,7 +633,7 @@ def test_reclaim_orphaned_slots_matches_the_wire_rules(shm_name, rings, refcount
 # -- the operator runbook on real crash residue ---------------------------------------------------
 
 CRASHING_PUBLISHER = r"""
-from kickmsg import faults
+from kickmsg.verify import faults
 region = kickmsg.SharedRegion.open(P["name"])
 publisher = kickmsg.Publisher(region)
 for i in range(3):

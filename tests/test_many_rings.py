@@ -13,7 +13,8 @@ import sys
 import pytest
 
 import nativepeer
-from kickmsg import Publisher, SharedRegion, Subscriber, diagnostics, exporter, owners, region as region_module
+from kickmsg import Publisher, SharedRegion, Subscriber, region as region_module
+from kickmsg.ops import diagnostics, exporter, owners
 from kickmsg.protocol.v4 import layout
 
 RINGS = 20_000  # far above the 1024 this package creates; a million behaves the same, only slower to build

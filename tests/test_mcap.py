@@ -20,9 +20,10 @@ from mcap.writer import Writer
 
 import kickmsg
 from conftest import on_layout4
-from kickmsg import stamp, typed
-from kickmsg.mcap_file import channel_record_type, decode_records, encode_records
-from kickmsg.record import Recorder
+from kickmsg import typed
+from kickmsg.recording import stamp
+from kickmsg.recording.mcap import channel_record_type, decode_records, encode_records
+from kickmsg.recording.record import Recorder
 from test_record import drained, messages_on_disk, receiving_after, record_while, wait_until
 
 PYTHON = sys.executable
@@ -35,7 +36,8 @@ PUBLISHER = f"""
 import json, sys
 import numpy as np
 import kickmsg
-from kickmsg import stamp, typed
+from kickmsg import typed
+from kickmsg.recording import stamp
 plain_name, imu_name, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
 imu_type = typed.RecordType("Imu", {IMU_FIELDS!r})
 plain = kickmsg.Publisher(kickmsg.SharedRegion.open(plain_name))
@@ -490,7 +492,7 @@ def test_analyze_reads_an_mcap_recording_as_its_parquet_rows(shm_name, tmp_path)
     thread.join(timeout=30)
     assert run_cli("convert", tmp_path / "rec", tmp_path / "rec.mcap").returncode == 0
 
-    from kickmsg.mcap_file import analysis_table
+    from kickmsg.recording.mcap import analysis_table
     rows = pyarrow.parquet.read_table(tmp_path / "rec").to_pylist()
     converted = analysis_table(str(tmp_path / "rec.mcap")).to_pylist()
     assert [r["lost"] for r in rows] == [12] + [0] * 7

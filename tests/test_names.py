@@ -13,9 +13,12 @@ import pytest
 
 import kickmsg
 from conftest import on_layout4
-from kickmsg import bridge, cli, diagnostics, shm
+from kickmsg import cli, shm
+from kickmsg.bridge import options as bridge_options
 from kickmsg.description import describe
-from kickmsg.record import COLUMNS, SCHEMA_KEY, play
+from kickmsg.ops import diagnostics
+from kickmsg.recording.files import COLUMNS, SCHEMA_KEY
+from kickmsg.recording.record import play
 from nativepeer import run_ours
 
 KICKMSG = str(pathlib.Path(sys.executable).with_name("kickmsg"))
@@ -112,7 +115,7 @@ def test_the_commands_refuse_to_create_such_names(prefix, label):
 @pytest.mark.parametrize("label", BAD_TEXTS)
 def test_the_bridge_refuses_such_channel_names(label):
     text, fault = BAD_TEXTS[label]
-    for make in (lambda: bridge.parse_import(f"kickmsg/robot/imu=/imu{text}"), lambda: bridge.shm_name(f"imu{text}")):
+    for make in (lambda: bridge_options.parse_import(f"kickmsg/robot/imu=/imu{text}"), lambda: bridge_options.shm_name(f"imu{text}")):
         with pytest.raises(ValueError, match="invalid shared-memory name .*" + re.escape(f"({fault})")):
             make()
 

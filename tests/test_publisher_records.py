@@ -1,5 +1,5 @@
 """Publishers you can see: each Publisher of this package records itself in
-``/dev/shm/<name>.owners.owners`` (kickmsg.owners) without touching the
+``/dev/shm/<name>.owners.owners`` (kickmsg.ops.owners) without touching the
 region's bytes; tools show live ones, dead ones as "stall", and dead
 records are reclaimed. Real publisher processes, killed for real."""
 import os
@@ -9,7 +9,8 @@ import time
 import pytest
 
 from conftest import on_layout4
-from kickmsg import ChannelType, Config, Node, Publisher, SharedRegion, diagnostics, owners, unlink_shm
+from kickmsg import ChannelType, Config, Node, Publisher, SharedRegion, unlink_shm
+from kickmsg.ops import diagnostics, owners
 from nativepeer import start_native, start_ours
 from test_cli import cli, cli_json
 

@@ -1,7 +1,7 @@
-"""Recording to Parquet and playing back: kickmsg.record and `kickmsg record/play`.
+"""Recording to Parquet and playing back: kickmsg.recording.record and `kickmsg record/play`.
 The tests on the ``channels`` fixture run on layout 4 and layout 9, but
 those whose recorder is another process: its progress shows only in
-``kickmsg.diagnostics`` (layout 4's owner records), and when it has
+``kickmsg.ops.diagnostics`` (layout 4's owner records), and when it has
 subscribed only in its ring going Live, which on layout 9 comes before the
 subscriber reads its start position."""
 import json
@@ -18,8 +18,11 @@ import pyarrow.parquet
 import pytest
 
 import kickmsg
-from kickmsg import diagnostics, mcap_file, owners, record, stamp, typed
-from kickmsg.record import COLUMNS, SCHEMA_KEY, Recorder, play, recording_files
+from kickmsg import typed
+from kickmsg.ops import diagnostics, owners
+from kickmsg.recording import mcap, record, stamp
+from kickmsg.recording.files import COLUMNS, SCHEMA_KEY, file_format, recording_files
+from kickmsg.recording.record import Recorder, play
 
 from conftest import layout4_only, on_layout4
 
@@ -98,11 +101,11 @@ def messages_on_disk(directory):
 def _messages_in(path):
     """Messages in one file of a recording directory (0 for other files)."""
     if path.endswith(".mcap.partial"):
-        return sum(isinstance(r, mcap_file.Message) for r in mcap_file._flushed_records(path))
+        return sum(isinstance(r, mcap.Message) for r in mcap._flushed_records(path))
     if path.endswith(".parquet.partial") and os.path.getsize(path):
         return sum(batch.num_rows for batch in record._flushed_batches(path)[1])
     if path.endswith(".mcap"):
-        return sum(1 for _ in mcap_file.played_messages(path)[1])
+        return sum(1 for _ in mcap.played_messages(path)[1])
     if path.endswith(".parquet"):
         return pyarrow.parquet.read_metadata(path).num_rows
     return 0
@@ -188,7 +191,7 @@ def _publishers_seen(name):
         return False
 
 
-@layout4_only  # publisher records: kickmsg.diagnostics, layout 4 for now
+@layout4_only  # publisher records: kickmsg.ops.diagnostics, layout 4 for now
 def test_play_publishes_and_creates_as_kickmsg_play(channels, tmp_path):
     """kickmsg stats shows play's publishers as kickmsg-play (not as the
     interpreter), and the channels it creates name it as their creator."""
@@ -561,7 +564,7 @@ def test_recover_a_partial_file_cut_anywhere_or_damaged(channels, tmp_path, form
         except ValueError as error:
             assert str(damaged_file) in str(error)
             continue
-        assert record.file_format(recovered.file) == format
+        assert file_format(recovered.file) == format
         if damaged == data[: len(damaged)]:  # cut, not flipped: nothing but whole flushes
             payloads = recorded_payloads(recovered.file)
             assert payloads == sent[: len(payloads)] and len(payloads) % 10 == 0 and recovered.messages == len(payloads)

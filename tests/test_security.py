@@ -17,7 +17,8 @@ import stat
 import pytest
 
 from conftest import on_layout4
-from kickmsg import ChannelType, Config, SharedRegion, Subscriber, cli, diagnostics, shm
+from kickmsg import ChannelType, Config, SharedRegion, Subscriber, cli, shm
+from kickmsg.ops import diagnostics
 
 SMALL = dict(max_subscribers=2, sub_ring_capacity=8, pool_size=16, max_payload_size=64)
 NOBODY = pwd.getpwnam("nobody")
@@ -144,7 +145,7 @@ def test_another_user_cannot_map_a_0600_region(shm_name, monkeypatch):
 
 
 def test_the_tools_tell_another_user_the_mode_and_owner(shm_name, monkeypatch):
-    """For user nobody, kickmsg's commands and kickmsg.diagnostics refuse a
+    """For user nobody, kickmsg's commands and kickmsg.ops.diagnostics refuse a
     0600 region in one line naming it, its mode and its owner."""
     monkeypatch.delenv(shm.MODE_VARIABLE, raising=False)
     SharedRegion.create(shm_name, ChannelType.PubSub, Config(**SMALL))

@@ -20,7 +20,7 @@ its stacks (faulthandler) and dies.
   the schema state and steal count, under live subscribers, views, a
   pending allocation and dead subscribers; then open, send, allocate,
   publish, receive (also through a WaitSet), stats, info, diagnose, audit,
-  every repair, and the tools' kickmsg.diagnostics reports;
+  every repair, and the tools' kickmsg.ops.diagnostics reports;
 - the same channel calls while another process keeps storing hostile words
   into the rings and the pool (timing-dependent: it can only fail on a real
   bug, but not always on the same example);
@@ -69,7 +69,7 @@ from kickmsg import (
     WaitSet,
     unlink_shm,
 )
-from kickmsg import diagnostics
+from kickmsg.ops import diagnostics
 from kickmsg.protocol.v9.registry import Kind, Role
 
 INVALID_SLOT = 0xFFFFFFFF
@@ -386,7 +386,7 @@ class Session(ChannelSession):
             assert info.pool_size == self.geometry.pool_size
 
     def op_tools(self):
-        """What ``kickmsg info``, ``stats`` and ``diagnose`` show (kickmsg.diagnostics)."""
+        """What ``kickmsg info``, ``stats`` and ``diagnose`` show (kickmsg.ops.diagnostics)."""
         for label, function in (("tools_info", diagnostics.info), ("tools_stats", diagnostics.stats),
                                 ("tools_health", diagnostics.health)):
             self._read_only(label, function, self.name)
@@ -795,7 +795,7 @@ def fuzz_registry(base, count):
                         assert isinstance(participant.shm_name, str) and isinstance(participant.node_name, str)
                 elif operation == "list_topics":
                     harness.call("list_topics", current.list_topics)
-                elif operation == "tools":  # kickmsg list, registry (kickmsg.diagnostics)
+                elif operation == "tools":  # kickmsg list, registry (kickmsg.ops.diagnostics)
                     harness.call("tools_registry", diagnostics.registry, name)
                     harness.call("tools_list", diagnostics.list_regions, namespace)
                 elif operation == "sweep_stale":
@@ -979,7 +979,7 @@ def fuzz_blackboard(base, count):
                         assert 0 <= status.value_len <= current.max_value_size
                 elif operation == "keys":
                     harness.call("keys", current.keys)
-                elif operation == "tools":  # kickmsg list, blackboard (kickmsg.diagnostics)
+                elif operation == "tools":  # kickmsg list, blackboard (kickmsg.ops.diagnostics)
                     harness.call("tools_blackboard", diagnostics.blackboard, name)
                     harness.call("tools_list", diagnostics.list_regions, namespace)
                 elif operation == "read_all":

@@ -4,7 +4,7 @@ create, remove, repair, clean, record and bridge channels.
 This module holds the parser (every command's options and examples, in
 ``build_parser``) and ``main``; the commands live by family in
 ``inspecting`` (list, info, stats, watch, schema, diagnose, audit,
-exporter: renderers of ``kickmsg.diagnostics``), ``receiving`` (echo, hz,
+exporter: renderers of ``kickmsg.ops.diagnostics``), ``receiving`` (echo, hz,
 bw), ``managing`` (pub, create, rm, repair, clean), ``recording`` (record,
 play, convert, analyze), ``bridging`` (bridge) and ``checking`` (crosscheck,
 verify), ``boards`` (registry, blackboard/bb, bbwatch: layout 9's registry
@@ -56,6 +56,8 @@ from kickmsg.cli.common import (
 from kickmsg.stopsignals import EXIT_FORCED, STOP_SIGNALS, exit_on_signals, interrupt_on_ctrl_c
 from kickmsg.terminal import printable
 
+__all__ = ["CommandLineParser", "build_parser", "main", "parse", "run"]
+
 
 class CommandLineParser(argparse.ArgumentParser):
     """argparse's parser, its errors on one line: the command, the fault,
@@ -70,8 +72,7 @@ class CommandLineParser(argparse.ArgumentParser):
 def build_parser() -> CommandLineParser:
     """Every command's options and examples (importing the commands: a few
     tenths of a second, after ``main`` has taken the stop signals)."""
-    from kickmsg import bridge
-    from kickmsg.cli.bridging import cmd_bridge
+    from kickmsg.cli import bridging
     from kickmsg.cli.checking import cmd_crosscheck, cmd_verify
     from kickmsg.cli.inspecting import (
         LIST_COLUMNS,
@@ -271,7 +272,7 @@ def build_parser() -> CommandLineParser:
     sub.add_argument("--json", dest="json_path", metavar="FILE", help="write the figures as JSON")
     sub.add_argument("--html", dest="html_path", metavar="FILE", help="write an HTML report with plots")
 
-    bridge.add_arguments(command("bridge", cmd_bridge, bridge.SUMMARY, bridge.EXAMPLES, channel=False))
+    bridging.add_arguments(command("bridge", bridging.cmd_bridge, bridging.SUMMARY, bridging.EXAMPLES, channel=False))
 
     sub = command("clean", cmd_clean, "remove regions whose creator is dead and that no process has open or mapped",
                   "  kickmsg clean --dry-run\n  kickmsg clean --prefix kickmsg", channel=False)

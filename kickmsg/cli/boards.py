@@ -15,11 +15,18 @@ import os
 import sys
 from typing import Any
 
-from kickmsg import diagnostics, jsontext
+from kickmsg import jsontext
 from kickmsg.cli.common import EXIT_FOUND, EXIT_OK, CommandError, counted, emit, positive_int, stop_on_signals, table
+from kickmsg.ops import diagnostics
 from kickmsg.protocol.v9.blackboard import Blackboard
 from kickmsg.protocol.v9.registry import Registry
 from kickmsg.terminal import printable
+
+__all__ = [
+    "DEFAULT_NAMESPACE", "PREVIEW_BYTES", "WATCH_SLICE_S", "absent", "add_board_commands", "add_namespace_option",
+    "board_text", "cmd_bbwatch", "cmd_blackboard", "cmd_registry", "namespace_of", "open_board", "people",
+    "registry_text", "topic_table",
+]
 
 DEFAULT_NAMESPACE = "kickmsg"
 WATCH_SLICE_S = 0.5  # bbwatch's longest sleep between checks for a stop signal

@@ -5,9 +5,11 @@ import time
 
 from kickmsg.cli.common import EXIT_FOUND, EXIT_OK, CommandError, emit
 
+__all__ = ["cmd_crosscheck", "cmd_verify"]
+
 
 def cmd_crosscheck(args: argparse.Namespace) -> int:
-    from kickmsg import crosscheck
+    from kickmsg.verify import crosscheck
 
     try:
         if args.replay:

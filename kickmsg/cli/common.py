@@ -19,6 +19,14 @@ from kickmsg.config import MAX_POOL_SIZE, MAX_SUBSCRIBERS, Config
 from kickmsg.region import SharedRegion
 from kickmsg.terminal import printable
 
+__all__ = [
+    "CommandError", "EXIT_ERROR", "EXIT_FOUND", "EXIT_OK", "GEOMETRY_OPTIONS", "NODE_NAMING", "NUMBER_RANGE",
+    "add_geometry_options", "channel_name", "config_of", "counted", "discard_stdout", "emit", "geometry_fields",
+    "geometry_options_given", "import_extra", "import_module_of_extra", "inspect", "octal_mode", "open_writable",
+    "port_number", "positive_int", "positive_number", "print_warnings_on_one_line", "remapping", "shm_name",
+    "stop_on_signals", "table",
+]
+
 EXIT_OK, EXIT_FOUND, EXIT_ERROR = 0, 1, 2
 NODE_NAMING = "NAME, --topic T, --broadcast CH or --mailbox OWNER TAG"
 GEOMETRY_OPTIONS = ("max_subscribers", "ring", "pool", "payload", "commit_timeout", "layout")  # of create and pub --create

@@ -1,5 +1,5 @@
 """Commands that look without touching: list, info, stats, watch, schema,
-schema-diff, diagnose, audit, exporter. They render ``kickmsg.diagnostics``.
+schema-diff, diagnose, audit, exporter. They render ``kickmsg.ops.diagnostics``.
 ``list`` groups by namespace the regions a participant registry lists;
 reading a blackboard's keys (list, info, exporter) takes its lock for a
 moment, as 0.9.2's snapshot does.
@@ -10,9 +10,10 @@ import datetime
 import sys
 from typing import Any
 
-from kickmsg import diagnostics, jsontext, shm, typed
-from kickmsg.audit import audit
+from kickmsg import jsontext, shm, typed
 from kickmsg.cli.boards import board_text, registry_text, topic_table
+from kickmsg.ops import diagnostics
+from kickmsg.ops.audit import audit
 from kickmsg.cli.common import (
     EXIT_FOUND,
     EXIT_OK,
@@ -28,6 +29,12 @@ from kickmsg.cli.common import (
 from kickmsg.description import schema_to_json
 from kickmsg.schema import Diff, diff
 from kickmsg.terminal import printable
+
+__all__ = [
+    "JSON_FIELDS", "LIST_COLUMNS", "TABLE_COLUMNS", "bridge_lines", "cmd_audit", "cmd_diagnose", "cmd_exporter",
+    "cmd_info", "cmd_list", "cmd_schema", "cmd_schema_diff", "cmd_stats", "cmd_watch", "json_list_row",
+    "namespace_lines", "object_type_of", "owner_cell", "publisher_lines", "text_list_row",
+]
 
 LIST_COLUMNS = (
     "name", "type", "version", "creator", "pid", "alive", "subs", "pubs", "bridges", "capacity", "pool", "payload",
@@ -318,7 +325,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
 def cmd_exporter(args: argparse.Namespace) -> int:
     stop = stop_on_signals()
-    exporter = import_module_of_extra("kickmsg.exporter", "metrics")
+    exporter = import_module_of_extra("kickmsg.ops.exporter", "metrics")
 
     def tell(url: str) -> None:
         print(f"serving {url} (channels {'/' + args.prefix.lstrip('/') + '*' if args.prefix else 'all'}, "

@@ -11,7 +11,8 @@ from collections.abc import Callable
 from typing import Any
 
 import kickmsg
-from kickmsg import layouts, owners, shm
+from kickmsg import layouts, shm
+from kickmsg.ops import owners
 from kickmsg.protocol.v4 import layout
 from kickmsg.cli.common import (
     EXIT_ERROR,
@@ -28,7 +29,7 @@ from kickmsg.cli.common import (
     stop_on_signals,
 )
 from kickmsg.config import ChannelType
-from kickmsg.diagnostics import (
+from kickmsg.ops.diagnostics import (
     BLACKBOARD,
     REGISTRY,
     is_orphan_sidecar,
@@ -45,6 +46,12 @@ from kickmsg.publisher import send_retrying
 from kickmsg.region import DeadSubscriberReport, SharedRegion
 from kickmsg.terminal import printable
 from kickmsg.userfiles import FileTooLarge, read_at_most
+
+__all__ = [
+    "IN_USE", "candidate_type", "check_data_given", "clean_report", "cmd_clean", "cmd_create", "cmd_pub", "cmd_repair",
+    "cmd_rm", "confirm", "dead_bridge_records", "dead_subscriber_sentences", "payload_of", "publishing_region",
+    "remove_each", "remove_file", "remove_region", "type_suffix", "why_not_unused",
+]
 
 
 def payload_of(args: argparse.Namespace, region: SharedRegion) -> bytes:

@@ -24,6 +24,12 @@ from kickmsg.cli.common import (
     stop_on_signals,
 )
 
+__all__ = [
+    "BINARY_FORMATS", "DEFAULT_SILENCE_S", "Describe", "FRAME_LENGTH_BYTES", "RECEIVE_SLICE_S", "cmd_bw", "cmd_echo",
+    "cmd_hz", "decode_records", "format_message", "measure", "receive_slice", "silence_note", "subscribed",
+    "tell_rejoined",
+]
+
 RECEIVE_SLICE_S = 0.1  # a receive waits at most this long, so that a stop signal is seen soon
 # hz/bw's report of the last messages: (times, sizes, received) -> (figures, text)
 Describe = Callable[[list[float], list[int], int], tuple[dict[str, Any], str]]

@@ -9,10 +9,15 @@ import tempfile
 from types import ModuleType
 
 from kickmsg import shm
-from kickmsg.subscriber import Subscriber
 from kickmsg.cli.common import EXIT_OK, CommandError, emit, import_extra, shm_name, stop_on_signals
 from kickmsg.cli.receiving import tell_rejoined
+from kickmsg.subscriber import Subscriber
 from kickmsg.terminal import printable
+
+__all__ = [
+    "GLOB_CHARACTERS", "MCAP_MAGIC", "PARQUET_MAGIC", "URI_SCHEME", "cmd_analyze", "cmd_convert", "cmd_play",
+    "cmd_record", "is_mcap", "is_parquet", "parquet_of_mcap", "recover_partial_files", "spark_paths",
+]
 
 URI_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")  # hdfs://, s3a://, file://: Spark's to resolve
 GLOB_CHARACTERS = "*?["
@@ -21,7 +26,7 @@ MCAP_MAGIC = b"\x89MCAP0\r\n"
 
 
 def cmd_record(args: argparse.Namespace) -> int:
-    record = import_extra("kickmsg.record")
+    record = import_extra("kickmsg.recording.record")
     if args.recover is not None:
         return recover_partial_files(args, record)
     discover = "" if args.all else None if args.prefix is None else args.prefix.lstrip("/")
@@ -66,7 +71,7 @@ def recover_partial_files(args: argparse.Namespace, record: ModuleType) -> int:
 
 
 def cmd_play(args: argparse.Namespace) -> int:
-    record = import_extra("kickmsg.record")
+    record = import_extra("kickmsg.recording.record")
     stop = stop_on_signals()
     summary = record.play(args.path, rate=args.rate, loop=args.loop, stop=stop, remap=dict(args.remap), only=args.only,
                          layout=args.layout)
@@ -77,7 +82,7 @@ def cmd_play(args: argparse.Namespace) -> int:
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
-    record = import_extra("kickmsg.record")
+    record = import_extra("kickmsg.recording.record")
     summary = record.mcap_module().convert(args.path, args.out, overwrite=args.force)
     emit(args, vars(summary), f"wrote {summary.messages} messages of {printable(', '.join(summary.channels))} to {summary.out}")
     return EXIT_OK
@@ -135,7 +140,7 @@ def spark_paths(path: str, scratch: str) -> list[str]:
 
 def parquet_of_mcap(file: str, scratch: str) -> str:
     """Write an MCAP recording file as a Parquet one (without payloads) into ``scratch``; its path."""
-    record = import_extra("kickmsg.record")
+    record = import_extra("kickmsg.recording.record")
     parquet = import_extra("pyarrow.parquet")
     out = os.path.join(scratch, f"{len(os.listdir(scratch)):04d}.parquet")
     parquet.write_table(record.mcap_module().analysis_table(file), out)

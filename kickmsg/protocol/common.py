@@ -9,6 +9,7 @@ import ctypes
 import struct
 
 from kickmsg.hash import fnv1a_64
+from kickmsg.errors import CorruptRegionError
 
 MAGIC = 0x4B49434B4D534721  # "KICKMSG!", stored last at creation (release)
 INVALID_SLOT = 0xFFFFFFFF
@@ -33,10 +34,6 @@ SCHEMA_SET = 2
 U16_MAX = 0xFFFF
 U32_MAX = 0xFFFFFFFF
 U64_MAX = 0xFFFFFFFFFFFFFFFF
-
-
-class CorruptRegionError(RuntimeError):
-    """Shared memory holds a value that no correct writer could have stored."""
 
 
 class SchemaInfoLayout(ctypes.Structure):

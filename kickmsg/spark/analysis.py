@@ -2,7 +2,7 @@
 
 Per channel: message count, rate, inter-arrival times, ring gaps and losses,
 payload sizes, throughput, publish-to-receive latency (for channels whose
-payloads carry a ``kickmsg.stamp`` time) and messages per second.
+payloads carry a ``kickmsg.recording.stamp`` time) and messages per second.
 
 The module is self-contained: it imports only PySpark and the standard
 library (plus matplotlib for the HTML report), and uses DataFrame functions
@@ -45,6 +45,11 @@ from pyspark.sql.types import DoubleType, StringType, StructField, StructType
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure  # imported when a report is written
+
+__all__ = [
+    "ACCURACY", "COLUMNS", "Figures", "HISTOGRAM_BINS", "STAMPED_PERCENT", "STAMP_WINDOW_NS", "analyze", "format_table",
+    "main", "read_recordings", "run", "write_html",
+]
 
 COLUMNS = ["recording", "channel", "ring_pos", "recv_mono_ns", "size", "lost", "stamp_ns"]
 ACCURACY = 100_000          # percentile_approx: rank error at most 1/ACCURACY of the rows

@@ -75,6 +75,11 @@ from kickmsg.region import SharedRegion
 from kickmsg.subscriber import Subscriber
 from kickmsg.typed import RecordType
 
+__all__ = [
+    "BASE_FIELDS", "BatchReader", "Commit", "KickmsgDataSource", "Message", "NUMPY_TO_SPARK", "PAYLOAD_FIELD",
+    "Receiver", "RowMaker", "StreamReader", "Writer", "channel_name", "record_type_of", "spark_type", "subscribe",
+]
+
 BASE_FIELDS = [
     StructField("topic", StringType(), False),
     StructField("ring_pos", LongType(), False),

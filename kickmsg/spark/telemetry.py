@@ -37,6 +37,8 @@ from kickmsg import jsontext
 from kickmsg.config import Config
 from kickmsg.node import Node
 
+__all__ = ["DriverTelemetry", "FINISHED", "TELEMETRY_CONFIG"]
+
 TELEMETRY_CONFIG = Config(max_subscribers=8, sub_ring_capacity=256, pool_size=1024, max_payload_size=1024)
 FINISHED = ("SUCCEEDED", "FAILED")
 

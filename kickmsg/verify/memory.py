@@ -52,13 +52,10 @@ never reads a store more than ``HISTORY - 1`` stores old.
 import sys
 from collections.abc import Buffer, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from kickmsg.atomics import HARDWARE
 from kickmsg.region import SharedRegion
-
-if TYPE_CHECKING:
-    from kickmsg.verify.scheduler import Execution  # which imports this module
 
 ORDERS = ("relaxed", "acquire", "release", "acq_rel", "seq_cst")
 ACQUIRING = frozenset(("acquire", "acq_rel", "seq_cst"))  # a read that synchronizes with a release it reads
@@ -261,6 +258,12 @@ class WeakMemory:
             accesses.reads[actor] = (clock[actor], step)
 
 
+class AccessReporter(Protocol):
+    """Where a ``PayloadBuffer`` reports accesses: the scheduler's ``Execution``."""
+
+    def access_payload(self, kind: str, slot: int, address: int, length: int) -> None: ...
+
+
 class PayloadBuffer:
     """``mapping.buffer`` of a region under ``WeakMemory``: the region's
     bytes, reporting every access an actor makes to a slot's payload.
@@ -272,7 +275,7 @@ class PayloadBuffer:
     a write.
     """
 
-    def __init__(self, region: SharedRegion, execution: "Execution") -> None:
+    def __init__(self, region: SharedRegion, execution: AccessReporter) -> None:
         self.view = region.mapping.buffer
         self.base = region.mapping.address
         self.execution = execution

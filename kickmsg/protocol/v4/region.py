@@ -11,7 +11,8 @@ import time
 import warnings
 from collections.abc import Sequence
 
-from kickmsg import layouts, owners, shm
+from kickmsg import layouts, shm
+from kickmsg.ops import owners
 from kickmsg.atomics import HARDWARE
 from kickmsg.config import ChannelType, Config, ConfigError
 from kickmsg.protocol.info import config_differences

@@ -50,6 +50,7 @@ from kickmsg.protocol.common import (
     align64,
     config_hash,
 )
+from kickmsg.errors import VersionMismatchError
 
 VERSION = 9
 MAX_POOL_SIZE = (1 << 24) - 2  # slot index + 1 must fit the 24-bit meta field
@@ -70,10 +71,6 @@ RING_STATE_NAMES = {RING_FREE: "Free", RING_LIVE: "Live", RING_DRAINING: "Draini
 WAITER_NONE = 0
 WAITER_FUTEX = 1
 WAITER_CARRIER = 2
-
-
-class VersionMismatchError(RuntimeError):
-    """The region's version word is not 9 (0.9.2 raises RuntimeError too)."""
 
 
 # -- A.2-A.5 Structures --------------------------------------------------------

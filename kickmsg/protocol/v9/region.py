@@ -43,6 +43,7 @@ from kickmsg.protocol.v9.layout import (
     validate,
 )
 from kickmsg.schema import SchemaInfo
+from kickmsg.errors import RegionInitTimeout
 
 OPEN_ATTEMPTS = 200  # B.3: create_or_open polls an uninitialised region this often...
 OPEN_RETRY_S = 0.010  # ...this far apart (about 2 s in all)
@@ -59,11 +60,6 @@ def _mismatch(header: Header, wanted: Geometry) -> str:
     except ValueError:
         return f"config_hash 0x{header.config_hash:016x}, ours 0x{wanted.config_hash:016x}"
     return config_differences(existing, wanted)
-
-
-class RegionInitTimeout(TimeoutError, RuntimeError):
-    """create_or_open found the region but it never became initialised
-    (0.9.2 raises RuntimeError: this is one)."""
 
 
 @dataclass(frozen=True)

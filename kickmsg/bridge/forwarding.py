@@ -1,4 +1,4 @@
-"""Bridging channels across hosts over Eclipse Zenoh (the ``bridge`` extra).
+"""Forwarding channels across hosts over Eclipse Zenoh: a bridge's exports and imports.
 
 A bridge process forwards chosen local channels out to Zenoh (exports) and
 chosen Zenoh keys into local channels (imports). Local channel ``/x`` is
@@ -42,40 +42,54 @@ says whether the other side is there.
 
 Figures for other processes: one more thread writes each channel's figures
 every 0.5 s (never per message) into a record of the bridge's own beside
-the local channel (``kickmsg.owners.BridgeEntry``, in
+the local channel (``kickmsg.ops.owners.BridgeEntry``, in
 ``/dev/shm/<name>.owners.owners.owners``), locked for as long as the bridge
-lives, so ``kickmsg.diagnostics``, ``kickmsg stats`` and ``kickmsg
+lives, so ``kickmsg.ops.diagnostics``, ``kickmsg stats`` and ``kickmsg
 exporter`` show them and a killed bridge's record shows as dead. The
 region's bytes never change. A record apart from the publisher records
 because an exporting bridge is a subscriber of the channel, not a
 publisher; an import is recorded once its channel exists.
 """
-import argparse
 import dataclasses
 import json
 import queue
 import re
 import secrets
-import socket
 import struct
 import sys
 import threading
 import time
-import tomllib
 from typing import Any, TextIO
 
-from kickmsg import jsontext, owners
+from kickmsg import jsontext
+from kickmsg.bridge.options import (
+    BridgeOptions,
+    ImportSpec,
+    check_options,
+    export_key,
+    zenoh_config,
+    zenoh_module,
+    zenoh_text,
+)
 from kickmsg.config import ChannelType, Config
-from kickmsg.layouts import LAYOUT_9, check_layout
 from kickmsg.description import channel_config, describe, described_layout
+from kickmsg.errors import BridgeError, RegionNotFoundError
+from kickmsg.layouts import LAYOUT_9
+from kickmsg.ops import owners
 from kickmsg.publisher import Publisher, send_retrying
 from kickmsg.region import SharedRegion
-from kickmsg.shm import RegionNotFoundError, check_name, object_size
+from kickmsg.shm import object_size
 from kickmsg.subscriber import Subscriber
 from kickmsg.terminal import printable
-from kickmsg.userfiles import read_at_most
 
-EXTRA = "pip install 'kickmsg-py[bridge]'"
+__all__ = [
+    "ATTACHMENT", "Bridge", "CREATOR", "ChannelFigures", "DESCRIPTION_CHUNK", "DESCRIPTION_RETRY_S",
+    "DESCRIPTION_TIMEOUT_S", "EPOCHS_KEPT", "EpochState", "Exporter", "FigureRecords", "IMPORT_QUEUE_SIZE", "Importer",
+    "MAGIC", "RECEIVE_SLICE_S", "RECORD_INTERVAL_S", "REJOIN_POLL_S", "REJOIN_WAIT_S", "SEND_TIMEOUT_S",
+    "SequenceTracker", "VERSION", "channel_changes", "channel_made_for", "figures_table", "followers",
+    "open_local_channel", "recorded_subscribers", "recreate_local_channel", "report", "run",
+]
+
 ATTACHMENT = struct.Struct("<4sB3xQQQqQ")  # magic, version, epoch, sequence, ring_pos, forwarded_wall_ns, source_lost
 MAGIC, VERSION = b"KMBR", 1
 DESCRIPTION_CHUNK = "@description"  # a verbatim chunk: wildcards never match it
@@ -88,200 +102,7 @@ REJOIN_WAIT_S = 5.0  # an importer that re-created its channel waits at most thi
 REJOIN_POLL_S = 0.01
 EPOCHS_KEPT = 16  # per imported key: epochs whose sequence numbers are followed
 RECORD_INTERVAL_S = 0.5  # how often the figures are written beside each channel for other processes
-MODES = ("peer", "client", "router")
 CREATOR = "kickmsg-bridge"
-MAX_STATS_INTERVAL_S = 1e6  # beyond, the wait overflows the platform's timeouts
-RUST_LOCATION = re.compile(r" at \S+\.rs:\d+\.?")  # where in Zenoh's source an error was raised
-
-
-class BridgeError(RuntimeError):
-    """A bridge cannot start or cannot forward a channel as configured."""
-
-
-def zenoh_module() -> Any:
-    """The ``zenoh`` module, or a clear error naming the extra."""
-    try:
-        import zenoh
-    except ImportError as error:
-        raise BridgeError(f"cannot import zenoh ({error}); install the bridge extra: {EXTRA}") from None
-    return zenoh
-
-
-# -- options --------------------------------------------------------------------
-
-
-@dataclasses.dataclass
-class ImportSpec:
-    """A Zenoh key written into a local channel; ``config`` (geometry only),
-    when given, replaces the geometry that travels with the messages, and
-    ``layout`` (4 or 9), when given, the layout it describes."""
-
-    key: str
-    name: str
-    config: Config | None = None
-    layout: int | None = None
-
-
-@dataclasses.dataclass
-class BridgeOptions:
-    exports: list[str] = dataclasses.field(default_factory=list)
-    imports: list[ImportSpec] = dataclasses.field(default_factory=list)
-    key_prefix: str = ""
-    listen: list[str] = dataclasses.field(default_factory=list)
-    connect: list[str] = dataclasses.field(default_factory=list)
-    mode: str = "peer"
-    multicast_scouting: bool = False
-    stats_interval: float | None = None
-    zenoh: dict[str, Any] = dataclasses.field(default_factory=dict)  # JSON5 paths -> values, for zenoh.Config
-
-
-def default_key_prefix() -> str:
-    return f"kickmsg/{socket.gethostname()}"
-
-
-def shm_name(text: str) -> str:
-    """``kickmsg_imu`` or ``/kickmsg_imu`` -> ``/kickmsg_imu``."""
-    name = text if text.startswith("/") else "/" + text
-    check_name(name)
-    return name
-
-
-def check_key(key: str, what: str) -> str:
-    """A Zenoh key usable to publish on: non-empty chunks, no wildcards."""
-    chunks = key.split("/")
-    if not key or any(not chunk for chunk in chunks) or any(c in key for c in "*$?#"):
-        raise ValueError(f"invalid {what} {key!r}: slash-separated chunks without wildcards (* $ ? #)")
-    if any(chunk.startswith("@") for chunk in chunks):
-        raise ValueError(f"invalid {what} {key!r}: chunks starting with @ are reserved")
-    return key
-
-
-def parse_import(text: str) -> ImportSpec:
-    """``KEY=NAME`` of ``--import``."""
-    key, equals, name = text.partition("=")
-    if not equals or not key or not name:
-        raise ValueError(f"invalid --import {text!r}: KEY=NAME, e.g. kickmsg/robot/kickmsg_imu=/kickmsg_imu")
-    return ImportSpec(check_key(key, "import key"), shm_name(name))
-
-
-CONFIG_LIMIT = 1024 * 1024  # bytes of a bridge config file
-GEOMETRY_KEYS = ("max_subscribers", "sub_ring_capacity", "pool_size", "max_payload_size", "commit_timeout")
-FILE_KEYS = {"key_prefix", "listen", "connect", "mode", "multicast_scouting", "stats_interval", "export", "import", "zenoh"}
-
-
-def load_file(path: str) -> BridgeOptions:
-    """Options from a TOML file (see the README for its keys)."""
-    try:
-        data = tomllib.loads(read_at_most(path, CONFIG_LIMIT, "the limit of a bridge config").decode("utf-8"))
-    except OSError as error:
-        raise ValueError(f"cannot read bridge config {path}: {error.strerror}") from None
-    except tomllib.TOMLDecodeError as error:
-        raise ValueError(f"invalid TOML in bridge config {path}: {error}") from None
-    unknown = sorted(set(data) - FILE_KEYS)
-    if unknown:
-        raise ValueError(f"unknown key {unknown[0]!r} in bridge config {path} (known: {', '.join(sorted(FILE_KEYS))})")
-    options = BridgeOptions(
-        key_prefix=data.get("key_prefix", ""), listen=list(data.get("listen", [])), connect=list(data.get("connect", [])),
-        mode=data.get("mode", "peer"), multicast_scouting=bool(data.get("multicast_scouting", False)),
-        stats_interval=data.get("stats_interval"), zenoh=dict(data.get("zenoh", {})),
-        exports=[shm_name(name) for name in data.get("export", [])],
-    )
-    for table in data.get("import", []):
-        if "key" not in table or "name" not in table:
-            raise ValueError(f"an [[import]] of bridge config {path} needs 'key' and 'name', got {sorted(table)}")
-        extra = sorted(set(table) - {"key", "name", "layout", *GEOMETRY_KEYS})
-        if extra:
-            raise ValueError(f"unknown key {extra[0]!r} in an [[import]] of {path} (known: key, name, layout, {', '.join(GEOMETRY_KEYS)})")
-        geometry = {key: table[key] for key in GEOMETRY_KEYS if key in table}
-        spec = ImportSpec(check_key(table["key"], "import key"), shm_name(table["name"]))
-        spec.config = Config(**geometry) if geometry else None
-        spec.layout = check_layout(table["layout"], f"the layout of an [[import]] of {path}") if "layout" in table else None
-        options.imports.append(spec)
-    return options
-
-
-def options_from_args(args: argparse.Namespace) -> BridgeOptions:
-    """The config file's options, with the command line's added (lists) or
-    replacing them (single values)."""
-    options = load_file(args.config) if args.config else BridgeOptions()
-    options.exports += [shm_name(name) for name in args.export]
-    options.imports += [dataclasses.replace(parse_import(text), layout=args.layout) for text in args.imports]
-    options.listen += args.listen
-    options.connect += args.connect
-    options.key_prefix = args.key_prefix or options.key_prefix or default_key_prefix()
-    options.mode = args.mode or options.mode
-    options.multicast_scouting = args.scout or options.multicast_scouting
-    if args.stats_interval is not None:
-        options.stats_interval = args.stats_interval
-    return options
-
-
-def check_endpoint(endpoint: str) -> None:
-    """Refuse an IP endpoint whose port cannot exist (Zenoh would retry it
-    forever without a word): ``tcp/HOST:PORT``, ``udp/...``, ``quic/...``."""
-    protocol, _, address = endpoint.partition("/")
-    if protocol in ("tcp", "udp", "quic", "tls"):
-        _, _, port = address.split("?")[0].split("#")[0].rpartition(":")  # metadata (?...) and config (#...) aside
-        if not (port.isdigit() and 0 <= int(port) <= 65535):
-            raise ValueError(f"invalid endpoint {endpoint!r}: {protocol}/HOST:PORT with a port from 0 to 65535")
-
-
-def check_options(options: BridgeOptions) -> None:
-    """Refuse what cannot work, loops first."""
-    check_key(options.key_prefix, "key prefix")
-    if options.mode not in MODES:
-        raise ValueError(f"invalid Zenoh mode {options.mode!r}: one of {', '.join(MODES)}")
-    if not options.exports and not options.imports:
-        raise ValueError("nothing to bridge: give --export NAME or --import KEY=NAME")
-    if not (options.listen or options.connect or options.multicast_scouting or options.mode == "client"):
-        raise ValueError("no way to reach another host: give --listen ENDPOINT, --connect ENDPOINT or --scout")
-    for endpoint in options.listen + options.connect:
-        check_endpoint(endpoint)
-    if options.stats_interval is not None and not 0 < options.stats_interval <= MAX_STATS_INTERVAL_S:
-        raise ValueError(f"stats_interval must be greater than 0 and at most {MAX_STATS_INTERVAL_S:g}, not {options.stats_interval}")
-    for name in options.exports:
-        if options.exports.count(name) > 1:
-            raise ValueError(f"channel {name} is exported twice")
-    imported = [spec.name for spec in options.imports]
-    export_keys = {export_key(options.key_prefix, name) for name in options.exports}
-    for spec in options.imports:
-        if imported.count(spec.name) > 1:
-            raise ValueError(f"channel {spec.name} is imported twice: one key per local channel")
-        if spec.name in options.exports:
-            raise ValueError(f"channel {spec.name} is both exported and imported: the bridge would forward back what it received")
-        if spec.key in export_keys:
-            raise ValueError(f"key {spec.key} is one this bridge exports: importing it would loop")
-
-
-def export_key(prefix: str, name: str) -> str:
-    return f"{prefix}/{name[1:]}"
-
-
-def zenoh_config(options: BridgeOptions) -> Any:
-    """The Zenoh session's config: mode, endpoints, scouting, then the file's
-    ``[zenoh]`` table (JSON5 paths, e.g. ``"transport/link/tx/lease"``)."""
-    zenoh = zenoh_module()
-    config = zenoh.Config()
-    settings: dict[str, Any] = {
-        "mode": options.mode,
-        "listen/endpoints": options.listen,
-        "connect/endpoints": options.connect,
-        "scouting/multicast/enabled": options.multicast_scouting,
-        "transport/shared_memory/enabled": False,  # for Zenoh peers on one host; left /dev/shm/*.zenoh behind
-        **options.zenoh,
-    }
-    for path, value in settings.items():
-        try:
-            config.insert_json5(path, json.dumps(value))
-        except Exception as error:  # zenoh raises its own ZError
-            raise ValueError(f"invalid Zenoh setting {path} = {value!r}: {zenoh_text(error)}") from None
-    return config
-
-
-def zenoh_text(error: Exception) -> str:
-    """A Zenoh error's message without the Rust source locations it carries
-    (`` at /root/.cargo/.../endpoint.rs:615.``)."""
-    return RUST_LOCATION.sub("", str(error)).strip()
 
 
 # -- descriptions: what an importer needs to create the channel -------------------------
@@ -769,35 +590,6 @@ class Bridge:
             self.session = None
 
 
-# -- the command ------------------------------------------------------------------------
-
-SUMMARY = "forward channels to and from other hosts over Zenoh (the bridge extra)"
-EXAMPLES = (
-    "  kickmsg bridge --export /kickmsg_imu --listen tcp/0.0.0.0:7447 --key-prefix kickmsg/robot\n"
-    "  kickmsg bridge --import kickmsg/robot/kickmsg_imu=/kickmsg_imu --connect tcp/robot.local:7447\n"
-    "  kickmsg bridge --config bridge.toml --stats-interval 5 --json"
-)
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options of ``kickmsg bridge``."""
-    parser.add_argument("--export", action="append", default=[], metavar="NAME",
-                        help="forward local channel NAME to key PREFIX/NAME (repeatable)")
-    parser.add_argument("--import", dest="imports", action="append", default=[], metavar="KEY=NAME",
-                        help="write Zenoh key KEY into local channel NAME, created as the exporter describes it (repeatable)")
-    parser.add_argument("--layout", type=int, choices=(4, 9),
-                        help="layout of the channels --import creates (default: the exported channel's)")
-    parser.add_argument("--key-prefix", metavar="P", help="prefix of exported keys (default kickmsg/<hostname>)")
-    parser.add_argument("--listen", action="append", default=[], metavar="ENDPOINT",
-                        help="Zenoh endpoint to accept other bridges on, e.g. tcp/0.0.0.0:7447 (repeatable)")
-    parser.add_argument("--connect", action="append", default=[], metavar="ENDPOINT",
-                        help="Zenoh endpoint of another bridge or router, e.g. tcp/robot.local:7447 (repeatable)")
-    parser.add_argument("--mode", choices=MODES, help="Zenoh mode (default peer)")
-    parser.add_argument("--scout", action="store_true", help="find peers by multicast scouting (default: off)")
-    parser.add_argument("--config", metavar="FILE.toml", help="options in a TOML file; the command line adds to them")
-    parser.add_argument("--stats-interval", type=float, metavar="S", help="print the figures every S seconds")
-
-
 def figures_table(figures: list[ChannelFigures], elapsed: float, rates: dict[str, float], peers: int) -> str:
     """The figures as aligned text columns."""
     head = ("direction", "channel", "key", "matched", "in", "out", "lost_locally", "lost_on_way", "bytes/s")
@@ -845,12 +637,3 @@ def run(options: BridgeOptions, stop: threading.Event, as_json: bool = False, ou
     elapsed, figures, peers = time.monotonic() - bridge.started, bridge.figures(), bridge.peer_count()
     report(figures, elapsed, {f.key: f.bytes_out / max(elapsed, 1e-9) for f in figures}, peers, True, as_json, out)
     return figures
-
-
-def run_command(args: argparse.Namespace, stop: threading.Event) -> int:
-    """``kickmsg bridge``: run until ``stop`` (SIGINT/SIGTERM) is set."""
-    run(options_from_args(args), stop, as_json=args.json)
-    return 0
-
-
-__all__ = ["Bridge", "BridgeError", "BridgeOptions", "ChannelFigures", "ImportSpec", "run"]
