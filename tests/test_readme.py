@@ -36,8 +36,8 @@ NATIVE9 = ROOT / ".native" / "kickmsg-0.9.2"
 
 
 def documents() -> list[Path]:
-    """README.md, then every page of docs/, in a stable order."""
-    return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    """README.md, CONTRIBUTING.md, then every page of docs/, in a stable order."""
+    return [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 
 def code_blocks(path: Path) -> list[tuple[str, int, str, str | None]]:
