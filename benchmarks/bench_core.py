@@ -77,14 +77,14 @@ Scenarios (exactly what is timed: see core_worker.py):
      process, ours and native (benchmarks/rss_probe.py).
   8. scaling, ours and native: the cost of one ``send`` with 1, 4, 16, 64
      subscriber rings (none reading: every ring has wrapped) and 64 B, 1 KB,
-     16 KB, 256 KB payloads, printed as a markdown table for the docs.
+     16 KB, 256 KB payloads, printed as a markdown table for the README.
   9. layouts: scenario 1 for ours on a layout-9 channel (native 0.9.2's
      layout; the worker runs with KICKMSG_LAYOUT=9), measured right after
      ours on layout 4 in scenario 1: the per-message cost of layout 9 as a
-     ratio to layout 4's, printed as a markdown table for the docs.
+     ratio to layout 4's, printed as a markdown table for the README.
 
 Then one summary table of medians with ratios to ours (also printed as
-markdown for the docs) and issue 17's targets, met or missed with the
+markdown for the README) and issue 17's targets, met or missed with the
 ratio and by how much. Results go to benchmarks/results/bench.json and a
 chart to benchmarks/results/bench.png (bench_quick.json and bench_quick.png
 for --quick). The machine (CPU model, cores, Python, kernel, peer versions)

@@ -1,5 +1,5 @@
-"""Text report of bench_core.py: the summary table (also as markdown for
-docs/explanation/performance.md), the detailed tables, issue 17's targets met or missed, and the
+"""Text report of bench_core.py: the summary table (also as markdown for the
+README), the detailed tables, issue 17's targets met or missed, and the
 scaling table in markdown. Pure formatting of the results dictionary;
 nothing is measured here.
 
@@ -361,7 +361,7 @@ def summary_rows(results: dict, peers: Sequence[str]) -> list[list[str]]:
 
 
 def summary_markdown(results: dict, peers: Sequence[str] = PEERS) -> str:
-    """The summary table as markdown, for docs/explanation/performance.md."""
+    """The summary table as markdown, for the README."""
     lines = ["| median (× ours) | " + " | ".join(peers) + " |", "|---|" + "---|" * len(peers)]
     lines += ["| " + " | ".join(row) + " |" for row in summary_rows(results, peers)]
     return "\n".join(lines)
@@ -456,16 +456,16 @@ def print_report(report: dict) -> None:
     rss_table(results["rss"])
     scaling_table(results["scaling"], report["settings"]["scaling"])
     layouts_table(results.get("layouts", {}))
-    print("Scaling for the docs (median time per send, ours / native (ratio)):")
+    print("Scaling for the README (median time per send, ours / native (ratio)):")
     print()
     print(report["scaling_markdown"])
     print()
     if "layouts_markdown" in report:
-        print("Layout 9 against layout 4 for the docs:")
+        print("Layout 9 against layout 4 for the README:")
         print()
         print(report["layouts_markdown"])
         print()
-    print("Summary for the docs:")
+    print("Summary for the README:")
     print()
     print(report["summary_markdown"])
     print()
