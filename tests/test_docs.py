@@ -88,3 +88,14 @@ def test_the_protocol_map_names_functions_that_exist():
                     assert name in defined_names(ROOT / current), f"{current} defines no {name}"
                     checked += 1
     assert checked >= 25
+
+
+def test_the_architecture_page_names_files_that_exist():
+    """Every path of the package the architecture page names exists
+    (docs/explanation/architecture.md, the map of the code)."""
+    import re
+
+    page = (ROOT / "docs" / "explanation" / "architecture.md").read_text()
+    paths = set(re.findall(r"`(kickmsg/[\w/]*\w(?:\.py|\.c)?/?)`", page))
+    assert len(paths) >= 15
+    assert sorted(path for path in paths if not (ROOT / path).exists()) == []
