@@ -99,3 +99,16 @@ def test_the_architecture_page_names_files_that_exist():
     paths = set(re.findall(r"`(kickmsg/[\w/]*\w(?:\.py|\.c)?/?)`", page))
     assert len(paths) >= 15
     assert sorted(path for path in paths if not (ROOT / path).exists()) == []
+
+
+def test_the_readme_and_contributing_link_to_files_that_exist():
+    """The site's build checks the pages' links; these two files are read on
+    their own (a clone, a code host), so their relative links are checked
+    here."""
+    import re
+
+    for name in ("README.md", "CONTRIBUTING.md"):
+        text = (ROOT / name).read_text()
+        targets = [target for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text) if "://" not in target]
+        assert targets, name
+        assert [target for target in targets if not (ROOT / target).exists()] == [], name
