@@ -1,9 +1,9 @@
 """Every code block of the README and of the documentation runs as written.
 
-The blocks of README.md and of every page under docs/ are collected. Each
-```python block is run on its own, in a fresh interpreter, and each ```sh
-(or ```bash) block by ``bash -e -o pipefail`` with this interpreter's
-``bin`` directory first on PATH (so ``kickmsg`` is the command of the
+The blocks of README.md, CONTRIBUTING.md and every page under docs/ are
+collected. Each ```python block is run on its own, in a fresh interpreter,
+and each ```sh (or ```bash) block by ``bash -e -o pipefail`` with this
+interpreter's ``bin`` directory first on PATH (so ``kickmsg`` is the command of the
 package under test). Each runs in an empty working directory, whose
 ``native-kickmsg`` entry leads to the native kickmsg 0.9.2 that `make test`
 installs (the tutorial's second process uses it), and with a ``/dev/shm``
