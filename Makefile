@@ -13,7 +13,7 @@ NATIVE_INSTALLED := $(NATIVE)/.installed
 NATIVE9 := .native/kickmsg-0.9.2
 NATIVE9_INSTALLED := $(NATIVE9)/.installed
 
-.PHONY: demo test bench soak clean check-java
+.PHONY: demo test docs bench soak clean check-java
 
 demo: $(INSTALLED) check-java
 	$(PY) examples/demo.py
@@ -22,6 +22,12 @@ demo: $(INSTALLED) check-java
 test: $(INSTALLED) $(NATIVE_INSTALLED) $(NATIVE9_INSTALLED) check-java
 	$(PY) -m mypy
 	$(PY) -m pytest
+
+# The documentation site (mkdocs.yml, pages in docs/) into site/, in strict
+# mode: a broken link, anchor or API reference fails it. `make test` builds it
+# too (tests/test_docs.py); .github/workflows/docs.yml publishes it.
+docs: $(INSTALLED)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 # Ours, native 0.1.0, multiprocessing.Pipe/Queue, pyzmq, faster-fifo, iceoryx2
 # and zenoh, same run, about 3.5 minutes on 2 cores, with issue 17's targets met
@@ -41,7 +47,7 @@ $(INSTALLED): setup.py pyproject.toml kickmsg/_atomics.c kickmsg/_futex.c kickms
 		echo "creating $(VENV) with $$python"; rm -rf $(VENV) .native; $$python -m venv $(VENV) || exit 1; \
 	fi
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet --editable '.[test,spark,bench,bridge,mcap,metrics]'
+	$(PY) -m pip install --quiet --editable '.[test,docs,spark,bench,bridge,mcap,metrics]'
 	touch $@
 
 # Mixed traffic of both implementations with kills, then recovery and audit.
@@ -70,4 +76,4 @@ check-java:
 	fi
 
 clean:
-	rm -rf $(VENV) build *.egg-info kickmsg/_atomics_cffi*.so kickmsg/_futex_cffi*.so .native .pytest_cache .mypy_cache
+	rm -rf $(VENV) build site *.egg-info kickmsg/_atomics_cffi*.so kickmsg/_futex_cffi*.so .native .pytest_cache .mypy_cache

@@ -1,4 +1,4 @@
-"""Every example in examples/ runs to completion (they are the README's promises)."""
+"""Every example in examples/ runs to completion (the docs link to them as promises)."""
 import os
 import pathlib
 import signal

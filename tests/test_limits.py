@@ -154,7 +154,7 @@ def test_a_sparse_region_that_cannot_be_backed_fails_at_open_not_with_sigbus():
 
 @pytest.mark.parametrize("pool, capacity", [(64, 64), (4, 8), (1, 1)])
 def test_a_pool_no_larger_than_a_ring_is_refused(shm_name, pool, capacity):
-    """The README's old Config(max_subscribers=4, pool_size=64) with the
+    """The old README's Config(max_subscribers=4, pool_size=64) with the
     default ring of 64 deadlocked after 64 messages: refused, naming both
     values and the rule; nothing is created."""
     cfg = Config(max_subscribers=4, sub_ring_capacity=capacity, pool_size=pool)
@@ -278,7 +278,7 @@ INVALID_CONFIGS = [  # (field, value, what the error says); every other field as
 @pytest.mark.parametrize("field, value, text", INVALID_CONFIGS, ids=lambda v: str(v)[:20])
 @pytest.mark.parametrize("constructor", ["create", "create_or_open"])
 def test_every_invalid_config_is_a_config_error_naming_the_field_and_value(shm_name, constructor, field, value, text):
-    """0.1.0 raises RuntimeError for the fields it checks, the README
+    """0.1.0 raises RuntimeError for the fields it checks, the docs
     promises ValueError: ConfigError is both, for every refusal of a config,
     and names the field, the value and the region; nothing is created."""
     cfg = Config(**SMALL)

@@ -1,62 +1,111 @@
-"""Every Python block of the README runs as written.
+"""Every code block of the README and of the documentation runs as written.
 
-Each ```python block is run on its own, in a fresh interpreter whose
-``/dev/shm`` is a tmpfs of its own (a private mount namespace made with
-``unshare``): the blocks use the names a user would (``/kickmsg_imu``), and
-can neither meet a real channel of this machine nor leave anything behind.
-A block must exit 0. When a ```text block follows a Python block directly,
-it is that block's output, and must be exactly what the block printed.
+The blocks of README.md, CONTRIBUTING.md and every page under docs/ are
+collected. Each ```python block is run on its own, in a fresh interpreter,
+and each ```sh (or ```bash) block by ``bash -e -o pipefail`` with this
+interpreter's ``bin`` directory first on PATH (so ``kickmsg`` is the command of the
+package under test). Each runs in an empty working directory, whose
+``native-kickmsg`` entry leads to the native kickmsg 0.9.2 that `make test`
+installs (the tutorial's second process uses it), and with a ``/dev/shm``
+of its own (a tmpfs in a private mount namespace made with ``unshare``):
+the blocks use the names a user would (``/kickmsg_imu``), and can neither
+meet a real channel of this machine nor leave anything behind. A block
+must exit 0. When a ```text block follows a run block directly, it is that
+block's output, and must be exactly what the block printed.
+
+A block that cannot run here (``make test`` itself, two hosts, a command
+synopsis with optional parts in brackets) is preceded by an HTML comment
+``<!-- not run: WHY -->``, which the reader of the page does not see. A
+fence without a language, or ```text, is a transcript or an output, never
+run.
 """
 import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from conftest import ROOT
 
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```\n", re.MULTILINE | re.DOTALL)
+NOT_RUN = re.compile(r"<!-- not run: [^>]+ -->\s*$")
+RUN_LANGUAGES = {"python": "python", "sh": "shell", "bash": "shell"}
+NATIVE9 = ROOT / ".native" / "kickmsg-0.9.2"
 
 
-def readme_blocks() -> list[tuple[int, str, str | None]]:
-    """(line, code, expected output or None) of each Python block."""
-    text = (ROOT / "README.md").read_text()
+def documents() -> list[Path]:
+    """README.md, CONTRIBUTING.md, then every page of docs/, in a stable order."""
+    return [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").rglob("*.md"))]
+
+
+def code_blocks(path: Path) -> list[tuple[str, int, str, str | None]]:
+    """(kind, line, code, expected output or None) of each block to run."""
+    text = path.read_text()
     fences = list(FENCE.finditer(text))
     blocks = []
     for index, fence in enumerate(fences):
-        if fence.group(1) != "python":
+        kind = RUN_LANGUAGES.get(fence.group(1))
+        if kind is None or NOT_RUN.search(text[:fence.start()]):
             continue
         following = fences[index + 1] if index + 1 < len(fences) else None
         output = None
         if following is not None and following.group(1) == "text" and not text[fence.end():following.start()].strip():
             output = following.group(2)
-        blocks.append((text.count("\n", 0, fence.start()) + 1, fence.group(2), output))
+        blocks.append((kind, text.count("\n", 0, fence.start()) + 1, fence.group(2), output))
     return blocks
 
 
-BLOCKS = readme_blocks()
+BLOCKS = [(path.relative_to(ROOT).as_posix(), *block) for path in documents() for block in code_blocks(path)]
 
 
-def test_the_readme_has_python_blocks():
-    assert len(BLOCKS) >= 8 and sum(output is not None for _, _, output in BLOCKS) >= 3
+def test_the_docs_have_code_blocks():
+    assert sum(where == "README.md" for where, *_ in BLOCKS) >= 1
+    assert len(BLOCKS) >= 25 and sum(output is not None for *_, output in BLOCKS) >= 10
+    assert any(kind == "shell" for _, kind, *_ in BLOCKS)
+
+
+def test_every_block_left_out_says_why():
+    """A `not run` comment stands right before a block of a language that
+    would otherwise run, and gives a reason."""
+    for path in documents():
+        text = path.read_text()
+        for comment in re.finditer(r"<!-- not run:(.*?)-->", text):
+            assert comment.group(1).strip(), f"{path.name}: a `not run` comment without a reason"
+            after = text[comment.end():].lstrip()
+            language = re.match(r"```(\w*)\n", after)
+            assert language and language.group(1) in RUN_LANGUAGES, \
+                f"{path.name}: a `not run` comment that is not right before a python or shell block"
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("line, code, output", BLOCKS, ids=[f"line{line}" for line, _, _ in BLOCKS])
-def test_readme_block_runs_as_written(line, code, output, tmp_path):
+@pytest.mark.parametrize("where, kind, line, code, output", BLOCKS,
+                         ids=[f"{where}:{line}" for where, _, line, _, _ in BLOCKS])
+def test_block_runs_as_written(where, kind, line, code, output, tmp_path):
     """Runs in a private /dev/shm, in an empty working directory."""
-    script = tmp_path / "block.py"
+    work = tmp_path / "work"
+    work.mkdir()
+    if NATIVE9.is_dir():
+        (work / "native-kickmsg").symlink_to(NATIVE9)
+    if kind == "python":
+        script = tmp_path / "block.py"
+        program = [sys.executable, str(script)]
+    else:
+        script = tmp_path / "block.sh"
+        program = ["bash", "-e", "-o", "pipefail", str(script)]
     script.write_text(code)
     command = [
         "unshare", "--mount", "--propagation", "private", "sh", "-c",
-        'mount -t tmpfs tmpfs /dev/shm && exec "$0" "$1"', sys.executable, str(script),
+        'mount -t tmpfs tmpfs /dev/shm && exec "$@"', "sh", *program,
     ]
+    environment = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
     timeout = 300 if "kickmsg.spark" in code else 60
     before = set(os.listdir("/dev/shm"))
-    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=tmp_path)
-    assert done.returncode == 0, f"README block at line {line} failed:\n{done.stderr[-4000:]}"
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=work, env=environment,
+                          stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, f"the block at {where}:{line} failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
     if output is not None:
-        assert done.stdout == output, f"README block at line {line} printed something else"
+        assert done.stdout == output, f"the block at {where}:{line} printed something else:\n{done.stdout}"
     appeared = set(os.listdir("/dev/shm")) - before
     assert not {entry for entry in appeared if entry.startswith(("kickmsg", "x"))}, "a block reached the real /dev/shm"

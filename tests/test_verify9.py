@@ -1,14 +1,14 @@
 """The explorer on layout 9 (kickmsg.verify.layout9): the real flows of
 kickmsg.protocol.v9 pass at small bounds under both memory models, with
 stalls, deaths and a blocking subscriber; every named mutant is caught with
-a readable trace; the --orders table of layout 9 and the README's copy of
+a readable trace; the --orders table of layout 9 and its copy in docs/explanation/verification.md
 it agree with the code; the seq_cst fence of the ra model orders a
 store-buffering litmus exactly when both fences are there.
 
 `make test` runs one quick case per behaviour (each a few seconds, the
-steal mutant about a minute). The deep runs (larger scenarios, the README's
+steal mutant about a minute). The deep runs (larger scenarios, the docs'
 bounds) are marked DEEP and skipped, with that reason in pytest's summary,
-unless KICKMSG_VERIFY_DEEP=1 (README, Layout 9: "Bounds and cost").
+unless KICKMSG_VERIFY_DEEP=1 (docs/explanation/verification.md, Layout 9: "Bounds and cost").
 """
 import ctypes
 import os
@@ -27,7 +27,7 @@ from kickmsg.verify.layout9 import MUTANT_SCENARIOS9
 from kickmsg.verify.memory import WeakMemory
 
 DEEP = pytest.mark.skipif(os.environ.get("KICKMSG_VERIFY_DEEP") != "1",
-                          reason="deep run: KICKMSG_VERIFY_DEEP=1 pytest tests/test_verify*.py (README, Tests and time)")
+                          reason="deep run: KICKMSG_VERIFY_DEEP=1 pytest tests/test_verify*.py (docs/explanation/verification.md, Tests and time)")
 
 
 @pytest.mark.parametrize("scenario, model, stale", [
@@ -151,7 +151,7 @@ def test_the_layout9_free_stack_push_must_release(monkeypatch):
 
 @DEEP
 def test_the_layout9_orders_table():
-    """The whole table (README, Layout 9): every weakening explored."""
+    """The whole table (docs/explanation/verification.md, Layout 9): every weakening explored."""
     rows = orders.check_orders(preemptions=0, stale=2, budget=2, layout=9)
     assert all(row.result != "undecided" for row in rows)
 
@@ -164,14 +164,14 @@ def test_cli_orders_of_layout9_explore_under_ra():
     assert "--orders explores under --memory-model ra" in result.stderr
 
 
-LAYOUT9_SECTION = "### Layout 9 (`kickmsg verify --layout 9`)"  # the README section of layout 9's table
+LAYOUT9_SECTION = "### Layout 9 (`kickmsg verify --layout 9`)"  # the section of layout 9's table in docs/explanation/verification.md
 
 
 def test_the_readme_layout9_orders_table_points_at_the_code_as_it_is():
-    """Each row of the README's layout-9 --orders table names a site by
+    """Each row of the layout-9 --orders table (verification.md) names a site by
     file:line: the rows are the sites orders.sites(FLOWS9) finds now
     (acq_rel ones twice, relaxed ones not at all), in order."""
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    readme = (Path(__file__).resolve().parent.parent / "docs/explanation/verification.md").read_text()
     readme = readme[readme.index(LAYOUT9_SECTION):]  # the layout-4 table comes before
     rows = re.findall(r"^\| `(kickmsg/protocol/(?:v9/)?[a-z_]+\.py):(\d+)` \| `([^`]+)` \| `([a-z_0-9]+)` \|", readme, re.M)
     expected = []

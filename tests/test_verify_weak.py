@@ -4,7 +4,7 @@ With no stale read it explores exactly the schedules of sequential
 consistency; each memory-order mutant is caught under ra and passes under
 sc; the data-race check fires on a payload written after its commit; the
 spec's own orders (the mutant spec-seqlock-orders) let a seqlock re-check
-read a stale sequence (the README's finding), the code's stronger orders
+read a stale sequence (the finding in docs/explanation/verification.md), the code's stronger orders
 pass the bounded run; weak behaviours the spec accepts are not violations.
 """
 import functools
@@ -28,9 +28,9 @@ SC_MUTANTS = sorted(name for name, mutant in MUTANTS.items() if mutant.model == 
 RA_BOUNDS = {"spec-seqlock-orders": {"preemptions": 1, "stale": 1}}
 NO_PREEMPTION = {"preemptions": 0, "stale": 2}
 # Deep runs (minutes each): skipped, with this reason in pytest's summary,
-# unless asked for (README, "Tests and time").
+# unless asked for (docs/explanation/verification.md, "Tests and time").
 DEEP = pytest.mark.skipif(os.environ.get("KICKMSG_VERIFY_DEEP") != "1",
-                          reason="deep run: KICKMSG_VERIFY_DEEP=1 pytest tests/test_verify*.py (README, Tests and time)")
+                          reason="deep run: KICKMSG_VERIFY_DEEP=1 pytest tests/test_verify*.py (docs/explanation/verification.md, Tests and time)")
 
 
 @functools.cache
@@ -84,7 +84,7 @@ def test_a_payload_written_after_its_commit_is_a_data_race_with_both_accesses_in
 
 
 def test_the_spec_orders_let_the_seqlock_recheck_read_a_stale_sequence():
-    """The README's finding, kept as the mutant spec-seqlock-orders: with one
+    """The finding of verification.md, kept as the mutant spec-seqlock-orders: with one
     preemption and one stale read, a subscriber pins a slot a newer writer
     took, re-checks a sequence that writer already replaced, and reads the
     slot racing that writer's payload write. Under sc it passes (above)."""
@@ -234,11 +234,11 @@ def test_cli_stale_needs_ra():
 
 
 def test_the_readme_orders_table_points_at_the_code_as_it_is():
-    """Each row of the README's --orders table names a site by file:line: the
+    """Each row of the --orders table in docs/explanation/verification.md names a site by file:line: the
     rows are the sites orders.sites() finds now (acq_rel ones twice, relaxed
     ones not at all), in order, and each line still holds that call. Code
     moved above a site makes this fail until the table follows it."""
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    readme = (Path(__file__).resolve().parent.parent / "docs/explanation/verification.md").read_text()
     readme = readme[: readme.index("### Layout 9 (`kickmsg verify --layout 9`)")]  # layout 9's table comes after
     rows = re.findall(r"^\| `(kickmsg/[a-z_0-9/]+\.py):(\d+)` \| `([^`]+)` \| `([a-z_0-9]+)` \|", readme, re.M)
     expected = []

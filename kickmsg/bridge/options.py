@@ -96,7 +96,7 @@ FILE_KEYS = {"key_prefix", "listen", "connect", "mode", "multicast_scouting", "s
 
 
 def load_file(path: str) -> BridgeOptions:
-    """Options from a TOML file (see the README for its keys)."""
+    """Options from a TOML file (docs/how-to/bridge.md lists its keys)."""
     try:
         data = tomllib.loads(read_at_most(path, CONFIG_LIMIT, "the limit of a bridge config").decode("utf-8"))
     except OSError as error:

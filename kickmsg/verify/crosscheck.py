@@ -47,8 +47,8 @@ of reach, and its ring records a dead owner), recovered by
 ``reclaim_dead_rings`` (which 0.9.2's binding lacks: the driver calls the
 library's symbol).
 
-Left out on purpose, because the implementations differ there (README,
-"Compatibility"): dropping a subscriber while views it received are alive
+Left out on purpose, because the implementations differ there (docs/reference/
+compatibility.md): dropping a subscriber while views it received are alive
 (0.1.0 and 0.9.2 keep the subscriber, so its ring stays Live, until those
 view objects are collected; this package leaves the ring at once). On
 layout 4 also: dropping an unpublished slot on its own; using a slot that

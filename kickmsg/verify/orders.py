@@ -11,8 +11,8 @@ counter-example shows the order necessary; none within the bounds means a
 weaker order would do there, in this scenario and these bounds.
 
 Where the code's order is stronger than the spec's (the sites the mutant
-``spec-seqlock-orders`` gives back, README: "a seqlock re-check that reads
-the past"), the table says so; weakened one step, such an order is the
+``spec-seqlock-orders`` gives back, docs/explanation/verification.md: "a seqlock
+re-check that reads the past"), the table says so; weakened one step, such an order is the
 spec's.
 """
 import ast
