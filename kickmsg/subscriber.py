@@ -148,7 +148,6 @@ class Subscriber:
         if time.monotonic_ns() >= self._next_check_in_ns:
             self._check_in()
         if pinned is None:
-            self._report_if_stale()
             return None
         slot, length, _ = pinned
         start = region.payload_offsets[slot]
@@ -164,7 +163,6 @@ class Subscriber:
         if time.monotonic_ns() >= self._next_check_in_ns:
             self._check_in()
         if pinned is None:
-            self._report_if_stale()
             return None
         slot, length, ring_pos = pinned
         return SampleView(region, slot, length, ring_pos)
@@ -294,8 +292,9 @@ class Subscriber:
 
     def _report_if_stale(self) -> None:
         """Write read_pos and lost into our owner record (for ``kickmsg
-        stats``/``watch``) if they changed since last written: at check-in,
-        when a poll finds nothing new, and before sleeping."""
+        stats``/``watch``) if they changed since last written: at check-in
+        (a sleeping receive wakes for it) and when a blocking receive gives
+        up; never per message or per wake-up."""
         progress = (self._read_pos, self._lost)
         if self._sidecar and progress != self._reported:
             self._sidecar.report_progress(self._ring.index, *progress)
@@ -345,6 +344,7 @@ class Subscriber:
         while message is None:
             now_ns = time.monotonic_ns()
             if deadline_ns is not None and now_ns >= deadline_ns:
+                self._report_if_stale()  # giving up, idle: leave the record current
                 break
             if now_ns >= spin_until_ns:
                 self._sleep_until_written(deadline_ns)
@@ -358,7 +358,6 @@ class Subscriber:
         remaining_ns = -1 if deadline_ns is None else deadline_ns - time.monotonic_ns()
         if deadline_ns is not None and remaining_ns <= 0:
             return
-        self._report_if_stale()  # going idle: leave the record current
         ops = self._region.atomics
         ring = self._ring
         ops.store_relaxed_u32(ring.has_waiter, 1)
@@ -374,14 +373,13 @@ class Subscriber:
             # wake-up may come before we sleep, so only nap briefly.
             remaining_ns = _at_most(remaining_ns, UNCOMMITTED_POLL_NS)
         if self._region.mapping.shared:
-            # Wake for the next check-in: publishers of a re-created region
-            # would never wake us on this one's futex.
+            # Wake for the next check-in (it follows a re-created region,
+            # whose publishers would never wake us on this one's futex, and
+            # brings our record up to date), not sooner.
             remaining_ns = _at_most(remaining_ns, max(0, self._next_check_in_ns - time.monotonic_ns()))
         # The kernel returns at once if write_pos no longer equals what we saw.
         ops.futex_wait(ring.write_pos, write_pos & U32_MAX, remaining_ns)
         ops.store_relaxed_u32(ring.has_waiter, 0)
-        if self._region.mapping.shared:
-            self._next_check_in_ns = 0  # check in after the receive a wake-up allows: its record is then exact
 
     # -- waiting together with other subscribers (kickmsg.waitset, kickmsg.aio) --
 
@@ -398,7 +396,6 @@ class Subscriber:
         if check_in:
             self._end_wait()  # checking in may take us to another ring
             self._check_in()
-        self._report_if_stale()  # going idle: leave the record current
         region, ring = self._region, self._ring
         ops = region.atomics
         ops.store_relaxed_u32(ring.has_waiter, 1)
@@ -750,6 +747,10 @@ class Subscriber9(Subscriber):
     def _check_in(self) -> None:
         self._next_check_in_ns = self._region.next_check_in_ns()
         self._follow_if_recreated()
+
+    def _report_if_stale(self) -> None:
+        """Nothing to write: layout 9 keeps no owner record (the ring's
+        header names its owner and counts its losses)."""
 
     def _follow_if_recreated(self) -> None:
         """A layout-9 region is re-created as a new object: join a ring of
