@@ -231,10 +231,21 @@ class Publisher:
         ops.store_release_u32(region.slot_addresses[slot] + REFCOUNT_OFFSET, geometry.max_subs)
         delivered = 0
         excess = 0  # references held for rings we did not deliver to
+        rings = region.rings
+        first_state_flight, ring_stride, max_subs = rings[0].state_flight, geometry.ring_stride, geometry.max_subs
+        index = 0  # the next ring to pre-check
         # 4. For each ring:
-        for ring in region.rings:
-            # Relaxed pre-check: skip rings that are not Live without an RMW.
-            state_flight = ops.load_relaxed_u32(ring.state_flight)
+        while index < max_subs:
+            # Relaxed pre-check: skip rings that are not Live without an RMW
+            # (one call reads the states up to the next Live ring).
+            found = ops.find_relaxed_u32(first_state_flight, ring_stride, index, max_subs, RING_STATE_MASK, RING_LIVE)
+            if found < 0:
+                excess += max_subs - index  # none Live from index on
+                break
+            live, state_flight = found >> 32, found & U32_MAX
+            excess += live - index  # the rings skipped
+            index = live + 1
+            ring = rings[live]
             admitted = False
             # CAS admission: check Live and increment in_flight in one step.
             while state_flight & RING_STATE_MASK == RING_LIVE:

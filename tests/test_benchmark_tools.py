@@ -34,7 +34,7 @@ def test_hotpath_times_every_operation_it_documents_and_leaves_no_region():
     assert sorted(figures) == sorted(expected), output
     assert all(figures[name] > 0 for name in flows), output
     assert sorted(calls) == sorted(flows), output
-    # A send into one of 16 rings pre-checks all 16; more Live rings, more calls.
+    # A send pre-checks the rings with one call per Live ring (and one past the last); more Live rings, more calls.
     assert calls["send, 1 of 16"] > 16 and calls["send, 1 rings"] < calls["send, 4 rings"] < calls["send, 16 rings"]
     only = run_tool("benchmarks/hotpath.py", "--rounds", "1", "--repeats", "1", "--only", "pop")
     assert re.findall(r"^  (\S.*?) {2,}-?\d+", only, re.MULTILINE) == ["pop + push"], only

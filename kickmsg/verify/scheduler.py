@@ -205,6 +205,15 @@ class ScheduledAtomics(Atomics):
         """A seq_cst fence: a step of its own, at no address."""
         self._step("fence_seq_cst", 0, ())
 
+    def find_relaxed_u32(self, address: int, stride: int, start: int, count: int, mask: int, value: int) -> int:
+        """A find is its loads: each word's relaxed load a step of its own,
+        in order, as ``Atomics.find_relaxed_u32`` reads them."""
+        for index in range(start, count):
+            word = self.load_relaxed_u32(address + index * stride)
+            if word & mask == value:
+                return index << 32 | word
+        return -1
+
 
 def _scheduled(name: str) -> Callable[..., Any]:
     def operation(self: ScheduledAtomics, address: int, *operands: int) -> Any:
