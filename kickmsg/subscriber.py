@@ -27,6 +27,7 @@ from kickmsg.protocol.v4.layout import (
     U32_MAX,
 )
 from kickmsg.protocol import v9
+from kickmsg.protocol.v9.receive import POLL_SLEEP_S, YIELDS_BEFORE_SLEEP
 from kickmsg.protocol.v9.layout import (
     HAS_WAITER_OFFSET,
     SEQUENCE_OFFSET as SEQUENCE_OFFSET_9,
@@ -688,6 +689,7 @@ class Subscriber9(Subscriber):
         self._drain_timeouts = 0
         self._rejoined = 0
         self._waiting = False  # a WaitSet set has_waiter on our ring
+        self._claimed_yields = 0  # B.11: yields in a row while the head was claimed, not committed
         self._owner_pid = process.pid
         self._closed = True  # until a ring is ours
         self._take(region)
@@ -770,8 +772,8 @@ class Subscriber9(Subscriber):
 
     def _sleep_until_written(self, deadline_ns: int | None) -> None:
         """B.11: park on the low 32 bits of write_pos with has_waiter = 1 and
-        the seq_cst fence; nap briefly while the head is claimed but not
-        committed (its commit brings no wake)."""
+        the seq_cst fence; while the head is claimed but not committed (its
+        commit brings no wake), yield, and nap after 64 yields in a row."""
         remaining_ns = -1 if deadline_ns is None else deadline_ns - time.monotonic_ns()
         if deadline_ns is not None and remaining_ns <= 0:
             return
@@ -779,8 +781,16 @@ class Subscriber9(Subscriber):
         ops = core.region.atomics
         current = ops.load_relaxed_u64(core.ring + WRITE_POS_OFFSET)
         if current > core.read_pos:
-            time.sleep(_at_most(remaining_ns, UNCOMMITTED_POLL_NS) / 1e9)  # B.11: the head is claimed
+            # B.11: the head is claimed, not committed, and its commit brings
+            # no wake-up: yield (the caller tries again at once), and after
+            # YIELDS_BEFORE_SLEEP yields in a row nap POLL_SLEEP_S.
+            self._claimed_yields += 1
+            if self._claimed_yields <= YIELDS_BEFORE_SLEEP:
+                os.sched_yield()
+            else:
+                time.sleep(_at_most(remaining_ns, int(POLL_SLEEP_S * 1e9)) / 1e9)
             return
+        self._claimed_yields = 0  # nothing claimed: park
         if self._region.mapping.shared:
             remaining_ns = _at_most(remaining_ns, max(0, self._next_check_in_ns - time.monotonic_ns()))
         ops.store_relaxed_u32(core.ring + HAS_WAITER_OFFSET, WAITER_FUTEX)
