@@ -224,7 +224,7 @@ def _scheduled(name: str) -> Callable[..., Any]:
 
 
 for _name in OPERATIONS:
-    if _name not in ("futex_wait", "fence_seq_cst"):
+    if _name not in ("futex_wait", "fence_seq_cst", "find_relaxed_u32"):  # those three are methods above
         setattr(ScheduledAtomics, _name, _scheduled(_name))
 
 
