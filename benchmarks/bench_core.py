@@ -98,9 +98,9 @@ and how busy it was are printed with the results: other work on the machine
 skews every number, latency tails most.
 
 Run (from the repository root; ``make bench`` installs what is needed):
-    .venv/bin/python benchmarks/bench_core.py           # full, about 3.5 minutes on 2 cores
-    .venv/bin/python benchmarks/bench_core.py --quick   # smoke run, about a minute
-    .venv/bin/python benchmarks/bench_core.py --quick --peers ours,iceoryx2
+    .venv/bin/python benchmarks/bench_core.py           # full, about 4.5 minutes on 2 cores (quiet)
+    .venv/bin/python benchmarks/bench_core.py --quick   # smoke run, about 1.5 minutes (quiet)
+    .venv/bin/python benchmarks/bench_core.py --quick --peers ours,ours9,mp_pipe
 """
 import argparse
 import importlib.metadata
@@ -582,7 +582,7 @@ def cpu_busy_fraction(seconds: float = 0.5) -> float | None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="short smoke run (under a minute)")
+    parser.add_argument("--quick", action="store_true", help="short smoke run (about 1.5 minutes on a quiet 2-core machine)")
     parser.add_argument("--output", type=pathlib.Path, help="JSON results file (default: results/bench.json, "
                         "results/bench_quick.json with --quick)")
     parser.add_argument("--chart", type=pathlib.Path, help="PNG chart (default: results/bench.png, bench_quick.png)")
