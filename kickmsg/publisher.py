@@ -32,7 +32,7 @@ from kickmsg.protocol.v4.layout import (
     entry_is_stuck,
 )
 from kickmsg.protocol import v9
-from kickmsg.region import SharedRegion
+from kickmsg.region import CHECK_IN_INTERVAL_NS, SharedRegion
 from kickmsg.region9 import Layout9Region
 
 MAX_LOCK_ATTEMPTS = 64  # CAS attempts on a ring entry before giving up on that ring
@@ -75,6 +75,7 @@ class Publisher:
         self._rejoined = 0
         self._pending: weakref.ref[AllocatedSlot] | None = None  # weak reference to the AllocatedSlot not yet published
         self._sent = 0
+        self._empty_pool_why: tuple[int, str] | None = None  # (until when, explanation) of the last empty pool
         self._record = self._record_ourselves(name)
         self._closed = False
 
@@ -106,8 +107,18 @@ class Publisher:
         """
         size = self._send_unless_pool_empty(data)
         if size is None:
-            raise BlockingIOError(errno.EAGAIN, explain_empty_pool(self._region))
+            raise BlockingIOError(errno.EAGAIN, self._why_pool_empty())
         return size
+
+    def _why_pool_empty(self) -> str:
+        """Why the slot pool is empty (``explain_empty_pool``: one look at
+        the whole region), worked out at most once per check-in interval: a
+        caller retrying ``send`` on an empty pool meanwhile gets the last
+        explanation, not a look at every slot and ring per retry."""
+        now_ns = time.monotonic_ns()
+        if self._empty_pool_why is None or now_ns >= self._empty_pool_why[0]:
+            self._empty_pool_why = (now_ns + CHECK_IN_INTERVAL_NS, explain_empty_pool(self._region))
+        return self._empty_pool_why[1]
 
     def _send_unless_pool_empty(self, data: Buffer) -> int | None:
         """``send`` without the explanation of an empty pool (one look at
