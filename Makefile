@@ -29,9 +29,9 @@ test: $(INSTALLED) $(NATIVE_INSTALLED) $(NATIVE9_INSTALLED) check-java
 docs: $(INSTALLED)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
-# Ours, native 0.1.0, multiprocessing.Pipe/Queue, pyzmq, faster-fifo, iceoryx2
-# and zenoh, same run, about 3.5 minutes on 2 cores, with issue 17's targets met
-# or missed; then waiting (asyncio, WaitSet) against pyzmq, about a minute;
+# Ours on layouts 4 and 9, native 0.1.0 and 0.9.2, multiprocessing.Pipe/Queue,
+# pyzmq, faster-fifo, iceoryx2 and zenoh, same run, about 5 minutes on 2 cores,
+# with issue 28's targets met or missed on both layouts; then waiting (asyncio, WaitSet) against pyzmq, about a minute;
 # then two Zenoh bridges on loopback against pyzmq PUB/SUB, under a minute;
 # results in benchmarks/results/. Smoke run: make bench BENCH_ARGS=--quick
 bench: $(INSTALLED) $(NATIVE_INSTALLED) $(NATIVE9_INSTALLED)

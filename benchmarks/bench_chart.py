@@ -8,10 +8,11 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from bench_report import PEERS, machine_line, size_label  # noqa: E402
+from bench_report import KICKMSG_PEERS, PEERS, machine_line, size_label  # noqa: E402
 
 COLORS = {
-    "ours": "#d62728", "native": "#1f77b4", "mp_pipe": "#2ca02c", "mp_queue": "#9467bd", "zmq": "#ff7f0e",
+    "ours": "#d62728", "native": "#1f77b4", "ours9": "#ff9896", "native9": "#aec7e8", "mp_pipe": "#2ca02c",
+    "mp_queue": "#9467bd", "zmq": "#ff7f0e",
     "faster_fifo": "#8c564b", "iceoryx2": "#17becf", "zenoh": "#e377c2",
 }
 
@@ -121,7 +122,7 @@ def draw(report: dict, path: pathlib.Path) -> None:
 
     axis = axes[1][2]
     rss = results["rss"]
-    peers = [peer for peer in ("ours", "native") if rss.get(peer) and "error" not in rss[peer]]
+    peers = [peer for peer in KICKMSG_PEERS if rss.get(peer) and "error" not in rss[peer]]
     imported = [rss[peer]["import_mb"] for peer in peers]
     opened = [rss[peer]["open_mb"] for peer in peers]
     axis.bar(peers, imported, label="import kickmsg", color="#7f7f7f")

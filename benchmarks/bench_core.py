@@ -1,12 +1,16 @@
-"""Benchmark suite: this package against the peers a Python user would pick
-instead, in one run on one machine: the native kickmsg 0.1.0 binding,
-multiprocessing.Pipe and Queue, pyzmq, faster-fifo, iceoryx2 and zenoh.
+"""Benchmark suite: this package, on both channel layouts, against the peers
+a Python user would pick instead, in one run on one machine: the native
+kickmsg 0.1.0 (layout 4) and 0.9.2 (layout 9) bindings, multiprocessing.Pipe
+and Queue, pyzmq, faster-fifo, iceoryx2 and zenoh.
 
 Peers (benchmarks/peers.py) and what each needed to be set up fairly:
 
-  ours         this package, default Subscriber (spins 100 µs, then parks).
+  ours         this package on layout-4 channels ($KICKMSG_LAYOUT=4), default
+               Subscriber (spins 100 µs, then parks).
+  ours9        the same on layout-9 channels ($KICKMSG_LAYOUT=9).
   native       kickmsg 0.1.0 from .native/kickmsg-0.1.0, run with ``python -S``
                so only the binding is importable; its receive parks at once.
+  native9      kickmsg 0.9.2 from .native/kickmsg-0.9.2, likewise.
   mp_pipe      multiprocessing.Pipe(duplex=False), one per subscriber;
                send_bytes / recv_bytes (no pickling).
   mp_queue     multiprocessing.Queue(maxsize 1000; 4 for frames), one per
@@ -67,34 +71,36 @@ Scenarios (exactly what is timed: see core_worker.py):
   6. large frames, 1 MB and 8 MB, one publisher to one subscriber process, as
      fast as possible: each frame produced by copying a prepared image into
      the buffer that is sent (kickmsg: the allocated slot, published in
-     place; iceoryx2: the loaned sample) and received as a numpy array
+     place, in 0.1.0's form on layout 4 and 0.9.2's on layout 9; iceoryx2:
+     the loaned sample) and received as a numpy array
      (kickmsg, iceoryx2: a view, no copy). Frames/s and GB/s received
      (median over rounds), p99 of the time between frames; and the first
      pass: frames/s until the subscriber has 8 frames (the pool's size) on a
      fresh channel. kickmsg: pool 8, ring 4; queues and buffers 4.
   7. resident memory added by ``import kickmsg`` and opening a channel
      (default Config, a Publisher, a Subscriber, one message), in a fresh
-     process, ours and native (benchmarks/rss_probe.py).
-  8. scaling, ours and native: the cost of one ``send`` with 1, 4, 16, 64
-     subscriber rings (none reading: every ring has wrapped) and 64 B, 1 KB,
-     16 KB, 256 KB payloads, printed as a markdown table for the README.
-  9. layouts: scenario 1 for ours on a layout-9 channel (native 0.9.2's
-     layout; the worker runs with KICKMSG_LAYOUT=9), measured right after
-     ours on layout 4 in scenario 1: the per-message cost of layout 9 as a
-     ratio to layout 4's, printed as a markdown table for the README.
+     process, the four kickmsg peers (benchmarks/rss_probe.py).
+  8. scaling, the four kickmsg peers: the cost of one ``send`` with 1, 4,
+     16, 64 subscriber rings (none reading: every ring has wrapped) and 64 B,
+     1 KB, 16 KB, 256 KB payloads, printed as a markdown table per layout
+     (ours / native of that layout) for the README.
+  9. layouts: each summary row's cost on layout 9 as a ratio to layout 4's,
+     ours and native (a markdown table for the README).
 
-Then one summary table of medians with ratios to ours (also printed as
-markdown for the README) and issue 17's targets, met or missed with the
-ratio and by how much. Results go to benchmarks/results/bench.json and a
+Then a summary table of medians per layout (that layout's ours and native,
+and the other peers) with ratios to ours on that layout, each also printed
+as markdown for the README ("Summary for the README, layout 4 / 9"), and
+issue 28's targets on both layouts, met or missed with the ratio, by how
+much, and the losses beside throughput targets. Results go to benchmarks/results/bench.json and a
 chart to benchmarks/results/bench.png (bench_quick.json and bench_quick.png
 for --quick). The machine (CPU model, cores, Python, kernel, peer versions)
 and how busy it was are printed with the results: other work on the machine
 skews every number, latency tails most.
 
 Run (from the repository root; ``make bench`` installs what is needed):
-    .venv/bin/python benchmarks/bench_core.py           # full, about 3.5 minutes on 2 cores
-    .venv/bin/python benchmarks/bench_core.py --quick   # smoke run, about a minute
-    .venv/bin/python benchmarks/bench_core.py --quick --peers ours,iceoryx2
+    .venv/bin/python benchmarks/bench_core.py           # full, about 4.5 minutes on 2 cores (quiet)
+    .venv/bin/python benchmarks/bench_core.py --quick   # smoke run, about 1.5 minutes (quiet)
+    .venv/bin/python benchmarks/bench_core.py --quick --peers ours,ours9,mp_pipe
 """
 import argparse
 import importlib.metadata
@@ -123,11 +129,14 @@ import bench_report  # noqa: E402
 WORKER = HERE / "core_worker.py"
 RSS_PROBE = HERE / "rss_probe.py"
 NATIVE_DIR = ROOT / ".native" / "kickmsg-0.1.0"
+NATIVE9_DIR = ROOT / ".native" / "kickmsg-0.9.2"
+NATIVE_DIRS = {"native": NATIVE_DIR, "native9": NATIVE9_DIR}  # each run with ``python -S`` from its directory
+OUR_LAYOUTS = {"ours": 4, "ours9": 9}  # $KICKMSG_LAYOUT of our workers
 SITE_DIR = sysconfig.get_paths()["purelib"]  # numpy for the native worker (which runs with -S)
 RESULTS_DIR = HERE / "results"
 PREFIX = f"kmbench_{os.getpid()}_{secrets.token_hex(3)}"
 PEERS = bench_report.PEERS
-KICKMSG_PEERS = ("ours", "native")
+KICKMSG_PEERS = bench_report.KICKMSG_PEERS
 MB = 1 << 20
 
 SETTINGS = {
@@ -167,9 +176,17 @@ _workers: list[subprocess.Popen] = []  # started here; killed (with their proces
 
 
 def worker_command(script: pathlib.Path, peer: str, *args: str) -> list[str]:
-    if peer == "native":
-        return [sys.executable, "-S", str(script), peer, str(NATIVE_DIR), SITE_DIR, *args]
+    if peer in NATIVE_DIRS:
+        return [sys.executable, "-S", str(script), peer, str(NATIVE_DIRS[peer]), SITE_DIR, *args]
     return [sys.executable, str(script), peer, "-", "-", *args]
+
+
+def peer_environment(peer: str) -> dict[str, str] | None:
+    """The environment of a peer's worker: ours and ours9 get the layout of
+    their channels ($KICKMSG_LAYOUT 4 and 9); the others inherit ours."""
+    if peer not in OUR_LAYOUTS:
+        return None
+    return dict(os.environ, KICKMSG_LAYOUT=str(OUR_LAYOUTS[peer]))
 
 
 def free_ports(count: int) -> list[int]:
@@ -184,24 +201,19 @@ def free_ports(count: int) -> list[int]:
             each.close()
 
 
-def run_worker(peer: str, mode: str, args: dict, timeout_s: float, layout: int | None = None) -> dict:
+def run_worker(peer: str, mode: str, args: dict, timeout_s: float) -> dict:
     """Run one worker (its own session, so its process group can be killed
-    with everything it forked) and return its JSON result. ``layout`` (ours
-    only): the channel layout of the worker ($KICKMSG_LAYOUT), else the
-    default."""
+    with everything it forked) and return its JSON result."""
     if peer in KICKMSG_PEERS:
-        args = dict(args, shm_name=f"/{PREFIX}_{mode}_{peer}{layout or ''}")
+        args = dict(args, shm_name=f"/{PREFIX}_{mode}_{peer}")
     args = dict(
         args, socket_path=f"/tmp/{PREFIX}_{mode}.ipc", idle_s=args.get("idle_s", 1.0),
         iox_prefix=f"{PREFIX}_iox_", iox_root=f"/tmp/{PREFIX}_iox2/", ports=free_ports(8),
     )
-    if peer == "zenoh":
-        return run_zenoh_command(worker_command(WORKER, peer, mode, json.dumps(args)), f"{mode} ({peer})", timeout_s)
     command = worker_command(WORKER, peer, mode, json.dumps(args))
-    if layout is None:
-        return run_command(command, f"{mode} ({peer})", timeout_s)
-    environment = dict(os.environ, KICKMSG_LAYOUT=str(layout))
-    return run_command(command, f"{mode} ({peer}, layout {layout})", timeout_s, environment)
+    if peer == "zenoh":
+        return run_zenoh_command(command, f"{mode} ({peer})", timeout_s)
+    return run_command(command, f"{mode} ({peer})", timeout_s, peer_environment(peer))
 
 
 def run_command(command: list[str], what: str, timeout_s: float, environment: dict[str, str] | None = None) -> dict:
@@ -307,9 +319,10 @@ def batch_stats(batch_ns_runs: list, batch: int) -> dict:
 # -- the benchmarks ------------------------------------------------------------------
 
 
-def bench_inproc(peer: str, settings: dict, layout: int | None = None) -> dict:
+def bench_inproc(peer: str, settings: dict) -> dict:
     budget = 120 + 4 * len(settings["sizes"]) * (settings["warmup_s"] + settings["repeats"] * settings["repeat_s"])
-    raw = run_worker(peer, "inproc", dict(settings, depth=QUEUE_DEPTH), budget, layout)
+    raw = run_worker(peer, "inproc", dict(settings, depth=QUEUE_DEPTH), budget)
+    layout = OUR_LAYOUTS.get(peer)
     if layout is not None and raw["layout"] != layout:
         raise RuntimeError(f"inproc ({peer}): asked for layout {layout}, the worker's channel has layout {raw['layout']}")
     return {size: batch_stats(measured["batch_ns_runs"], measured["batch"]) for size, measured in raw["inproc"].items()}
@@ -443,7 +456,7 @@ def bench_scaling(peer: str, settings: dict) -> dict:
 
 def bench_rss(peer: str) -> dict:
     command = worker_command(RSS_PROBE, peer, f"/{PREFIX}_rss_{peer}")
-    raw = run_command(command, f"rss ({peer})", 60)
+    raw = run_command(command, f"rss ({peer})", 60, peer_environment(peer))
     start, imported, opened = raw["start_kb"], raw["imported_kb"], raw["opened_kb"]
     return {
         "import_mb": (imported["VmRSS"] - start["VmRSS"]) / 1024,
@@ -472,19 +485,14 @@ def attempt(errors: list, what: str, function: Callable[..., dict], *args: Any) 
 
 def run_all(settings: dict, errors: list, peers: tuple) -> dict:
     results: dict = {
-        key: {} for key in ("inproc", "pingpong", "latency", "throughput", "fanout", "frames", "rss", "scaling", "layouts")
+        key: {} for key in ("inproc", "pingpong", "latency", "throughput", "fanout", "frames", "rss", "scaling")
     }
     kickmsg_peers = [peer for peer in KICKMSG_PEERS if peer in peers]
-    print("1/8 in-process send + receive (ours on layout 9 too, for table 9)", file=sys.stderr)
+    print("1/8 in-process send + receive", file=sys.stderr)
     for peer in peers:
         measured = attempt(errors, f"in-process, {peer}", bench_inproc, peer, settings["inproc"])
         for size in settings["inproc"]["sizes"]:
             results["inproc"].setdefault(str(size), {})[peer] = measured if "error" in measured else measured[str(size)]
-        if peer == "ours":  # right after layout 4, in the same conditions
-            on_9 = attempt(errors, "in-process, ours on layout 9", bench_inproc, peer, settings["inproc"], 9)
-            for size in settings["inproc"]["sizes"]:
-                results["layouts"][str(size)] = {"4": results["inproc"][str(size)]["ours"],
-                                                 "9": on_9 if "error" in on_9 else on_9[str(size)]}
     print("2/8 cross-process ping-pong (one-way latency, blocking receive, pinned)", file=sys.stderr)
     size = settings["pingpong"]["size"]
     for peer in peers:
@@ -574,7 +582,7 @@ def cpu_busy_fraction(seconds: float = 0.5) -> float | None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="short smoke run (under a minute)")
+    parser.add_argument("--quick", action="store_true", help="short smoke run (about 1.5 minutes on a quiet 2-core machine)")
     parser.add_argument("--output", type=pathlib.Path, help="JSON results file (default: results/bench.json, "
                         "results/bench_quick.json with --quick)")
     parser.add_argument("--chart", type=pathlib.Path, help="PNG chart (default: results/bench.png, bench_quick.png)")
@@ -583,9 +591,10 @@ def main() -> int:
     suffix = "_quick" if options.quick else ""
     options.output = options.output or RESULTS_DIR / f"bench{suffix}.json"
     options.chart = options.chart or RESULTS_DIR / f"bench{suffix}.png"
-    if not (NATIVE_DIR / "kickmsg.abi3.so").exists():
-        print(f"native kickmsg 0.1.0 not found in {NATIVE_DIR}: run `make bench`", file=sys.stderr)
-        return 2
+    for version, binding in (("0.1.0", NATIVE_DIR / "kickmsg.abi3.so"), ("0.9.2", NATIVE9_DIR / "kickmsg" / "_native.abi3.so")):
+        if not binding.exists():
+            print(f"native kickmsg {version} not found ({binding}): run `make bench`", file=sys.stderr)
+            return 2
     free = os.statvfs("/dev/shm")
     if free.f_bavail * free.f_frsize < 512 * MB:
         print("less than 512 MB free in /dev/shm: the large-frame regions need about 70 MB each", file=sys.stderr)
@@ -626,9 +635,15 @@ def main() -> int:
         "errors": errors,
     }
     report["targets"] = bench_report.targets(results)
-    report["scaling_markdown"] = bench_report.scaling_markdown(results["scaling"], settings["scaling"])
-    report["summary_markdown"] = bench_report.summary_markdown(results, peers)
-    report["layouts_markdown"] = bench_report.layouts_markdown(results["layouts"])
+    report["scaling_markdown"] = {
+        str(layout): bench_report.scaling_markdown(results["scaling"], settings["scaling"], layout)
+        for layout in bench_report.LAYOUTS
+    }
+    report["summary_markdown"] = {
+        str(layout): bench_report.summary_markdown(results, bench_report.layout_peers(peers, layout))
+        for layout in bench_report.LAYOUTS
+    }
+    report["layouts_markdown"] = bench_report.layouts_markdown(results)
     print()
     bench_report.print_report(report)
     options.output.parent.mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,8 @@
-"""Text report of bench_core.py: the summary table (also as markdown for the
-README), the detailed tables, issue 17's targets met or missed, and the
-scaling table in markdown. Pure formatting of the results dictionary;
-nothing is measured here.
+"""Text report of bench_core.py: the summary table of each layout (also as
+markdown for the README), the detailed tables, layout 9 against layout 4,
+issue 28's targets met or missed on both layouts, and the scaling tables in
+markdown. Pure formatting of the results dictionary; nothing is measured
+here.
 
 A peer's entry in a result table is its measurement, ``{"error": ...}`` when
 it failed (shown "failed"), or absent when not run (shown "n/a")."""
@@ -9,8 +10,18 @@ import operator
 from collections.abc import Callable, Sequence
 from typing import Any
 
-PEERS = ("ours", "native", "mp_pipe", "mp_queue", "zmq", "faster_fifo", "iceoryx2", "zenoh")
-PYTHON_PEERS = ("mp_pipe", "mp_queue", "zmq", "faster_fifo", "iceoryx2", "zenoh")  # all but the two kickmsg
+PEERS = ("ours", "ours9", "native", "native9", "mp_pipe", "mp_queue", "zmq", "faster_fifo", "iceoryx2", "zenoh")
+KICKMSG_PEERS = ("ours", "native", "ours9", "native9")
+PYTHON_PEERS = ("mp_pipe", "mp_queue", "zmq", "faster_fifo", "iceoryx2", "zenoh")  # all but the kickmsg ones
+# Each layout's (ours, native) pair: ours on that layout's channels, the native version that speaks it.
+LAYOUTS = {4: ("ours", "native"), 9: ("ours9", "native9")}
+
+
+def layout_peers(peers: Sequence[str], layout: int) -> list[str]:
+    """The peers of one layout's summary: that layout's ours and native,
+    then every other peer of ``peers`` but the other layout's kickmsg ones."""
+    pair = LAYOUTS[layout]
+    return [peer for peer in pair if peer in peers] + [peer for peer in peers if peer not in KICKMSG_PEERS]
 SIZE_LABELS = {64: "64 B", 1024: "1 KB", 4096: "4 KB", 16384: "16 KB", 65536: "64 KB", 262144: "256 KB",
                1 << 20: "1 MB", 8 << 20: "8 MB"}
 
@@ -248,13 +259,13 @@ def rss_table(results: dict) -> None:
     )
 
 
-def scaling_cells(scaling: dict, rings, size) -> tuple:
-    ours = (scaling.get("ours") or {}).get(str(rings), {}).get(str(size))
-    native = (scaling.get("native") or {}).get(str(rings), {}).get(str(size))
-    return ours, native
+def scaling_cell(scaling: dict, peer: str, rings, size) -> dict | None:
+    return usable((scaling.get(peer) or {}).get(str(rings), {}).get(str(size)))
 
 
-def scaling_markdown(scaling: dict, settings: dict) -> str:
+def scaling_markdown(scaling: dict, settings: dict, layout: int = 4) -> str:
+    """One layout's scaling, ours / native (ratio), as markdown."""
+    mine, native_peer = LAYOUTS[layout]
     sizes, rings_list = settings["sizes"], settings["rings"]
     lines = [
         "| subscriber rings | " + " | ".join(size_label(size) for size in sizes) + " |",
@@ -263,7 +274,7 @@ def scaling_markdown(scaling: dict, settings: dict) -> str:
     for rings in rings_list:
         cells = []
         for size in sizes:
-            ours, native = scaling_cells(scaling, rings, size)
+            ours, native = scaling_cell(scaling, mine, rings, size), scaling_cell(scaling, native_peer, rings, size)
             if ours is None or native is None:
                 cells.append("-")
                 continue
@@ -279,10 +290,10 @@ def scaling_table(scaling: dict, settings: dict) -> None:
     header = ["rings", "peer"] + [f"{size_label(size)} median (p99)" for size in settings["sizes"]]
     rows = []
     for rings in settings["rings"]:
-        for index, peer in enumerate(("ours", "native")):
+        for index, peer in enumerate(peer for peer in KICKMSG_PEERS if peer in scaling):
             row = [str(rings) if index == 0 else "", peer]
             for size in settings["sizes"]:
-                measured = scaling_cells(scaling, rings, size)[index]
+                measured = scaling_cell(scaling, peer, rings, size)
                 row.append(f"{format_ns(measured['median_ns'])} ({format_ns(measured['p99_ns'])})" if measured else "-")
             rows.append(row)
     print_table(
@@ -290,36 +301,6 @@ def scaling_table(scaling: dict, settings: dict) -> None:
         "   Median over repeats of the mean; p99 of 8-send batches.",
         header,
         rows,
-    )
-
-
-def layouts_cells(layouts: dict, size: str) -> list[str]:
-    """Layout 4's and layout 9's medians and their ratio (9 / 4), then the
-    ratio of their median batches; "failed" / "n/a" where one is missing."""
-    both = layouts.get(size, {})
-    four, nine = usable(both.get("4")), usable(both.get("9"))
-    cells = [format_ns(measured["median_ns"]) if measured else ("failed" if both.get(key) else "n/a")
-             for key, measured in (("4", four), ("9", nine))]
-    return cells + [format_ratio(ratio(nine and nine.get(field), four and four.get(field)))
-                    for field in ("median_ns", "median_batch_ns")]
-
-
-LAYOUTS_HEADER = ["layout 4 median", "layout 9 median", "layout 9 / layout 4", "the same, median batches"]
-
-
-def layouts_markdown(layouts: dict) -> str:
-    lines = ["| ours, in-process send + receive | " + " | ".join(LAYOUTS_HEADER) + " |", "|---|" + "---|" * len(LAYOUTS_HEADER)]
-    lines += [f"| {size_label(size)} | " + " | ".join(layouts_cells(layouts, size)) + " |" for size in layouts]
-    return "\n".join(lines)
-
-
-def layouts_table(layouts: dict) -> None:
-    print_table(
-        "9. Layout 9 against layout 4: ours, in-process send + receive (time per message; lower is better)",
-        "   Scenario 1 on a layout-9 channel (KICKMSG_LAYOUT=9), run right after ours on layout 4 (scenario 1).\n"
-        "   Median batches: the median 16-pair batch of each, which the machine's other work rarely reaches.",
-        ["size"] + LAYOUTS_HEADER,
-        [[size_label(size)] + layouts_cells(layouts, size) for size in layouts],
     )
 
 
@@ -339,8 +320,10 @@ SUMMARY_ROWS = (
 )
 
 
-def summary_cell(results: dict, table: str, key: str, field: str, peer: str, show: Callable[[float], str]) -> str:
-    """``value (ratio to ours)``, "failed" or "n/a"."""
+def summary_cell(results: dict, table: str, key: str, field: str, peer: str, show: Callable[[float], str],
+                 reference: str = "ours") -> str:
+    """``value (ratio to the reference peer)``, with the share lost where a
+    peer lost messages; "failed" or "n/a"."""
     entries = results.get(table, {}).get(key, {})
     entry = entries.get(peer)
     if usable(entry) is None:
@@ -348,23 +331,65 @@ def summary_cell(results: dict, table: str, key: str, field: str, peer: str, sho
     value = entry.get(field)
     if value is None:
         return "n/a"
-    ours = (usable(entries.get("ours")) or {}).get(field)
-    return show(value) if peer == "ours" or not ours else f"{show(value)} ({format_ratio(value / ours)})"
+    lost = entry.get("loss_fraction") or 0.0
+    shown = show(value) + (f", {format_fraction(lost)} lost" if lost >= 0.0005 else "")
+    mine = (usable(entries.get(reference)) or {}).get(field)
+    return shown if peer == reference or not mine else f"{shown} ({format_ratio(value / mine)})"
 
 
 def summary_rows(results: dict, peers: Sequence[str]) -> list[list[str]]:
+    """One row per benchmark; ratios to the first of ``peers``."""
     return [
-        [label] + [summary_cell(results, table, key, field, peer, show) for peer in peers]
+        [label] + [summary_cell(results, table, key, field, peer, show, peers[0]) for peer in peers]
         for label, table, key, field, show, _ in SUMMARY_ROWS
         if key in results.get(table, {})
     ]
 
 
 def summary_markdown(results: dict, peers: Sequence[str] = PEERS) -> str:
-    """The summary table as markdown, for the README."""
-    lines = ["| median (× ours) | " + " | ".join(peers) + " |", "|---|" + "---|" * len(peers)]
+    """The summary table as markdown, for the README; ratios to the first of ``peers``."""
+    lines = [f"| median (× {peers[0]}) | " + " | ".join(peers) + " |", "|---|" + "---|" * len(peers)]
     lines += ["| " + " | ".join(row) + " |" for row in summary_rows(results, peers)]
     return "\n".join(lines)
+
+
+# -- layout 9 against layout 4 --------------------------------------------------------------
+
+
+def cost_ratio(results: dict, table: str, key: str, field: str, lower_is_better: bool, nine: str, four: str):
+    """Layout 9's cost as a ratio to layout 4's in one summary row (time 9 /
+    time 4, or rate 4 / rate 9): above 1, layout 9 costs more."""
+    on_9, on_4 = _get(results, table, key, nine, field), _get(results, table, key, four, field)
+    return ratio(on_9, on_4) if lower_is_better else ratio(on_4, on_9)
+
+
+def layouts_rows(results: dict) -> list[list[str]]:
+    """Per summary row: ours on layout 9 against ours on layout 4, and the
+    same for the two native versions (layout 9's cost / layout 4's)."""
+    return [
+        [label] + [format_ratio(cost_ratio(results, table, key, field, lower, nine, four))
+                   for four, nine in (("ours", "ours9"), ("native", "native9"))]
+        for label, table, key, field, _, lower in SUMMARY_ROWS
+        if key in results.get(table, {})
+    ]
+
+
+LAYOUTS_HEADER = ["ours: layout 9 / layout 4", "native: 0.9.2 / 0.1.0"]
+
+
+def layouts_markdown(results: dict) -> str:
+    lines = ["| cost, layout 9 / layout 4 | " + " | ".join(LAYOUTS_HEADER) + " |", "|---|" + "---|" * len(LAYOUTS_HEADER)]
+    lines += ["| " + " | ".join(row) + " |" for row in layouts_rows(results)]
+    return "\n".join(lines)
+
+
+def layouts_table(results: dict) -> None:
+    print_table(
+        "9. Layout 9 against layout 4: the cost of each summary row on layout 9 as a ratio to layout 4's",
+        "   Times: layout 9's / layout 4's; rates: layout 4's / layout 9's (above 1: layout 9 costs more).",
+        ["benchmark"] + LAYOUTS_HEADER,
+        layouts_rows(results),
+    )
 
 
 # -- targets ------------------------------------------------------------------------------
@@ -388,40 +413,53 @@ def shortfall(value: float, comparison: str, threshold: float) -> str:
     return f"{1 - value / threshold:.0%} short"
 
 
+def judged(target: str, layout: str, value: float | None, comparison: str, threshold: float, **details: Any) -> dict:
+    met = None if value is None else COMPARISONS[comparison](value, threshold)
+    return {
+        "target": target, "layout": layout, "value": value, "comparison": comparison, "threshold": threshold,
+        "met": met, "by": shortfall(value, comparison, threshold) if met is False else "", **details,
+    }
+
+
 def targets(results: dict) -> list[dict]:
-    """Issue 17's targets, each judged on a ratio of medians from this run
-    (ours / the other peer)."""
+    """Issue 28's targets on each layout (ours on that layout against the
+    other peer; in-process and frames against the native version that
+    speaks the layout), then layout 9 against layout 4 in every summary row;
+    each judged on a ratio of medians from this run."""
     found = []
+    for layout, (mine, native) in LAYOUTS.items():
 
-    def add(target: str, table: str, key: str, field: str, peer: str, comparison: str, threshold: float) -> None:
-        ours, other = _get(results, table, key, "ours", field), _get(results, table, key, peer, field)
-        value = ratio(ours, other)
-        met = None if value is None else COMPARISONS[comparison](value, threshold)
-        found.append({
-            "target": target, "peer": peer, "value": value, "comparison": comparison, "threshold": threshold,
-            "met": met, "by": shortfall(value, comparison, threshold) if met is False else "",
-            "ours": ours, "other": other, "field": field,
-        })
+        def add(target: str, table: str, key: str, field: str, peer: str, comparison: str, threshold: float) -> None:
+            ours, other = _get(results, table, key, mine, field), _get(results, table, key, peer, field)
+            found.append(judged(
+                target, str(layout), ratio(ours, other), comparison, threshold, peer=peer, ours=ours, other=other,
+                field=field, lost=_get(results, table, key, mine, "loss_fraction"),
+                other_lost=_get(results, table, key, peer, "loss_fraction"),
+            ))
 
-    add("in-process 64 B send+receive within 25x native (time ours/native <= 25)",
-        "inproc", "64", "median_ns", "native", "<=", 25.0)
-    add("blocking one-way 64 B latency below mp.Pipe (ping-pong, ours/Pipe < 1)",
-        "pingpong", "64", "median_us", "mp_pipe", "<", 1.0)
-    add("blocking one-way 64 B latency within 1.5x native (ping-pong, ours/native <= 1.5)",
-        "pingpong", "64", "median_us", "native", "<=", 1.5)
-    add("8 MB frames >= 0.9x native (frames/s ours/native >= 0.9)",
-        "frames", str(8 << 20), "median_fps", "native", ">=", 0.9)
-    add("8 MB frames, first pass, >= 0.9x native (frames/s ours/native >= 0.9)",
-        "frames", str(8 << 20), "first_pass_fps", "native", ">=", 0.9)
-    for peer in ("mp_queue", "zmq", "faster_fifo"):
-        add(f"fan-out 64 B to 4 processes ahead of {peer} (msgs/s ours/{peer} > 1)",
-            "fanout", "4", "median_msgs_s", peer, ">", 1.0)
-    for peer in ("mp_queue", "zmq", "faster_fifo"):
-        add(f"4 KB streaming throughput ahead of {peer} (msgs/s ours/{peer} > 1)",
-            "throughput", "1", "median_msgs_s", peer, ">", 1.0)
-    for peer in PYTHON_PEERS:
-        add(f"cross-process 64 B latency ahead of {peer} (ping-pong, ours/{peer} < 1)",
-            "pingpong", "64", "median_us", peer, "<", 1.0)
+        add("one message per ms, receiver parked: at most mp.Pipe's latency (ours/Pipe <= 1)",
+            "latency", "64_block", "median_us", "mp_pipe", "<=", 1.0)
+        add("ping-pong one-way 64 B: at most mp.Pipe's (ours/Pipe <= 1)",
+            "pingpong", "64", "median_us", "mp_pipe", "<=", 1.0)
+        for peer in PYTHON_PEERS[1:]:
+            add(f"ping-pong one-way 64 B: ahead of {peer} (ours/{peer} < 1)",
+                "pingpong", "64", "median_us", peer, "<", 1.0)
+        add("streaming 4 KB: at least mp.Pipe's msgs/s received (ours/Pipe >= 1)",
+            "throughput", "1", "median_msgs_s", "mp_pipe", ">=", 1.0)
+        add("fan-out 64 B to 4 processes: at least mp.Pipe's msgs/s received (ours/Pipe >= 1)",
+            "fanout", "4", "median_msgs_s", "mp_pipe", ">=", 1.0)
+        add(f"in-process 64 B send + receive within 25x {native} (ours/{native} <= 25)",
+            "inproc", "64", "median_ns", native, "<=", 25.0)
+        add(f"8 MB frames >= 0.9x {native} (frames/s ours/{native} >= 0.9)",
+            "frames", str(8 << 20), "median_fps", native, ">=", 0.9)
+        add(f"8 MB frames, first pass, >= 0.9x {native} (frames/s ours/{native} >= 0.9)",
+            "frames", str(8 << 20), "first_pass_fps", native, ">=", 0.9)
+    for label, table, key, field, _, lower in SUMMARY_ROWS:
+        if key in results.get(table, {}):
+            found.append(judged(
+                f"layout 9 within 1.2x of layout 4: {label} (cost 9/4 <= 1.2)", "9/4",
+                cost_ratio(results, table, key, field, lower, "ours9", "ours"), "<=", 1.2, peer="ours", field=field,
+            ))
     return found
 
 
@@ -429,8 +467,12 @@ def print_targets(found: list[dict]) -> None:
     rows = []
     for target in found:
         verdict = {True: "MET", False: f"MISSED ({target['by']})", None: "NO DATA"}[target["met"]]
-        rows.append([target["target"], format_ratio(target["value"]), verdict])
-    print_table("Targets (issue 17), ratios of medians from this run", "", ["target", "ours / peer", "verdict"], rows)
+        losses = [f"{who} lost {format_fraction(max(0.0, lost))}"
+                  for who, lost in (("ours", target.get("lost")), (target["peer"], target.get("other_lost")))
+                  if lost is not None]
+        rows.append([target["target"], target["layout"], format_ratio(target["value"]), verdict, ", ".join(losses)])
+    print_table("Targets (issue 28), ratios of medians from this run", "",
+                ["target", "layout", "ratio", "verdict", "losses"], rows)
 
 
 def print_report(report: dict) -> None:
@@ -445,8 +487,10 @@ def print_report(report: dict) -> None:
     print()
     results = report["results"]
     peers = report.get("peers", PEERS)
-    print_table("Summary: medians; (x ours) = peer's figure / ours", "", ["benchmark"] + list(peers),
-                summary_rows(results, peers))
+    for layout in LAYOUTS:
+        shown = layout_peers(peers, layout)
+        print_table(f"Summary, layout {layout}: medians; (x {shown[0]}) = peer's figure / {shown[0]}", "",
+                    ["benchmark"] + shown, summary_rows(results, shown))
     inproc_table(results["inproc"])
     pingpong_table(results["pingpong"])
     latency_tables(results["latency"])
@@ -455,20 +499,21 @@ def print_report(report: dict) -> None:
     frames_table(results["frames"])
     rss_table(results["rss"])
     scaling_table(results["scaling"], report["settings"]["scaling"])
-    layouts_table(results.get("layouts", {}))
-    print("Scaling for the README (median time per send, ours / native (ratio)):")
-    print()
-    print(report["scaling_markdown"])
-    print()
-    if "layouts_markdown" in report:
-        print("Layout 9 against layout 4 for the README:")
+    layouts_table(results)
+    for layout in LAYOUTS:
+        print(f"Scaling for the README, layout {layout} (median time per send, ours / native (ratio)):")
         print()
-        print(report["layouts_markdown"])
+        print(report["scaling_markdown"][str(layout)])
         print()
-    print("Summary for the README:")
+    print("Layout 9 against layout 4 for the README:")
     print()
-    print(report["summary_markdown"])
+    print(report["layouts_markdown"])
     print()
+    for layout in LAYOUTS:
+        print(f"Summary for the README, layout {layout}:")
+        print()
+        print(report["summary_markdown"][str(layout)])
+        print()
     print_targets(report["targets"])
     for error in report["errors"]:
         print(f"ERROR {error}")

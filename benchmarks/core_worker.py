@@ -4,14 +4,17 @@ Run by bench_core.py, never by hand, as
 
     python    core_worker.py PEER      -          -         MODE JSON-ARGS
     python -S core_worker.py native    NATIVE_DIR SITE_DIR  MODE JSON-ARGS
+    python -S core_worker.py native9   NATIVE_DIR SITE_DIR  MODE JSON-ARGS
 
-PEER is ours, native, mp_pipe, mp_queue, zmq, faster_fifo, iceoryx2 or
-zenoh (see peers.py). For
-``native`` the interpreter runs without site-packages (-S); NATIVE_DIR (the
-one holding ``kickmsg.abi3.so``) goes first on sys.path and SITE_DIR (for
-numpy) last, so our package cannot be imported in that process: the import
-is checked. ``ours`` imports this package; the other peers import no kickmsg
-at all.
+PEER is ours, native, ours9, native9, mp_pipe, mp_queue, zmq, faster_fifo,
+iceoryx2 or zenoh (see peers.py). For ``native`` (0.1.0, layout 4) and
+``native9`` (0.9.2, layout 9) the interpreter runs without site-packages
+(-S); NATIVE_DIR (the one holding 0.1.0's ``kickmsg.abi3.so``, or 0.9.2's
+``kickmsg`` package) goes first on sys.path and SITE_DIR (for numpy) last,
+so our package cannot be imported in that process: the import is checked.
+``ours`` and ``ours9`` import this package, with $KICKMSG_LAYOUT set by
+bench_core.py to 4 and 9 (checked): their channels are layout 4 and layout
+9. The other peers import no kickmsg at all.
 
 Cross-process benchmarks fork their subscriber processes from here
 (multiprocessing, "fork" start method: what the pipes and queues need), so
@@ -56,7 +59,7 @@ Modes and exactly what they time:
             subscriber gets it as a numpy uint8 array (kickmsg: a view over
             the slot, no copy), reads the header and the last byte, releases
             it, and notes the clock of every frame.
-  scaling   ours/native only, one process: ``publisher.send(payload)`` alone
+  scaling   kickmsg peers only, one process: ``publisher.send(payload)`` alone
             on a region with ``rings`` subscribers that never read (so every
             ring has wrapped: the steady state, each publish also evicts the
             ring's oldest entry), for each size.
@@ -71,17 +74,21 @@ import traceback
 from typing import Any
 
 PEER, NATIVE_DIR, SITE_DIR, MODE, RAW_ARGS = sys.argv[1:6]
-if PEER == "native":
+KICKMSG_PEERS = ("ours", "native", "ours9", "native9")
+if PEER in ("native", "native9"):
     assert sys.flags.no_site, "run the native worker with python -S"
     sys.path.insert(0, NATIVE_DIR)
     sys.path.append(SITE_DIR)  # numpy; our package is installed by a .pth hook that -S skips
     import kickmsg
 
-    assert kickmsg.__file__.endswith(".so"), f"expected the native binding, got {kickmsg.__file__}"
-elif PEER == "ours":
+    expected = ".so" if PEER == "native" else "kickmsg-0.9.2/kickmsg/__init__.py"
+    assert kickmsg.__file__.endswith(expected), f"expected the native binding, got {kickmsg.__file__}"
+elif PEER in ("ours", "ours9"):
     import kickmsg
 
     assert kickmsg.__file__.endswith("__init__.py"), f"expected the pure-Python package, got {kickmsg.__file__}"
+    layout = os.environ.get("KICKMSG_LAYOUT")
+    assert layout == ("9" if PEER == "ours9" else "4"), f"{PEER}: $KICKMSG_LAYOUT is {layout!r}"
 else:
     kickmsg = None
 
@@ -101,7 +108,7 @@ def make_peer(args: dict, size: int, channel: str = "") -> Any:
     """The peer of this worker for messages of up to ``size`` bytes;
     ``channel`` names another channel of the same peer (ping-pong: "_there"
     and "_back")."""
-    if PEER in ("ours", "native"):
+    if PEER in KICKMSG_PEERS:
         return peers.KickmsgPeer(PEER, kickmsg, args["shm_name"] + channel, args.get("config", {}), args["idle_s"])
     if PEER == "mp_pipe":
         return peers.PipePeer()
@@ -122,7 +129,7 @@ def make_peer(args: dict, size: int, channel: str = "") -> Any:
 
 
 def emit(result: dict) -> None:
-    if PEER not in ("ours", "native"):
+    if PEER not in KICKMSG_PEERS:
         assert "kickmsg" not in sys.modules, "a non-kickmsg peer imported kickmsg"
     result["peer"] = PEER
     result["module"] = kickmsg.__file__ if kickmsg else None
@@ -507,7 +514,7 @@ def scaling(
     rings: list, sizes: list, repeats: int, warmup_s: float, repeat_s: float, batch: int, shm_name: str, config: dict,
     idle_s: float, **_unused,
 ) -> None:
-    assert kickmsg is not None, "scaling is measured for ours and native only"
+    assert kickmsg is not None, "scaling is measured for the kickmsg peers only"
     results = {}
     for ring_count in rings:
         peer = peers.KickmsgPeer(

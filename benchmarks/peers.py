@@ -2,8 +2,10 @@
 
 A peer is one way of moving messages between Python code:
 
-  ours      this package (kickmsg/, pure Python)
-  native    the native kickmsg 0.1.0 binding (same API, other process only)
+  ours      this package (kickmsg/, pure Python), layout-4 channels
+  native    the native kickmsg 0.1.0 binding (layout 4; same API, other process only)
+  ours9     this package on layout-9 channels
+  native9   the native kickmsg 0.9.2 binding (layout 9; other process only)
   mp_pipe   multiprocessing.Pipe(duplex=False), one pipe per subscriber
   mp_queue  multiprocessing.Queue, one queue per subscriber
   zmq       pyzmq XPUB -> SUB over the ipc:// transport
@@ -58,9 +60,9 @@ from typing import Any
 import numpy
 
 class KickmsgPeer:
-    """``ours`` or ``native``: ``module`` is the imported kickmsg; ``config``
-    the Config fields that differ from the defaults; a blocking receive gives
-    up after ``idle_s``."""
+    """``ours``, ``native``, ``ours9`` or ``native9``: ``module`` is the
+    imported kickmsg; ``config`` the Config fields that differ from the
+    defaults; a blocking receive gives up after ``idle_s``."""
 
     lossy = True  # a ring overwrites its oldest entry when a subscriber lags
 
@@ -94,26 +96,35 @@ class KickmsgPeer:
         return KickmsgSubscriber(self.kickmsg.Subscriber(self._region()), self.idle_s)
 
     def publisher(self) -> "KickmsgPublisher":
-        return KickmsgPublisher(self.kickmsg.Publisher(self._region()))
+        return KickmsgPublisher(self.kickmsg.Publisher(self._region()), sized=self.name in ("ours", "native"))
 
 
 class KickmsgPublisher:
-    def __init__(self, publisher):
+    """``sized``: allocate in 0.1.0's form, ``allocate(len)`` then
+    ``publish()``; else in 0.9.2's, ``allocate()`` (a buffer of
+    max_payload_size, the frame's size here) then ``publish(len)``."""
+
+    def __init__(self, publisher, sized: bool):
         self.publisher = publisher
         self.send = publisher.send
+        self.sized = sized
         self.allocate_retries = 0
 
     def wait_for_subscribers(self, count: int, timeout_s: float) -> None:
         pass  # the subscribers joined their rings before reporting ready
 
     def send_frame(self, source: numpy.ndarray, header: bytes) -> None:
-        while (slot := self.publisher.allocate(source.nbytes)) is None:
+        allocate, size = self.publisher.allocate, source.nbytes
+        while (slot := allocate(size) if self.sized else allocate()) is None:
             self.allocate_retries += 1  # every slot in use: try again
         view = memoryview(slot)
-        numpy.copyto(numpy.frombuffer(view, numpy.uint8), source)
+        numpy.copyto(numpy.frombuffer(view, numpy.uint8)[:size], source)
         view[: len(header)] = header
         view.release()
-        slot.publish()
+        if self.sized:
+            slot.publish()
+        else:
+            slot.publish(size)
 
     def close(self) -> None:
         del self.publisher, self.send

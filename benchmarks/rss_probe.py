@@ -2,8 +2,8 @@
 
 Run in a fresh process by bench_core.py, never by hand, as
 
-    python    rss_probe.py ours   -          -        SHM_NAME
-    python -S rss_probe.py native NATIVE_DIR SITE_DIR SHM_NAME
+    python    rss_probe.py ours   -          -        SHM_NAME   (ours9 too)
+    python -S rss_probe.py native NATIVE_DIR SITE_DIR SHM_NAME   (native9 too)
 
 Reads VmRSS and its parts (RssAnon, RssFile, RssShmem) from
 /proc/self/status three times: at start (only the standard library's
@@ -29,13 +29,14 @@ def memory_kb() -> dict:
 
 
 start = memory_kb()
-if impl == "native":
+native = impl in ("native", "native9")
+if native:
     assert sys.flags.no_site, "run the native probe with python -S"
     sys.path[0] = native_dir
     sys.path.append(site_dir)
 import kickmsg  # noqa: E402
 
-expected = ".so" if impl == "native" else "__init__.py"
+expected = {"native": ".so", "native9": "kickmsg-0.9.2/kickmsg/__init__.py"}.get(impl, "__init__.py")
 assert kickmsg.__file__.endswith(expected), f"{impl}: unexpected module {kickmsg.__file__}"
 imported = memory_kb()
 modules_after_import = len(sys.modules)

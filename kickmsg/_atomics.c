@@ -71,3 +71,20 @@ void km_fence_seq_cst(void)
 {
     __atomic_thread_fence(__ATOMIC_SEQ_CST);
 }
+
+/* A run of relaxed loads in one call: the words `stride` bytes apart from
+ * `addr`, indices `start` to `count` - 1, each read on its own (relaxed,
+ * as km_load_relaxed_u32 reads it) until one of them, masked with `mask`,
+ * equals `value`. Returns that index << 32 | the word read, or -1 if none
+ * did (a publisher's pre-check of the rings' states: the next Live one). */
+int64_t km_find_relaxed_u32(uintptr_t addr, uintptr_t stride, uint32_t start, uint32_t count, uint32_t mask,
+                            uint32_t value)
+{
+    for (uint32_t index = start; index < count; index++) {
+        uint32_t word = __atomic_load_n((uint32_t *)(addr + (uintptr_t)index * stride), __ATOMIC_RELAXED);
+        if ((word & mask) == value) {
+            return (int64_t)index << 32 | word;
+        }
+    }
+    return -1;
+}

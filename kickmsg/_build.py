@@ -74,6 +74,10 @@ atomics_builder = FFI()
 for c_type, suffix in (("uint32_t", "u32"), ("uint64_t", "u64")):
     atomics_builder.cdef(ATOMIC_DECLARATIONS.replace("SUFFIX", suffix).replace("T ", c_type + " "))
 atomics_builder.cdef("void km_fence_seq_cst(void);")
+atomics_builder.cdef(
+    "int64_t km_find_relaxed_u32(uintptr_t addr, uintptr_t stride, uint32_t start, uint32_t count, uint32_t mask,"
+    " uint32_t value);"
+)
 atomics_builder.set_source(
     "kickmsg._atomics_cffi", KEEP_THE_GIL + (HERE / "_atomics.c").read_text(), extra_compile_args=COMPILE_ARGS
 )

@@ -133,6 +133,16 @@ def _sleep_in_slices(
         slice_ns = min(2 * slice_ns, POLL_SLICE_MAX_NS)
 
 
+def _find_relaxed_u32_one_by_one(address: int, stride: int, start: int, count: int, mask: int, value: int) -> int:
+    """``Atomics.find_relaxed_u32`` as a loop of ``km_load_relaxed_u32``
+    calls, for a compiled shim built before km_find_relaxed_u32 existed."""
+    for index in range(start, count):
+        word = _lib.km_load_relaxed_u32(address + index * stride)
+        if word & mask == value:
+            return index << 32 | word
+    return -1
+
+
 def _shim_without_fence() -> None:
     """Stands in for km_fence_seq_cst in a compiled shim built before it
     existed (layout 4 never calls it): refuse rather than run unfenced."""
@@ -186,6 +196,17 @@ class Atomics:
     fetch_sub_acquire_u64: ReadModifyWrite = _lib.km_fetch_sub_acquire_u64
     fetch_sub_release_u64: ReadModifyWrite = _lib.km_fetch_sub_release_u64
     fetch_sub_acq_rel_u64: ReadModifyWrite = _lib.km_fetch_sub_acq_rel_u64
+
+    # find_relaxed_u32(address, stride, start, count, mask, value) -> found:
+    # relaxed loads of the 32-bit words ``stride`` bytes apart from
+    # ``address``, indices ``start`` to ``count - 1``, each on its own, until
+    # one masked with ``mask`` equals ``value``; ``found`` is that index << 32
+    # | the word read, or -1 if none did. One call for a publisher's relaxed
+    # pre-check of many rings (the next Live one); a scheduler makes each
+    # load a step of its own.
+    find_relaxed_u32: Callable[[int, int, int, int, int, int], int] = (
+        getattr(_lib, "km_find_relaxed_u32", None) or staticmethod(_find_relaxed_u32_one_by_one)
+    )
 
     # A seq_cst thread fence (layout 9 orders its waiter handshakes with one
     # on each side: the waiter after storing has_waiter, the publisher after

@@ -33,7 +33,7 @@ from kickmsg.protocol.v4.layout import (
     entry_is_stuck,
 )
 from kickmsg.protocol import v9
-from kickmsg.region import SharedRegion
+from kickmsg.region import CHECK_IN_INTERVAL_NS, SharedRegion
 from kickmsg.region9 import Layout9Region
 
 MAX_LOCK_ATTEMPTS = 64  # CAS attempts on a ring entry before giving up on that ring
@@ -76,6 +76,7 @@ class Publisher:
         self._rejoined = 0
         self._pending: weakref.ref[AllocatedSlot] | None = None  # weak reference to the AllocatedSlot not yet published
         self._sent = 0
+        self._empty_pool_why: tuple[int, str] | None = None  # (until when, explanation) of the last empty pool
         self._record = self._record_ourselves(name)
         self._closed = False
 
@@ -107,8 +108,18 @@ class Publisher:
         """
         size = self._send_unless_pool_empty(data)
         if size is None:
-            raise BlockingIOError(errno.EAGAIN, explain_empty_pool(self._region))
+            raise BlockingIOError(errno.EAGAIN, self._why_pool_empty())
         return size
+
+    def _why_pool_empty(self) -> str:
+        """Why the slot pool is empty (``explain_empty_pool``: one look at
+        the whole region), worked out at most once per check-in interval: a
+        caller retrying ``send`` on an empty pool meanwhile gets the last
+        explanation, not a look at every slot and ring per retry."""
+        now_ns = time.monotonic_ns()
+        if self._empty_pool_why is None or now_ns >= self._empty_pool_why[0]:
+            self._empty_pool_why = (now_ns + CHECK_IN_INTERVAL_NS, explain_empty_pool(self._region))
+        return self._empty_pool_why[1]
 
     def _send_unless_pool_empty(self, data: Buffer) -> int | None:
         """``send`` without the explanation of an empty pool (one look at
@@ -232,10 +243,21 @@ class Publisher:
         ops.store_release_u32(region.slot_addresses[slot] + REFCOUNT_OFFSET, geometry.max_subs)
         delivered = 0
         excess = 0  # references held for rings we did not deliver to
+        rings = region.rings
+        first_state_flight, ring_stride, max_subs = rings[0].state_flight, geometry.ring_stride, geometry.max_subs
+        index = 0  # the next ring to pre-check
         # 4. For each ring:
-        for ring in region.rings:
-            # Relaxed pre-check: skip rings that are not Live without an RMW.
-            state_flight = ops.load_relaxed_u32(ring.state_flight)
+        while index < max_subs:
+            # Relaxed pre-check: skip rings that are not Live without an RMW
+            # (one call reads the states up to the next Live ring).
+            found = ops.find_relaxed_u32(first_state_flight, ring_stride, index, max_subs, RING_STATE_MASK, RING_LIVE)
+            if found < 0:
+                excess += max_subs - index  # none Live from index on
+                break
+            live, state_flight = found >> 32, found & U32_MAX
+            excess += live - index  # the rings skipped
+            index = live + 1
+            ring = rings[live]
             admitted = False
             # CAS admission: check Live and increment in_flight in one step.
             while state_flight & RING_STATE_MASK == RING_LIVE:

@@ -28,6 +28,7 @@ from kickmsg.protocol.v4.layout import (
     U32_MAX,
 )
 from kickmsg.protocol import v9
+from kickmsg.protocol.v9.receive import POLL_SLEEP_S, YIELDS_BEFORE_SLEEP
 from kickmsg.protocol.v9.layout import (
     HAS_WAITER_OFFSET,
     SEQUENCE_OFFSET as SEQUENCE_OFFSET_9,
@@ -149,7 +150,6 @@ class Subscriber:
         if time.monotonic_ns() >= self._next_check_in_ns:
             self._check_in()
         if pinned is None:
-            self._report_if_stale()
             return None
         slot, length, _ = pinned
         start = region.payload_offsets[slot]
@@ -165,7 +165,6 @@ class Subscriber:
         if time.monotonic_ns() >= self._next_check_in_ns:
             self._check_in()
         if pinned is None:
-            self._report_if_stale()
             return None
         slot, length, ring_pos = pinned
         return SampleView(region, slot, length, ring_pos)
@@ -295,8 +294,9 @@ class Subscriber:
 
     def _report_if_stale(self) -> None:
         """Write read_pos and lost into our owner record (for ``kickmsg
-        stats``/``watch``) if they changed since last written: at check-in,
-        when a poll finds nothing new, and before sleeping."""
+        stats``/``watch``) if they changed since last written: at check-in
+        (a sleeping receive wakes for it) and when a blocking receive gives
+        up; never per message or per wake-up."""
         progress = (self._read_pos, self._lost)
         if self._sidecar and progress != self._reported:
             self._sidecar.report_progress(self._ring.index, *progress)
@@ -346,6 +346,7 @@ class Subscriber:
         while message is None:
             now_ns = time.monotonic_ns()
             if deadline_ns is not None and now_ns >= deadline_ns:
+                self._report_if_stale()  # giving up, idle: leave the record current
                 break
             if now_ns >= spin_until_ns:
                 self._sleep_until_written(deadline_ns)
@@ -359,7 +360,6 @@ class Subscriber:
         remaining_ns = -1 if deadline_ns is None else deadline_ns - time.monotonic_ns()
         if deadline_ns is not None and remaining_ns <= 0:
             return
-        self._report_if_stale()  # going idle: leave the record current
         ops = self._region.atomics
         ring = self._ring
         ops.store_relaxed_u32(ring.has_waiter, 1)
@@ -375,14 +375,13 @@ class Subscriber:
             # wake-up may come before we sleep, so only nap briefly.
             remaining_ns = _at_most(remaining_ns, UNCOMMITTED_POLL_NS)
         if self._region.mapping.shared:
-            # Wake for the next check-in: publishers of a re-created region
-            # would never wake us on this one's futex.
+            # Wake for the next check-in (it follows a re-created region,
+            # whose publishers would never wake us on this one's futex, and
+            # brings our record up to date), not sooner.
             remaining_ns = _at_most(remaining_ns, max(0, self._next_check_in_ns - time.monotonic_ns()))
         # The kernel returns at once if write_pos no longer equals what we saw.
         ops.futex_wait(ring.write_pos, write_pos & U32_MAX, remaining_ns)
         ops.store_relaxed_u32(ring.has_waiter, 0)
-        if self._region.mapping.shared:
-            self._next_check_in_ns = 0  # check in after the receive a wake-up allows: its record is then exact
 
     # -- waiting together with other subscribers (kickmsg.waitset, kickmsg.aio) --
 
@@ -399,7 +398,6 @@ class Subscriber:
         if check_in:
             self._end_wait()  # checking in may take us to another ring
             self._check_in()
-        self._report_if_stale()  # going idle: leave the record current
         region, ring = self._region, self._ring
         ops = region.atomics
         ops.store_relaxed_u32(ring.has_waiter, 1)
@@ -692,6 +690,7 @@ class Subscriber9(Subscriber):
         self._drain_timeouts = 0
         self._rejoined = 0
         self._waiting = False  # a WaitSet set has_waiter on our ring
+        self._claimed_yields = 0  # B.11: yields in a row while the head was claimed, not committed
         self._owner_pid = process.pid
         self._closed = True  # until a ring is ours
         self._take(region)
@@ -752,6 +751,10 @@ class Subscriber9(Subscriber):
         self._next_check_in_ns = self._region.next_check_in_ns()
         self._follow_if_recreated()
 
+    def _report_if_stale(self) -> None:
+        """Nothing to write: layout 9 keeps no owner record (the ring's
+        header names its owner and counts its losses)."""
+
     def _follow_if_recreated(self) -> None:
         """A layout-9 region is re-created as a new object: join a ring of
         it, leave the old ring; what we had not read there counts as lost."""
@@ -770,8 +773,8 @@ class Subscriber9(Subscriber):
 
     def _sleep_until_written(self, deadline_ns: int | None) -> None:
         """B.11: park on the low 32 bits of write_pos with has_waiter = 1 and
-        the seq_cst fence; nap briefly while the head is claimed but not
-        committed (its commit brings no wake)."""
+        the seq_cst fence; while the head is claimed but not committed (its
+        commit brings no wake), yield, and nap after 64 yields in a row."""
         remaining_ns = -1 if deadline_ns is None else deadline_ns - time.monotonic_ns()
         if deadline_ns is not None and remaining_ns <= 0:
             return
@@ -779,8 +782,16 @@ class Subscriber9(Subscriber):
         ops = core.region.atomics
         current = ops.load_relaxed_u64(core.ring + WRITE_POS_OFFSET)
         if current > core.read_pos:
-            time.sleep(_at_most(remaining_ns, UNCOMMITTED_POLL_NS) / 1e9)  # B.11: the head is claimed
+            # B.11: the head is claimed, not committed, and its commit brings
+            # no wake-up: yield (the caller tries again at once), and after
+            # YIELDS_BEFORE_SLEEP yields in a row nap POLL_SLEEP_S.
+            self._claimed_yields += 1
+            if self._claimed_yields <= YIELDS_BEFORE_SLEEP:
+                os.sched_yield()
+            else:
+                time.sleep(_at_most(remaining_ns, int(POLL_SLEEP_S * 1e9)) / 1e9)
             return
+        self._claimed_yields = 0  # nothing claimed: park
         if self._region.mapping.shared:
             remaining_ns = _at_most(remaining_ns, max(0, self._next_check_in_ns - time.monotonic_ns()))
         ops.store_relaxed_u32(core.ring + HAS_WAITER_OFFSET, WAITER_FUTEX)

@@ -141,6 +141,8 @@ class WaitSet:
                     break
                 remaining_ns = -1 if deadline_ns is None else deadline_ns - time.monotonic_ns()
                 if deadline_ns is not None and remaining_ns <= 0:
+                    for owner in self._members:
+                        owner._report_if_stale()  # giving up, idle: leave their records current
                     break
                 atomics.HARDWARE.futex_waitv(sleep.addresses, sleep.values, _sooner(remaining_ns, sleep.timeout_ns))
         finally:

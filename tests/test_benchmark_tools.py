@@ -34,7 +34,7 @@ def test_hotpath_times_every_operation_it_documents_and_leaves_no_region():
     assert sorted(figures) == sorted(expected), output
     assert all(figures[name] > 0 for name in flows), output
     assert sorted(calls) == sorted(flows), output
-    # A send into one of 16 rings pre-checks all 16; more Live rings, more calls.
+    # A send pre-checks the rings with one call per Live ring (and one past the last); more Live rings, more calls.
     assert calls["send, 1 of 16"] > 16 and calls["send, 1 rings"] < calls["send, 4 rings"] < calls["send, 16 rings"]
     only = run_tool("benchmarks/hotpath.py", "--rounds", "1", "--repeats", "1", "--only", "pop")
     assert re.findall(r"^  (\S.*?) {2,}-?\d+", only, re.MULTILINE) == ["pop + push"], only
@@ -60,55 +60,65 @@ import bench_core  # noqa: E402
 import bench_report  # noqa: E402
 
 
-def a_run(pingpong_us: dict, fanout: dict, throughput: dict, frames_8mb: dict, inproc_ns: dict) -> dict:
+def a_run(pingpong_us: dict, fanout: dict, throughput: dict, frames_8mb: dict, inproc_ns: dict,
+          parked_us: dict | None = None) -> dict:
     """A results dictionary as bench_core makes it, with the fields the
     summary and the targets read."""
     return {
         "inproc": {"64": {peer: {"median_ns": ns} for peer, ns in inproc_ns.items()}},
         "pingpong": {"64": {peer: {"median_us": us} for peer, us in pingpong_us.items()}},
-        "fanout": {"4": {peer: {"median_msgs_s": rate} for peer, rate in fanout.items()}},
+        "latency": {"64_block": {peer: {"median_us": us} for peer, us in (parked_us or {}).items()}},
+        "fanout": {"4": {peer: {"median_msgs_s": rate, "loss_fraction": 0.1} for peer, rate in fanout.items()}},
         "throughput": {"1": {peer: {"median_msgs_s": rate} for peer, rate in throughput.items()}},
         "frames": {str(8 << 20): frames_8mb},
     }
 
 
-def test_targets_are_judged_on_the_ratios_to_each_peer_and_say_by_how_much_one_is_missed():
+def test_targets_are_judged_on_each_layout_and_say_by_how_much_one_is_missed():
     results = a_run(
-        pingpong_us={"ours": 6.0, "native": 30.0, "mp_pipe": 20.0, "mp_queue": 90.0, "zmq": 80.0,
+        pingpong_us={"ours": 6.0, "ours9": 7.0, "native": 30.0, "mp_pipe": 20.0, "mp_queue": 90.0, "zmq": 80.0,
                      "faster_fifo": 25.0, "iceoryx2": 4.0, "zenoh": 50.0},
-        fanout={"ours": 100e3, "mp_queue": 80e3, "zmq": 1.6e6, "faster_fifo": 50e3},
-        throughput={"ours": 200e3, "mp_queue": 60e3, "zmq": {"error": "it broke"}, "faster_fifo": 90e3},
+        parked_us={"ours": 40.0, "ours9": 60.0, "mp_pipe": 50.0},
+        fanout={"ours": 100e3, "ours9": 90e3, "mp_pipe": 80e3},
+        throughput={"ours": 200e3, "ours9": 100e3, "mp_pipe": {"error": "it broke"}},
         frames_8mb={"ours": {"median_fps": 1900, "first_pass_fps": 400},
-                    "native": {"median_fps": 2000, "first_pass_fps": 500}},
-        inproc_ns={"ours": 6000.0, "native": 200.0},
+                    "native": {"median_fps": 2000, "first_pass_fps": 500},
+                    "ours9": {"median_fps": 1900, "first_pass_fps": 400},
+                    "native9": {"median_fps": 1900, "first_pass_fps": 400}},
+        inproc_ns={"ours": 6000.0, "native": 200.0, "ours9": 6000.0, "native9": 300.0},
     )
-    results["throughput"]["1"]["zmq"] = {"error": "it broke"}
-    found = {target["target"].split(" (")[0]: target for target in bench_report.targets(results)}
-    verdicts = {name: target["met"] for name, target in found.items()}
-    assert verdicts == {
-        "in-process 64 B send+receive within 25x native": False,
-        "blocking one-way 64 B latency below mp.Pipe": True,
-        "blocking one-way 64 B latency within 1.5x native": True,
+    results["throughput"]["1"]["mp_pipe"] = {"error": "it broke"}
+    found = {(target["layout"], target["target"].split(" (")[0]): target for target in bench_report.targets(results)}
+    verdicts = {key: target["met"] for key, target in found.items()}
+    expected_4 = {
+        "one message per ms, receiver parked: at most mp.Pipe's latency": True,
+        "ping-pong one-way 64 B: at most mp.Pipe's": True,
+        "ping-pong one-way 64 B: ahead of mp_queue": True,
+        "ping-pong one-way 64 B: ahead of zmq": True,
+        "ping-pong one-way 64 B: ahead of faster_fifo": True,
+        "ping-pong one-way 64 B: ahead of iceoryx2": False,
+        "ping-pong one-way 64 B: ahead of zenoh": True,
+        "streaming 4 KB: at least mp.Pipe's msgs/s received": None,  # that peer failed: no data, not a verdict
+        "fan-out 64 B to 4 processes: at least mp.Pipe's msgs/s received": True,
+        "in-process 64 B send + receive within 25x native": False,
         "8 MB frames >= 0.9x native": True,
         "8 MB frames, first pass, >= 0.9x native": False,
-        "fan-out 64 B to 4 processes ahead of mp_queue": True,
-        "fan-out 64 B to 4 processes ahead of zmq": False,
-        "fan-out 64 B to 4 processes ahead of faster_fifo": True,
-        "4 KB streaming throughput ahead of mp_queue": True,
-        "4 KB streaming throughput ahead of zmq": None,  # that peer failed: no data, not a verdict
-        "4 KB streaming throughput ahead of faster_fifo": True,
-        "cross-process 64 B latency ahead of mp_pipe": True,
-        "cross-process 64 B latency ahead of mp_queue": True,
-        "cross-process 64 B latency ahead of zmq": True,
-        "cross-process 64 B latency ahead of faster_fifo": True,
-        "cross-process 64 B latency ahead of iceoryx2": False,
-        "cross-process 64 B latency ahead of zenoh": True,
     }
-    assert found["in-process 64 B send+receive within 25x native"]["value"] == 30.0
-    assert found["in-process 64 B send+receive within 25x native"]["by"] == "20% over"
-    assert found["8 MB frames, first pass, >= 0.9x native"]["by"] == "11% short"
-    assert found["cross-process 64 B latency ahead of iceoryx2"]["by"] == "50% over"
-    assert found["blocking one-way 64 B latency below mp.Pipe"]["by"] == ""
+    assert {name: met for (layout, name), met in verdicts.items() if layout == "4"} == expected_4
+    on_9 = {name: met for (layout, name), met in verdicts.items() if layout == "9"}
+    assert on_9["one message per ms, receiver parked: at most mp.Pipe's latency"] is False
+    assert on_9["in-process 64 B send + receive within 25x native9"] is True  # 20x: against the native that speaks 9
+    assert on_9["8 MB frames, first pass, >= 0.9x native9"] is True
+    between = {name: (target["value"], target["met"]) for (layout, name), target in found.items() if layout == "9/4"}
+    # Layout 9's cost over layout 4's: times 9/4, rates 4/9.
+    assert between["layout 9 within 1.2x of layout 4: one-way latency 64 B, blocking receive, one message per ms"] == (1.5, False)
+    assert between["layout 9 within 1.2x of layout 4: streaming 4 KB, 1 subscriber process, msgs/s"] == (2.0, False)
+    assert between["layout 9 within 1.2x of layout 4: in-process send + receive, 64 B"] == (1.0, True)
+    assert found[("4", "in-process 64 B send + receive within 25x native")]["value"] == 30.0
+    assert found[("4", "in-process 64 B send + receive within 25x native")]["by"] == "20% over"
+    assert found[("4", "8 MB frames, first pass, >= 0.9x native")]["by"] == "11% short"
+    assert found[("4", "ping-pong one-way 64 B: ahead of iceoryx2")]["by"] == "50% over"
+    assert found[("4", "fan-out 64 B to 4 processes: at least mp.Pipe's msgs/s received")]["lost"] == 0.1
 
 
 def test_the_summary_table_shows_ratios_to_ours_and_marks_failed_and_missing_cells():
@@ -122,8 +132,19 @@ def test_the_summary_table_shows_ratios_to_ours_and_marks_failed_and_missing_cel
     rows = {line.split(" | ")[0].lstrip("| "): line.strip("| ").split(" | ")[1:] for line in lines[2:]}
     assert rows["in-process send + receive, 64 B"] == ["6.00 µs", "200 ns (0.0333x)", "n/a", "n/a"]
     assert rows["one-way latency 64 B, blocking receive, ping-pong pinned"] == ["5.00 µs", "25.00 µs (5x)", "n/a", "failed"]
-    assert rows["fan-out 64 B to 4 subscriber processes, msgs/s received"] == ["100.0 k/s", "n/a", "1.50 M/s (15x)", "n/a"]
+    assert rows["fan-out 64 B to 4 subscriber processes, msgs/s received"] == [
+        "100.0 k/s, 10.0% lost", "n/a", "1.50 M/s, 10.0% lost (15x)", "n/a"]
     assert "in-process send + receive, 4 KB" not in rows  # not in this run at all
+
+
+def test_each_layout_has_its_summary_with_its_own_ours_and_native():
+    assert bench_report.layout_peers(bench_report.PEERS, 4)[:3] == ["ours", "native", "mp_pipe"]
+    nine = bench_report.layout_peers(bench_report.PEERS, 9)
+    assert nine[:3] == ["ours9", "native9", "mp_pipe"] and "ours" not in nine and "native" not in nine
+    results = a_run(pingpong_us={"ours9": 5.0, "native9": 10.0}, fanout={}, throughput={}, frames_8mb={}, inproc_ns={})
+    lines = bench_report.summary_markdown(results, nine).splitlines()
+    assert lines[0].startswith("| median (× ours9) | ours9 | native9 |")
+    assert any("ping-pong" in line and "| 5.00 µs | 10.00 µs (2x) |" in line for line in lines), lines
 
 
 def test_every_peer_makes_a_ping_pong_round_trip_between_two_processes(prefix, monkeypatch):

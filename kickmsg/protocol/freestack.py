@@ -9,6 +9,7 @@ in layouts 4 and 9; one rule differs, and ``pop`` takes it explicitly: a
 head index outside the pool is corrupt, which 0.1.0 (layout 4) reports and
 0.9.2 (layout 9) reads as an empty pool.
 """
+from collections.abc import Sequence
 from typing import Protocol
 
 from kickmsg.atomics import Atomics
@@ -39,7 +40,8 @@ class Pool(Protocol):
     @property
     def name(self) -> str: ...
 
-    def slot_address(self, slot: int) -> int: ...
+    @property
+    def slot_addresses(self) -> Sequence[int]: ...  # each slot's address, computed once
 
 
 def _next_top(top: int, slot: int) -> int:
@@ -67,7 +69,7 @@ def pop(region: Pool, *, empty_on_corrupt_head: bool) -> int:
             )
         # A stale head may already be reused and its link garbage; the CAS
         # below then fails on the generation, so only a link we install counts.
-        next_slot = ops.load_relaxed_u32(region.slot_address(head) + NEXT_FREE_OFFSET)
+        next_slot = ops.load_relaxed_u32(region.slot_addresses[head] + NEXT_FREE_OFFSET)
         found = ops.cas_acq_rel_u64(region.free_top_address, top, _next_top(top, next_slot))
         if found == top:
             return head
@@ -77,7 +79,7 @@ def pop(region: Pool, *, empty_on_corrupt_head: bool) -> int:
 def push(region: Pool, slot: int) -> None:
     """Give ``slot`` back to the pool (its refcount is already 0)."""
     ops = region.atomics
-    next_free_address = region.slot_address(slot) + NEXT_FREE_OFFSET
+    next_free_address = region.slot_addresses[slot] + NEXT_FREE_OFFSET
     top = ops.load_relaxed_u64(region.free_top_address)
     while True:
         ops.store_relaxed_u32(next_free_address, top & U32_MAX)
@@ -90,7 +92,7 @@ def push(region: Pool, slot: int) -> None:
 def release_slot(region: Pool, slot: int, references: int = 1) -> None:
     """Drop ``references`` of ``slot``'s refcount (acq_rel); whoever drops
     it to zero pushes the slot back on the free stack."""
-    previous = region.atomics.fetch_sub_acq_rel_u32(region.slot_address(slot) + REFCOUNT_OFFSET, references)
+    previous = region.atomics.fetch_sub_acq_rel_u32(region.slot_addresses[slot] + REFCOUNT_OFFSET, references)
     if previous == references:
         push(region, slot)
 
@@ -103,5 +105,5 @@ def count_free(region: Pool) -> int:
     count = 0
     while slot != INVALID_SLOT and slot < pool_size and count < pool_size:
         count += 1
-        slot = ops.load_relaxed_u32(region.slot_address(slot) + NEXT_FREE_OFFSET)
+        slot = ops.load_relaxed_u32(region.slot_addresses[slot] + NEXT_FREE_OFFSET)
     return count

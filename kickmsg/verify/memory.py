@@ -83,8 +83,11 @@ class Operation:
 
 
 HARDWARE_OPERATIONS = {name: getattr(HARDWARE, name) for name in dir(HARDWARE) if not name.startswith("_")}
-# A fence touches no word: WeakMemory models it apart.
-OPERATIONS = {name: Operation.named(name) for name in HARDWARE_OPERATIONS if not name.startswith(("futex_", "fence_"))}
+# A fence touches no word: WeakMemory models it apart. A find is a run of
+# relaxed loads: the scheduler performs each as a load_relaxed_u32.
+OPERATIONS = {
+    name: Operation.named(name) for name in HARDWARE_OPERATIONS if not name.startswith(("futex_", "fence_", "find_"))
+}
 
 
 class SequentialMemory:

@@ -205,6 +205,15 @@ class ScheduledAtomics(Atomics):
         """A seq_cst fence: a step of its own, at no address."""
         self._step("fence_seq_cst", 0, ())
 
+    def find_relaxed_u32(self, address: int, stride: int, start: int, count: int, mask: int, value: int) -> int:
+        """A find is its loads: each word's relaxed load a step of its own,
+        in order, as ``Atomics.find_relaxed_u32`` reads them."""
+        for index in range(start, count):
+            word = self.load_relaxed_u32(address + index * stride)
+            if word & mask == value:
+                return index << 32 | word
+        return -1
+
 
 def _scheduled(name: str) -> Callable[..., Any]:
     def operation(self: ScheduledAtomics, address: int, *operands: int) -> Any:
@@ -215,7 +224,7 @@ def _scheduled(name: str) -> Callable[..., Any]:
 
 
 for _name in OPERATIONS:
-    if _name not in ("futex_wait", "fence_seq_cst"):
+    if _name not in ("futex_wait", "fence_seq_cst", "find_relaxed_u32"):  # those three are methods above
         setattr(ScheduledAtomics, _name, _scheduled(_name))
 
 

@@ -125,17 +125,26 @@ class Publisher:
             raise ValueError("publish(len) exceeds slot max_size")
         # 2. take the slot; one reference per ring, returned below when unused
         self.pending = INVALID_SLOT
-        slot_address = region.slot_address(slot)
+        slot_address = region.slot_addresses[slot]
         ops.store_relaxed_u32(slot_address + PAYLOAD_LEN_OFFSET, length)
         ops.store_release_u32(slot_address + REFCOUNT_OFFSET, g.max_subs)
         delivered = 0
         excess = 0
+        rings = region.ring_addresses
+        first_state_flight = rings[0] + STATE_FLIGHT_OFFSET
+        index = 0  # the next ring to pre-check
         # 3. every ring
-        for index in range(g.max_subs):
-            ring = region.ring_address(index)
+        while index < g.max_subs:
+            # a. pre-check (relaxed; one call reads the states up to the next Live ring)
+            found = ops.find_relaxed_u32(first_state_flight, g.ring_stride, index, g.max_subs, RING_STATE_MASK, RING_LIVE)
+            if found < 0:
+                excess += g.max_subs - index  # none Live from index on
+                break
+            live, state_flight = found >> 32, found & U32_MAX
+            excess += live - index  # the rings skipped
+            index = live + 1
+            ring = rings[live]
             state_flight_address = ring + STATE_FLIGHT_OFFSET
-            # a. pre-check
-            state_flight = ops.load_relaxed_u32(state_flight_address)
             admitted = False
             # b. admission: in_flight += 1 while the ring stays Live
             while state_flight & RING_STATE_MASK == RING_LIVE and state_flight + IN_FLIGHT_ONE <= U32_MAX:
@@ -153,7 +162,7 @@ class Publisher:
                 self._abandon(ring)
                 excess += 1
                 continue
-            entry = region.entry_address(index, pos)
+            entry = region.ring_entries[live][pos & g.mask]
             prev_seq = pos - g.capacity + 1 if pos >= g.capacity else 0
             # d. wrapped: wait for the previous lap's commit
             last_seq, stable = 0, False

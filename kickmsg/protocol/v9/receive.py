@@ -168,7 +168,7 @@ class Subscriber:
                 self.lose(write_pos - self.read_pos - g.capacity)
                 self.read_pos = write_pos - g.capacity
             # 3. the entry's sequence
-            entry = region.entry_address(self.ring_index, self.read_pos)
+            entry = region.ring_entries[self.ring_index][self.read_pos & g.mask]
             expected = self.read_pos + 1
             s1 = ops.load_acquire_u64(entry + SEQUENCE_OFFSET)
             # 4. not this position's commit
@@ -190,7 +190,7 @@ class Subscriber:
                 self.read_pos += 1
                 continue
             slot = field - 1
-            slot_address = region.slot_address(slot)
+            slot_address = region.slot_addresses[slot]
             # 6. pin: refcount + 1 unless it is 0 (free) or saturated
             refcount = ops.load_acquire_u32(slot_address + REFCOUNT_OFFSET)
             pinned = False

@@ -15,11 +15,13 @@ from kickmsg.protocol import freestack
 from kickmsg.protocol.info import RegionInfo, RegionStats, RingStats, config_differences, region_info
 from kickmsg.protocol.v9.layout import (
     DEFAULT_COMMIT_TIMEOUT_US,
+    ENTRY_SIZE,
     FREE_TOP_OFFSET,
     HEADER_SIZE,
     INVALID_SLOT,
     MAGIC,
     MAGIC_OFFSET,
+    RING_HEADER_SIZE,
     RING_STATE_MASK,
     RING_STATE_NAMES,
     SCHEMA_DATA_OFFSET,
@@ -96,6 +98,17 @@ class Region:
         self.base = mapping.address
         self.free_top_address = self.base + FREE_TOP_OFFSET
         self.steal_count_address = self.base + STEAL_COUNT_OFFSET
+        # Every ring's, entry's and slot's address, computed once: the flows
+        # index these (a range holds three numbers, whatever its length).
+        g = geometry
+        first_ring = self.base + g.sub_rings_offset
+        self.ring_addresses = range(first_ring, first_ring + g.max_subs * g.ring_stride, g.ring_stride)
+        self.ring_entries = tuple(
+            range(ring + RING_HEADER_SIZE, ring + RING_HEADER_SIZE + g.capacity * ENTRY_SIZE, ENTRY_SIZE)
+            for ring in self.ring_addresses
+        )  # entry of position p in ring i: ring_entries[i][p & mask]
+        first_slot = self.base + g.pool_offset
+        self.slot_addresses = range(first_slot, first_slot + g.pool_size * g.slot_stride, g.slot_stride)
 
     # -- B.1 Create (exclusive) ----------------------------------------------
 
@@ -233,7 +246,8 @@ class Region:
         return self.base + self.geometry.entry_offset(ring, pos)
 
     def slot_address(self, slot: int) -> int:
-        return self.base + self.geometry.slot_offset(slot)
+        """The address of ``slot`` (0 <= slot < pool_size)."""
+        return self.slot_addresses[slot]
 
     def payload(self, slot: int, length: int) -> memoryview:
         """The first ``length`` payload bytes of ``slot`` (both in range)."""
