@@ -73,23 +73,23 @@ def expected(flows: tuple[tuple[str, object, str], ...]) -> list[tuple[Key, orde
     return found
 
 
-def read_table(rows: list[re.Match[str]]) -> dict[Key, tuple[Location, list[str]]]:
-    """The table's sites: key -> (where the table says it is, the text of
-    its rows after the operation cell)."""
-    sites: dict[Key, tuple[Location, list[str]]] = {}
+def read_table(rows: list[tuple[int, re.Match[str]]]) -> dict[Key, tuple[Location, list[tuple[int, str]]]]:
+    """The table's sites: key -> (where the table says it is, the line
+    number and text after the operation cell of each of its rows)."""
+    sites: dict[Key, tuple[Location, list[tuple[int, str]]]] = {}
     ranks: collections.Counter[tuple[str, str]] = collections.Counter()
     previous = None
-    for row in rows:
+    for number, row in rows:
         location, function, operation = (row[1], int(row[2])), RENAMED.get(row[3], row[3]), row[4]
         if (location, function, operation) != previous:
             ranks[function, operation] += 1
             sites[function, operation, ranks[function, operation]] = (location, [])
             previous = (location, function, operation)
-        sites[function, operation, ranks[function, operation]][1].append(row[5])
+        sites[function, operation, ranks[function, operation]][1].append((number, row[5]))
     return sites
 
 
-def match(sites: dict[Key, tuple[Location, list[str]]]) -> list[tuple[Key, orders.Site, int]]:
+def match(sites: dict[Key, tuple[Location, list[tuple[int, str]]]]) -> list[tuple[Key, orders.Site, int]]:
     """The layout whose sites the table shows, as ``expected`` gives them."""
     misses = []
     for layout, flows in ((4, orders.FLOWS), (9, orders.FLOWS9)):
@@ -119,9 +119,9 @@ def relocate(text: str) -> tuple[str, list[str]]:
             else:
                 tables.append([index])
     moved: dict[Location, Location] = {}
-    rebuilt: dict[int, tuple[list[tuple[orders.Site, str]], list[int]]] = {}  # first row -> (rows, all its lines)
+    rebuilt: dict[int, tuple[list[tuple[orders.Site, int, str]], list[int]]] = {}  # first row -> (rows, all its lines)
     for table in tables:
-        sites = read_table([match_row for index in table if (match_row := ROW.match(lines[index]))])
+        sites = read_table([(index + 1, row) for index in table if (row := ROW.match(lines[index]))])
         wanted = match(sites)
         new_rows = []
         for key, site, _ in wanted:
@@ -129,7 +129,7 @@ def relocate(text: str) -> tuple[str, list[str]]:
             new_location = (site.path, site.line)
             if moved.setdefault(location, new_location) != new_location:
                 raise TableError(f"{location[0]}:{location[1]} names two sites")
-            new_rows.extend((site, rest) for rest in rests)
+            new_rows.extend((site, number, rest) for number, rest in rests)
         rebuilt[table[0]] = (new_rows, table)
     unresolved: list[str] = []
 
@@ -174,7 +174,7 @@ def relocate(text: str) -> tuple[str, list[str]]:
             rows, table = rebuilt[index]
             skip.update(table)
             out.extend(f"| `{site.path}:{site.line}` | `{site.function}` | `{site.operation}` |"
-                       f"{references(rest, index + 1)}" for site, rest in rows)
+                       f"{references(rest, number)}" for site, number, rest in rows)
         else:
             out.append(references(line, index + 1))
     return "\n".join(out), unresolved

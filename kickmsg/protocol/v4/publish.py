@@ -62,12 +62,12 @@ def publish(region: Region, slot: int, payload_len: int) -> tuple[int, int]:
         if not admitted:
             excess += 1
             continue
-        # Claim a position; its committed sequence will be position + 1.
+        # fetch_add(write_pos, 1): claim a position; its committed sequence will be position + 1.
         position = ops.fetch_add_acq_rel_u64(ring.write_pos, 1)
         entry = ring.entries[position & mask]
         sequence = (position + 1) & U64_MAX
-        # If the ring wrapped: wait for the previous occupant's commit and
-        # capture its slot; its release is deferred until we hold the lock.
+        # If ring full (wrap): wait_and_capture_slot, the previous occupant's;
+        # its release is deferred until we hold the lock.
         if position >= capacity:
             previous_sequence = position - capacity + 1
             evicted_slot = wait_and_capture_slot(ops, entry, previous_sequence, commit_timeout_ns)
@@ -87,7 +87,7 @@ def publish(region: Region, slot: int, payload_len: int) -> tuple[int, int]:
             # already did (and marked the entry INVALID_SLOT).
             if evicted_slot < pool_size and ops.load_relaxed_u32(entry + SLOT_IDX_OFFSET) != INVALID_SLOT:
                 freestack.release_slot(region, evicted_slot)
-            # Release, not the spec's relaxed: their readers must see our lock (README: "a seqlock re-check that reads the past").
+            # Write entry fields. Release, not the spec's relaxed: their readers must see our lock (README: "a seqlock re-check that reads the past").
             ops.store_release_u32(entry + SLOT_IDX_OFFSET, slot)
             ops.store_release_u32(entry + PAYLOAD_LEN_OFFSET, payload_len)
             # Phase 2: commit with a release store of the real sequence.
@@ -126,11 +126,11 @@ def wait_and_capture_slot(ops: Atomics, entry: int, expected_sequence: int, time
     while True:
         sequence = ops.load_acquire_u64(entry + SEQUENCE_OFFSET)
         if sequence >= expected_sequence and sequence != LOCKED_SEQUENCE:
-            return ops.load_relaxed_u32(entry + SLOT_IDX_OFFSET)
+            return ops.load_relaxed_u32(entry + SLOT_IDX_OFFSET)  # committed: capture the old slot
         if deadline is None:
             deadline = time.monotonic_ns() + timeout_ns
         spins += 1
-        if spins % CLOCK_CHECK_SPINS == 0:
+        if spins % CLOCK_CHECK_SPINS == 0:  # check the clock every 1024 iterations
             if time.monotonic_ns() >= deadline:
-                return INVALID_SLOT
+                return INVALID_SLOT  # timeout: the writer crashed
             os.sched_yield()  # let a preempted writer on this CPU finish

@@ -197,9 +197,9 @@ def reclaim_orphaned_slots(region: Region) -> int:
     (NOT safe under live traffic: ``SharedRegion.reclaim_orphaned_slots``
     says why). Returns the number of slots reclaimed."""
     ops = region.atomics
-    referenced = referenced_slots(region)
+    referenced = referenced_slots(region)  # the slots committed entries of the live windows name
     reclaimed = 0
-    for slot in range(region.geometry.pool_size):
+    for slot in range(region.geometry.pool_size):  # refcount > 0, not referenced: refcount = 0, treiber_push
         refcount_address = region.slot_addresses[slot] + layout.REFCOUNT_OFFSET
         if slot not in referenced and ops.load_acquire_u32(refcount_address) > 0:
             ops.store_release_u32(refcount_address, 0)

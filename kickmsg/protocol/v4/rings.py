@@ -19,14 +19,15 @@ from kickmsg.protocol.v4.region import Region, RingAddresses
 
 
 def join(region: Region) -> tuple[RingAddresses, int] | None:
-    """Subscriber join: claim the first Free ring (state_flight exactly 0).
-    Returns the ring and the start position; None if no ring is Free."""
+    """Subscriber join: CAS the first Free ring to Live, expecting exactly
+    Free | in_flight 0 (a retired ring stays retired). Returns the ring and
+    the start position; None if no ring is Free."""
     ops = region.atomics
     for index in range(region.geometry.max_subs):  # not region.rings: no address of the rings after ours is needed
         ring = region.ring(index)
-        # Capture write_pos BEFORE going Live: once Live, publishers claim
-        # positions at once, and the drain window [start_pos, write_pos) must
-        # cover every one of them.
+        # Ordering invariant: capture write_pos BEFORE going Live: once Live,
+        # publishers claim positions at once, and the drain window
+        # [start_pos, write_pos) must cover every one of them.
         start_pos = ops.load_acquire_u64(ring.write_pos)
         if ops.cas_acq_rel_u32(ring.state_flight, RING_FREE, RING_LIVE) == RING_FREE:
             return ring, start_pos
@@ -34,8 +35,8 @@ def join(region: Region) -> tuple[RingAddresses, int] | None:
 
 
 def leave(region: Region, ring: RingAddresses, start_pos: int, sidecar: owners.Sidecar | None = None) -> bool:
-    """Subscriber teardown: stop admissions, wait for in-flight publishers,
-    drain the ring's references, free the ring. Returns False if the
+    """Subscriber teardown (~Subscriber()): stop admissions, wait for
+    in-flight publishers, drain the ring's references, free the ring. Returns False if the
     publishers in flight did not finish within commit_timeout: the drain
     is then skipped and the ring left retired.
 
@@ -59,7 +60,7 @@ def leave(region: Region, ring: RingAddresses, start_pos: int, sidecar: owners.S
             set_state(region, ring, layout.RING_FREE)
             return False
         os.sched_yield()
-    # 3. Quiesced, write_pos is final: drain [max(wp - capacity, start_pos), wp).
+    # 3. Quiesced, write_pos is final: drain_unconsumed [max(wp - capacity, start_pos), wp).
     drain(region, ring, start_pos)
     if sidecar:
         sidecar.release(ring.index)
@@ -81,7 +82,7 @@ def set_state(region: Region, ring: RingAddresses, state: int) -> None:
 
 
 def drain(region: Region, ring: RingAddresses, start_pos: int) -> None:
-    """Drain: release the ring's reference to every committed entry of
+    """drain_unconsumed: release the ring's reference to every committed entry of
     [max(write_pos - capacity, start_pos), write_pos) and mark each
     INVALID_SLOT, so a later eviction does not release it again.
 
@@ -93,7 +94,7 @@ def drain(region: Region, ring: RingAddresses, start_pos: int) -> None:
     for position in range(max(write_pos - region.geometry.capacity, start_pos), write_pos):
         entry = ring.entries[position & region.geometry.mask]
         if ops.load_acquire_u64(entry + layout.SEQUENCE_OFFSET) != position + 1:
-            continue  # evicted, uncommitted or locked
+            continue  # evicted, uncommitted or locked: skip
         slot = ops.load_relaxed_u32(entry + layout.SLOT_IDX_OFFSET)
         if slot < region.geometry.pool_size:
             freestack.release_slot(region, slot)
