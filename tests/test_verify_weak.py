@@ -146,6 +146,15 @@ def test_a_stale_pre_check_that_skips_a_live_ring_is_no_violation():
     assert "load_relaxed_u32(ring 0.state_flight)" in stale[0] and "-> Free+0" in stale[0]
 
 
+def test_a_slot_filled_in_place_is_a_payload_write():
+    """pub1 fills its slots in place (allocate, through the region's
+    payload_view): writes of the payload, as pub0's copies (send) are."""
+    _, outcome = run_schedule(Scenario(), lambda index, choice: choice.default, "ra")
+    writes = {(step.actor, step.operation) for step in outcome.steps if step.operation.endswith("_payload")
+              and step.actor.startswith("pub")}
+    assert writes == {("pub0", "write_payload"), ("pub1", "write_payload")}
+
+
 # -- the orders ---------------------------------------------------------------------------
 
 
