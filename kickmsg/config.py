@@ -28,6 +28,13 @@ class ChannelType(enum.IntEnum):
     __str__ = enum.Enum.__str__  # "ChannelType.PubSub", as the native binding prints
 
 
+def channel_type_of(type: int) -> ChannelType:
+    """A channel type a region can be made of (not ``NoChannel``)."""
+    if type in (ChannelType.PubSub, ChannelType.Broadcast) and not isinstance(type, bool):
+        return ChannelType(type)
+    raise ConfigError(f"channel type must be ChannelType.PubSub or ChannelType.Broadcast, got {type!r}")
+
+
 def to_microseconds(duration: datetime.timedelta | float, what: str) -> int:
     """A non-negative duration (timedelta or seconds) in whole microseconds."""
     if isinstance(duration, datetime.timedelta):

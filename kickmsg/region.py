@@ -1,37 +1,30 @@
-"""SharedRegion: create, open and describe one channel's shared memory."""
-import functools
-import os
+"""SharedRegion: create, open and describe one channel's shared memory.
+
+On a layout-4 region, ``SharedRegion`` is the layout-4 core's ``Region``
+(``kickmsg.protocol.v4.region``) with the version-agnostic API above it:
+its constructors, ring lifecycle and repairs run the core's flows
+(``kickmsg.protocol.v4``: ``region``, ``rings``, ``repair``). A layout-9
+region is a ``Layout9Region`` (``kickmsg.region9``).
+"""
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 from kickmsg import layouts, shm
 from kickmsg.ops import owners
 from kickmsg.protocol.v4 import layout
+from kickmsg.protocol.v4 import region as region4
+from kickmsg.protocol.v4 import repair as repair4
+from kickmsg.protocol.v4 import rings as rings4
+from kickmsg.protocol.v4.region import RingAddresses, bytes_text, check_creatable  # noqa: F401  (kickmsg.region names them too)
 from kickmsg.protocol import freestack
 from kickmsg.protocol.info import RegionInfo, RegionStats, RingStats, region_info
-from kickmsg.atomics import HARDWARE, Atomics
-from kickmsg.config import MAX_POOL_SIZE, MAX_SUBSCRIBERS, ChannelType, Config, ConfigError
-from kickmsg.protocol.v4.layout import Geometry, Header
+from kickmsg.atomics import HARDWARE
+from kickmsg.config import ChannelType, Config, ConfigError, channel_type_of
 from kickmsg.protocol import v9
 from kickmsg.schema import SchemaInfo
 
-SCHEMA_CLAIM_YIELDS = 1024  # how long a losing schema claimant waits for Set
 CHECK_IN_INTERVAL_NS = 100_000_000  # how often publishers and subscribers look whether their region was re-created
 NEVER = 1 << 63  # a region in private memory is never re-created
-
-
-@dataclass(frozen=True, slots=True)
-class RingAddresses:
-    """Addresses of one subscriber ring's atomic words. (Slots, not a
-    NamedTuple: the flows read these fields at every step, and a slot is
-    read several times faster than a NamedTuple's field.)"""
-
-    index: int  # the ring's number
-    state_flight: int
-    write_pos: int  # its low 32 bits are the futex word
-    has_waiter: int
-    entries: range  # address of each entry: position p is entries[p & mask]
 
 
 @dataclass(frozen=True)
@@ -80,7 +73,7 @@ class DeadSubscriberReport:
         )
 
 
-class SharedRegion:
+class SharedRegion(region4.Region):
     """One channel: a mapped Kickmsg region and its geometry.
 
     Build one with ``create``, ``open`` or ``create_or_open``. Publishers,
@@ -88,64 +81,10 @@ class SharedRegion:
     region object may be dropped while they are in use.
     """
 
-    def __init__(self, mapping: shm.Mapping, geometry: Geometry, atomics: Atomics = HARDWARE) -> None:
-        """Wrap a mapping whose geometry is already known to fit (internal)."""
-        self.mapping = mapping
-        self.geometry = geometry
-        self.atomics = atomics
-        self.header = Header.from_address(mapping.address)  # the mapping outlives it: we hold both
-        self.created_at_ns = self.header.created_at_ns  # which incarnation of the name this object is
-        base = mapping.address
-        self.magic_address = base + layout.MAGIC_OFFSET
-        self.created_at_address = base + layout.CREATED_AT_OFFSET
-        self.free_top_address = base + layout.FREE_TOP_OFFSET
-        self.schema_state_address = base + layout.SCHEMA_STATE_OFFSET
-        # The pool's addresses, computed once (a ring's: ``ring``). A range
-        # computes its element on indexing and refuses an index outside it
-        # (IndexError), so no index read from shared memory can become a
-        # wild address.
-        self.pool_address = base + geometry.pool_offset
-        pool_size, slot_stride = geometry.pool_size, geometry.slot_stride
-        self.slot_addresses = range(self.pool_address, self.pool_address + pool_size * slot_stride, slot_stride)
-        payload_start = geometry.pool_offset + layout.SLOT_HEADER_SIZE  # in mapping.buffer
-        self.payload_offsets = range(payload_start, payload_start + pool_size * slot_stride, slot_stride)
-        self.rings_address = base + geometry.sub_rings_offset
-
-    @functools.cached_property
-    def rings(self) -> tuple[RingAddresses, ...]:
-        """Every ring's addresses, in index order, built on first use (by the
-        flows that visit every ring: publish, diagnose, repairs). A region
-        the native library made may have millions of rings: whatever needs
-        only some uses ``ring(index)`` and ``rings_in_use()``."""
-        return tuple(self.ring(index) for index in range(self.geometry.max_subs))
-
-    def ring(self, index: int) -> RingAddresses:
-        """The addresses of ring ``index`` (0 <= index < max_subs)."""
-        if not 0 <= index < self.geometry.max_subs:
-            raise IndexError(f"{self.name} has no ring {index}: it has {self.geometry.max_subs}")
-        ring = self.rings_address + index * self.geometry.ring_stride
-        entries = ring + layout.RING_HEADER_SIZE
-        return RingAddresses(
-            index=index,
-            state_flight=ring + layout.STATE_FLIGHT_OFFSET,
-            write_pos=ring + layout.WRITE_POS_OFFSET,
-            has_waiter=ring + layout.HAS_WAITER_OFFSET,
-            entries=range(entries, entries + self.geometry.capacity * layout.ENTRY_SIZE, layout.ENTRY_SIZE),
-        )
-
-    def rings_in_use(self) -> list[int]:
-        """The indices of the rings that are not idle. An idle ring is Free,
-        with no publisher in flight, never written (``state_flight`` and
-        ``write_pos`` both 0): it holds nothing and has nothing to show.
-        Reads those two words of every ring (acquire), nothing else."""
-        ops = self.atomics
-        stride = self.geometry.ring_stride
-        start = self.rings_address
-        return [
-            index
-            for index, ring in enumerate(range(start, start + self.geometry.max_subs * stride, stride))
-            if ops.load_acquire_u32(ring + layout.STATE_FLIGHT_OFFSET) or ops.load_acquire_u64(ring + layout.WRITE_POS_OFFSET)
-        ]
+    @classmethod
+    def _of(cls, region: region4.Region) -> "SharedRegion":
+        """The region the layout-4 core made or checked, with this API."""
+        return cls(region.mapping, region.geometry)
 
     # -- constructors -----------------------------------------------------
 
@@ -184,7 +123,7 @@ class SharedRegion:
         """
         if layouts.chosen_layout(layout) == layouts.LAYOUT_9:
             return _create9(name, type, cfg, creator, mode, create_or_open=False)
-        return region4.create(name, type, cfg, creator, mode)
+        return SharedRegion._of(region4.create(name, type, cfg, creator, mode))
 
     @staticmethod
     def open(name: str, expected_identity: int = 0) -> "SharedRegion":
@@ -224,13 +163,9 @@ class SharedRegion:
         call creates; an existing region of the other layout is refused."""
         if layouts.chosen_layout(layout) == layouts.LAYOUT_9:
             return _create9(name, type, cfg, creator, mode, create_or_open=True)
-        return region4.create_or_open(name, type, cfg, creator, mode)
+        return SharedRegion._of(region4.create_or_open(name, type, cfg, creator, mode))
 
     # -- description ------------------------------------------------------
-
-    @property
-    def name(self) -> str:
-        return self.mapping.name
 
     @property
     def channel_type(self) -> ChannelType:
@@ -289,15 +224,6 @@ class SharedRegion:
         """Remove the region's name; attached processes keep their mapping."""
         unlink_shm(self.name)
 
-    def slot_address(self, slot: int) -> int:
-        """The address of ``slot``'s header (IndexError outside the pool)."""
-        return self.slot_addresses[slot]
-
-    def payload_view(self, slot: int, length: int) -> memoryview:
-        """The first ``length`` payload bytes of ``slot`` (both in range)."""
-        start = self.payload_offsets[slot]
-        return self.mapping.buffer[start : start + length]
-
     def info(self) -> RegionInfo:
         """0.9.2's ``RegionInfo``: what the header says (both layouts)."""
         creator = bytes(self.mapping.buffer[layout.HEADER_SIZE : layout.HEADER_SIZE + self.geometry.creator_name_len])
@@ -353,17 +279,7 @@ class SharedRegion:
         self.require_writable("claim the schema")
         if not isinstance(info, SchemaInfo):
             raise TypeError(f"try_claim_schema needs a SchemaInfo, got {info!r}")
-        ops = self.atomics
-        found = ops.cas_acq_rel_u32(self.schema_state_address, layout.SCHEMA_UNSET, layout.SCHEMA_CLAIMING)
-        if found == layout.SCHEMA_UNSET:
-            info.write_to(self.header.schema_data)
-            ops.store_release_u32(self.schema_state_address, layout.SCHEMA_SET)
-            return True
-        for _ in range(SCHEMA_CLAIM_YIELDS):
-            if ops.load_acquire_u32(self.schema_state_address) != layout.SCHEMA_CLAIMING:
-                break
-            os.sched_yield()
-        return False
+        return repair4.try_claim_schema(self, info)
 
     def reset_schema_claim(self) -> bool:
         """Claiming -> Unset, to recover from a claimant that died mid-claim.
@@ -372,52 +288,25 @@ class SharedRegion:
         to be gone, or a slow claimant could still finish into a new claim.
         """
         self.require_writable("reset the schema claim")
-        found = self.atomics.cas_acq_rel_u32(self.schema_state_address, layout.SCHEMA_CLAIMING, layout.SCHEMA_UNSET)
-        return found == layout.SCHEMA_CLAIMING
+        return repair4.reset_schema_claim(self)
 
     # -- health and repair --------------------------------------------------
-
-    def _live_window(self, ring: RingAddresses) -> Iterator[tuple[int, int, int]]:
-        """(position, entry address, sequence) for every position of the ring's
-        live window [max(0, write_pos - capacity), write_pos)."""
-        ops = self.atomics
-        write_pos = ops.load_acquire_u64(ring.write_pos)
-        for position in range(max(0, write_pos - self.geometry.capacity), write_pos):
-            entry = ring.entries[position & self.geometry.mask]
-            yield position, entry, ops.load_acquire_u64(entry + layout.SEQUENCE_OFFSET)
 
     def diagnose(self) -> HealthReport:
         """Read-only health scan; safe under live traffic. Idle rings (see
         ``rings_in_use``) have nothing to count."""
-        locked = retired = draining = live = 0
-        for ring in map(self.ring, self.rings_in_use()):
-            state_flight = self.atomics.load_acquire_u32(ring.state_flight)
-            state, in_flight = state_flight & layout.RING_STATE_MASK, state_flight >> 2
-            live += state == layout.RING_LIVE
-            retired += state == layout.RING_FREE and in_flight > 0
-            draining += state == layout.RING_DRAINING and in_flight > 0
-            capacity = self.geometry.capacity
-            locked += sum(layout.entry_is_stuck(seq, pos, capacity) for pos, _, seq in self._live_window(ring))
-        schema_stuck = self.atomics.load_acquire_u32(self.schema_state_address) == layout.SCHEMA_CLAIMING
-        dead = len(self.dead_subscriber_rings())
-        return HealthReport(locked, retired, draining, live, schema_stuck, dead, bool(self.geometry.hazards()))
+        found = repair4.diagnose(self)
+        return HealthReport(
+            found.locked_entries, found.retired_rings, found.draining_rings, found.live_rings, found.schema_stuck,
+            dead_subscriber_rings=found.dead_rings, pool_too_small=bool(self.geometry.hazards()),
+        )
 
     def dead_subscriber_rings(self) -> list[tuple[int, int]]:
         """(ring, pid) of each ring whose recorded owner died while it held
         it: Live, or Draining (died leaving). Read-only, beyond 0.1.0;
         ``reclaim_dead_subscribers`` frees them. Rings of subscribers that
         record no owner (native ones) are not counted."""
-        if not self.mapping.shared:
-            return []
-        records = owners.read_owners(self.name, self.geometry.max_subs) or []
-        dead = []
-        for index, (record, held) in enumerate(records):
-            if record is None or record.region_created_at_ns != self.created_at_ns:
-                continue  # no record of a subscriber of this region
-            state = self.atomics.load_acquire_u32(self.ring(index).state_flight) & layout.RING_STATE_MASK
-            if state in (layout.RING_LIVE, layout.RING_DRAINING) and not held:
-                dead.append((index, record.pid))
-        return dead
+        return repair4.dead_subscriber_rings(self)
 
     def repair_locked_entries(self) -> int:
         """Commit every stuck entry as empty (INVALID_SLOT, length 0, sequence
@@ -430,16 +319,7 @@ class SharedRegion:
         this race benign, ``kickmsg verify --repair-pass`` shows it is not).
         Returns the number of entries repaired."""
         self.require_writable("repair entries")
-        ops = self.atomics
-        repaired = 0
-        for ring in self.rings:
-            for position, entry, sequence in self._live_window(ring):
-                if layout.entry_is_stuck(sequence, position, self.geometry.capacity):
-                    ops.store_relaxed_u32(entry + layout.SLOT_IDX_OFFSET, layout.INVALID_SLOT)
-                    ops.store_relaxed_u32(entry + layout.PAYLOAD_LEN_OFFSET, 0)
-                    ops.store_release_u64(entry + layout.SEQUENCE_OFFSET, position + 1)
-                    repaired += 1
-        return repaired
+        return repair4.repair_locked_entries(self)
 
     def reset_retired_rings(self, drain: bool = False) -> int:
         """Free | in_flight > 0 -> Free | 0, so new subscribers can claim those
@@ -452,19 +332,7 @@ class SharedRegion:
         hold, which otherwise stay taken until publishers wrap over them.
         """
         self.require_writable("reset rings")
-        reset = 0
-        for ring in self.rings:
-            state_flight = self.atomics.load_acquire_u32(ring.state_flight)
-            if state_flight & layout.RING_STATE_MASK != layout.RING_FREE or not state_flight >> 2:
-                continue
-            target = layout.RING_DRAINING if drain else layout.RING_FREE  # Draining: nobody joins meanwhile
-            if self.atomics.cas_acq_rel_u32(ring.state_flight, state_flight, target) != state_flight:
-                continue
-            if drain:
-                self.drain_ring(ring, 0)
-                self.atomics.store_seq_cst_u32(ring.state_flight, layout.RING_FREE)
-            reset += 1
-        return reset
+        return repair4.reset_retired_rings(self, drain)
 
     def leave_ring(self, ring: RingAddresses, start_pos: int, sidecar: owners.Sidecar | None = None) -> bool:
         """Subscriber teardown: stop admissions, wait for in-flight publishers,
@@ -476,40 +344,11 @@ class SharedRegion:
         cleared before the ring is freed, so that it never outlives the
         ownership it records.
         """
-        ops = self.atomics
-        # 1. State -> Draining, keeping in_flight: publishers are no longer admitted.
-        self.set_ring_state(ring, layout.RING_DRAINING)
-        # 2. Wait, yielding, up to commit_timeout for in_flight to reach 0.
-        deadline = time.monotonic_ns() + self.geometry.commit_timeout_us * 1000
-        while ops.load_acquire_u32(ring.state_flight) >> 2:
-            if time.monotonic_ns() >= deadline:
-                # A publisher likely died while admitted. Draining now could
-                # race a slow but alive one, so skip it: state -> Free keeping
-                # in_flight, which leaves the ring retired until an operator
-                # calls reset_retired_rings().
-                if sidecar:
-                    sidecar.release(ring.index)
-                self.set_ring_state(ring, layout.RING_FREE)
-                return False
-            os.sched_yield()
-        # 3. Quiesced, write_pos is final: drain [max(wp - capacity, start_pos), wp).
-        self.drain_ring(ring, start_pos)
-        if sidecar:
-            sidecar.release(ring.index)
-        # 4. Free | in_flight 0: the ring is ready for a new subscriber.
-        ops.store_seq_cst_u32(ring.state_flight, layout.RING_FREE)
-        return True
+        return rings4.leave(self, ring, start_pos, sidecar)
 
     def set_ring_state(self, ring: RingAddresses, state: int) -> None:
         """Replace the state bits of ``state_flight``, keeping in_flight (CAS seq_cst)."""
-        ops = self.atomics
-        state_flight = ops.load_relaxed_u32(ring.state_flight)
-        while True:
-            desired = (state_flight & ~layout.RING_STATE_MASK) | state
-            found = ops.cas_seq_cst_u32(ring.state_flight, state_flight, desired)
-            if found == state_flight:
-                return
-            state_flight = found
+        rings4.set_state(self, ring, state)
 
     def reclaim_dead_subscribers(self) -> DeadSubscriberReport:
         """Leave, on their behalf, the rings whose subscriber died (beyond
@@ -522,23 +361,7 @@ class SharedRegion:
         quiescence.
         """
         self.require_writable("reclaim rings")
-        reclaimed, unrecorded, timed_out = [], [], []
-        sidecar = owners.Sidecar.open(self.name)
-        for ring in self.rings:
-            state = self.atomics.load_acquire_u32(ring.state_flight) & layout.RING_STATE_MASK
-            if state not in (layout.RING_LIVE, layout.RING_DRAINING):  # Draining: its owner died leaving
-                continue
-            owner = sidecar.owner_if_dead(ring.index, self.header.created_at_ns) if sidecar else "unrecorded"
-            if owner == "unrecorded":
-                unrecorded.append(ring.index)
-            elif isinstance(owner, owners.OwnerRecord):  # dead (else "alive")
-                if self.leave_ring(ring, owner.start_pos, sidecar):
-                    reclaimed.append((ring.index, owner.pid))
-                else:
-                    timed_out.append(ring.index)
-        if sidecar:
-            sidecar.close()
-        return DeadSubscriberReport(reclaimed, unrecorded, timed_out)
+        return DeadSubscriberReport(*repair4.reclaim_dead_subscribers(self))
 
     def free_ring(self, index: int) -> bool:
         """Free ring ``index`` although no record shows its owner dead (beyond
@@ -553,37 +376,7 @@ class SharedRegion:
         INVALID_SLOT, so none is released twice). Returns False if the ring
         was Free already; a retired ring is ``reset_retired_rings``'s."""
         self.require_writable("free rings")
-        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < self.geometry.max_subs:
-            raise ValueError(f"{self.name} has rings 0 to {self.geometry.max_subs - 1}, not {index!r}")
-        ring = self.rings[index]
-        state_flight = self.atomics.load_acquire_u32(ring.state_flight)
-        if state_flight & layout.RING_STATE_MASK == layout.RING_FREE:
-            if state_flight >> 2:
-                raise RuntimeError(
-                    f"ring {index} of {self.name} is retired (Free, {state_flight >> 2} publisher(s) in flight): "
-                    f"reset_retired_rings (kickmsg repair --retired) resets it once the crashed publisher is gone"
-                )
-            return False
-        sidecar = owners.Sidecar.open(self.name)
-        try:
-            owner = sidecar.owner_if_dead(index, self.header.created_at_ns) if sidecar else "unrecorded"
-            if sidecar and owner == "alive":
-                record = sidecar.record(index)  # None: its owner is writing it
-                holder = f"live process {record.pid}" if record is not None else "a live process"
-                raise RuntimeError(f"ring {index} of {self.name} is held by {holder} (its owner record is locked): not freed")
-            if isinstance(owner, owners.OwnerRecord):
-                freed = self.leave_ring(ring, owner.start_pos, sidecar)
-            else:
-                freed = self.leave_ring(ring, 0)
-        finally:
-            if sidecar:
-                sidecar.close()
-        if not freed:
-            raise RuntimeError(
-                f"ring {index} of {self.name}: publishers stayed in flight past commit_timeout, so it is left retired "
-                f"(reset_retired_rings, kickmsg repair --retired, resets it once the crashed publisher is gone)"
-            )
-        return True
+        return repair4.free_ring(self, index)
 
     def drain_ring(self, ring: RingAddresses, start_pos: int) -> None:
         """Drain: release the ring's reference to every committed entry of
@@ -593,27 +386,12 @@ class SharedRegion:
         Only while no publisher is admitted to the ring (its state is not Live
         and in_flight is 0): write_pos is then final.
         """
-        ops = self.atomics
-        write_pos = ops.load_acquire_u64(ring.write_pos)
-        for position in range(max(write_pos - self.geometry.capacity, start_pos), write_pos):
-            entry = ring.entries[position & self.geometry.mask]
-            if ops.load_acquire_u64(entry + layout.SEQUENCE_OFFSET) != position + 1:
-                continue  # evicted, uncommitted or locked
-            slot = ops.load_relaxed_u32(entry + layout.SLOT_IDX_OFFSET)
-            if slot < self.geometry.pool_size:
-                freestack.release_slot(self, slot)
-                ops.store_seq_cst_u32(entry + layout.SLOT_IDX_OFFSET, layout.INVALID_SLOT)
+        rings4.drain(self, ring, start_pos)
 
     def referenced_slots(self) -> set[int]:
         """The slot indices that committed entries in the rings' live windows
         name (read-only; the set ``reclaim_orphaned_slots`` keeps)."""
-        ops = self.atomics
-        referenced = set()
-        for ring in self.rings:
-            for position, entry, sequence in self._live_window(ring):
-                if sequence >= position + 1 and sequence != layout.LOCKED_SEQUENCE:
-                    referenced.add(ops.load_relaxed_u32(entry + layout.SLOT_IDX_OFFSET))
-        return referenced
+        return repair4.referenced_slots(self)
 
     def reclaim_orphaned_slots(self) -> int:
         """Give back every slot with a refcount that no ring entry references.
@@ -624,16 +402,7 @@ class SharedRegion:
         reference no ring shows). Returns the number of slots reclaimed.
         """
         self.require_writable("reclaim slots")
-        ops = self.atomics
-        referenced = self.referenced_slots()
-        reclaimed = 0
-        for slot in range(self.geometry.pool_size):
-            refcount_address = self.slot_addresses[slot] + layout.REFCOUNT_OFFSET
-            if slot not in referenced and ops.load_acquire_u32(refcount_address) > 0:
-                ops.store_release_u32(refcount_address, 0)
-                freestack.push(self, slot)
-                reclaimed += 1
-        return reclaimed
+        return repair4.reclaim_orphaned_slots(self)
 
     layout: int = layouts.LAYOUT_4  # the region's layout version (last in the class: ``layout`` above is the module)
 
@@ -648,42 +417,6 @@ def unlink_shm(name: str) -> None:
     shm.check_may_remove(name, [shm.SHM_DIRECTORY + name, *owners.sidecar_paths(name)])
     shm.unlink(name)
     owners.unlink(name)
-
-
-def check_creatable(name: str, geometry: Geometry, reusable: int) -> None:
-    """Refuse (``ConfigError``) a region larger than the memory the machine
-    can give it (``shm.room_for_new_object``), counting ``reusable`` bytes
-    already held by the object it would re-initialise in place; then one
-    beyond this package's bounds: more than MAX_SUBSCRIBERS rings (every
-    publish visits every ring) or MAX_POOL_SIZE slots (create lays out
-    every slot, the tools read every slot)."""
-    room, limit = shm.room_for_new_object()
-    if geometry.total_size > room + reusable:
-        raise ConfigError(
-            f"cannot create {name}: it would take {bytes_text(geometry.total_size)} "
-            f"({geometry.total_size} bytes: {geometry.size_breakdown()}), but only {bytes_text(room)} "
-            f"are {limit}; lower pool_size, max_payload_size, max_subscribers or sub_ring_capacity"
-        )
-    if geometry.max_subs > MAX_SUBSCRIBERS:
-        raise ConfigError(
-            f"cannot create {name}: max_subscribers must be at most {MAX_SUBSCRIBERS}, got {geometry.max_subs} "
-            f"(every publish visits every ring, and so do the tools)"
-        )
-    if geometry.pool_size > MAX_POOL_SIZE:
-        raise ConfigError(
-            f"cannot create {name}: pool_size must be at most {MAX_POOL_SIZE}, got {geometry.pool_size} "
-            f"(creating the region lays out every slot, and the tools read every slot)"
-        )
-
-
-def bytes_text(size: int) -> str:
-    """``1084288`` -> ``1.0 MiB``."""
-    value, unit = float(size), "bytes"
-    for bigger in ("KiB", "MiB", "GiB", "TiB", "PiB"):
-        if value < 1024:
-            break
-        value, unit = value / 1024, bigger
-    return f"{size} bytes" if unit == "bytes" else f"{value:.1f} {unit}"
 
 
 def _open_if_ready(name: str) -> SharedRegion | None:
@@ -714,7 +447,7 @@ def _attach(mapping: shm.Mapping, expected_identity: int) -> SharedRegion:
         raise RuntimeError(
             f"Version mismatch: {name} has layout version {version}, this library reads layouts 4 and 9"
         )
-    return region4.attach(mapping, expected_identity)
+    return SharedRegion._of(region4.attach(mapping, expected_identity))
 
 
 def _create9(
@@ -750,16 +483,3 @@ def _create9(
         return region9.create_or_open(name, channel_type, config, creator, permissions)
     owners.unlink(name)  # sidecars of a layout-4 region of that name
     return region9.create(name, channel_type, config, creator, permissions)
-
-
-def channel_type_of(type: int) -> ChannelType:
-    """A channel type a region can be made of (not ``NoChannel``)."""
-    if type in (ChannelType.PubSub, ChannelType.Broadcast) and not isinstance(type, bool):
-        return ChannelType(type)
-    raise ConfigError(f"channel type must be ChannelType.PubSub or ChannelType.Broadcast, got {type!r}")
-
-
-# Layout 4's lifecycle builds on SharedRegion, so it is imported once this
-# module is whole; at import time, not at the first open (a process may have
-# dropped the rights to read the package by then).
-from kickmsg.protocol.v4 import region as region4  # noqa: E402

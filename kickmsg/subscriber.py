@@ -1,8 +1,12 @@
-"""Subscriber and SampleView: joining a ring, the receive flow, and the drain.
+"""Subscriber and SampleView: receiving, the API of both layouts.
 
 Each subscriber owns one ring of the region. Its read position is private to
 the process; publishers write, the subscriber only reads entries and pins or
-releases slot references.
+releases slot references. On a layout-4 region, joining and leaving the ring
+(``kickmsg.protocol.v4.rings``) and the receive flow
+(``kickmsg.protocol.v4.receive``) are the layout-4 core's; ``Subscriber9``
+and ``SampleView9`` hand a layout-9 region to the layout-9 core
+(``kickmsg.protocol.v9.receive``).
 """
 import datetime
 import os
@@ -16,15 +20,13 @@ from kickmsg.ops import owners
 from kickmsg.protocol import freestack
 from kickmsg.atomics import FUTEX_TIMED_OUT
 from kickmsg.config import to_microseconds
+from kickmsg.protocol.v4 import receive as receive4
+from kickmsg.protocol.v4 import rings as rings4
 from kickmsg.protocol.v4.layout import (
     LOCKED_SEQUENCE,
-    PAYLOAD_LEN_OFFSET,
-    REFCOUNT_OFFSET,
     RING_FREE,
-    RING_LIVE,
     RING_STATE_MASK,
     SEQUENCE_OFFSET,
-    SLOT_IDX_OFFSET,
     U32_MAX,
 )
 from kickmsg.protocol import v9
@@ -43,7 +45,6 @@ from kickmsg.region9 import Layout9Region
 
 M = TypeVar("M")  # what a receive gives: bytes or a SampleView
 
-MAX_RECEIVE_ATTEMPTS = 64  # entries a single try_receive may skip as lost
 UNCOMMITTED_POLL_NS = 1_000_000  # sleep slice while a claimed entry is not committed yet
 DEFAULT_SPIN_S = 0.0001  # a blocking receive's polling budget before it parks (Subscriber(spin=...))
 
@@ -84,7 +85,7 @@ class Subscriber:
         self._idle_gap_ns: int | None = None  # how long the last wait for a message took (None: no wait yet)
         region.require_writable("subscribe")
         region = region.reopen_if_recreated() or region  # a stale region object: use what the name leads to
-        self._lost = 0
+        self._cursor = receive4.Cursor()  # read_pos, lost: what the receive flow keeps
         self._skipped = 0
         self._drain_timeouts = 0
         self._rejoined = 0
@@ -106,8 +107,9 @@ class Subscriber:
         self._region = region
         self._ring, self._start_pos = ring, start_pos
         self._sidecar = sidecar
-        self._read_pos = self._write_pos_seen = start_pos if read_pos is None else read_pos
-        self._reported = (self._read_pos, self._lost)  # (read_pos, lost) last written to the owner record
+        cursor = self._cursor
+        cursor.read_pos = cursor.write_pos_seen = start_pos if read_pos is None else read_pos
+        self._reported = (cursor.read_pos, cursor.lost)  # (read_pos, lost) last written to the owner record
         self._next_check_in_ns = region.next_check_in_ns()
         self._teardown = weakref.finalize(
             self, _leave_ring, region, ring, start_pos, os.getpid(), region.incarnation(), self._sidecar
@@ -122,7 +124,7 @@ class Subscriber:
     def lost(self) -> int:
         """Messages this subscriber missed: overwritten in its ring before it
         read them, or found unreadable."""
-        return self._lost
+        return self._cursor.lost
 
     @property
     def skipped(self) -> int:
@@ -145,8 +147,10 @@ class Subscriber:
 
     def try_receive(self) -> bytes | None:
         """The next message as a copy, or None if none is ready."""
+        if self._closed:
+            raise ValueError(f"this subscriber of {self._region.name} is closed")
         region = self._region  # the slot is pinned in this region, even if the check-in follows a new one
-        pinned = self._pin_next()
+        pinned = receive4.pin_next(region, self._ring, self._cursor)
         if time.monotonic_ns() >= self._next_check_in_ns:
             self._check_in()
         if pinned is None:
@@ -160,8 +164,10 @@ class Subscriber:
     def try_receive_view(self) -> "SampleView | None":
         """The next message in place (zero-copy, its slot pinned until the
         view is released), or None if none is ready."""
+        if self._closed:
+            raise ValueError(f"this subscriber of {self._region.name} is closed")
         region = self._region  # the slot is pinned in this region, even if the check-in follows a new one
-        pinned = self._pin_next()
+        pinned = receive4.pin_next(region, self._ring, self._cursor)
         if time.monotonic_ns() >= self._next_check_in_ns:
             self._check_in()
         if pinned is None:
@@ -199,89 +205,25 @@ class Subscriber:
             raise StopIteration
         return data
 
-    def _pin_next(self) -> tuple[int, int, int] | None:
-        """Receive flow, steps 1-3: find the next committed entry of our ring
-        and pin its slot. Returns (slot, payload length, ring position)."""
-        if self._closed:
-            raise ValueError(f"this subscriber of {self._region.name} is closed")
-        region = self._region
-        ops = region.atomics
-        ring = self._ring
-        geometry = region.geometry
-        capacity, mask = geometry.capacity, geometry.mask
-        for _ in range(MAX_RECEIVE_ATTEMPTS):
-            # 1. Anything new? If the ring lapped us, skip to its oldest entry.
-            write_pos = ops.load_acquire_u64(ring.write_pos)
-            if write_pos - self._read_pos > capacity:
-                self._lost += write_pos - capacity - self._read_pos
-                self._read_pos = write_pos - capacity
-            if self._read_pos >= write_pos:
-                return None
-            self._write_pos_seen = write_pos  # what a re-create in place would take from us
-            # 2. Read the entry's sequence (acquire); it must be read_pos + 1.
-            entry = ring.entries[self._read_pos & mask]
-            expected = self._read_pos + 1
-            sequence = ops.load_acquire_u64(entry + SEQUENCE_OFFSET)
-            if sequence == LOCKED_SEQUENCE or sequence < expected:
-                return None  # claimed but not committed yet: come back later
-            if sequence > expected:
-                self._lost += 1  # overwritten before we got to it
-                self._read_pos += 1
-                continue
-            # 3. Read slot index and length; an impossible entry counts as lost.
-            #    Acquire, not the spec's relaxed: to see their writer's lock (README: "a seqlock re-check that reads the past").
-            slot = ops.load_acquire_u32(entry + SLOT_IDX_OFFSET)
-            length = ops.load_acquire_u32(entry + PAYLOAD_LEN_OFFSET)
-            if slot >= geometry.pool_size or length > geometry.slot_data_size:
-                self._lost += 1
-                self._read_pos += 1
-                continue
-            # Pin: refcount rc -> rc + 1, only while rc > 0 (0: freed meanwhile;
-            # a saturated count can only be corruption).
-            refcount_address = region.slot_addresses[slot] + REFCOUNT_OFFSET
-            refcount = ops.load_relaxed_u32(refcount_address)
-            pinned = False
-            while 0 < refcount < U32_MAX:
-                found = ops.cas_acq_rel_u32(refcount_address, refcount, refcount + 1)
-                if found == refcount:
-                    pinned = True
-                    break
-                refcount = found
-            if not pinned:
-                self._lost += 1
-                self._read_pos += 1
-                continue
-            # Seqlock re-check: if the entry changed after we pinned, the slot
-            # may hold another message by now.
-            if ops.load_acquire_u64(entry + SEQUENCE_OFFSET) != sequence:
-                freestack.release_slot(region, slot)
-                self._lost += 1
-                self._read_pos += 1
-                continue
-            ring_pos = self._read_pos
-            self._read_pos += 1
-            return slot, length, ring_pos
-        return None
-
     def _skip_to_newest(self) -> None:
         """Read-latest: move read_pos to the newest committed entry of the
         ring. Only our private read position moves; the ring's slot
         references are still released by eviction and drain."""
         if self._closed:
             raise ValueError(f"this subscriber of {self._region.name} is closed")
-        region = self._region
+        region, cursor = self._region, self._cursor
         ops = region.atomics
         capacity = region.geometry.capacity
         write_pos = ops.load_acquire_u64(self._ring.write_pos)
-        if write_pos - self._read_pos > capacity:  # already overwritten: lost, as in receive
-            self._lost += write_pos - capacity - self._read_pos
-            self._read_pos = write_pos - capacity
+        if write_pos - cursor.read_pos > capacity:  # already overwritten: lost, as in receive
+            cursor.lost += write_pos - capacity - cursor.read_pos
+            cursor.read_pos = write_pos - capacity
         # Newest first: the first entry holding its own committed sequence.
-        for position in range(write_pos - 1, self._read_pos, -1):
+        for position in range(write_pos - 1, cursor.read_pos, -1):
             sequence = ops.load_acquire_u64(self._ring.entries[position & region.geometry.mask] + SEQUENCE_OFFSET)
             if sequence == position + 1:
-                self._skipped += position - self._read_pos
-                self._read_pos = position
+                self._skipped += position - cursor.read_pos
+                cursor.read_pos = position
                 return
 
     def _check_in(self) -> None:
@@ -297,7 +239,7 @@ class Subscriber:
         stats``/``watch``) if they changed since last written: at check-in
         (a sleeping receive wakes for it) and when a blocking receive gives
         up; never per message or per wake-up."""
-        progress = (self._read_pos, self._lost)
+        progress = (self._cursor.read_pos, self._cursor.lost)
         if self._sidecar and progress != self._reported:
             self._sidecar.report_progress(self._ring.index, *progress)
             self._reported = progress
@@ -315,18 +257,18 @@ class Subscriber:
         in_place = new_region.mapping.identity == region.mapping.identity
         if in_place and self._sidecar and self._sidecar.records_us(ring.index, new_region.created_at_ns):
             self._teardown.detach()  # our ring and record live on in the new incarnation
-            self._take_ring(new_region, new_region.rings[ring.index], self._start_pos, self._sidecar, self._read_pos)
+            self._take_ring(new_region, new_region.rings[ring.index], self._start_pos, self._sidecar, self._cursor.read_pos)
         else:
             if in_place:
-                write_pos = self._write_pos_seen  # the old ring's contents are gone: what we last saw
+                write_pos = self._cursor.write_pos_seen  # the old ring's contents are gone: what we last saw
             else:
                 write_pos = region.atomics.load_acquire_u64(ring.write_pos)  # the old object, orphaned
-            unread = min(max(0, write_pos - self._read_pos), region.geometry.capacity)
+            unread = min(max(0, write_pos - self._cursor.read_pos), region.geometry.capacity)
             joined = _join_and_record(new_region)  # none free: raise, try again at the next call
             if not self._teardown():
                 self._drain_timeouts += 1
             self._take_ring(new_region, *joined)
-            self._lost += unread
+            self._cursor.lost += unread
         self._rejoined += 1
 
     def _receive_blocking(self, attempt: Callable[[], M | None], timeout: datetime.timedelta | float | None) -> M | None:
@@ -364,13 +306,13 @@ class Subscriber:
         ring = self._ring
         ops.store_relaxed_u32(ring.has_waiter, 1)
         write_pos = ops.load_acquire_u64(ring.write_pos)
-        if write_pos < self._read_pos:
+        if write_pos < self._cursor.read_pos:
             # A ring's write_pos never goes back: the region was re-created in
             # place. Check in now rather than at the next interval.
             ops.store_relaxed_u32(ring.has_waiter, 0)
             self._next_check_in_ns = 0
             return
-        if write_pos != self._read_pos:
+        if write_pos != self._cursor.read_pos:
             # A publisher claimed a position but has not committed it; its
             # wake-up may come before we sleep, so only nap briefly.
             remaining_ns = _at_most(remaining_ns, UNCOMMITTED_POLL_NS)
@@ -422,17 +364,17 @@ class Subscriber:
         receive has something to do now (a committed entry, the ring lapped
         us, or a re-create in place reset it), None if the ring is empty,
         False if the next entry is claimed but not committed yet."""
-        region = self._region
-        if write_pos == self._read_pos:
+        region, read_pos = self._region, self._cursor.read_pos
+        if write_pos == read_pos:
             return None
-        if write_pos < self._read_pos:
+        if write_pos < read_pos:
             self._next_check_in_ns = 0  # reset by a re-create in place: the next receive checks in
             return True
-        if write_pos - self._read_pos > region.geometry.capacity:
+        if write_pos - read_pos > region.geometry.capacity:
             return True  # lapped: the oldest entry is there to read
-        entry = self._ring.entries[self._read_pos & region.geometry.mask]
+        entry = self._ring.entries[read_pos & region.geometry.mask]
         sequence = region.atomics.load_acquire_u64(entry + SEQUENCE_OFFSET)
-        return sequence != LOCKED_SEQUENCE and sequence > self._read_pos  # committed (or overwritten since)
+        return sequence != LOCKED_SEQUENCE and sequence > read_pos  # committed (or overwritten since)
 
     def _end_wait(self) -> None:
         """After the sleep: has_waiter = 0 on the ring ``_announce_wait`` set it on."""
@@ -458,9 +400,9 @@ class Subscriber:
         self.close()
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else f"ring={self._ring.index}, read_pos={self._read_pos}"
+        state = "closed" if self._closed else f"ring={self._ring.index}, read_pos={self._cursor.read_pos}"
         return (
-            f"Subscriber(region={self._region.name!r}, {state}, lost={self._lost}, "
+            f"Subscriber(region={self._region.name!r}, {state}, lost={self._cursor.lost}, "
             f"drain_timeouts={self._drain_timeouts}, rejoined={self._rejoined})"
         )
 
@@ -476,27 +418,12 @@ def _deadline_ns(timeout: datetime.timedelta | float | None) -> int | None:
     return time.monotonic_ns() + to_microseconds(timeout, "timeout") * 1000
 
 
-def _join_ring(region: SharedRegion) -> tuple[RingAddresses, int] | None:
-    """Subscriber join: claim the first Free ring (state_flight exactly 0).
-    Returns the ring and the start position; None if no ring is Free."""
-    ops = region.atomics
-    for index in range(region.geometry.max_subs):  # not region.rings: no address of the rings after ours is needed
-        ring = region.ring(index)
-        # Capture write_pos BEFORE going Live: once Live, publishers claim
-        # positions at once, and the drain window [start_pos, write_pos) must
-        # cover every one of them.
-        start_pos = ops.load_acquire_u64(ring.write_pos)
-        if ops.cas_acq_rel_u32(ring.state_flight, RING_FREE, RING_LIVE) == RING_FREE:
-            return ring, start_pos
-    return None
-
-
 def _join_or_reclaim(region: SharedRegion) -> tuple[RingAddresses, int]:
     """Join a ring; with none Free, first reclaim the rings whose recorded
     owner died (beyond 0.1.0: a channel heals itself) and try once more."""
-    joined = _join_ring(region)
+    joined = rings4.join(region)
     if joined is None and region.mapping.shared and region.reclaim_dead_subscribers().reclaimed:
-        joined = _join_ring(region)
+        joined = rings4.join(region)
     if joined is None:
         raise RuntimeError(
             f"No free subscriber slots in {region.name}: all {region.geometry.max_subs} rings are taken or "

@@ -28,17 +28,17 @@ PACKAGE = pathlib.Path(kickmsg.__file__).parent
 
 # One behaviour each, patched in a copy: (file, original text, replacement).
 LOST_PATCH = (  # a lapped subscriber counts one loss instead of the excess
-    "subscriber.py",
+    "protocol/v4/receive.py",
     (
-        "            if write_pos - self._read_pos > capacity:\n"
-        "                self._lost += write_pos - capacity - self._read_pos\n"
+        "        if write_pos - cursor.read_pos > capacity:\n"
+        "            cursor.lost += write_pos - capacity - cursor.read_pos\n"
     ),
-    "            if write_pos - self._read_pos > capacity:\n                self._lost += 1\n",
+    "        if write_pos - cursor.read_pos > capacity:\n            cursor.lost += 1\n",
 )
 DRAIN_PATCH = (  # the drain releases entries but leaves their slot index
-    "region.py",
-    "                ops.store_seq_cst_u32(entry + layout.SLOT_IDX_OFFSET, layout.INVALID_SLOT)\n",
-    "                pass\n",
+    "protocol/v4/rings.py",
+    "            ops.store_seq_cst_u32(entry + layout.SLOT_IDX_OFFSET, layout.INVALID_SLOT)\n",
+    "            pass\n",
 )
 
 # Layout 9: a reclaim of dead rings that leaves the dead owner recorded, and

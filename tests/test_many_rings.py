@@ -16,6 +16,7 @@ import nativepeer
 from kickmsg import Publisher, SharedRegion, Subscriber, region as region_module
 from kickmsg.ops import diagnostics, exporter, owners
 from kickmsg.protocol.v4 import layout
+from kickmsg.protocol.v4 import region as region4
 
 RINGS = 20_000  # far above the 1024 this package creates; a million behaves the same, only slower to build
 USED = 3  # rings 0..2: two subscribers of ours (Live), one that left (Free, written)
@@ -92,9 +93,9 @@ def counts(monkeypatch):
         counts.records_read += 1
         return reading(fd, ring)
 
-    building, reading = region_module.RingAddresses, owners._read_record
+    building, reading = region4.RingAddresses, owners._read_record
     monkeypatch.setattr(SharedRegion, "inspect", staticmethod(counting_inspect))
-    monkeypatch.setattr(region_module, "RingAddresses", counting_ring_addresses)
+    monkeypatch.setattr(region4, "RingAddresses", counting_ring_addresses)
     monkeypatch.setattr(owners, "_read_record", counting_read_record)
     return counts
 

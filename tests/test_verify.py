@@ -105,36 +105,38 @@ def test_exploration_is_deterministic():
 
 def test_mutants_leave_the_package_untouched():
     from kickmsg import publisher
+    from kickmsg.protocol.v4 import publish
 
-    original = publisher.Publisher._publish
+    original, api = publish.publish, publisher.Publisher._publish
     with pytest.raises(ValueError, match="unknown mutant 'no-such-rule'"):
         explore(Scenario(), mutant="no-such-rule")  # unknown: refused before anything is installed
     explore(MUTANT_SCENARIOS["refcount-per-ring"], mutant="refcount-per-ring", preemptions=1)
-    assert publisher.Publisher._publish is original
+    explore(MUTANT_SCENARIOS["payload-after-commit"], mutant="payload-after-commit", preemptions=0, memory_model="ra")
+    assert publish.publish is original and publisher.Publisher._publish is api
 
 
 def test_a_mutant_calls_the_functions_of_its_module_that_a_mutant_installed():
-    """Compiled in a copy of its module's namespace, the mutated _publish
-    would call the original _wait_and_capture_slot, and a weakening of the
+    """Compiled in a copy of its module's namespace, the mutated publish
+    would call the original wait_and_capture_slot, and a weakening of the
     capture would never run (it hid one in an earlier --orders table)."""
-    from kickmsg import publisher
+    from kickmsg.protocol.v4 import publish
     from kickmsg.verify.mutants import Mutant, installed
 
-    original = publisher._wait_and_capture_slot
+    original, flow = publish.wait_and_capture_slot, publish.publish
     both = Mutant("both", "-", (
-        Patch(publisher.Publisher, "_publish", (Edit(("delivered = 0",), ("delivered = 0  # edited",)),)),
-        Patch(publisher, "_wait_and_capture_slot", (Edit(("spins = 0",), ("spins = 0  # edited",)),)),
+        Patch(publish, "publish", (Edit(("delivered = 0",), ("delivered = 0  # edited",)),)),
+        Patch(publish, "wait_and_capture_slot", (Edit(("spins = 0",), ("spins = 0  # edited",)),)),
     ))
     with installed(both):
-        assert publisher._wait_and_capture_slot is not original
-        assert publisher.Publisher._publish.__globals__["_wait_and_capture_slot"] is publisher._wait_and_capture_slot
-    assert publisher._wait_and_capture_slot is original and "_publish" not in vars(publisher)
+        assert publish.wait_and_capture_slot is not original and publish.publish is not flow
+        assert publish.publish.__globals__["wait_and_capture_slot"] is publish.wait_and_capture_slot
+    assert publish.wait_and_capture_slot is original and publish.publish is flow
 
 
 def test_a_stale_mutant_refuses_to_build():
-    from kickmsg import publisher
+    from kickmsg.protocol.v4 import publish
 
-    stale = Patch(publisher.Publisher, "_publish", (Edit(("no such line",), ("pass",)),))
+    stale = Patch(publish, "publish", (Edit(("no such line",), ("pass",)),))
     with pytest.raises(RuntimeError, match="found 0 times"):
         build(stale, "stale")
 
@@ -196,7 +198,7 @@ def test_the_ledger_takes_the_captured_slot_from_the_slot_index_in_any_order():
     region = _private_region(Scenario())
     ledger = invariants.Ledger(region)
     entry = region.rings[0].entries[0]
-    wait = ("_wait_and_capture_slot", "Publisher._publish")
+    wait = ("wait_and_capture_slot", "publish", "Publisher._publish")
     ledger.follow(Step("pub1", wait, "load_relaxed_u64", entry + layout.SEQUENCE_OFFSET, (), 1))
     assert ledger.held == {}
     ledger.follow(Step("pub1", wait, "load_acquire_u32", entry + layout.SLOT_IDX_OFFSET, (), 3))
@@ -262,7 +264,7 @@ def test_cli_json_and_random_mode():
 def test_cli_repair_pass():
     result = run_verify("--repair-pass", "--preemptions", "1")
     assert result.returncode == 1, result.stderr
-    assert "repair SharedRegion.repair_locked_entries" in result.stdout
+    assert "repair repair_locked_entries" in result.stdout
     assert "a concurrent repair pass" in result.stdout.splitlines()[-1]
 
 

@@ -134,7 +134,7 @@ def _private_region(scenario: Scenario) -> SharedRegion:
     """A region laid out exactly as in shared memory, in private memory."""
     geometry, creator = region4.new_geometry("/kickmsg_verify", ChannelType.PubSub, scenario.config(), "verify")
     mapping = shm.Mapping.private("/kickmsg_verify", geometry.total_size)
-    return region4.initialise(mapping, geometry, creator, None, in_place=False)
+    return SharedRegion._of(region4.initialise(mapping, geometry, creator, None, in_place=False))
 
 
 def _world(scenario: Scenario) -> World:
@@ -186,7 +186,7 @@ def _world(scenario: Scenario) -> World:
                             data = receiver.try_receive()
                             got = data is not None
                             if data is not None:
-                                received.append((receiver._ring.index, receiver._read_pos - 1, data))
+                                received.append((receiver._ring.index, receiver._cursor.read_pos - 1, data))
                         if not got and publishers_done():
                             break
         return subscribe

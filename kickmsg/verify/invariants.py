@@ -90,14 +90,14 @@ class Ledger:
         succeeded = step.operation.startswith("cas_") and step.result == step.operands[0]
         if step.where == "pop" and succeeded:  # a publisher took a slot: a new message
             self.held[step.actor] = {step.operands[0] & layout.U32_MAX}
-        elif step.where == "_wait_and_capture_slot" and step.operation.endswith("_u32"):  # slot_idx, not the sequence
+        elif step.where == "wait_and_capture_slot" and step.operation.endswith("_u32"):  # slot_idx, not the sequence
             evicted = step.result  # the slot of the entry it evicts
             if evicted is not None and evicted < self.region.geometry.pool_size:
                 self.held.setdefault(step.actor, set()).add(evicted)
-        elif refcount_of is not None and step.where == "Subscriber._pin_next" and succeeded:
+        elif refcount_of is not None and step.where == "pin_next" and succeeded:
             self.pins[refcount_of] += 1
         elif refcount_of is not None and step.actor.startswith("sub") and step.operation.startswith("fetch_sub"):
-            if "SharedRegion.drain_ring" not in step.stack:  # else the ring's reference, not a pin
+            if "drain" not in step.stack:  # else the ring's reference, not a pin
                 self.pins[refcount_of] -= step.operands[0]
         elif step.operation.startswith("store_") and step.operation.endswith("_u64"):  # in any order
             found = committed_message(self.region, step.address, step.operands[0])

@@ -274,8 +274,8 @@ class PayloadBuffer:
     Assigning to a payload slice is a write (``Publisher.send``). Taking a
     slice is a read made at once (``bytes(...)`` in ``try_receive``, a
     ``SampleView``'s buffer copied by its reader), except the slice that
-    ``AllocatedSlot.__buffer__`` hands out: its caller fills it in place,
-    a write.
+    ``AllocatedSlot.__buffer__`` hands out (taken by the region's
+    ``payload_view``): its caller fills it in place, a write.
     """
 
     def __init__(self, region: SharedRegion, execution: AccessReporter) -> None:
@@ -288,7 +288,10 @@ class PayloadBuffer:
         return len(self.view)
 
     def __getitem__(self, key: int | slice) -> int | memoryview:
-        filled_in_place = sys._getframe(1).f_code.co_qualname == "AllocatedSlot.__buffer__"
+        caller = sys._getframe(1)
+        if caller.f_code.co_qualname == "Region.payload_view" and caller.f_back is not None:
+            caller = caller.f_back  # whoever asked the region for the slice
+        filled_in_place = caller.f_code.co_qualname == "AllocatedSlot.__buffer__"
         self._report(key, "write" if filled_in_place else "read")
         return self.view[key]
 

@@ -19,7 +19,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from kickmsg import publisher, subscriber
+from kickmsg import publisher
+from kickmsg.protocol.v4 import publish as publish4
+from kickmsg.protocol.v4 import receive as receive4
+from kickmsg.protocol.v4 import rings as rings4
 from kickmsg.protocol.v9 import publish as publish9
 from kickmsg.protocol.v9 import receive as receive9
 
@@ -60,7 +63,7 @@ MUTANTS = {
         Mutant(
             "write-pos-after-live",
             "the subscriber captures write_pos before it CASes its ring to Live",
-            (Patch(subscriber, "_join_ring", (
+            (Patch(rings4, "join", (
                 Edit(
                     ("start_pos = ops.load_acquire_u64(ring.write_pos)",
                      "if ops.cas_acq_rel_u32(ring.state_flight, RING_FREE, RING_LIVE) == RING_FREE:",
@@ -74,10 +77,10 @@ MUTANTS = {
         Mutant(
             "release-before-lock",
             "a publisher releases the evicted slot only after it has locked the entry",
-            (Patch(publisher.Publisher, "_publish", (
+            (Patch(publish4, "publish", (
                 Edit(
-                    ("evicted_slot = _wait_and_capture_slot(ops, entry, previous_sequence, commit_timeout_ns)",),
-                    ("evicted_slot = _wait_and_capture_slot(ops, entry, previous_sequence, commit_timeout_ns)",
+                    ("evicted_slot = wait_and_capture_slot(ops, entry, previous_sequence, commit_timeout_ns)",),
+                    ("evicted_slot = wait_and_capture_slot(ops, entry, previous_sequence, commit_timeout_ns)",
                      "if evicted_slot < pool_size:",
                      "    freestack.release_slot(region, evicted_slot)  # MUTANT: released before the lock",
                      "evicted_slot = INVALID_SLOT  # MUTANT: so that it is not released again below"),
@@ -87,7 +90,7 @@ MUTANTS = {
         Mutant(
             "refcount-per-ring",
             "the refcount is pre-set to max_subs before the first ring is touched",
-            (Patch(publisher.Publisher, "_publish", (
+            (Patch(publish4, "publish", (
                 Edit(
                     ("ops.store_release_u32(region.slot_addresses[slot] + REFCOUNT_OFFSET, geometry.max_subs)",),
                     ("ops.store_release_u32(region.slot_addresses[slot] + REFCOUNT_OFFSET, 0)  # MUTANT: no pre-set",),
@@ -113,7 +116,7 @@ MUTANTS = {
         Mutant(
             "no-seqlock-recheck",
             "a subscriber pins the slot, then re-checks the entry's sequence before reading",
-            (Patch(subscriber.Subscriber, "_pin_next", (
+            (Patch(receive4, "pin_next", (
                 Edit(
                     ("if ops.load_acquire_u64(entry + SEQUENCE_OFFSET) != sequence:",),
                     ("if False:  # MUTANT: the entry is not re-checked after the pin",),
@@ -123,7 +126,7 @@ MUTANTS = {
         Mutant(
             "commit-relaxed",
             "the commit store of the sequence releases the entry's fields and the payload written before it",
-            (Patch(publisher.Publisher, "_publish", (
+            (Patch(publish4, "publish", (
                 Edit(
                     (COMMIT_COMMENT, COMMIT),
                     (COMMIT_COMMENT, "ops.store_relaxed_u64(entry + SEQUENCE_OFFSET, sequence)  # MUTANT: relaxed commit"),
@@ -134,7 +137,7 @@ MUTANTS = {
         Mutant(
             "seq-load-relaxed",
             "the subscriber reads the entry's sequence with acquire before it reads the entry's fields",
-            (Patch(subscriber.Subscriber, "_pin_next", (
+            (Patch(receive4, "pin_next", (
                 Edit(
                     ("sequence = ops.load_acquire_u64(entry + SEQUENCE_OFFSET)",),
                     ("sequence = ops.load_relaxed_u64(entry + SEQUENCE_OFFSET)  # MUTANT: relaxed",),
@@ -145,7 +148,7 @@ MUTANTS = {
         Mutant(
             "inflight-release-relaxed",
             "a publisher leaves a ring (in_flight - 1) with release, so that the drain sees what it wrote there",
-            (Patch(publisher.Publisher, "_publish", (
+            (Patch(publish4, "publish", (
                 Edit(
                     ("ops.fetch_sub_release_u32(ring.state_flight, IN_FLIGHT_ONE)",),
                     ("ops.fetch_sub_relaxed_u32(ring.state_flight, IN_FLIGHT_ONE)  # MUTANT: relaxed",),
@@ -169,6 +172,17 @@ MUTANTS = {
                         ("def _publish(self, slot: int, payload_len: int, late_payload=None) -> int:  # MUTANT",),
                     ),
                     Edit(
+                        ("delivered, dropped = publish4.publish(self._region, slot, payload_len)",),
+                        ("delivered, dropped = publish4.publish(self._region, slot, payload_len, late_payload)  # MUTANT",),
+                    ),
+                )),
+                Patch(publish4, "publish", (
+                    Edit(
+                        ("def publish(region: Region, slot: int, payload_len: int) -> tuple[int, int]:",),
+                        ("def publish(region: Region, slot: int, payload_len: int, late_payload=None) -> tuple[int, int]:"
+                         "  # MUTANT",),
+                    ),
+                    Edit(
                         (COMMIT_COMMENT, COMMIT),
                         (COMMIT_COMMENT, COMMIT,
                          "if late_payload is not None:  # MUTANT: the payload, written after the commit",
@@ -185,7 +199,7 @@ MUTANTS = {
             "its re-check (the spec's orders: entry fields and the refcount pre-set stored relaxed, the fields "
             "loaded relaxed)",
             (
-                Patch(publisher.Publisher, "_publish", (
+                Patch(publish4, "publish", (
                     Edit(
                         ("ops.store_release_u32(region.slot_addresses[slot] + REFCOUNT_OFFSET, geometry.max_subs)",),
                         ("ops.store_relaxed_u32(region.slot_addresses[slot] + REFCOUNT_OFFSET, geometry.max_subs)"
@@ -200,7 +214,7 @@ MUTANTS = {
                         ("ops.store_relaxed_u32(entry + PAYLOAD_LEN_OFFSET, payload_len)  # MUTANT: the spec's relaxed",),
                     ),
                 )),
-                Patch(subscriber.Subscriber, "_pin_next", (
+                Patch(receive4, "pin_next", (
                     Edit(
                         ("slot = ops.load_acquire_u32(entry + SLOT_IDX_OFFSET)",),
                         ("slot = ops.load_relaxed_u32(entry + SLOT_IDX_OFFSET)  # MUTANT: the spec's relaxed",),

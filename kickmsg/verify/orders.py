@@ -22,8 +22,12 @@ import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kickmsg import publisher, region, subscriber
+from kickmsg import publisher
 from kickmsg.protocol import freestack
+from kickmsg.protocol.v4 import publish as publish4
+from kickmsg.protocol.v4 import receive as receive4
+from kickmsg.protocol.v4 import repair as repair4
+from kickmsg.protocol.v4 import rings as rings4
 from kickmsg.protocol.v9 import publish as publish9
 from kickmsg.protocol.v9 import receive as receive9
 from kickmsg.verify import Report, Scenario, Scenario9, explore
@@ -33,18 +37,18 @@ from kickmsg.verify.mutants import MUTANTS, Edit, Mutant, Patch
 
 # (flow, owner, function): every function of the flows that calls the door.
 FLOWS = (
-    ("publish", publisher.Publisher, "_publish"),
-    ("publish", publisher, "_wait_and_capture_slot"),
-    ("receive", subscriber.Subscriber, "_pin_next"),
-    ("join", subscriber, "_join_ring"),
-    ("leave/drain", region.SharedRegion, "leave_ring"),
-    ("leave/drain", region.SharedRegion, "set_ring_state"),
-    ("leave/drain", region.SharedRegion, "drain_ring"),
+    ("publish", publish4, "publish"),
+    ("publish", publish4, "wait_and_capture_slot"),
+    ("receive", receive4, "pin_next"),
+    ("join", rings4, "join"),
+    ("leave/drain", rings4, "leave"),
+    ("leave/drain", rings4, "set_state"),
+    ("leave/drain", rings4, "drain"),
     ("free stack", freestack, "pop"),
     ("free stack", freestack, "push"),
     ("free stack", freestack, "release_slot"),
-    ("repair", region.SharedRegion, "_live_window"),
-    ("repair", region.SharedRegion, "repair_locked_entries"),
+    ("repair", repair4, "live_window"),
+    ("repair", repair4, "repair_locked_entries"),
 )
 SCENARIOS = {"repair": Scenario(repairer=True)}  # the flows' scenario, if not the default one
 

@@ -3,9 +3,21 @@
 Each module reads beside its part of the layout-4 design (seed 000):
 
 - ``layout``: constants, byte layout, sizes, geometry checks, naming the bytes;
-- ``region``: create, create_or_open, attach checks, initialisation (in place too).
+- ``region``: ``Region`` (the mapping, its geometry, the addresses the
+  flows use); create, create_or_open, attach checks, initialisation (in
+  place too);
+- ``publish``: the publish flow, steps 3-5 (``publish``), and
+  ``wait_and_capture_slot``;
+- ``receive``: the receive flow, steps 1-3 (``pin_next``), over a
+  subscriber's ``Cursor``;
+- ``rings``: a ring's lifecycle: ``join``, ``leave`` (the teardown),
+  ``set_state``, ``drain`` (drain_unconsumed);
+- ``repair``: diagnose, repair_locked_entries, reset_retired_rings,
+  reclaim_dead_subscribers, free_ring, reclaim_orphaned_slots, the schema
+  claim.
 
-The slot pool's free stack is shared with layout 9 (``kickmsg.protocol.freestack``).
-The publish, receive, ring lifecycle and repair flows of layout 4 are still
-methods of ``kickmsg.Publisher``, ``Subscriber`` and ``SharedRegion``.
+The slot pool's free stack (publish step 1, the releases) is shared with
+layout 9: ``kickmsg.protocol.freestack``. ``kickmsg.SharedRegion`` is a
+``Region`` with the version-agnostic API above it; it, ``Publisher`` and
+``Subscriber`` call these flows. Nothing here imports the API.
 """

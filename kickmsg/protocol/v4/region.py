@@ -1,24 +1,26 @@
-"""Layout 4's region lifecycle: create, open and create_or_open checks,
-initialisation (seed 000 "Region creation", "Opening a region").
+"""A layout-4 region: the mapped ``Region`` and its ring addresses; create,
+open and create_or_open checks, initialisation (seed 000 "Region
+creation", "Opening a region").
 
-``kickmsg.SharedRegion`` runs these for a layout-4 region; the region
-object they build and check is a ``SharedRegion`` (the layout-4 region and
-the version-agnostic API are one class).
+``kickmsg.SharedRegion`` is a ``Region`` with the version-agnostic API
+above it: it runs these for a layout-4 region and hands the flows
+(``publish``, ``receive``, ``rings``, ``repair``) itself.
 """
 import ctypes
+import functools
 import os
 import time
 import warnings
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from kickmsg import layouts, shm
+from kickmsg.atomics import HARDWARE, Atomics
+from kickmsg.config import MAX_POOL_SIZE, MAX_SUBSCRIBERS, ChannelType, Config, ConfigError, channel_type_of
 from kickmsg.ops import owners
-from kickmsg.atomics import HARDWARE
-from kickmsg.config import ChannelType, Config, ConfigError
 from kickmsg.protocol.info import config_differences
 from kickmsg.protocol.v4 import layout
 from kickmsg.protocol.v4.layout import Geometry, Header
-from kickmsg.region import SharedRegion, bytes_text, channel_type_of, check_creatable
 from kickmsg.schema import SchemaInfo
 
 INIT_POLL_ATTEMPTS = 200  # create_or_open waits up to 200 x 10 ms for the creator
@@ -26,7 +28,97 @@ INIT_POLL_INTERVAL_S = 0.010
 CREATE_ATTEMPTS = 100  # unlink-then-create retries when racing other creators
 
 
-def create(name: str, type: ChannelType, cfg: Config, creator: str, mode: int | None) -> SharedRegion:
+@dataclass(frozen=True, slots=True)
+class RingAddresses:
+    """Addresses of one subscriber ring's atomic words. (Slots, not a
+    NamedTuple: the flows read these fields at every step, and a slot is
+    read several times faster than a NamedTuple's field.)"""
+
+    index: int  # the ring's number
+    state_flight: int
+    write_pos: int  # its low 32 bits are the futex word
+    has_waiter: int
+    entries: range  # address of each entry: position p is entries[p & mask]
+
+
+class Region:
+    """A mapped layout-4 region, its geometry and the atomics door; the
+    addresses the flows use, computed once from the geometry."""
+
+    def __init__(self, mapping: shm.Mapping, geometry: Geometry, atomics: Atomics = HARDWARE) -> None:
+        """Wrap a mapping whose geometry is already known to fit (internal)."""
+        self.mapping = mapping
+        self.geometry = geometry
+        self.atomics = atomics
+        self.header = Header.from_address(mapping.address)  # the mapping outlives it: we hold both
+        self.created_at_ns = self.header.created_at_ns  # which incarnation of the name this object is
+        base = mapping.address
+        self.magic_address = base + layout.MAGIC_OFFSET
+        self.created_at_address = base + layout.CREATED_AT_OFFSET
+        self.free_top_address = base + layout.FREE_TOP_OFFSET
+        self.schema_state_address = base + layout.SCHEMA_STATE_OFFSET
+        # The pool's addresses, computed once (a ring's: ``ring``). A range
+        # computes its element on indexing and refuses an index outside it
+        # (IndexError), so no index read from shared memory can become a
+        # wild address.
+        self.pool_address = base + geometry.pool_offset
+        pool_size, slot_stride = geometry.pool_size, geometry.slot_stride
+        self.slot_addresses = range(self.pool_address, self.pool_address + pool_size * slot_stride, slot_stride)
+        payload_start = geometry.pool_offset + layout.SLOT_HEADER_SIZE  # in mapping.buffer
+        self.payload_offsets = range(payload_start, payload_start + pool_size * slot_stride, slot_stride)
+        self.rings_address = base + geometry.sub_rings_offset
+
+    @functools.cached_property
+    def rings(self) -> tuple[RingAddresses, ...]:
+        """Every ring's addresses, in index order, built on first use (by the
+        flows that visit every ring: publish, diagnose, repairs). A region
+        the native library made may have millions of rings: whatever needs
+        only some uses ``ring(index)`` and ``rings_in_use()``."""
+        return tuple(self.ring(index) for index in range(self.geometry.max_subs))
+
+    def ring(self, index: int) -> RingAddresses:
+        """The addresses of ring ``index`` (0 <= index < max_subs)."""
+        if not 0 <= index < self.geometry.max_subs:
+            raise IndexError(f"{self.name} has no ring {index}: it has {self.geometry.max_subs}")
+        ring = self.rings_address + index * self.geometry.ring_stride
+        entries = ring + layout.RING_HEADER_SIZE
+        return RingAddresses(
+            index=index,
+            state_flight=ring + layout.STATE_FLIGHT_OFFSET,
+            write_pos=ring + layout.WRITE_POS_OFFSET,
+            has_waiter=ring + layout.HAS_WAITER_OFFSET,
+            entries=range(entries, entries + self.geometry.capacity * layout.ENTRY_SIZE, layout.ENTRY_SIZE),
+        )
+
+    def rings_in_use(self) -> list[int]:
+        """The indices of the rings that are not idle. An idle ring is Free,
+        with no publisher in flight, never written (``state_flight`` and
+        ``write_pos`` both 0): it holds nothing and has nothing to show.
+        Reads those two words of every ring (acquire), nothing else."""
+        ops = self.atomics
+        stride = self.geometry.ring_stride
+        start = self.rings_address
+        return [
+            index
+            for index, ring in enumerate(range(start, start + self.geometry.max_subs * stride, stride))
+            if ops.load_acquire_u32(ring + layout.STATE_FLIGHT_OFFSET) or ops.load_acquire_u64(ring + layout.WRITE_POS_OFFSET)
+        ]
+
+    @property
+    def name(self) -> str:
+        return self.mapping.name
+
+    def slot_address(self, slot: int) -> int:
+        """The address of ``slot``'s header (IndexError outside the pool)."""
+        return self.slot_addresses[slot]
+
+    def payload_view(self, slot: int, length: int) -> memoryview:
+        """The first ``length`` payload bytes of ``slot`` (both in range)."""
+        start = self.payload_offsets[slot]
+        return self.mapping.buffer[start : start + length]
+
+
+def create(name: str, type: ChannelType, cfg: Config, creator: str, mode: int | None) -> Region:
     """``SharedRegion.create`` of a layout-4 region (its docstring says how)."""
     refuse_identity_on_layout_4(name, cfg)
     geometry, creator_bytes = new_geometry(name, type, cfg, creator)
@@ -39,14 +131,14 @@ def create(name: str, type: ChannelType, cfg: Config, creator: str, mode: int | 
             owners.unlink(name)  # ring owners of a region removed without its sidecar
             return initialise(mapping, geometry, creator_bytes, cfg.schema, in_place=False)
         if mapping is not None and has_layout(mapping, geometry):
-            kept = rings_of_live_subscribers(SharedRegion(mapping, geometry))
+            kept = rings_of_live_subscribers(Region(mapping, geometry))
             return initialise(mapping, geometry, creator_bytes, cfg.schema, in_place=True, kept_rings=kept)
         owners.unlink(name)
         shm.unlink(name)
     raise RuntimeError(f"could not create {name}: other processes keep re-creating it")
 
 
-def create_or_open(name: str, type: ChannelType, cfg: Config, creator: str, mode: int | None) -> SharedRegion:
+def create_or_open(name: str, type: ChannelType, cfg: Config, creator: str, mode: int | None) -> Region:
     """``SharedRegion.create_or_open`` of a layout-4 region."""
     refuse_identity_on_layout_4(name, cfg)
     geometry, creator_bytes = new_geometry(name, type, cfg, creator)
@@ -75,7 +167,7 @@ def create_or_open(name: str, type: ChannelType, cfg: Config, creator: str, mode
     raise RuntimeError(f"Timed out waiting for region init: {name}")
 
 
-def attach(mapping: shm.Mapping, expected_identity: int) -> SharedRegion:
+def attach(mapping: shm.Mapping, expected_identity: int) -> Region:
     """Check a mapping whose version word says layout 4 and wrap it; flag a
     geometry that cannot work (when attached to use it, not to inspect it)."""
     name = mapping.name
@@ -96,7 +188,7 @@ def attach(mapping: shm.Mapping, expected_identity: int) -> SharedRegion:
     if mapping.writable:
         for hazard in geometry.hazards():
             warnings.warn(f"{name}: {hazard}", RuntimeWarning, stacklevel=4)  # the caller of SharedRegion.open or create_or_open
-    return SharedRegion(mapping, geometry)
+    return Region(mapping, geometry)
 
 
 def refuse_identity_on_layout_4(name: str, cfg: Config) -> None:
@@ -158,7 +250,7 @@ def has_layout(mapping: shm.Mapping, geometry: Geometry) -> bool:
     return Geometry.from_header(Header.from_address(mapping.address)).same_layout(geometry)
 
 
-def rings_of_live_subscribers(region: SharedRegion) -> list[tuple[int, int, int]]:
+def rings_of_live_subscribers(region: Region) -> list[tuple[int, int, int]]:
     """(ring, write_pos, has_waiter) of each Live ring held by a living
     subscriber of this package (its owner record's lock is held): the rings
     a re-create in place keeps for them."""
@@ -179,14 +271,14 @@ def initialise(
     schema: SchemaInfo | None,
     in_place: bool,
     kept_rings: Sequence[tuple[int, int, int]] = (),
-) -> SharedRegion:
+) -> Region:
     """Lay out a region in the mapping; publish it by storing magic last.
 
     A new object is zero-filled by ftruncate. One re-initialised in place is
     first marked uninitialised (magic 0) and zeroed; ``kept_rings``
     (``rings_of_live_subscribers``) stay Live for their subscribers.
     """
-    region = SharedRegion(mapping, geometry)
+    region = Region(mapping, geometry)
     ops = region.atomics
     header = region.header
     if in_place:
@@ -258,3 +350,39 @@ def stamped_version(mapping: shm.Mapping) -> int | None:
     if mapping.size < layout.HEADER_SIZE or HARDWARE.load_acquire_u64(mapping.address + layout.MAGIC_OFFSET) != layout.MAGIC:
         return None
     return HARDWARE.load_relaxed_u32(mapping.address + layout.VERSION_OFFSET)
+
+
+def check_creatable(name: str, geometry: Geometry, reusable: int) -> None:
+    """Refuse (``ConfigError``) a region larger than the memory the machine
+    can give it (``shm.room_for_new_object``), counting ``reusable`` bytes
+    already held by the object it would re-initialise in place; then one
+    beyond this package's bounds: more than MAX_SUBSCRIBERS rings (every
+    publish visits every ring) or MAX_POOL_SIZE slots (create lays out
+    every slot, the tools read every slot)."""
+    room, limit = shm.room_for_new_object()
+    if geometry.total_size > room + reusable:
+        raise ConfigError(
+            f"cannot create {name}: it would take {bytes_text(geometry.total_size)} "
+            f"({geometry.total_size} bytes: {geometry.size_breakdown()}), but only {bytes_text(room)} "
+            f"are {limit}; lower pool_size, max_payload_size, max_subscribers or sub_ring_capacity"
+        )
+    if geometry.max_subs > MAX_SUBSCRIBERS:
+        raise ConfigError(
+            f"cannot create {name}: max_subscribers must be at most {MAX_SUBSCRIBERS}, got {geometry.max_subs} "
+            f"(every publish visits every ring, and so do the tools)"
+        )
+    if geometry.pool_size > MAX_POOL_SIZE:
+        raise ConfigError(
+            f"cannot create {name}: pool_size must be at most {MAX_POOL_SIZE}, got {geometry.pool_size} "
+            f"(creating the region lays out every slot, and the tools read every slot)"
+        )
+
+
+def bytes_text(size: int) -> str:
+    """``1084288`` -> ``1.0 MiB``."""
+    value, unit = float(size), "bytes"
+    for bigger in ("KiB", "MiB", "GiB", "TiB", "PiB"):
+        if value < 1024:
+            break
+        value, unit = value / 1024, bigger
+    return f"{size} bytes" if unit == "bytes" else f"{value:.1f} {unit}"
