@@ -24,6 +24,8 @@ from kickmsg.protocol import v9
 from kickmsg.region import CHECK_IN_INTERVAL_NS, SharedRegion
 from kickmsg.region9 import Layout9Region
 
+__all__ = ["AllocatedSlot", "Publisher", "Publisher9", "send_retrying"]
+
 
 class Publisher:
     """Publishes messages into every subscriber ring of a region.

@@ -15,13 +15,15 @@ from kickmsg.protocol.v4 import layout
 from kickmsg.protocol.v4 import region as region4
 from kickmsg.protocol.v4 import repair as repair4
 from kickmsg.protocol.v4 import rings as rings4
-from kickmsg.protocol.v4.region import RingAddresses, bytes_text, check_creatable  # noqa: F401  (kickmsg.region names them too)
+from kickmsg.protocol.v4.region import RingAddresses, check_creatable
 from kickmsg.protocol import freestack
 from kickmsg.protocol.info import RegionInfo, RegionStats, RingStats, region_info
 from kickmsg.atomics import HARDWARE
 from kickmsg.config import ChannelType, Config, ConfigError, channel_type_of
 from kickmsg.protocol import v9
 from kickmsg.schema import SchemaInfo
+
+__all__ = ["CHECK_IN_INTERVAL_NS", "DeadSubscriberReport", "HealthReport", "NEVER", "SharedRegion", "unlink_shm"]
 
 CHECK_IN_INTERVAL_NS = 100_000_000  # how often publishers and subscribers look whether their region was re-created
 NEVER = 1 << 63  # a region in private memory is never re-created

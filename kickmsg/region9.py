@@ -38,6 +38,8 @@ from kickmsg.region import DeadSubscriberReport, HealthReport, SharedRegion
 from kickmsg.schema import SchemaInfo
 from kickmsg.errors import Layout4Only
 
+__all__ = ["Layout9Region", "attach", "create", "create_or_open", "described_geometry", "open_when_ready"]
+
 
 def described_geometry(geometry: v9.Geometry) -> layout.Geometry:
     """The layout-9 geometry in the terms ``SharedRegion.geometry`` gives

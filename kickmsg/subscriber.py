@@ -40,8 +40,11 @@ from kickmsg.protocol.v9.layout import (
     seq_locked,
     seq_pos,
 )
-from kickmsg.region import RingAddresses, SharedRegion
+from kickmsg.protocol.v4.region import RingAddresses
+from kickmsg.region import SharedRegion
 from kickmsg.region9 import Layout9Region
+
+__all__ = ["DEFAULT_SPIN_S", "SampleView", "SampleView9", "Subscriber", "Subscriber9", "UNCOMMITTED_POLL_NS"]
 
 M = TypeVar("M")  # what a receive gives: bytes or a SampleView
 

@@ -8,3 +8,5 @@ door, futex, shared-memory objects, hashes and schema descriptors stay at
 the top level (``kickmsg.atomics``, ``kickmsg.shm``, ``kickmsg.hash``,
 ``kickmsg.schema``): the API uses them too.
 """
+
+__all__: list[str] = []

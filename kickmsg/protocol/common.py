@@ -11,6 +11,13 @@ import struct
 from kickmsg.hash import fnv1a_64
 from kickmsg.errors import CorruptRegionError
 
+__all__ = [
+    "CACHE_LINE", "CHANNEL_BROADCAST", "CHANNEL_PUBSUB", "CorruptRegionError", "DEFAULT_COMMIT_TIMEOUT_US",
+    "INVALID_SLOT", "IN_FLIGHT_ONE", "MAGIC", "MAX_COMMIT_TIMEOUT_US", "RING_DRAINING", "RING_FREE", "RING_LIVE",
+    "RING_STATE_MASK", "SCHEMA_CLAIMING", "SCHEMA_SET", "SCHEMA_UNSET", "SchemaInfoLayout", "U16_MAX", "U32_MAX",
+    "U64_MAX", "align64", "config_hash",
+]
+
 MAGIC = 0x4B49434B4D534721  # "KICKMSG!", stored last at creation (release)
 INVALID_SLOT = 0xFFFFFFFF
 CACHE_LINE = 64

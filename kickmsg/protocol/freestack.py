@@ -15,6 +15,8 @@ from typing import Protocol
 from kickmsg.atomics import Atomics
 from kickmsg.protocol.common import INVALID_SLOT, U32_MAX, CorruptRegionError
 
+__all__ = ["NEXT_FREE_OFFSET", "Pool", "PoolGeometry", "REFCOUNT_OFFSET", "count_free", "pop", "push", "release_slot"]
+
 # SlotHeader.next_free and .refcount: the same offsets in both layouts.
 REFCOUNT_OFFSET = 0
 NEXT_FREE_OFFSET = 4

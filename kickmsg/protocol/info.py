@@ -12,6 +12,8 @@ from typing import Protocol
 
 from kickmsg.config import ChannelType
 
+__all__ = ["ChannelGeometry", "RegionInfo", "RegionStats", "RingStats", "config_differences", "region_info"]
+
 
 @dataclass(frozen=True)
 class RegionInfo:

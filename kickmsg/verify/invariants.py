@@ -34,6 +34,11 @@ from kickmsg.atomics import HARDWARE as ops
 from kickmsg.region import SharedRegion
 from kickmsg.verify.scheduler import Step
 
+__all__ = [
+    "Committed", "Ledger", "MESSAGE", "MESSAGE_SIZES", "Received", "committed_message", "delivery_violation",
+    "end_violation", "memory_violation", "message",
+]
+
 MESSAGE = struct.Struct("<HHI")  # publisher, sequence, check
 MESSAGE_SIZES = (MESSAGE.size, MESSAGE.size + 4)  # lengths differ, so that a slot read with another message's length shows
 

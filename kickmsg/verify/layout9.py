@@ -79,6 +79,12 @@ from kickmsg.protocol.v9.region import ChannelConfig, Region
 from kickmsg.verify import invariants
 from kickmsg.verify.scheduler import Actor, Chooser, Execution, Mishaps, ModelledClock, Outcome, ScheduledAtomics, Step
 
+__all__ = [
+    "MUTANT_SCENARIOS9", "RECEIVE_TIMEOUT_S", "Scenario9", "TIMEOUT_US", "World9", "describe_address",
+    "describe_meta", "describe_sequence", "describe_value", "format_step", "format_trace", "observed",
+    "run_schedule",
+]
+
 TIMEOUT_US = 1000  # the commit timeout of the explored regions (modelled time)
 RECEIVE_TIMEOUT_S = 1.0  # a blocking subscriber's receive timeout (modelled time)
 

@@ -57,6 +57,11 @@ from typing import Protocol
 from kickmsg.atomics import HARDWARE
 from kickmsg.region import SharedRegion
 
+__all__ = [
+    "ACQUIRING", "AccessReporter", "HARDWARE_OPERATIONS", "HISTORY", "MASKS", "OPERATIONS", "ORDERS", "Operation",
+    "PayloadAccesses", "PayloadBuffer", "RELEASING", "SequentialMemory", "Stale", "Store", "WeakMemory",
+]
+
 ORDERS = ("relaxed", "acquire", "release", "acq_rel", "seq_cst")
 ACQUIRING = frozenset(("acquire", "acq_rel", "seq_cst"))  # a read that synchronizes with a release it reads
 RELEASING = frozenset(("release", "acq_rel", "seq_cst"))  # a store that carries its writer's clock

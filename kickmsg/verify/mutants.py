@@ -26,6 +26,8 @@ from kickmsg.protocol.v4 import rings as rings4
 from kickmsg.protocol.v9 import publish as publish9
 from kickmsg.protocol.v9 import receive as receive9
 
+__all__ = ["COMMIT", "COMMIT_COMMENT", "Edit", "MUTANTS", "MUTANTS9", "Mutant", "Patch", "build", "installed", "lookup"]
+
 
 @dataclass(frozen=True)
 class Edit:

@@ -35,6 +35,12 @@ from kickmsg.verify.scheduler import Outcome
 from kickmsg.verify.memory import OPERATIONS
 from kickmsg.verify.mutants import MUTANTS, Edit, Mutant, Patch
 
+__all__ = [
+    "FLOWS", "FLOWS9", "ONE_STEP_WEAKER", "OPERATIONS", "PACKAGE_ROOT", "PREEMPTIONS9", "Row", "SCENARIO9",
+    "SCENARIOS", "SCENARIOS9", "SPEC_ORDERS", "Site", "check_orders", "format_table", "sites", "spec_order",
+    "weakening",
+]
+
 # (flow, owner, function): every function of the flows that calls the door.
 FLOWS = (
     ("publish", publish4, "publish"),

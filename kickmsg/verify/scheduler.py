@@ -37,6 +37,11 @@ from kickmsg.atomics import Atomics
 from kickmsg.region import SharedRegion
 from kickmsg.verify.memory import SequentialMemory, Stale, WeakMemory
 
+__all__ = [
+    "Aborted", "Actor", "Checker", "Choice", "Chooser", "DIES", "Execution", "Mishaps", "ModelledClock",
+    "OPERATIONS", "Outcome", "ScheduledAtomics", "Step", "TIME_PASSES", "WRITES", "is_mishap",
+]
+
 # Every operation of the atomics door, and those that may write memory.
 OPERATIONS = [name for name in vars(Atomics) if not name.startswith("_")]
 WRITES = {name for name in OPERATIONS if name.startswith(("store_", "cas_", "fetch_"))}

@@ -21,3 +21,5 @@ layout 9: ``kickmsg.protocol.freestack``. ``kickmsg.SharedRegion`` is a
 ``Region`` with the version-agnostic API above it; it, ``Publisher`` and
 ``Subscriber`` call these flows. Nothing here imports the API.
 """
+
+__all__: list[str] = []

@@ -29,6 +29,8 @@ from kickmsg.protocol.v4.layout import (
 )
 from kickmsg.protocol.v4.region import Region
 
+__all__ = ["CLOCK_CHECK_SPINS", "MAX_LOCK_ATTEMPTS", "publish", "wait_and_capture_slot"]
+
 MAX_LOCK_ATTEMPTS = 64  # CAS attempts on a ring entry before giving up on that ring
 CLOCK_CHECK_SPINS = 1024  # wait_and_capture_slot reads the clock once per this many spins
 

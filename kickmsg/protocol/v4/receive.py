@@ -21,6 +21,8 @@ from kickmsg.protocol.v4.layout import (
 )
 from kickmsg.protocol.v4.region import Region, RingAddresses
 
+__all__ = ["Cursor", "MAX_RECEIVE_ATTEMPTS", "pin_next"]
+
 MAX_RECEIVE_ATTEMPTS = 64  # entries a single try_receive may skip as lost
 
 

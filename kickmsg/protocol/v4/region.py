@@ -23,6 +23,12 @@ from kickmsg.protocol.v4 import layout
 from kickmsg.protocol.v4.layout import Geometry, Header
 from kickmsg.schema import SchemaInfo
 
+__all__ = [
+    "CREATE_ATTEMPTS", "INIT_POLL_ATTEMPTS", "INIT_POLL_INTERVAL_S", "Region", "RingAddresses", "attach",
+    "bytes_text", "check_creatable", "create", "create_or_map", "create_or_open", "has_layout", "initialise",
+    "is_initialised", "new_geometry", "refuse_identity_on_layout_4", "rings_of_live_subscribers", "stamped_version",
+]
+
 INIT_POLL_ATTEMPTS = 200  # create_or_open waits up to 200 x 10 ms for the creator
 INIT_POLL_INTERVAL_S = 0.010
 CREATE_ATTEMPTS = 100  # unlink-then-create retries when racing other creators

@@ -16,6 +16,12 @@ from kickmsg.protocol.v4 import layout, rings
 from kickmsg.protocol.v4.region import Region, RingAddresses
 from kickmsg.schema import SchemaInfo
 
+__all__ = [
+    "HealthReport", "SCHEMA_CLAIM_YIELDS", "dead_subscriber_rings", "diagnose", "free_ring", "live_window",
+    "reclaim_dead_subscribers", "reclaim_orphaned_slots", "referenced_slots", "repair_locked_entries",
+    "reset_retired_rings", "reset_schema_claim", "try_claim_schema",
+]
+
 SCHEMA_CLAIM_YIELDS = 1024  # how long a losing schema claimant waits for Set
 
 

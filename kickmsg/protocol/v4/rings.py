@@ -17,6 +17,8 @@ from kickmsg.protocol.v4 import layout
 from kickmsg.protocol.v4.layout import RING_FREE, RING_LIVE
 from kickmsg.protocol.v4.region import Region, RingAddresses
 
+__all__ = ["drain", "join", "leave", "set_state"]
+
 
 def join(region: Region) -> tuple[RingAddresses, int] | None:
     """Subscriber join: CAS the first Free ring to Live, expecting exactly

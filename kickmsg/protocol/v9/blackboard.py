@@ -45,6 +45,18 @@ from kickmsg.protocol.v9.receive import process_start_time
 from kickmsg.protocol.v9.region import OPEN_ATTEMPTS, OPEN_RETRY_S, RegionInitTimeout
 from kickmsg.protocol.v9.repair import owner_is_dead
 
+__all__ = [
+    "ACTIVE", "Blackboard", "BlackboardConfig", "BlackboardReader", "BlackboardWriter", "BoardGeometry",
+    "CAPACITY_OFFSET", "CELL_HEADER_SIZE", "CELL_UPDATED_AT_OFFSET", "CELL_VALUE_LEN_OFFSET", "CHANGE_SEQ_OFFSET",
+    "CLAIMING", "CONFIG_HASH_OFFSET", "CREATED_AT_OFFSET", "CREATOR_PID_OFFSET", "DECLARED_AT_OFFSET",
+    "DEFAULT_CAPACITY", "DEFAULT_MAX_VALUE_SIZE", "ENTRY_SIZE", "FREE", "HEADER_SIZE", "IDENTITY_OFFSET",
+    "KEY_HASH_OFFSET", "KEY_MAX", "KEY_OFFSET", "KeyStatus", "LOCK_SECONDS_RELEASE", "LOCK_TOKEN_OFFSET",
+    "LOCK_TRIES_DECLARE", "LOCK_TRIES_SNAPSHOT", "MAGIC", "MAGIC_OFFSET", "MAX_CAPACITY", "MAX_VALUE_SIZE",
+    "MAX_VALUE_SIZE_OFFSET", "NODE_NAME_MAX", "OWNER_NODE_OFFSET", "OWNER_PID_OFFSET", "OWNER_STARTTIME_OFFSET",
+    "PUBLISH_OFFSET", "READ_RETRY_BUDGET", "ReadOutcome", "STATE_OFFSET", "TENANCY_OFFSET", "TOTAL_SIZE_OFFSET",
+    "VERSION", "VERSION_OFFSET", "WAITERS_OFFSET", "lock_holder_is_dead", "lock_token",
+]
+
 # -- D.1 Constants ----------------------------------------------------------------------
 
 MAGIC = 0x214B4C424B43494B  # "KICKBLK!", stored last (release)

@@ -52,6 +52,24 @@ from kickmsg.protocol.common import (
 )
 from kickmsg.errors import VersionMismatchError
 
+__all__ = [
+    "CHANNEL_BROADCAST", "CHANNEL_NONE", "CHANNEL_PUBSUB", "CREATED_AT_OFFSET", "CorruptRegionError",
+    "DEFAULT_COMMIT_TIMEOUT_US", "DEFAULT_MODE", "DROPPED_COUNT_OFFSET", "ENTRY_SIZE", "Entry", "FREE_TOP_OFFSET",
+    "Geometry", "HAS_WAITER_OFFSET", "HEADER_SIZE", "Header", "INVALID_SLOT", "IN_FLIGHT_ONE", "LOST_COUNT_OFFSET",
+    "MAGIC", "MAGIC_OFFSET", "MAX_POOL_SIZE", "META_OFFSET", "META_SLOT_BITS", "META_SLOT_MASK", "META_TAG_MASK",
+    "META_TAG_SIGN", "MODE_VARIABLE", "NAME_MAX", "NEXT_FREE_OFFSET", "OWNER_PID_OFFSET", "OWNER_STARTTIME_OFFSET",
+    "PAYLOAD_LEN_OFFSET", "REFCOUNT_OFFSET", "RING_DRAINING", "RING_FREE", "RING_HEADER_SIZE", "RING_LIVE",
+    "RING_RECLAIMING", "RING_STATE_MASK", "RING_STATE_NAMES", "SCHEMA_CLAIMING", "SCHEMA_DATA_OFFSET", "SCHEMA_SET",
+    "SCHEMA_STATE_OFFSET", "SCHEMA_UNSET", "SEQUENCE_OFFSET", "SEQ_LOCK_BIT", "SEQ_REPAIR_BIT", "SEQ_VALUE_MASK",
+    "SLOT_HEADER_SIZE", "STATE_FLIGHT_OFFSET", "STEAL_COUNT_OFFSET", "SchemaInfoLayout", "SlotHeader",
+    "SubRingHeader", "U32_MAX", "U64_MAX", "VERSION", "VersionMismatchError", "WAITER_CARRIER", "WAITER_FUTEX",
+    "WAITER_NONE", "WRITE_POS_OFFSET", "align64", "blackboard_identity", "blackboard_shm_name",
+    "broadcast_identity", "broadcast_shm_name", "compose_shm_name", "mailbox_identity", "mailbox_shm_name",
+    "meta_precedes", "meta_slot_field", "meta_tag", "meta_tag_of", "pack_meta", "publisher_lock", "realtime_ns",
+    "registry_shm_name", "repairer_lock", "sanitize_component", "seq_locked", "seq_pos", "seq_skip", "shm_mode",
+    "skip_marker", "topic_identity", "topic_shm_name", "validate",
+]
+
 VERSION = 9
 MAX_POOL_SIZE = (1 << 24) - 2  # slot index + 1 must fit the 24-bit meta field
 

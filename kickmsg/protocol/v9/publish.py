@@ -38,6 +38,8 @@ from kickmsg.protocol.v9.layout import (
 )
 from kickmsg.protocol.v9.region import Region
 
+__all__ = ["LOCK_ATTEMPTS", "Publisher", "SPINS_PER_CLOCK_CHECK", "steal_and_skip", "wake_ring"]
+
 LOCK_ATTEMPTS = 64  # B.6 e
 SPINS_PER_CLOCK_CHECK = 1024  # B.7
 

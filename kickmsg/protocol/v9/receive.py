@@ -40,6 +40,10 @@ from kickmsg.protocol.v9.layout import (
 )
 from kickmsg.protocol.v9.region import Region
 
+__all__ = [
+    "POLL_SLEEP_S", "RECEIVE_ITERATIONS", "SampleView", "Subscriber", "YIELDS_BEFORE_SLEEP", "process_start_time",
+]
+
 RECEIVE_ITERATIONS = 64  # B.10
 YIELDS_BEFORE_SLEEP = 64  # B.11
 POLL_SLEEP_S = 0.0001  # B.11: 100 us naps while the head is claimed but not committed

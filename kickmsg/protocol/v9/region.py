@@ -47,6 +47,8 @@ from kickmsg.protocol.v9.layout import (
 from kickmsg.schema import SchemaInfo
 from kickmsg.errors import RegionInitTimeout
 
+__all__ = ["ChannelConfig", "OPEN_ATTEMPTS", "OPEN_RETRY_S", "Region", "RegionInitTimeout"]
+
 OPEN_ATTEMPTS = 200  # B.3: create_or_open polls an uninitialised region this often...
 OPEN_RETRY_S = 0.010  # ...this far apart (about 2 s in all)
 

@@ -32,6 +32,15 @@ from kickmsg.protocol.v9.receive import process_start_time
 from kickmsg.protocol.v9.region import OPEN_ATTEMPTS, OPEN_RETRY_S, RegionInitTimeout
 from kickmsg.protocol.v9.repair import owner_is_dead
 
+__all__ = [
+    "ACTIVE", "CAPACITY_OFFSET", "CHANNEL_OF_KIND", "CHANNEL_TYPE_OFFSET", "CLAIMING", "CREATED_AT_OFFSET",
+    "DEFAULT_CAPACITY", "FREE", "GENERATION_OFFSET", "HEADER_SIZE", "KIND_OFFSET", "Kind", "MAGIC", "MAGIC_OFFSET",
+    "NODE_NAME_OFFSET", "NODE_NAME_SIZE", "NodeRows", "PADDING_OFFSET", "PID_OFFSET", "PID_STARTTIME_OFFSET",
+    "Participant", "RECLAIMING", "REGISTER_ATTEMPTS", "ROLE_OFFSET", "ROW_SIZE", "Registry", "Role",
+    "SHM_NAME_OFFSET", "SHM_NAME_SIZE", "STATE_OFFSET", "TOPIC_NAME_OFFSET", "TOPIC_NAME_SIZE", "TopicSummary",
+    "VERSION", "VERSION_OFFSET", "process_exists",
+]
+
 # -- C.1 Region ----------------------------------------------------------------------
 
 MAGIC = 0x214745524B43494B  # "KICKREG!", stored last (release)

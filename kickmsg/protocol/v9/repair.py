@@ -41,6 +41,12 @@ from kickmsg.protocol.v9.receive import process_start_time
 from kickmsg.protocol.v9.region import Region
 from kickmsg.schema import SchemaInfo
 
+__all__ = [
+    "HealthReport", "SCHEMA_WAIT_YIELDS", "diagnose", "drain_window", "owner_is_dead", "process_start_time",
+    "reclaim_dead_rings", "reclaim_orphaned_slots", "repair_locked_entries", "reset_retired_rings",
+    "reset_schema_claim", "try_claim_schema",
+]
+
 SCHEMA_WAIT_YIELDS = 1024  # B.17
 
 
