@@ -21,6 +21,12 @@ between any two steps and at the end (``kickmsg.verify.invariants``).
 
 A violation comes with its counter-example: the numbered steps of each actor,
 which function of the package was at work, and where preemptions happened.
+
+Beside the explorer are the other checks of the implementation itself:
+``kickmsg.verify.crosscheck``, the differential cross-check against the
+native library, over ``kickmsg.verify.crossdriver`` (the driver it runs in
+both implementations), and ``kickmsg.verify.faults``, crash-point injection
+(a publisher stopped at a point of the spec).
 """
 import collections
 import random
