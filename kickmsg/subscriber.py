@@ -86,6 +86,7 @@ class Subscriber:
             raise TypeError(f"Subscriber needs a SharedRegion, got {region!r}")
         self._spin_ns = to_microseconds(spin, "spin") * 1000
         self._idle_gap_ns: int | None = None  # how long the last wait for a message took (None: no wait yet)
+        self._blocking = False  # inside a blocking receive
         region.require_writable("subscribe")
         region = region.reopen_if_recreated() or region  # a stale region object: use what the name leads to
         self._cursor = receive4.Cursor()  # read_pos, lost: what the receive flow keeps
@@ -157,6 +158,8 @@ class Subscriber:
         if time.monotonic_ns() >= self._next_check_in_ns:
             self._check_in()
         if pinned is None:
+            if not self._blocking:  # a poll found nothing: going idle, leave the record current
+                self._report_if_stale()
             return None
         slot, length, _ = pinned
         start = region.payload_offsets[slot]
@@ -174,6 +177,8 @@ class Subscriber:
         if time.monotonic_ns() >= self._next_check_in_ns:
             self._check_in()
         if pinned is None:
+            if not self._blocking:  # a poll found nothing: going idle, leave the record current
+                self._report_if_stale()
             return None
         slot, length, ring_pos = pinned
         return SampleView(region, slot, length, ring_pos)
@@ -240,8 +245,9 @@ class Subscriber:
     def _report_if_stale(self) -> None:
         """Write read_pos and lost into our owner record (for ``kickmsg
         stats``/``watch``) if they changed since last written: at check-in
-        (a sleeping receive wakes for it) and when a blocking receive gives
-        up; never per message or per wake-up."""
+        (a sleeping receive wakes for it), when a blocking receive gives up
+        and when a poll (not a blocking receive's) finds nothing; never per
+        message or per wake-up of a blocking receive."""
         progress = (self._cursor.read_pos, self._cursor.lost)
         if self._sidecar and progress != self._reported:
             self._sidecar.report_progress(self._ring.index, *progress)
@@ -282,22 +288,26 @@ class Subscriber:
         it is committed); then, or at once, sleep on the futex between
         attempts. A topic slower than the budget never spins."""
         deadline_ns = _deadline_ns(timeout)
-        message = attempt()
-        if message is not None:
-            return message
-        began_ns = time.monotonic_ns()
-        recent = self._idle_gap_ns is not None and self._idle_gap_ns < self._spin_ns
-        spin_until_ns = began_ns + self._spin_ns if recent else began_ns
-        while message is None:
-            now_ns = time.monotonic_ns()
-            if deadline_ns is not None and now_ns >= deadline_ns:
-                self._report_if_stale()  # giving up, idle: leave the record current
-                break
-            if now_ns >= spin_until_ns:
-                self._sleep_until_written(deadline_ns)
+        self._blocking = True  # its misses write no record: check-ins and giving up do
+        try:
             message = attempt()
-        self._idle_gap_ns = time.monotonic_ns() - began_ns
-        return message
+            if message is not None:
+                return message
+            began_ns = time.monotonic_ns()
+            recent = self._idle_gap_ns is not None and self._idle_gap_ns < self._spin_ns
+            spin_until_ns = began_ns + self._spin_ns if recent else began_ns
+            while message is None:
+                now_ns = time.monotonic_ns()
+                if deadline_ns is not None and now_ns >= deadline_ns:
+                    self._report_if_stale()  # giving up, idle: leave the record current
+                    break
+                if now_ns >= spin_until_ns:
+                    self._sleep_until_written(deadline_ns)
+                message = attempt()
+            self._idle_gap_ns = time.monotonic_ns() - began_ns
+            return message
+        finally:
+            self._blocking = False
 
     def _sleep_until_written(self, deadline_ns: int | None) -> None:
         """Sleep on the ring's futex until write_pos moves, or the deadline
@@ -613,6 +623,7 @@ class Subscriber9(Subscriber):
     def __init__(self, region: SharedRegion, *, spin: datetime.timedelta | float = DEFAULT_SPIN_S):
         self._spin_ns = to_microseconds(spin, "spin") * 1000
         self._idle_gap_ns = None
+        self._blocking = False
         region.require_writable("subscribe")
         region = region.reopen_if_recreated() or region
         self._lost = 0  # lost in rings of regions we followed away from

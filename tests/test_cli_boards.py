@@ -7,6 +7,7 @@ included) and is removed whatever the outcome; waits are on a child's
 ``ready`` line or on a command's output line, bounded by a deadline.
 """
 import base64
+import contextlib
 import json
 import os
 import select
@@ -19,6 +20,19 @@ from nativepeer import start_native9
 from test_cli import Running, cli, cli_json
 
 NATIVE_NODE = r'''
+
+
+@contextlib.contextmanager
+def two_native_nodes(prefix):
+    """Native nodes "alive" (key "a") and "killed" (key "k"), each ready,
+    started one after the other: 0.9.2's advertise unlinks the topic and
+    creates it exclusively (WIRE9.md B.1), so two advertising at once can
+    fail with "File exists"."""
+    with start_native9(NATIVE_NODE, ns=prefix, name="alive", key="a") as alive:
+        alive.wait_ready()
+        with start_native9(NATIVE_NODE, ns=prefix, name="killed", key="k") as killed:
+            killed.wait_ready()
+            yield alive, killed
 n = kickmsg.Node(P["name"], P["ns"])
 pub = n.advertise("robot/arm")
 sub = n.subscribe_or_create("cmd", kickmsg.Config())
@@ -50,10 +64,7 @@ def participants(topic: dict, side: str) -> list:
 def test_registry_shows_native_and_our_rows_marks_the_dead_and_sweeps(prefix):
     """A native node alive, a native node killed, our node: `kickmsg
     registry` lists all three by topic, the killed one stalled; --sweep frees it."""
-    with start_native9(NATIVE_NODE, ns=prefix, name="alive", key="a") as alive, \
-            start_native9(NATIVE_NODE, ns=prefix, name="killed", key="k") as killed:
-        alive.wait_ready()
-        killed.wait_ready()
+    with two_native_nodes(prefix) as (alive, killed):
         os.kill(killed.proc.pid, signal.SIGKILL)
         killed.kill()
         sub = Node("py", namespace=prefix, layout=9).subscribe("robot/arm")
@@ -78,10 +89,7 @@ def test_registry_shows_native_and_our_rows_marks_the_dead_and_sweeps(prefix):
 
 
 def test_blackboard_shows_keys_owners_and_dead_ones_and_sweeps(prefix):
-    with start_native9(NATIVE_NODE, ns=prefix, name="alive", key="a") as alive, \
-            start_native9(NATIVE_NODE, ns=prefix, name="killed", key="k") as killed:
-        alive.wait_ready()
-        killed.wait_ready()
+    with two_native_nodes(prefix) as (alive, killed):
         os.kill(killed.proc.pid, signal.SIGKILL)
         killed.kill()
         for command in ("blackboard", "bb"):
@@ -176,10 +184,7 @@ def test_list_groups_a_namespace_by_its_registry_native_and_ours(prefix):
     in the table. `info`, `registry` and `bb` are kickmsg.ops.diagnostics."""
     plain, registry, board = f"/{prefix}_plain", f"/{prefix}_registry", f"/{prefix}_bb_state"
     SharedRegion.create(plain, ChannelType.PubSub, Config(max_subscribers=2, sub_ring_capacity=8, pool_size=16), "plain")
-    with start_native9(NATIVE_NODE, ns=prefix, name="alive", key="a") as alive, \
-            start_native9(NATIVE_NODE, ns=prefix, name="killed", key="k") as killed:
-        alive.wait_ready()
-        killed.wait_ready()
+    with two_native_nodes(prefix) as (alive, killed):
         os.kill(killed.proc.pid, signal.SIGKILL)
         killed.kill()
         sub = Node("py", namespace=prefix, layout=9).subscribe("robot/arm")

@@ -16,7 +16,7 @@ from kickmsg import Blackboard, BlackboardConfig, ChannelType, Config, SharedReg
 from kickmsg.ops import owners
 from nativepeer import start_native9, start_ours
 from test_cli import assert_one_line_error, cli, poke
-from test_cli_boards import NATIVE_NODE
+from test_cli_boards import two_native_nodes
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -234,10 +234,7 @@ def test_blackboards_and_registries_of_native_0_9_2_are_scraped(prefix, exporter
     dead owner and the age of its oldest value; the registry's rows and
     stalled ones. A damaged board is a health problem under its name."""
     board, registry = (("board", f"/{prefix}_bb_state"),), (("registry", f"/{prefix}_registry"),)
-    with start_native9(NATIVE_NODE, ns=prefix, name="alive", key="a") as alive, \
-            start_native9(NATIVE_NODE, ns=prefix, name="killed", key="k") as killed:
-        alive.wait_ready()
-        killed.wait_ready()
+    with two_native_nodes(prefix) as (alive, killed):
         killed.proc.kill()
         killed.kill()
         broken = Blackboard.open_or_create(prefix, "broken", BlackboardConfig(capacity=2, max_value_size=40))
