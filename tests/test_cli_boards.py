@@ -20,6 +20,16 @@ from nativepeer import start_native9
 from test_cli import Running, cli, cli_json
 
 NATIVE_NODE = r'''
+n = kickmsg.Node(P["name"], P["ns"])
+pub = n.advertise("robot/arm")
+sub = n.subscribe_or_create("cmd", kickmsg.Config())
+board = n.blackboard("state", kickmsg.BlackboardConfig())
+w = board.declare(P["key"])
+w.write(P["key"].encode())
+ready()
+wait_go()
+done(0)
+'''
 
 
 @contextlib.contextmanager
@@ -33,16 +43,6 @@ def two_native_nodes(prefix):
         with start_native9(NATIVE_NODE, ns=prefix, name="killed", key="k") as killed:
             killed.wait_ready()
             yield alive, killed
-n = kickmsg.Node(P["name"], P["ns"])
-pub = n.advertise("robot/arm")
-sub = n.subscribe_or_create("cmd", kickmsg.Config())
-board = n.blackboard("state", kickmsg.BlackboardConfig())
-w = board.declare(P["key"])
-w.write(P["key"].encode())
-ready()
-wait_go()
-done(0)
-'''
 
 
 def read_line(proc, seconds: float = 20) -> str:
