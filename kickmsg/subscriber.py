@@ -149,10 +149,13 @@ class Subscriber:
 
     # -- receiving ----------------------------------------------------------
 
-    def try_receive(self) -> bytes | None:
-        """The next message as a copy, or None if none is ready."""
+    def _check_open(self) -> None:
         if self._closed:
             raise ValueError(f"this subscriber of {self._region.name} is closed")
+
+    def try_receive(self) -> bytes | None:
+        """The next message as a copy, or None if none is ready."""
+        self._check_open()
         region = self._region  # the slot is pinned in this region, even if the check-in follows a new one
         pinned = receive4.pin_next(region, self._ring, self._cursor)
         if time.monotonic_ns() >= self._next_check_in_ns:
@@ -170,8 +173,7 @@ class Subscriber:
     def try_receive_view(self) -> "SampleView | None":
         """The next message in place (zero-copy, its slot pinned until the
         view is released), or None if none is ready."""
-        if self._closed:
-            raise ValueError(f"this subscriber of {self._region.name} is closed")
+        self._check_open()
         region = self._region  # the slot is pinned in this region, even if the check-in follows a new one
         pinned = receive4.pin_next(region, self._ring, self._cursor)
         if time.monotonic_ns() >= self._next_check_in_ns:
@@ -217,8 +219,7 @@ class Subscriber:
         """Read-latest: move read_pos to the newest committed entry of the
         ring. Only our private read position moves; the ring's slot
         references are still released by eviction and drain."""
-        if self._closed:
-            raise ValueError(f"this subscriber of {self._region.name} is closed")
+        self._check_open()
         region, cursor = self._region, self._cursor
         ops = region.atomics
         capacity = region.geometry.capacity
@@ -348,8 +349,7 @@ class Subscriber:
         futex word, the value seen there, and the longest sleep in ns (-1: no
         limit; a short nap while a claimed entry is not committed yet).
         has_waiter stays set until ``_end_wait``."""
-        if self._closed:
-            raise ValueError(f"this subscriber of {self._region.name} is closed")
+        self._check_open()
         if check_in:
             self._end_wait()  # checking in may take us to another ring
             self._check_in()
@@ -368,8 +368,7 @@ class Subscriber:
     def _has_message_ready(self) -> bool:
         """Whether a receive has something to do now, looked at without
         announcing a wait (a WaitSet's spin: publishers make no wake-up call)."""
-        if self._closed:
-            raise ValueError(f"this subscriber of {self._region.name} is closed")
+        self._check_open()
         return bool(self._ready_at(self._region.atomics.load_acquire_u64(self._ring.write_pos)))
 
     def _ready_at(self, write_pos: int) -> bool | None:
@@ -631,7 +630,7 @@ class Subscriber9(Subscriber):
         self._drain_timeouts = 0
         self._rejoined = 0
         self._waiting = False  # a WaitSet set has_waiter on our ring
-        self._claimed_yields = 0  # B.11: yields in a row while the head was claimed, not committed
+        self._claimed_head = (-1, 0)  # B.11: the head position seen claimed, not committed, and the yields on it in a row
         self._owner_pid = process.pid
         self._closed = True  # until a ring is ours
         self._take(region)
@@ -651,10 +650,6 @@ class Subscriber9(Subscriber):
     @property
     def drain_timeouts(self) -> int:
         return self._drain_timeouts + self._core.drain_timeouts
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise ValueError(f"this subscriber of {self._region.name} is closed")
 
     def try_receive(self) -> bytes | None:
         self._check_open()
@@ -726,13 +721,14 @@ class Subscriber9(Subscriber):
             # B.11: the head is claimed, not committed, and its commit brings
             # no wake-up: yield (the caller tries again at once), and after
             # YIELDS_BEFORE_SLEEP yields in a row nap POLL_SLEEP_S.
-            self._claimed_yields += 1
-            if self._claimed_yields <= YIELDS_BEFORE_SLEEP:
+            position, yields = self._claimed_head
+            yields = yields + 1 if position == core.read_pos else 1
+            self._claimed_head = (core.read_pos, yields)
+            if yields <= YIELDS_BEFORE_SLEEP:
                 os.sched_yield()
             else:
                 time.sleep(_at_most(remaining_ns, int(POLL_SLEEP_S * 1e9)) / 1e9)
             return
-        self._claimed_yields = 0  # nothing claimed: park
         if self._region.mapping.shared:
             remaining_ns = _at_most(remaining_ns, max(0, self._next_check_in_ns - time.monotonic_ns()))
         ops.store_relaxed_u32(core.ring + HAS_WAITER_OFFSET, WAITER_FUTEX)
