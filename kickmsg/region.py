@@ -17,7 +17,7 @@ from kickmsg.protocol.v4 import repair as repair4
 from kickmsg.protocol.v4 import rings as rings4
 from kickmsg.protocol.v4.region import RingAddresses, check_creatable
 from kickmsg.protocol import freestack
-from kickmsg.protocol.info import RegionInfo, RegionStats, RingStats, region_info
+from kickmsg.protocol.info import HealthCounts, RegionInfo, RegionStats, RingStats, region_info
 from kickmsg.atomics import HARDWARE
 from kickmsg.config import ChannelType, Config, ConfigError, channel_type_of
 from kickmsg.protocol import v9
@@ -50,6 +50,14 @@ class HealthReport:
         return not (
             self.locked_entries or self.retired_rings or self.draining_rings or self.schema_stuck
             or self.dead_subscriber_rings or self.pool_too_small
+        )
+
+    @classmethod
+    def from_counts(cls, found: HealthCounts, geometry: layout.Geometry) -> "HealthReport":
+        """The report of a layout's ``diagnose`` counts, with the geometry's hazards."""
+        return cls(
+            found.locked_entries, found.retired_rings, found.draining_rings, found.live_rings, found.schema_stuck,
+            dead_subscriber_rings=found.dead_rings, pool_too_small=bool(geometry.hazards()),
         )
 
     def __repr__(self) -> str:
@@ -297,11 +305,7 @@ class SharedRegion(region4.Region):
     def diagnose(self) -> HealthReport:
         """Read-only health scan; safe under live traffic. Idle rings (see
         ``rings_in_use``) have nothing to count."""
-        found = repair4.diagnose(self)
-        return HealthReport(
-            found.locked_entries, found.retired_rings, found.draining_rings, found.live_rings, found.schema_stuck,
-            dead_subscriber_rings=found.dead_rings, pool_too_small=bool(self.geometry.hazards()),
-        )
+        return HealthReport.from_counts(repair4.diagnose(self), self.geometry)
 
     def dead_subscriber_rings(self) -> list[tuple[int, int]]:
         """(ring, pid) of each ring whose recorded owner died while it held

@@ -161,11 +161,7 @@ class Layout9Region(SharedRegion):
     # -- health and repair (B.13) ------------------------------------------------------
 
     def diagnose(self) -> HealthReport:
-        found = repair.diagnose(self.core)
-        return HealthReport(
-            found.locked_entries, found.retired_rings, found.draining_rings, found.live_rings, found.schema_stuck,
-            dead_subscriber_rings=found.dead_rings, pool_too_small=bool(self.geometry.hazards()),
-        )
+        return HealthReport.from_counts(repair.diagnose(self.core), self.geometry)
 
     def dead_subscriber_rings(self) -> list[tuple[int, int]]:
         """(ring, pid) of each Live, Draining or Reclaiming ring whose

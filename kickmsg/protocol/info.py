@@ -12,8 +12,21 @@ from typing import Protocol
 
 from kickmsg.config import ChannelType
 
-__all__ = ["ChannelGeometry", "RegionInfo", "RegionStats", "RingStats", "config_differences", "region_info"]
+__all__ = ["ChannelGeometry", "HealthCounts", "RegionInfo", "RegionStats", "RingStats", "config_differences", "region_info"]
 
+
+
+@dataclass(frozen=True)
+class HealthCounts:
+    """What a layout's ``diagnose`` counts (``kickmsg.HealthReport`` says
+    what each means); dead_rings is beyond 0.1.0 and C++-only in 0.9.2."""
+
+    locked_entries: int = 0
+    retired_rings: int = 0
+    draining_rings: int = 0
+    live_rings: int = 0
+    schema_stuck: bool = False
+    dead_rings: int = 0
 
 @dataclass(frozen=True)
 class RegionInfo:

@@ -8,33 +8,21 @@ them here.
 """
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 from kickmsg.ops import owners
 from kickmsg.protocol import freestack
 from kickmsg.protocol.v4 import layout, rings
 from kickmsg.protocol.v4.region import Region, RingAddresses
+from kickmsg.protocol.info import HealthCounts
 from kickmsg.schema import SchemaInfo
 
 __all__ = [
-    "HealthReport", "SCHEMA_CLAIM_YIELDS", "dead_subscriber_rings", "diagnose", "free_ring", "live_window",
+    "SCHEMA_CLAIM_YIELDS", "dead_subscriber_rings", "diagnose", "free_ring", "live_window",
     "reclaim_dead_subscribers", "reclaim_orphaned_slots", "referenced_slots", "repair_locked_entries",
     "reset_retired_rings", "reset_schema_claim", "try_claim_schema",
 ]
 
 SCHEMA_CLAIM_YIELDS = 1024  # how long a losing schema claimant waits for Set
-
-
-@dataclass(frozen=True)
-class HealthReport:
-    """What ``diagnose`` counts (``kickmsg.HealthReport`` says what each means)."""
-
-    locked_entries: int = 0
-    retired_rings: int = 0
-    draining_rings: int = 0
-    live_rings: int = 0
-    schema_stuck: bool = False
-    dead_rings: int = 0  # beyond 0.1.0: ``dead_subscriber_rings``
 
 
 # -- health ----------------------------------------------------------------------
@@ -50,7 +38,7 @@ def live_window(region: Region, ring: RingAddresses) -> Iterator[tuple[int, int,
         yield position, entry, ops.load_acquire_u64(entry + layout.SEQUENCE_OFFSET)
 
 
-def diagnose(region: Region) -> HealthReport:
+def diagnose(region: Region) -> HealthCounts:
     """Read-only health scan; safe under live traffic. Idle rings (see
     ``rings_in_use``) have nothing to count."""
     locked = retired = draining = live = 0
@@ -64,7 +52,7 @@ def diagnose(region: Region) -> HealthReport:
         locked += sum(layout.entry_is_stuck(seq, pos, capacity) for pos, _, seq in live_window(region, ring))
     schema_stuck = region.atomics.load_acquire_u32(region.schema_state_address) == layout.SCHEMA_CLAIMING
     dead = len(dead_subscriber_rings(region))
-    return HealthReport(locked, retired, draining, live, schema_stuck, dead)
+    return HealthCounts(locked, retired, draining, live, schema_stuck, dead)
 
 
 def dead_subscriber_rings(region: Region) -> list[tuple[int, int]]:

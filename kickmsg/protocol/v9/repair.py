@@ -5,7 +5,6 @@ and the schema claim. All of them walk the validated geometry snapshot.
 import errno
 import os
 import time
-from dataclasses import dataclass
 
 from kickmsg.protocol import freestack
 from kickmsg.protocol.v9.layout import (
@@ -39,27 +38,16 @@ from kickmsg.protocol.v9.layout import (
 from kickmsg.protocol.v9.publish import steal_and_skip
 from kickmsg.protocol.v9.receive import process_start_time
 from kickmsg.protocol.v9.region import Region
+from kickmsg.protocol.info import HealthCounts
 from kickmsg.schema import SchemaInfo
 
 __all__ = [
-    "HealthReport", "SCHEMA_WAIT_YIELDS", "diagnose", "drain_window", "owner_is_dead", "process_start_time",
+    "SCHEMA_WAIT_YIELDS", "diagnose", "drain_window", "owner_is_dead", "process_start_time",
     "reclaim_dead_rings", "reclaim_orphaned_slots", "repair_locked_entries", "reset_retired_rings",
     "reset_schema_claim", "try_claim_schema",
 ]
 
 SCHEMA_WAIT_YIELDS = 1024  # B.17
-
-
-@dataclass(frozen=True)
-class HealthReport:
-    """0.9.2's HealthReport, plus dead_rings (C++ only there)."""
-
-    locked_entries: int = 0
-    retired_rings: int = 0
-    draining_rings: int = 0
-    live_rings: int = 0
-    schema_stuck: bool = False
-    dead_rings: int = 0
 
 
 # -- B.16 Owner liveness ---------------------------------------------------------
@@ -116,7 +104,7 @@ def _entry_is_locked(seq: int, pos: int, capacity: int) -> bool:
 # -- B.13 diagnose ---------------------------------------------------------------
 
 
-def diagnose(region: Region) -> HealthReport:
+def diagnose(region: Region) -> HealthCounts:
     ops = region.atomics
     g = region.geometry
     locked = retired = draining = live = dead = 0
@@ -136,7 +124,7 @@ def diagnose(region: Region) -> HealthReport:
         if state in (RING_LIVE, RING_DRAINING, RING_RECLAIMING) and _ring_is_dead(region, ring):
             dead += 1
     schema_stuck = ops.load_acquire_u32(region.base + SCHEMA_STATE_OFFSET) == SCHEMA_CLAIMING
-    return HealthReport(locked, retired, draining, live, schema_stuck, dead)
+    return HealthCounts(locked, retired, draining, live, schema_stuck, dead)
 
 
 # -- B.13 repair_locked_entries -------------------------------------------------------
