@@ -21,6 +21,7 @@ MOVED = {
     "kickmsg.mcap_file": "kickmsg.recording.mcap",
     "kickmsg.owners": "kickmsg.ops.owners",
     "kickmsg.record": "kickmsg.recording.record",
+    "kickmsg.region9": "kickmsg.region",
     "kickmsg.stamp": "kickmsg.recording.stamp",
 }
 

@@ -21,8 +21,7 @@ from kickmsg.ops.audit import explain_empty_pool
 from kickmsg.protocol.v4 import publish as publish4
 from kickmsg.protocol.v4.layout import INVALID_SLOT
 from kickmsg.protocol import v9
-from kickmsg.region import CHECK_IN_INTERVAL_NS, SharedRegion
-from kickmsg.region9 import Layout9Region
+from kickmsg.region import CHECK_IN_INTERVAL_NS, Layout9Region, SharedRegion
 
 __all__ = ["AllocatedSlot", "Publisher", "Publisher9", "send_retrying"]
 

@@ -4,10 +4,13 @@ On a layout-4 region, ``SharedRegion`` is the layout-4 core's ``Region``
 (``kickmsg.protocol.v4.region``) with the version-agnostic API above it:
 its constructors, ring lifecycle and repairs run the core's flows
 (``kickmsg.protocol.v4``: ``region``, ``rings``, ``repair``). A layout-9
-region is a ``Layout9Region`` (``kickmsg.region9``).
+region is a ``Layout9Region``: the same API, each call handed to the
+layout-9 core (``kickmsg.protocol.v9``). The constructors read the version
+word and return the one the region's layout needs.
 """
 import time
 from dataclasses import dataclass
+from typing import NoReturn
 
 from kickmsg import layouts, shm
 from kickmsg.ops import owners
@@ -18,12 +21,16 @@ from kickmsg.protocol.v4 import rings as rings4
 from kickmsg.protocol.v4.region import RingAddresses, check_creatable
 from kickmsg.protocol import freestack
 from kickmsg.protocol.info import HealthCounts, RegionInfo, RegionStats, RingStats, region_info
-from kickmsg.atomics import HARDWARE
+from kickmsg.atomics import HARDWARE, Atomics
 from kickmsg.config import ChannelType, Config, ConfigError, channel_type_of
+from kickmsg.errors import Layout4Only
 from kickmsg.protocol import v9
+from kickmsg.protocol.v9 import layout as layout9
+from kickmsg.protocol.v9 import repair as repair9
+from kickmsg.protocol.v9.layout import VersionMismatchError
 from kickmsg.schema import SchemaInfo
 
-__all__ = ["CHECK_IN_INTERVAL_NS", "DeadSubscriberReport", "HealthReport", "NEVER", "SharedRegion", "unlink_shm"]
+__all__ = ["CHECK_IN_INTERVAL_NS", "DeadSubscriberReport", "HealthReport", "Layout9Region", "NEVER", "SharedRegion", "unlink_shm"]
 
 CHECK_IN_INTERVAL_NS = 100_000_000  # how often publishers and subscribers look whether their region was re-created
 NEVER = 1 << 63  # a region in private memory is never re-created
@@ -413,6 +420,189 @@ class SharedRegion(region4.Region):
     layout: int = layouts.LAYOUT_4  # the region's layout version (last in the class: ``layout`` above is the module)
 
 
+def _described_geometry9(geometry: v9.Geometry) -> layout.Geometry:
+    """The layout-9 geometry in the terms ``SharedRegion.geometry`` gives
+    (the same thirteen fields, with the same meanings)."""
+    return layout.Geometry(
+        channel_type=geometry.channel_type,
+        max_subs=geometry.max_subs,
+        capacity=geometry.capacity,
+        pool_size=geometry.pool_size,
+        slot_data_size=geometry.slot_data_size,
+        commit_timeout_us=geometry.commit_timeout_us,
+        creator_name_len=geometry.creator_name_len,
+        sub_rings_offset=geometry.sub_rings_offset,
+        ring_stride=geometry.ring_stride,
+        pool_offset=geometry.pool_offset,
+        slot_stride=geometry.slot_stride,
+        total_size=geometry.total_size,
+        config_hash=geometry.config_hash,
+    )
+
+
+class Layout9Region(SharedRegion):
+    """A mapped layout-9 region (built by ``SharedRegion``'s constructors)."""
+
+    layout = 9
+
+    def __init__(self, core: v9.Region) -> None:  # no super().__init__: it lays out layout 4
+        self.core = core
+        self.mapping = core.mapping
+        self.geometry = _described_geometry9(core.geometry)
+        self.created_at_ns = core.info().created_at_ns  # which incarnation of the name this object is
+        # The words both layouts have, under the names the tools use (the
+        # slot headers start with refcount and next_free in both).
+        # Layout 9's header (A.2) has every field of layout 4's under the same name.
+        self.header = layout9.Header.from_address(core.base)  # type: ignore[assignment]  # the mapping outlives it: we hold both
+        self.free_top_address = core.free_top_address
+        self.schema_state_address = core.base + layout9.SCHEMA_STATE_OFFSET
+        pool_address, slot_stride = core.base + core.geometry.pool_offset, core.geometry.slot_stride
+        self.slot_addresses = range(pool_address, pool_address + core.geometry.pool_size * slot_stride, slot_stride)
+
+    def __getattr__(self, attribute: str) -> NoReturn:
+        """Only for attributes this object lacks: layout 4's internals (ring
+        and slot addresses, its header view, ...), which a tool that does not
+        handle layout 9 yet reaches for. A clear error instead of a crash."""
+        mapping = self.__dict__.get("mapping")
+        name = mapping.name if mapping is not None else "this region"
+        raise Layout4Only(f"{name} is a layout-9 region: {attribute} is layout 4's (this tool does not handle layout 9 yet)")
+
+    @property
+    def atomics(self) -> Atomics:
+        """The core's atomics door (replaced here, it is replaced for every flow)."""
+        return self.core.atomics
+
+    @atomics.setter
+    def atomics(self, atomics: Atomics) -> None:
+        self.core.atomics = atomics
+
+    # -- description ----------------------------------------------------------
+
+    def incarnation(self) -> tuple[int, int]:
+        info = self.core.info()
+        return info.creator_pid, info.created_at_ns
+
+    def replaced(self) -> bool:
+        """Whether another region was made under this one's name since we
+        attached (layout 9 always creates a new object: unlink, then
+        exclusive create). Never, for a region in private memory."""
+        if not self.mapping.shared:
+            return False
+        ops = self.atomics
+        if ops.load_acquire_u64(self.core.base + layout9.MAGIC_OFFSET) != layout9.MAGIC:
+            return True
+        if ops.load_relaxed_u64(self.core.base + layout9.CREATED_AT_OFFSET) != self.created_at_ns:
+            return True
+        return self.mapping.is_replaced()
+
+    def rings_in_use(self) -> list[int]:
+        """The indices of the rings that are not idle (Free, no publisher in
+        flight, never written: both words 0), as on layout 4."""
+        ops = self.atomics
+        return [
+            index
+            for index in range(self.geometry.max_subs)
+            if ops.load_acquire_u32((ring := self.core.ring_address(index)) + layout9.STATE_FLIGHT_OFFSET)
+            or ops.load_acquire_u64(ring + layout9.WRITE_POS_OFFSET)
+        ]
+
+    def payload_view(self, slot: int, length: int) -> memoryview:
+        return self.core.payload(slot, length)
+
+    def info(self) -> v9.RegionInfo:
+        return self.core.info()
+
+    def stats(self) -> v9.RegionStats:
+        return self.core.stats()
+
+    def __repr__(self) -> str:
+        g = self.geometry
+        return (
+            f"SharedRegion(name={self.name!r}, layout=9, type={self.channel_type.name}, max_subscribers={g.max_subs}, "
+            f"sub_ring_capacity={g.capacity}, pool_size={g.pool_size}, max_payload_size={g.slot_data_size})"
+        )
+
+    # -- schema descriptor (B.17) --------------------------------------------------
+
+    def schema(self) -> SchemaInfo | None:
+        return self.core.schema()
+
+    def try_claim_schema(self, info: SchemaInfo) -> bool:
+        self.require_writable("claim the schema")
+        if not isinstance(info, SchemaInfo):
+            raise TypeError(f"try_claim_schema needs a SchemaInfo, got {info!r}")
+        return repair9.try_claim_schema(self.core, info)
+
+    def reset_schema_claim(self) -> bool:
+        self.require_writable("reset the schema claim")
+        return repair9.reset_schema_claim(self.core)
+
+    # -- health and repair (B.13) ------------------------------------------------------
+
+    def diagnose(self) -> HealthReport:
+        return HealthReport.from_counts(repair9.diagnose(self.core), self.geometry)
+
+    def dead_subscriber_rings(self) -> list[tuple[int, int]]:
+        """(ring, pid) of each Live, Draining or Reclaiming ring whose
+        recorded owner (the ring header's pid and start time) is dead."""
+        ops = self.atomics
+        dead = []
+        for index in range(self.geometry.max_subs):
+            ring = self.core.ring_address(index)
+            state = ops.load_acquire_u32(ring + layout9.STATE_FLIGHT_OFFSET) & layout9.RING_STATE_MASK
+            if state in (layout9.RING_LIVE, layout9.RING_DRAINING, layout9.RING_RECLAIMING) and repair9.owner_is_dead(ops.load_acquire_u64(ring + layout9.OWNER_PID_OFFSET), ops.load_relaxed_u64(ring + layout9.OWNER_STARTTIME_OFFSET)):
+                dead.append((index, ops.load_acquire_u64(ring + layout9.OWNER_PID_OFFSET)))
+        return dead
+
+    def repair_locked_entries(self) -> int:
+        self.require_writable("repair entries")
+        return repair9.repair_locked_entries(self.core)
+
+    def reset_retired_rings(self, drain: bool = False) -> int:
+        """As 0.9.2: the rings become Free; their claims stay until
+        publishers replace them. ``drain=True`` (our extension, as on
+        layout 4) gives those claims back to the pool at once."""
+        self.require_writable("reset rings")
+        return repair9.reset_retired_rings(self.core, drain)
+
+    def reclaim_dead_rings(self) -> int:
+        """Free the rings whose owner is provably dead (B.13, the Reclaiming
+        state); their claims stay until publishers replace them."""
+        self.require_writable("reclaim dead rings")
+        return repair9.reclaim_dead_rings(self.core)
+
+    def reclaim_dead_subscribers(self) -> DeadSubscriberReport:
+        """``SharedRegion.reclaim_dead_subscribers`` by layout 9's own
+        mechanism (``reclaim_dead_rings``, B.13): the rings whose owner in
+        the ring header is provably dead become Free; their claims stay until
+        publishers replace them. Every layout-9 subscriber, native or ours,
+        records itself there, and nothing is drained or waited for: none is
+        unrecorded, none times out."""
+        self.require_writable("reclaim rings")
+        dead = self.dead_subscriber_rings()
+        repair9.reclaim_dead_rings(self.core)
+        ops = self.atomics
+        freed = [
+            (index, pid) for index, pid in dead
+            if ops.load_acquire_u32(self.core.ring_address(index) + layout9.STATE_FLIGHT_OFFSET) & layout9.RING_STATE_MASK == layout9.RING_FREE
+        ]
+        return DeadSubscriberReport(freed, [], [])
+
+    def free_ring(self, index: int) -> bool:
+        """Refused: layout 4's way out for a ring no owner record accounts
+        for. On layout 9 every ring records its owner in its header, and
+        ``reclaim_dead_subscribers`` frees it once that owner is dead."""
+        raise RuntimeError(
+            f"ring {index} of {self.name}: not freed by force on a layout-9 region, whose rings record their owner "
+            f"(kickmsg repair --dead-subscribers frees a ring once its owner is dead)"
+        )
+
+    def reclaim_orphaned_slots(self) -> int:
+        """0.9.2's claim counting: NOT safe under live traffic."""
+        self.require_writable("reclaim slots")
+        return repair9.reclaim_orphaned_slots(self.core)
+
+
 def unlink_shm(name: str) -> None:
     """Remove a shared-memory object by name with its sidecars, as a whole:
     if this process may not remove one of them (another user's file),
@@ -446,9 +636,7 @@ def _attach(mapping: shm.Mapping, expected_identity: int) -> SharedRegion:
         raise RuntimeError(f"Invalid shared memory (bad magic): {name}")
     version = HARDWARE.load_relaxed_u32(mapping.address + layout.VERSION_OFFSET) if mapping.size >= 12 else None
     if version == layouts.LAYOUT_9:
-        from kickmsg import region9  # it builds on this module
-
-        return region9.attach(mapping, expected_identity)
+        return _attach9(mapping, expected_identity)
     if version not in layouts.SUPPORTED_LAYOUTS:
         raise RuntimeError(
             f"Version mismatch: {name} has layout version {version}, this library reads layouts 4 and 9"
@@ -459,9 +647,7 @@ def _attach(mapping: shm.Mapping, expected_identity: int) -> SharedRegion:
 def _create9(
     name: str, type: ChannelType, cfg: Config, creator: str, mode: int | None, create_or_open: bool
 ) -> SharedRegion:
-    """``create``/``create_or_open`` of a layout-9 region (``kickmsg.region9``)."""
-    from kickmsg import region9  # it builds on this module
-
+    """``create``/``create_or_open`` of a layout-9 region."""
     shm.check_name(name)
     if not isinstance(cfg, Config):
         raise TypeError(f"cfg must be a kickmsg.Config, got {cfg!r}")
@@ -478,14 +664,43 @@ def _create9(
         geometry = config.geometry(channel_type, len(creator.encode("utf-8")))
     except ValueError as error:
         raise ConfigError(f"{error} (creating {name})") from None
-    described = region9.described_geometry(geometry)
+    described = _described_geometry9(geometry)
     hazards = described.hazards()  # beyond 0.9.2, as on layout 4: a pool no larger than a ring
     if hazards:
         raise ConfigError(f"cannot create {name}: {hazards[0]}")
     if create_or_open and shm.object_size(name) is not None:
-        return region9.create_or_open(name, channel_type, config, creator, permissions)
+        return _create_or_open9(name, channel_type, config, creator, permissions)
     check_creatable(name, described, 0)
     if create_or_open:
-        return region9.create_or_open(name, channel_type, config, creator, permissions)
+        return _create_or_open9(name, channel_type, config, creator, permissions)
     owners.unlink(name)  # sidecars of a layout-4 region of that name
-    return region9.create(name, channel_type, config, creator, permissions)
+    return _create_new9(name, channel_type, config, creator, permissions)
+
+
+def _attach9(mapping: shm.Mapping, expected_identity: int) -> Layout9Region:
+    """Validate a mapped layout-9 region (A.10) and wrap it."""
+    magic = HARDWARE.load_acquire_u64(mapping.address + layout9.MAGIC_OFFSET) if mapping.size >= 8 else 0
+    geometry = layout9.validate(mapping.name, bytes(mapping.buffer[:layout9.HEADER_SIZE]), mapping.size, magic, expected_identity)
+    return Layout9Region(v9.Region(mapping, geometry))
+
+
+def _create_new9(name: str, channel_type: int, config: v9.ChannelConfig, creator: str, mode: int | None) -> Layout9Region:
+    return Layout9Region(v9.Region.create(name, channel_type, config, creator, mode=mode))
+
+
+def _create_or_open9(name: str, channel_type: int, config: v9.ChannelConfig, creator: str, mode: int | None) -> Layout9Region:
+    """0.9.2's create_or_open; a layout-4 channel of that name is refused
+    saying how this package joins it (0.9.2's words advise unlinking it)."""
+    try:
+        return Layout9Region(v9.Region.create_or_open(name, channel_type, config, creator, mode=mode))
+    except VersionMismatchError:
+        try:
+            found = region4.stamped_version(shm.open_existing(name, writable=False))
+        except (OSError, RuntimeError):  # gone meanwhile: 0.9.2's words stand
+            found = None
+        if found != layouts.LAYOUT_4:
+            raise
+        raise VersionMismatchError(
+            f"Region version mismatch on {name}: it has layout 4, create_or_open was asked for layout 9 "
+            f"(layout=4 or KICKMSG_LAYOUT=4 joins it)"
+        ) from None

@@ -41,8 +41,7 @@ from kickmsg.protocol.v9.layout import (
     seq_pos,
 )
 from kickmsg.protocol.v4.region import RingAddresses
-from kickmsg.region import SharedRegion
-from kickmsg.region9 import Layout9Region
+from kickmsg.region import Layout9Region, SharedRegion
 
 __all__ = ["DEFAULT_SPIN_S", "SampleView", "SampleView9", "Subscriber", "Subscriber9", "UNCOMMITTED_POLL_NS"]
 

@@ -54,8 +54,7 @@ from kickmsg.protocol.v4 import layout
 from kickmsg.protocol.v4.layout import Geometry
 from kickmsg.protocol.v9 import layout as v9layout
 from kickmsg.protocol.v9.repair import owner_is_dead
-from kickmsg.region import SharedRegion
-from kickmsg.region9 import Layout9Region
+from kickmsg.region import Layout9Region, SharedRegion
 
 __all__ = [
     "AuditReport", "FIRST_PAUSE_S", "LONGEST_SETTLE_S", "RingAudit", "SCHEMA_STATE_NAMES", "SHORTEST_SETTLE_S",
