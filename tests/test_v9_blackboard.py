@@ -365,6 +365,20 @@ except RuntimeError as error:
     assert got == "Blackboard is at capacity"
 
 
+def test_a_board_full_of_live_native_keys_refuses_ours(prefix):
+    """The other way round: the keys of a live native process are no residue,
+    so our declare's sweep frees nothing and the board stays full."""
+    holder = BOARD + 'b = board(capacity=2)\nws = [b.declare("a"), b.declare("b")]\nready()\nwait_go()\ndone(0)'
+    with start_native9(holder, ns=prefix) as child:
+        child.wait_ready()
+        board = Blackboard.open_or_create(prefix, "state", config(capacity=2))
+        with pytest.raises(RuntimeError, match="Blackboard is at capacity"):
+            board.declare("c")
+        assert board.keys() == ["a", "b"] and board.sweep_stale() == 0
+        child.tell()
+        child.result()
+
+
 def test_sweep_frees_dead_owners_keys_only(prefix):
     board = Blackboard.open_or_create(prefix, "state", config())
     mine = board.declare("mine")
@@ -375,6 +389,20 @@ def test_sweep_frees_dead_owners_keys_only(prefix):
     assert sorted(board.keys()) == ["mine", "released"]
     assert board.observe("gone").read().errno == errno.ENOENT
     assert run_native9(BOARD + 'done(board().sweep_stale())', ns=prefix) == 0
+
+
+def test_keys_of_our_killed_writer_swept_by_native(prefix):
+    """D.13 the other way: the wheel's sweep frees the key of a process of
+    ours killed mid-stream (its value destroyed) and leaves our live key."""
+    board = Blackboard.open_or_create(prefix, "state", config(), "ours")
+    mine = board.declare("mine")
+    mine.write(b"1")
+    reader = board.observe("k")
+    with start_ours(STREAM, ns=prefix) as child:
+        kill_mid_stream(child, reader)
+    got = run_native9(BOARD + 'b = board()\nswept = b.sweep_stale()\ndone({"swept": swept, "keys": sorted(b.keys())})', ns=prefix)
+    assert got == {"swept": 1, "keys": ["mine"]}
+    assert reader.read().errno == errno.ENOENT and board.observe("mine").read().data == b"1"
 
 
 # -- Errors as 0.9.2 gives them ----------------------------------------------------------------
