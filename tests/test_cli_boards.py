@@ -20,7 +20,7 @@ from kickmsg import Blackboard, BlackboardConfig, ChannelType, Config, Node, Reg
 from kickmsg.ops import diagnostics
 from kickmsg.protocol.v9.registry import Kind, NodeRows, Role
 from nativepeer import run_native9, start_native9
-from test_cli import Running, cli, cli_json, command_line
+from test_cli import Running, assert_one_line_error, cli, cli_json, command_line
 
 NATIVE_NODE = r'''
 n = kickmsg.Node(P["name"], P["ns"])
@@ -120,6 +120,11 @@ def test_absent_registry_and_board_are_exit_status_1(prefix):
     result = cli("registry", prefix, "-n", "other")
     assert result.code == 2 and "give the namespace once" in result.err.decode()
     assert Registry.try_open(prefix) is None and Blackboard.try_open(prefix, "nothing") is None
+
+
+def test_an_empty_namespace_is_refused_not_replaced_by_the_default():
+    for args in (("registry", ""), ("registry", "-n", ""), ("bb", "state", "-n", ""), ("bbwatch", "state", "-n", "")):
+        assert_one_line_error(cli(*args), args[0], "namespace name is empty after sanitization (input: '')")
 
 
 def test_bbwatch_follows_a_native_writer(prefix):

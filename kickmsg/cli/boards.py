@@ -39,11 +39,13 @@ def add_namespace_option(sub: argparse.ArgumentParser) -> None:
 
 
 def namespace_of(args: argparse.Namespace) -> str:
-    """``registry NS`` or ``-n NS`` (not both), else the environment's, else the default."""
+    """``registry NS`` or ``-n NS`` (not both; an empty one is refused as a
+    name, not replaced), else the environment's, else the default."""
     positional = getattr(args, "ns", None)
     if positional is not None and args.namespace is not None:
         raise CommandError(f"give the namespace once: {positional!r} and -n {args.namespace!r}")
-    return positional or args.namespace or os.environ.get("KICKMSG_NAMESPACE") or DEFAULT_NAMESPACE
+    given = positional if positional is not None else args.namespace
+    return given if given is not None else os.environ.get("KICKMSG_NAMESPACE") or DEFAULT_NAMESPACE
 
 
 def absent(args: argparse.Namespace, what: str) -> int:
