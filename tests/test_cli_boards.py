@@ -12,12 +12,15 @@ import json
 import os
 import select
 import signal
+import subprocess
 
-from kickmsg import Blackboard, ChannelType, Config, Node, Registry, SharedRegion
+import pytest
+
+from kickmsg import Blackboard, BlackboardConfig, ChannelType, Config, Node, Registry, SharedRegion
 from kickmsg.ops import diagnostics
 from kickmsg.protocol.v9.registry import Kind, NodeRows, Role
-from nativepeer import start_native9
-from test_cli import Running, cli, cli_json
+from nativepeer import run_native9, start_native9
+from test_cli import Running, assert_one_line_error, cli, cli_json, command_line
 
 NATIVE_NODE = r'''
 n = kickmsg.Node(P["name"], P["ns"])
@@ -119,6 +122,11 @@ def test_absent_registry_and_board_are_exit_status_1(prefix):
     assert Registry.try_open(prefix) is None and Blackboard.try_open(prefix, "nothing") is None
 
 
+def test_an_empty_namespace_is_refused_not_replaced_by_the_default():
+    for args in (("registry", ""), ("registry", "-n", ""), ("bb", "state", "-n", ""), ("bbwatch", "state", "-n", "")):
+        assert_one_line_error(cli(*args), args[0], "namespace name is empty after sanitization (input: '')")
+
+
 def test_bbwatch_follows_a_native_writer(prefix):
     """The board's key first, then the native writer's next value, as it happens."""
     code = r'''
@@ -170,6 +178,62 @@ wait_go()
         assert Blackboard.try_open(prefix, "state").sweep_stale() == 1
         assert read_line(watch.proc) == "pose: gone\n"
         assert watch.finish().code == 0
+
+
+def released_key(prefix: str, key: str, value: bytes, capacity: int = 256) -> None:
+    """A board ``state`` of ours holding ``key`` = ``value``, released (no live writer)."""
+    board = Blackboard.open_or_create(prefix, "state", BlackboardConfig(capacity=capacity))
+    writer = board.declare(key)
+    writer.write(value)
+    writer.release()
+
+
+def test_bbwatch_follows_a_re_created_board_and_ends_when_it_is_removed(prefix):
+    """A board the native side re-creates under the name is followed (said
+    on stderr, its keys reported); once the name is removed, bbwatch ends
+    with exit status 2 and says so, as ``watch`` does for a channel."""
+    released_key(prefix, "old", b"1")
+    with Running("bbwatch", "state", "-n", prefix) as watch:
+        assert read_line(watch.proc).startswith("old: key #1 1 bytes")
+        watch.proc.send_signal(signal.SIGSTOP)  # it looks again only once the new board's key is released
+        run_native9(r'''
+kickmsg.Blackboard.unlink(P["ns"], "state")
+cfg = kickmsg.BlackboardConfig()
+cfg.capacity = 4
+w = kickmsg.Blackboard.open_or_create(P["ns"], "state", cfg, "nat").declare("new")
+w.write(b"2")
+done(0)
+''', ns=prefix)
+        watch.proc.send_signal(signal.SIGCONT)
+        assert {read_line(watch.proc), read_line(watch.proc)} == {"old: gone\n", "new: key #1 1 bytes owner nat[0] unowned: 2\n"}
+        Blackboard.unlink(prefix, "state")
+        result = watch.finish()
+    assert result.code == 2
+    assert result.error_lines == [f"kickmsg bbwatch: /{prefix}_bb_state was re-created; following it",
+                                  f"kickmsg bbwatch: error: /{prefix}_bb_state was removed"]
+
+
+@pytest.mark.parametrize("number", [signal.SIGTERM, signal.SIGINT], ids=lambda number: number.name)
+def test_a_stop_signal_ends_bbwatch_quietly(prefix, number):
+    released_key(prefix, "k", b"v")
+    with Running("bbwatch", "state", "-n", prefix) as watch:
+        assert read_line(watch.proc).startswith("k: key #1")
+        watch.proc.send_signal(number)
+        result = watch.finish()
+    assert (result.code, result.out, result.err) == (0, b"", b"")
+
+
+def test_bbwatch_into_a_closed_pipe_ends_quietly(prefix):
+    """``kickmsg bbwatch ... | head`` with head gone: exit status 0, nothing on stderr."""
+    released_key(prefix, "k", b"v")
+    reader, writer = os.pipe()
+    os.close(reader)
+    try:
+        done = subprocess.run(command_line(["bbwatch", "state", "-n", prefix]), stdout=writer, stderr=subprocess.PIPE,
+                              stdin=subprocess.DEVNULL, timeout=30)
+    finally:
+        os.close(writer)
+    assert (done.returncode, done.stderr) == (0, b"")
 
 
 def without_ages(board: dict) -> dict:

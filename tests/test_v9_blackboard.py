@@ -17,7 +17,7 @@ import time
 import pytest
 
 from kickmsg import Blackboard, BlackboardConfig
-from kickmsg.atomics import HARDWARE
+from kickmsg.atomics import HARDWARE, Atomics
 from kickmsg.hash import fnv1a_64
 from kickmsg.protocol.common import CorruptRegionError
 from kickmsg.protocol.v9 import blackboard as bb
@@ -365,6 +365,20 @@ except RuntimeError as error:
     assert got == "Blackboard is at capacity"
 
 
+def test_a_board_full_of_live_native_keys_refuses_ours(prefix):
+    """The other way round: the keys of a live native process are no residue,
+    so our declare's sweep frees nothing and the board stays full."""
+    holder = BOARD + 'b = board(capacity=2)\nws = [b.declare("a"), b.declare("b")]\nready()\nwait_go()\ndone(0)'
+    with start_native9(holder, ns=prefix) as child:
+        child.wait_ready()
+        board = Blackboard.open_or_create(prefix, "state", config(capacity=2))
+        with pytest.raises(RuntimeError, match="Blackboard is at capacity"):
+            board.declare("c")
+        assert board.keys() == ["a", "b"] and board.sweep_stale() == 0
+        child.tell()
+        child.result()
+
+
 def test_sweep_frees_dead_owners_keys_only(prefix):
     board = Blackboard.open_or_create(prefix, "state", config())
     mine = board.declare("mine")
@@ -375,6 +389,58 @@ def test_sweep_frees_dead_owners_keys_only(prefix):
     assert sorted(board.keys()) == ["mine", "released"]
     assert board.observe("gone").read().errno == errno.ENOENT
     assert run_native9(BOARD + 'done(board().sweep_stale())', ns=prefix) == 0
+
+
+def test_keys_of_our_killed_writer_swept_by_native(prefix):
+    """D.13 the other way: the wheel's sweep frees the key of a process of
+    ours killed mid-stream (its value destroyed) and leaves our live key."""
+    board = Blackboard.open_or_create(prefix, "state", config(), "ours")
+    mine = board.declare("mine")
+    mine.write(b"1")
+    reader = board.observe("k")
+    with start_ours(STREAM, ns=prefix) as child:
+        kill_mid_stream(child, reader)
+    got = run_native9(BOARD + 'b = board()\nswept = b.sweep_stale()\ndone({"swept": swept, "keys": sorted(b.keys())})', ns=prefix)
+    assert got == {"swept": 1, "keys": ["mine"]}
+    assert reader.read().errno == errno.ENOENT and board.observe("mine").read().data == b"1"
+
+
+class PublishMovesBetweenLooks(Atomics):
+    """Hardware atomics, except that the acquire loads of one entry's
+    publish word see it move on by ``step`` at every look after the first
+    of each read try (what a writer racing the reader does)."""
+
+    def __init__(self, publish_address: int, step: int):
+        self.publish_address = publish_address
+        self.step = step
+        self.looks = 0
+
+    def load_acquire_u64(self, address: int) -> int:
+        value = super().load_acquire_u64(address)
+        if address != self.publish_address:
+            return value
+        self.looks += 1
+        return value + self.step * (self.looks % 2 == 0)  # v1 as stored, v2 moved on
+
+
+@pytest.mark.parametrize("step, outcome", [(2, 0), (3, errno.EAGAIN), (4, errno.EAGAIN)])
+def test_the_read_retry_budget(prefix, step, outcome):
+    """D.10: a copy overtaken by one completed write (v2 = v1 + 2: that write
+    went into the other cell) stands; one that a second write may have
+    rewritten (v2 − v1 ≥ 3) is retried, and after READ_RETRY_BUDGET tries in
+    a row the read gives EAGAIN, having looked at the publish word twice a try."""
+    board = Blackboard.open_or_create(prefix, "state", config())
+    writer = board.declare("k")
+    writer.write(counted(1))
+    reader = Blackboard.open_or_create(prefix, "state", config())
+    looks = PublishMovesBetweenLooks(reader.entry_address(0) + bb.PUBLISH_OFFSET, step)
+    reader.atomics = looks
+    got = reader.observe("k").read()
+    assert got.errno == outcome
+    if outcome == 0:
+        assert (got.data, got.update_count, looks.looks) == (counted(1), 1, 2)
+    else:
+        assert (got.data, looks.looks) == (b"", 2 * 64)  # D.1: READ_RETRY_BUDGET 64
 
 
 # -- Errors as 0.9.2 gives them ----------------------------------------------------------------

@@ -12,7 +12,7 @@ import struct
 
 import pytest
 
-from kickmsg import Kind, Registry, Role
+from kickmsg import Config, Kind, Node, Registry, Role
 from kickmsg.atomics import HARDWARE
 from kickmsg.protocol.common import CorruptRegionError
 from kickmsg.protocol.v9 import registry as reg
@@ -233,6 +233,26 @@ done(rows(kickmsg.Registry.try_open(P["ns"])))
 ''', ns=prefix)
     assert [row[2] for row in got] == ["py"]
     rows.deregister_all()
+
+
+def test_our_node_carries_on_when_a_native_node_filled_the_registry(prefix, capfd):
+    """The other way round: a native Node holds the only row; our Node's
+    advertise finds nothing to sweep, warns once and its channel works."""
+    Registry.open_or_create(prefix, capacity=1)
+    code = 'n = kickmsg.Node("nat", P["ns"])\npub = n.advertise("a")\nready()\nwait_go()\ndone(0)'
+    with start_native9(code, ns=prefix) as child:
+        child.wait_ready()
+        node = Node("py", namespace=prefix, layout=9)
+        pub = node.advertise("b", Config(max_subscribers=2, sub_ring_capacity=8, pool_size=16))
+        sub = node.subscribe("b")  # the Both upgrade finds no row either: no second warning
+        pub.send(b"still")
+        assert sub.try_receive() == b"still"
+        err = capfd.readouterr().err
+        assert err.count("\n") == 1 and f"participant registry /{prefix}_registry is full (1 rows); node 'py'" in err
+        assert [p.node_name for p in Registry.try_open(prefix).snapshot()] == ["nat"]
+        child.tell()
+        child.result()
+        del pub, sub, node
 
 
 # -- Hostile bytes ---------------------------------------------------------------------------

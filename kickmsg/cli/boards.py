@@ -15,7 +15,7 @@ import os
 import sys
 from typing import Any
 
-from kickmsg import jsontext
+from kickmsg import jsontext, shm
 from kickmsg.cli.common import EXIT_FOUND, EXIT_OK, CommandError, counted, emit, positive_int, stop_on_signals, table
 from kickmsg.ops import diagnostics
 from kickmsg.protocol.v9.blackboard import Blackboard
@@ -39,11 +39,13 @@ def add_namespace_option(sub: argparse.ArgumentParser) -> None:
 
 
 def namespace_of(args: argparse.Namespace) -> str:
-    """``registry NS`` or ``-n NS`` (not both), else the environment's, else the default."""
+    """``registry NS`` or ``-n NS`` (not both; an empty one is refused as a
+    name, not replaced), else the environment's, else the default."""
     positional = getattr(args, "ns", None)
     if positional is not None and args.namespace is not None:
         raise CommandError(f"give the namespace once: {positional!r} and -n {args.namespace!r}")
-    return positional or args.namespace or os.environ.get("KICKMSG_NAMESPACE") or DEFAULT_NAMESPACE
+    given = positional if positional is not None else args.namespace
+    return given if given is not None else os.environ.get("KICKMSG_NAMESPACE") or DEFAULT_NAMESPACE
 
 
 def absent(args: argparse.Namespace, what: str) -> int:
@@ -128,7 +130,9 @@ def board_text(found: diagnostics.BoardInfo, swept: int | None = None) -> str:
 
 def cmd_bbwatch(args: argparse.Namespace) -> int:
     """Print the board's keys, then every change (a new value, a new owner,
-    a key gone) as it happens, until stopped or ``--count`` events."""
+    a key gone) as it happens, until stopped or ``--count`` events. A board
+    re-created under the name is followed (said on stderr); one removed
+    ends it (exit status 2)."""
     board = open_board(args)
     if board is None:
         return absent(args, f"no blackboard {Blackboard.shm_name(namespace_of(args), args.board)}")
@@ -136,6 +140,7 @@ def cmd_bbwatch(args: argparse.Namespace) -> int:
     known: dict[str, tuple[int, int]] = {}  # key -> (update count, owner pid) last reported
     printed = 0
     while not stop.is_set():
+        board = _same_board(args, board)
         seen = board.change_seq
         for event in _changes(board, known):
             print(_event_text(event) if not args.json else _event_json(event), flush=True)
@@ -144,6 +149,18 @@ def cmd_bbwatch(args: argparse.Namespace) -> int:
                 return EXIT_OK
         board.wait(seen, WATCH_SLICE_S)  # a change, or a slice gone: look again (and at the stop signal)
     return EXIT_OK
+
+
+def _same_board(args: argparse.Namespace, board: Blackboard) -> Blackboard:
+    """The board under its name now: this one, or the one re-created under
+    it (the events go on from what was last reported); none is an error."""
+    if shm.object_size(board.name) is not None and not board.mapping.is_replaced():
+        return board
+    again = open_board(args) if shm.object_size(board.name) is not None else None
+    if again is None:
+        raise CommandError(f"{board.name} was removed")
+    print(f"kickmsg {args.command}: {printable(board.name)} was re-created; following it", file=sys.stderr, flush=True)
+    return again
 
 
 def _changes(board: Blackboard, known: dict[str, tuple[int, int]]) -> list[dict[str, Any]]:
