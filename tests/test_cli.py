@@ -204,9 +204,20 @@ def live_rings(name: str) -> list[int]:
     return [i for i in range(rawregion.header(data)["max_subs"]) if rawregion.ring(data, i).state == LIVE]
 
 
+def waiting_rings(name: str) -> list[int]:
+    """The Live rings whose subscriber waits for messages (has_waiter set)."""
+    data = rawregion.read_bytes(name)
+    return [i for i in range(rawregion.header(data)["max_subs"])
+            if (ring := rawregion.ring(data, i)).state == LIVE and ring.has_waiter != 0]
+
+
 def wait_live(name: str, count: int, *running: Running, timeout: float = 15) -> None:
-    """Wait until ``count`` rings of the region are Live (a command joined)."""
-    wait_rings(name, lambda: len(live_rings(name)) >= count, lambda: f"{count} live ring(s) expected, found {live_rings(name)}",
+    """Wait until ``count`` commands have joined: their rings are Live and
+    they wait for messages (has_waiter set), so each gets every message
+    published from now on. Live alone is not enough: on layout 9 a ring is
+    Live before its subscriber has chosen its start position (WIRE9.md B.4)."""
+    wait_rings(name, lambda: len(waiting_rings(name)) >= count,
+               lambda: f"{count} joined and waiting ring(s) expected, found live {live_rings(name)}, waiting {waiting_rings(name)}",
                *running, timeout=timeout)
 
 
