@@ -146,11 +146,12 @@ def generate(seed: int, count: int, layout: int = 4) -> tuple[list, set]:
 
 
 def test_the_sequence_is_reproducible_and_exercises_every_operation():
-    """The same seed gives the same operations; a thousand of them reach
-    every kind, including refusals (dry pool, too long, full rings)."""
+    """The same seed gives the same operations (the count only cuts the
+    sequence short); a thousand of them reach every kind, including
+    refusals (dry pool, too long, full rings)."""
     operations, seen = generate(0, 1000)
-    assert generate(0, 1000)[0] == operations
-    assert generate(1, 1000)[0] != operations
+    assert generate(0, 300)[0] == operations[:300]
+    assert generate(1, 300)[0] != operations[:300]
     assert set(crosscheck.WEIGHTS) <= seen
     assert {"send:BlockingIOError", "send:ValueError", "join:RuntimeError", "publish:ValueError"} <= seen
     assert no_regions_left()
