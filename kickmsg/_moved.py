@@ -31,6 +31,9 @@ def moved_attribute(old: str, name: str) -> Any:
     if name.startswith("__"):  # the import system's own look-ups (__path__, __all__...): not the user's
         raise AttributeError(f"module {old!r} has no attribute {name!r}")
     new = MOVED[old]
+    module = importlib.import_module(new)
+    if not hasattr(module, name):  # not there before either, or private helpers that did not move
+        raise AttributeError(f"module {old!r} has no attribute {name!r} (it moved to {new})")
     warnings.warn(f"{old} moved to {new}: import {name} from {new} ({old} goes away in the next release)",
                   DeprecationWarning, stacklevel=3)
-    return getattr(importlib.import_module(new), name)
+    return getattr(module, name)

@@ -183,6 +183,8 @@ def test_moved_path_warns_and_gives_the_same_objects(old):
         warnings.simplefilter("error")
         with pytest.raises(AttributeError):
             shim.__path__  # the import system's look-ups neither warn nor find anything
+        with pytest.raises(AttributeError, match=f"module '{old}' has no attribute 'no_such_name' \\(it moved to"):
+            shim.no_such_name  # nothing to import from the new path: no advice to
 
 
 def test_old_import_statements_work_and_warn():
