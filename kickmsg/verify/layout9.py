@@ -85,7 +85,7 @@ from kickmsg.verify import invariants
 from kickmsg.verify.scheduler import Actor, Chooser, Execution, Mishaps, ModelledClock, Outcome, ScheduledAtomics, Step
 
 __all__ = [
-    "MUTANT_SCENARIOS9", "RECEIVE_TIMEOUT_S", "Scenario9", "TIMEOUT_US", "World9", "describe_address",
+    "EVICTION", "MUTANT_SCENARIOS9", "RECEIVE_TIMEOUT_S", "Scenario9", "TIMEOUT_US", "World9", "describe_address",
     "describe_meta", "describe_sequence", "describe_value", "format_step", "format_trace", "observed",
     "run_schedule",
 ]
@@ -133,6 +133,11 @@ class Scenario9:
                 f"stalls of a commit timeout{mishaps}")
 
 
+# Two reclaimers, a subscriber that may die, another that joins the ring once
+# it is given back (one ring) and sleeps on it: 0.9.2's reclaim_dead_rings
+# evicts the live owner (docs/explanation/verification.md, Layout 9).
+EVICTION = Scenario9(publishers=0, subscribers=2, rings=1, blocking=True, subscriber_deaths=1, reclaimers=2)
+
 # The small configuration, preemptions and stale reads at which the explorer
 # finds each layout-9 mutant (kickmsg.verify.mutants.MUTANTS9). The steal
 # and takeover mutants need no reader: an idle ring keeps the steps few.
@@ -147,6 +152,8 @@ MUTANT_SCENARIOS9: dict[str, tuple[Scenario9, int, int]] = {
     "no-publisher-fence": (Scenario9(publishers=1, blocking=True), 1, 1),
     "no-subscriber-fence": (Scenario9(publishers=1, blocking=True), 1, 1),
     "pin-fetch-add": (Scenario9(), 1, 0),
+    "repair-unproven": (Scenario9(publishers=1, subscribers=0, idle=1, repairer=True), 1, 0),
+    "reclaim-no-recheck": (EVICTION, 2, 0),
 }
 
 
