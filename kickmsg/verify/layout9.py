@@ -15,9 +15,15 @@ Time is modelled (``ModelledClock``, read by the flows through
 and moves on by one commit timeout when the explorer chooses so (a stalled
 actor: a preemption) or when every actor waits. A steal thus needs a lock
 that stayed the same while a whole timeout passed, as B.8 wants. Publishers
-may die at any step (``deaths``); once every actor is done or dead, the
-operator's repairs run (``reset_retired_rings``, ``reclaim_orphaned_slots``)
-and the region must be whole again.
+and subscribers may die at any step (``deaths``, ``subscriber_deaths``):
+each actor owns rings as a process of its own (``Region.process_identity``)
+and is dead to ``Region.owner_is_dead`` once it died. The operator's repairs
+may race the traffic: ``repair_locked_entries`` (``repairer``; its sleep of
+a commit timeout is modelled, ``Region.sleep_ns``) and
+``reclaim_dead_rings`` (``reclaimers``). Once every actor is done or dead,
+the repairs for a quiet region run (``reclaim_dead_rings``,
+``reset_retired_rings``, ``reclaim_orphaned_slots``) and the region must
+be whole again.
 
 The invariants, checked before every step and at the end:
 
@@ -28,14 +34,18 @@ The invariants, checked before every step and at the end:
 3. a commit replaces its own publisher's lock (a commit after a steal
    fails); a steal takes a lock the stealer first saw one whole timeout
    before (B.8's proof: lock values are unique per position, so that lock
-   stayed all along); a claim only replaces an older position's claim;
+   stayed all along); a claim only replaces an older position's claim; no
+   ring counts more publishers in flight than there are; no actor but a
+   ring's owner clears its owner_pid or frees it while the owner lives;
 4. every sample a subscriber gets is the message committed at that ring
    position (not a skip marker, not a recycled slot), positions rising, each
    publisher's messages in order;
 5. at the end: every ring Free with nobody in flight; a slot on the free
    stack has refcount 0 and no claim, any other one a refcount equal to its
    claims (> 0: else it leaked); received + lost is exactly the positions
-   each subscriber went past, and its ring's lost_count its losses;
+   each live subscriber went past, and its ring's lost_count its losses (a
+   ring left Live or Draining with no owner recorded by a subscriber that
+   died is noted: no repair can reclaim it);
 6. no lost wake-up: a subscriber asleep on the futex, with everyone else
    done, must have been woken if write_pos moved (when nobody died).
 """
@@ -108,7 +118,8 @@ class Scenario9:
     pool: int = 3
     blocking: bool = False  # subscribers sleep on the futex (receive_view) instead of polling
     deaths: int = 0  # publishers that may die at any step
-    subscriber_deaths: int = 0  # subscribers that may die at any step (their rings stay Live for reclaim_dead_rings)
+    subscriber_deaths: int = 0  # subscribers that may die at any step (their rings stay Live for reclaim_dead_rings);
+    # with deaths too, at most deaths + subscriber_deaths actors die, publishers or subscribers
     repairer: bool = False  # an actor that runs repair_locked_entries() once, concurrently
     reclaimers: int = 0  # actors that each run reclaim_dead_rings() once, concurrently
     rings: int = 0  # max_subscribers (0: one per subscriber, idle ones too)

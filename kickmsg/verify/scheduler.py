@@ -140,7 +140,9 @@ class Mishaps:
     """Layout 9's: what may happen besides the actors' steps. At any turn
     an actor of ``mortal`` may die (at most ``deaths`` per execution), and,
     while an actor waits, time may pass by ``timeout_ns`` (each a preemption
-    for the bounds). When every actor waits, time passes by itself; a futex
+    for the bounds). An actor in a modelled sleep (``Execution.sleep``) has
+    no turn until the clock reaches its waking. When every actor waits,
+    time passes by itself; a futex
     sleeper is then woken by its timeout, unless its word changed and
     nobody woke it: a lost wake-up."""
 
