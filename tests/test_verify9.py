@@ -167,6 +167,18 @@ def test_dying_subscribers_and_a_reclaimer_racing_a_publisher():
     assert report.complete and any(reclaimed) and any(died)
 
 
+def test_an_in_flight_underflow_is_caught():
+    """A deliberate break: the admission released twice over. in_flight
+    wraps below 0 into huge values (the borrow runs through the word)."""
+    broken = mutants.Mutant("release-admission-twice", "in_flight never underflows", (mutants.Patch(
+        publish9.Publisher, "publish", (mutants.Edit(
+            ("ops.fetch_sub_release_u32(state_flight_address, IN_FLIGHT_ONE)",),
+            ("ops.fetch_sub_release_u32(state_flight_address, 2 * IN_FLIGHT_ONE)  # BROKEN",)),)),))
+    report = verify.explore(Scenario9(publishers=1, subscribers=0, idle=1), broken, preemptions=0)
+    assert re.fullmatch(r"ring 0 has \d+ publishers in flight, of 1 \(an underflow\?\)", report.violation), report.trace
+    assert "fetch_sub_release_u32(ring 0.state_flight, 8)" in report.trace.splitlines()[-2]
+
+
 def _planned(plan):
     """A chooser: (steps run, choice) in turn, then the defaults."""
     plan = list(plan)
