@@ -9,7 +9,7 @@ import pytest
 from kickmsg import shm
 from kickmsg.protocol.v9 import ChannelConfig, Publisher, Region, Subscriber, layout, repair
 from kickmsg.schema import SchemaInfo
-from nativepeer import run_native9, start_native9
+from nativepeer import run_native9, start_native9, start_ours
 
 # A native child: health before, the repair named, health after, and chosen words.
 NATIVE_REPAIR = r'''
@@ -218,3 +218,66 @@ def test_reclaim_keeps_in_flight_and_spares_live_owners(shm_name, forged):
     assert repair.reclaim_dead_rings(region) == 1
     assert ops.load_acquire_u32(ring + layout.STATE_FLIGHT_OFFSET) == layout.RING_FREE | layout.IN_FLIGHT_ONE  # retired
     assert region.stats().rings[1].state == "Live" and live.ring_index == 1
+
+
+# WIRE9.md H.3: a lock left from an earlier wrap, repaired at the window's position.
+OLD_LOCK_CHILD = r'''
+region = open_region(P["name"])
+sub = new_subscriber(region)
+ready()
+wait_go()  # the parent published positions 0-3, then forged the old lock and write_pos
+repaired = repair_locked(region)
+got = []
+while True:
+    view = sub.try_receive_view()
+    if view is None:
+        break
+    with view:
+        got.append(view.ring_pos)
+done({"repaired": repaired, "received": got, "lost": sub.lost, "lost_count": region.stats().rings[0].lost_count})
+'''
+NATIVE_OLD_LOCK_API = r'''
+def open_region(name):
+    return kickmsg.SharedRegion.open(name)
+def new_subscriber(region):
+    return kickmsg.Subscriber(region)
+def repair_locked(region):
+    return region.repair_locked_entries()
+'''
+OURS_OLD_LOCK_API = r'''
+from kickmsg.protocol.v9 import Region, Subscriber, repair
+def open_region(name):
+    return Region.open(name)
+def new_subscriber(region):
+    return Subscriber(region)
+def repair_locked(region):
+    return repair.repair_locked_entries(region)
+'''
+
+
+@pytest.mark.parametrize("impl", ["native", "ours"])
+def test_a_lock_from_an_earlier_wrap_is_counted_once(shm_name, impl):
+    """H.3: ring of 4; positions 0-3 published, then position 0's entry
+    holds lock(0) (its publisher stalled before its commit: forged) while
+    write_pos is 5 (position 4's publisher claimed it and died). The window
+    position of that entry is 4: repair_locked_entries turns lock(0) into
+    skip(4) after one timeout. The reader, which read nothing yet, loses
+    position 0 (overrun) and position 4 (the skip marker) once each and
+    receives 1-3: received + lost = 5 positions, no double count, in both
+    implementations."""
+    region = Region.create(shm_name, 1, ChannelConfig(1, 4, 8, 64, commit_timeout_us=20_000), "h3")
+    start = start_native9 if impl == "native" else start_ours
+    api = NATIVE_OLD_LOCK_API if impl == "native" else OURS_OLD_LOCK_API
+    with start(api + OLD_LOCK_CHILD, name=shm_name) as peer:
+        peer.wait_ready()
+        publisher = Publisher(region)
+        for i in range(4):
+            publisher.send(b"m%d" % i)
+        ops = region.atomics
+        ops.store_release_u64(region.entry_address(0, 0) + layout.SEQUENCE_OFFSET, layout.publisher_lock(0))
+        ops.store_release_u64(region.ring_address(0) + layout.WRITE_POS_OFFSET, 5)
+        peer.tell()
+        result = peer.result()
+    assert result == {"repaired": 1, "received": [1, 2, 3], "lost": 2, "lost_count": 2}
+    sequence = ops.load_acquire_u64(region.entry_address(0, 4) + layout.SEQUENCE_OFFSET)
+    assert sequence == layout.skip_marker(4) == 0x4000000000000005

@@ -22,7 +22,8 @@ import pytest
 from kickmsg import verify
 from kickmsg.protocol import freestack
 from kickmsg.protocol.v9 import publish as publish9
-from kickmsg.verify import MUTANTS9, Scenario9, orders
+from kickmsg.protocol.v9 import repair as repair9
+from kickmsg.verify import MUTANTS9, Scenario9, layout9, mutants, orders
 from kickmsg.verify.layout9 import MUTANT_SCENARIOS9
 from kickmsg.verify.memory import WeakMemory
 
@@ -115,6 +116,139 @@ def test_a_takeover_of_any_claim_replaces_a_newer_one():
                         r"not an older position's", report.violation), report.violation
     assert "skip marker of pos 1" in report.trace and "(time passes)" in report.trace
     assert verify.explore(scenario, preemptions=preemptions).violation is None
+
+
+# -- the repairs racing live traffic -----------------------------------------------------------
+
+
+def _ran(outcome, actor, where, operation):
+    return any(step.actor == actor and step.where == where and step.operation.startswith(operation)
+               for step in outcome.steps)
+
+
+def test_a_repair_pass_racing_a_publisher_steals_only_stable_locks():
+    """repair_locked_entries as an actor: some schedules steal the
+    publisher's lock (it stalled while a whole timeout passed in the
+    repairer's modelled sleep) and the publisher's commit then fails; the
+    invariants hold at every step."""
+    stolen, failed_commits = [], []
+
+    def observe(outcome):
+        stolen.append(_ran(outcome, "repair", "steal_and_skip", "store_"))
+        failed_commits.append(any(step.where == "Publisher.publish" and step.operation == "cas_release_u64"
+                                  and step.result != step.operands[0] for step in outcome.steps))
+
+    report = verify.explore(Scenario9(publishers=1, subscribers=0, idle=1, repairer=True), preemptions=2,
+                            observe=observe)
+    assert report.violation is None, report.trace
+    assert report.complete and any(stolen) and any(failed_commits)
+
+
+@DEEP
+def test_a_repair_pass_racing_a_publisher_and_a_reader():
+    """The same with a polling subscriber: skip markers are lost, never read."""
+    report = verify.explore(Scenario9(publishers=1, repairer=True), preemptions=2)
+    assert report.violation is None, report.trace
+    assert report.complete
+
+
+def test_dying_subscribers_and_a_reclaimer_racing_a_publisher():
+    """A subscriber may die at any step; reclaim_dead_rings runs
+    concurrently (and at the end): in_flight stays within the publishers,
+    no live owner is evicted, the end is whole."""
+    reclaimed, died = [], []
+
+    def observe(outcome):
+        reclaimed.append(_ran(outcome, "reclaim0", "_clear_owner", "store_"))
+        died.append(any(choice.chosen == "sub0 dies" for choice in outcome.choices))
+
+    report = verify.explore(Scenario9(publishers=1, subscriber_deaths=1, reclaimers=1), preemptions=1, observe=observe)
+    assert report.violation is None, report.trace
+    assert report.complete and any(reclaimed) and any(died)
+
+
+def test_an_in_flight_underflow_is_caught():
+    """A deliberate break: the admission released twice over. in_flight
+    wraps below 0 into huge values (the borrow runs through the word)."""
+    broken = mutants.Mutant("release-admission-twice", "in_flight never underflows", (mutants.Patch(
+        publish9.Publisher, "publish", (mutants.Edit(
+            ("ops.fetch_sub_release_u32(state_flight_address, IN_FLIGHT_ONE)",),
+            ("ops.fetch_sub_release_u32(state_flight_address, 2 * IN_FLIGHT_ONE)  # BROKEN",)),)),))
+    report = verify.explore(Scenario9(publishers=1, subscribers=0, idle=1), broken, preemptions=0)
+    assert re.fullmatch(r"ring 0 has \d+ publishers in flight, of 1 \(an underflow\?\)", report.violation), report.trace
+    assert "fetch_sub_release_u32(ring 0.state_flight, 8)" in report.trace.splitlines()[-2]
+
+
+def _planned(plan):
+    """A chooser: (steps run, choice) in turn, then the defaults."""
+    plan = list(plan)
+
+    def choose(index, choice):
+        if plan and choice.step == plan[0][0] and plan[0][1] in choice.options:
+            return plan.pop(0)[1]
+        return choice.default
+    return choose
+
+
+@pytest.mark.parametrize("dies_after", [2, 3], ids=["after-its-claim", "after-its-start-time"])
+def test_a_subscriber_dying_before_it_records_its_pid_leaves_its_ring_for_good(dies_after):
+    """B.4: between the Free -> Live CAS and the owner_pid store the ring is
+    Live with owner_pid 0, which B.16 never calls dead: nothing reclaims it."""
+    world, outcome = layout9.run_schedule(Scenario9(publishers=1, subscriber_deaths=1, reclaimers=1),
+                                          _planned([(dies_after, "sub0 dies")]))
+    assert outcome.violation is None, layout9.format_trace(world, outcome)
+    assert world.unowned == [0] and "ring 0 stays Live+0 with no owner recorded" in world.repaired
+
+
+def test_two_reclaimers_evict_a_live_owner():
+    """0.9.2's reclaim_dead_rings: reclaim0 takes the dead sub0's ring to
+    Reclaiming and stops inside its second death check; reclaim1 takes the
+    Reclaiming ring too (Reclaiming is accepted, for a crashed reclaimer),
+    frees it; sub1 joins it and sleeps on the futex; reclaim0 goes on with
+    the pid it read (sub0's, dead) and clears sub1's owner and has_waiter."""
+    world, outcome = layout9.run_schedule(layout9.EVICTION, _planned([(4, "sub0 dies"), (4, "reclaim0"),
+                                                                       (10, "reclaim1")]))
+    trace = layout9.format_trace(world, outcome)
+    assert outcome.violation == "reclaim0 clears the owner of ring 0: sub1, alive (a live owner is never evicted)"
+    lines = trace.splitlines()
+    assert "cas_acq_rel_u32(ring 0.state_flight, Reclaiming+0, Reclaiming+0)" in lines[15], trace
+    assert lines[24].startswith("  24. sub1 ") and "Free+0, Live+0" in lines[24], trace
+    assert "store_relaxed_u32(ring 0.has_waiter, 0)" in lines[-3] and lines[-3].split()[1] == "reclaim0", trace
+
+
+RECLAIM_LIVE_OR_DRAINING = mutants.Mutant(
+    "reclaim-live-or-draining", "the change that removes the eviction: a Reclaiming ring is another reclaimer's",
+    (mutants.Patch(repair9, "reclaim_dead_rings", (mutants.Edit(
+        ("if seen & RING_STATE_MASK not in (RING_LIVE, RING_DRAINING, RING_RECLAIMING) or not _ring_is_dead(region, ring):",),
+        ("if seen & RING_STATE_MASK not in (RING_LIVE, RING_DRAINING) or not _ring_is_dead(region, ring):",)),)),))
+
+
+def test_reclaiming_only_live_or_draining_rings_keeps_the_live_owner():
+    with mutants.installed(RECLAIM_LIVE_OR_DRAINING):
+        world, outcome = layout9.run_schedule(layout9.EVICTION, _planned([(4, "sub0 dies"), (4, "reclaim0"),
+                                                                           (10, "reclaim1")]))
+    assert outcome.violation is None, layout9.format_trace(world, outcome)
+
+
+@DEEP
+def test_the_explorer_finds_the_eviction():
+    report = verify.explore(layout9.EVICTION, preemptions=2)
+    assert report.violation.endswith("alive (a live owner is never evicted)"), report.summary()
+
+
+@DEEP
+@pytest.mark.timeout(900)
+def test_with_the_change_the_explorer_finds_no_eviction():
+    report = verify.explore(layout9.EVICTION, RECLAIM_LIVE_OR_DRAINING, preemptions=2)
+    assert report.violation is None and report.complete, report.trace
+
+
+def test_cli_layout9_repair_pass():
+    result = subprocess.run([str(Path(sys.executable).with_name("kickmsg")), "verify", "--layout", "9", "--repair-pass",
+                             "--publishers", "1", "--preemptions", "1"], capture_output=True, text=True, timeout=120,
+                            stdin=subprocess.DEVNULL)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "a concurrent repair_locked_entries" in result.stdout and "no violation" in result.stdout
 
 
 # -- the orders ------------------------------------------------------------------------------

@@ -320,6 +320,8 @@ def build_parser() -> CommandLineParser:
                   "  kickmsg verify --orders                         # weaken each order one step: which are needed?\n"
                   "  kickmsg verify --layout 9                       # layout 9 (0.9.2): stalls, steals, <= 1 preemption\n"
                   "  kickmsg verify --layout 9 --deaths 1 --blocking # a publisher may die; subscribers sleep on the futex\n"
+                  "  kickmsg verify --layout 9 --repair-pass --publishers 1 --preemptions 2   # repair_locked_entries racing\n"
+                  "  kickmsg verify --layout 9 --subscriber-deaths 1 --reclaimers 1   # reclaim_dead_rings racing\n"
                   "  kickmsg verify --layout 9 --mutant no-meta-tag-check   # 0.9's receive: the bug 0.9.2 fixed (ra)",
                   channel=False)
     from kickmsg.verify.mutants import MUTANTS, MUTANTS9
@@ -349,10 +351,17 @@ def build_parser() -> CommandLineParser:
                           ("subscribers", "subscribers (each with its own ring)"), ("capacity", "ring capacity"),
                           ("pool", "pool slots")):
         sub.add_argument(f"--{field}", type=int, metavar="N", help=f"{meaning} (default: the mutant's scenario)")
+    sub.add_argument("--rings", type=int, metavar="N",
+                     help="max_subscribers (default: one per subscriber; with fewer, a subscriber retries its join "
+                          "on layout 9)")
     sub.add_argument("--repair-pass", action="store_true",
-                     help="add an actor that runs repair_locked_entries() once, concurrently (layout 4)")
+                     help="add an actor that runs repair_locked_entries() once, concurrently")
     sub.add_argument("--deaths", type=int, metavar="N",
                      help="layout 9: at most N publishers die, each at any step (default 0)")
+    sub.add_argument("--subscriber-deaths", type=int, metavar="N",
+                     help="layout 9: at most N subscribers die, each at any step (default 0)")
+    sub.add_argument("--reclaimers", type=int, metavar="N",
+                     help="layout 9: add N actors that each run reclaim_dead_rings() once, concurrently (default 0)")
     sub.add_argument("--blocking", action="store_true",
                      help="layout 9: subscribers sleep on the futex (receive_view) instead of polling")
     from kickmsg.cli.boards import add_board_commands

@@ -29,15 +29,16 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
     from kickmsg import verify
 
-    for option in ("preemptions", "max_schedules", "runs", "stale", "budget", "deaths"):
+    for option in ("preemptions", "max_schedules", "runs", "stale", "budget", "deaths", "subscriber_deaths", "reclaimers",
+                   "rings"):
         if (getattr(args, option) or 0) < 0:
             raise CommandError(f"--{option.replace('_', '-')} must be 0 or more, not {getattr(args, option)}")
     if args.layout == 9:
         return _verify_layout9(args)
     if args.mutant in verify.MUTANTS9:
         raise CommandError(f"mutant {args.mutant} breaks layout 9's flows: add --layout 9")
-    if args.deaths or args.blocking:
-        raise CommandError("--deaths and --blocking explore layout 9: add --layout 9")
+    if args.deaths or args.blocking or args.subscriber_deaths or args.reclaimers:
+        raise CommandError("--deaths, --blocking, --subscriber-deaths and --reclaimers explore layout 9: add --layout 9")
     preemptions = args.preemptions if args.preemptions is not None else (1 if args.orders else 2)
     mutant = verify.MUTANTS.get(args.mutant)
     model = args.memory_model or ("ra" if args.orders else mutant.model if mutant else "sc")  # memory orders: ra
@@ -50,7 +51,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if args.orders:
         return _orders(args, 4, preemptions, stale, budget)
     scenario = verify.MUTANT_SCENARIOS.get(args.mutant, verify.Scenario())
-    changes = {field: getattr(args, field) for field in ("publishers", "messages", "subscribers", "capacity", "pool")}
+    changes = {field: getattr(args, field) for field in ("publishers", "messages", "subscribers", "capacity", "pool",
+                                                         "rings")}
     changes["repairer"] = True if args.repair_pass else None
     scenario = dataclasses.replace(scenario, **{k: v for k, v in changes.items() if v is not None})
     return _explore(args, scenario, model, preemptions, stale, budget)
@@ -83,8 +85,6 @@ def _verify_layout9(args: argparse.Namespace) -> int:
             raise CommandError("--orders explores under --memory-model ra")
         return _orders(args, 9, args.preemptions if args.preemptions is not None else 0,
                        args.stale if args.stale is not None else 2, args.budget if args.budget is not None else 2)
-    if args.repair_pass:
-        raise CommandError("--repair-pass adds layout 4's repair actor; layout 9 repairs after a death (--deaths)")
     if args.mutant is not None and args.mutant not in verify.MUTANTS9:
         raise CommandError(f"mutant {args.mutant} breaks layout 4's flows: choose one of {', '.join(verify.MUTANTS9)}")
     scenario, preemptions, stale = MUTANT_SCENARIOS9.get(args.mutant, (verify.Scenario9(), 1, 1))
@@ -96,8 +96,9 @@ def _verify_layout9(args: argparse.Namespace) -> int:
     stale = (args.stale if args.stale is not None else stale) if model == "ra" else 0
     budget = args.budget
     changes = {field: getattr(args, field) for field in ("publishers", "messages", "subscribers", "capacity", "pool",
-                                                         "deaths")}
+                                                         "deaths", "subscriber_deaths", "reclaimers", "rings")}
     changes["blocking"] = True if args.blocking else None
+    changes["repairer"] = True if args.repair_pass else None
     if args.publishers is not None or args.messages is not None:
         changes["sends"] = ()  # the counts given replace the mutant scenario's own
     scenario = dataclasses.replace(scenario, **{k: v for k, v in changes.items() if v is not None})

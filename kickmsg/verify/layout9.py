@@ -15,9 +15,15 @@ Time is modelled (``ModelledClock``, read by the flows through
 and moves on by one commit timeout when the explorer chooses so (a stalled
 actor: a preemption) or when every actor waits. A steal thus needs a lock
 that stayed the same while a whole timeout passed, as B.8 wants. Publishers
-may die at any step (``deaths``); once every actor is done or dead, the
-operator's repairs run (``reset_retired_rings``, ``reclaim_orphaned_slots``)
-and the region must be whole again.
+and subscribers may die at any step (``deaths``, ``subscriber_deaths``):
+each actor owns rings as a process of its own (``Region.process_identity``)
+and is dead to ``Region.owner_is_dead`` once it died. The operator's repairs
+may race the traffic: ``repair_locked_entries`` (``repairer``; its sleep of
+a commit timeout is modelled, ``Region.sleep_ns``) and
+``reclaim_dead_rings`` (``reclaimers``). Once every actor is done or dead,
+the repairs for a quiet region run (``reclaim_dead_rings``,
+``reset_retired_rings``, ``reclaim_orphaned_slots``) and the region must
+be whole again.
 
 The invariants, checked before every step and at the end:
 
@@ -28,14 +34,18 @@ The invariants, checked before every step and at the end:
 3. a commit replaces its own publisher's lock (a commit after a steal
    fails); a steal takes a lock the stealer first saw one whole timeout
    before (B.8's proof: lock values are unique per position, so that lock
-   stayed all along); a claim only replaces an older position's claim;
+   stayed all along); a claim only replaces an older position's claim; no
+   ring counts more publishers in flight than there are; no actor but a
+   ring's owner clears its owner_pid or frees it while the owner lives;
 4. every sample a subscriber gets is the message committed at that ring
    position (not a skip marker, not a recycled slot), positions rising, each
    publisher's messages in order;
 5. at the end: every ring Free with nobody in flight; a slot on the free
    stack has refcount 0 and no claim, any other one a refcount equal to its
    claims (> 0: else it leaked); received + lost is exactly the positions
-   each subscriber went past, and its ring's lost_count its losses;
+   each live subscriber went past, and its ring's lost_count its losses (a
+   ring left Live or Draining with no owner recorded by a subscriber that
+   died is noted: no repair can reclaim it);
 6. no lost wake-up: a subscriber asleep on the futex, with everyone else
    done, must have been woken if write_pos moved (when nobody died).
 """
@@ -62,6 +72,11 @@ from kickmsg.protocol.v9.layout import (
     STATE_FLIGHT_OFFSET,
     LOST_COUNT_OFFSET,
     ENTRY_SIZE,
+    OWNER_PID_OFFSET,
+    RING_DRAINING,
+    RING_FREE,
+    RING_LIVE,
+    RING_STATE_MASK,
     U32_MAX,
     SlotHeader,
     SubRingHeader,
@@ -80,12 +95,13 @@ from kickmsg.verify import invariants
 from kickmsg.verify.scheduler import Actor, Chooser, Execution, Mishaps, ModelledClock, Outcome, ScheduledAtomics, Step
 
 __all__ = [
-    "MUTANT_SCENARIOS9", "RECEIVE_TIMEOUT_S", "Scenario9", "TIMEOUT_US", "World9", "describe_address",
+    "EVICTION", "MUTANT_SCENARIOS9", "RECEIVE_TIMEOUT_S", "Scenario9", "TIMEOUT_US", "World9", "describe_address",
     "describe_meta", "describe_sequence", "describe_value", "format_step", "format_trace", "observed",
     "run_schedule",
 ]
 
 TIMEOUT_US = 1000  # the commit timeout of the explored regions (modelled time)
+OWNER_PIDS = 1000  # the pid an actor owns rings under: this plus its index
 RECEIVE_TIMEOUT_S = 1.0  # a blocking subscriber's receive timeout (modelled time)
 
 
@@ -102,6 +118,10 @@ class Scenario9:
     pool: int = 3
     blocking: bool = False  # subscribers sleep on the futex (receive_view) instead of polling
     deaths: int = 0  # publishers that may die at any step
+    subscriber_deaths: int = 0  # subscribers that may die at any step (their rings stay Live for reclaim_dead_rings);
+    # with deaths too, at most deaths + subscriber_deaths actors die, publishers or subscribers
+    repairer: bool = False  # an actor that runs repair_locked_entries() once, concurrently
+    reclaimers: int = 0  # actors that each run reclaim_dead_rings() once, concurrently
     rings: int = 0  # max_subscribers (0: one per subscriber, idle ones too)
     payload: int = max(invariants.MESSAGE_SIZES)
     layout: int = 9
@@ -113,6 +133,9 @@ class Scenario9:
 
     def describe(self) -> str:
         mishaps = f", {self.deaths} publisher(s) may die" if self.deaths else ""
+        mishaps += f", {self.subscriber_deaths} subscriber(s) may die" if self.subscriber_deaths else ""
+        mishaps += ", a concurrent repair_locked_entries" if self.repairer else ""
+        mishaps += f", {self.reclaimers} concurrent reclaim_dead_rings" if self.reclaimers else ""
         messages = "+".join(map(str, self.sends)) if self.sends else f"{self.publishers} x {self.messages}"
         idle = f", {self.idle} idle subscriber(s) (joined before, left after)" if self.idle else ""
         return (f"layout 9: {self.publishers} publishers sending {messages} messages, {self.subscribers} "
@@ -120,6 +143,11 @@ class Scenario9:
                 f"{self.config().max_subscribers} ring(s) of {self.capacity}, pool {self.pool}, "
                 f"stalls of a commit timeout{mishaps}")
 
+
+# Two reclaimers, a subscriber that may die, another that joins the ring once
+# it is given back (one ring) and sleeps on it: 0.9.2's reclaim_dead_rings
+# evicts the live owner (docs/explanation/verification.md, Layout 9).
+EVICTION = Scenario9(publishers=0, subscribers=2, rings=1, blocking=True, subscriber_deaths=1, reclaimers=2)
 
 # The small configuration, preemptions and stale reads at which the explorer
 # finds each layout-9 mutant (kickmsg.verify.mutants.MUTANTS9). The steal
@@ -135,6 +163,8 @@ MUTANT_SCENARIOS9: dict[str, tuple[Scenario9, int, int]] = {
     "no-publisher-fence": (Scenario9(publishers=1, blocking=True), 1, 1),
     "no-subscriber-fence": (Scenario9(publishers=1, blocking=True), 1, 1),
     "pin-fetch-add": (Scenario9(), 1, 0),
+    "repair-unproven": (Scenario9(publishers=1, subscribers=0, idle=1, repairer=True), 1, 0),
+    "reclaim-no-recheck": (EVICTION, 2, 0),
 }
 
 
@@ -159,8 +189,12 @@ class World9:
     seen: dict[tuple[str, int, int], int] = field(default_factory=dict)  # (actor, sequence word, value) -> when the
     # actor first read that value there
     claims: dict[int, int] = field(default_factory=dict)  # meta word -> value
+    owners: dict[int, str] = field(default_factory=dict)  # ring -> the actor whose pid its owner_pid holds
+    lost_before: dict[str, int] = field(default_factory=dict)  # subscriber -> its ring's lost_count when it joined
+    most_in_flight: int = 0  # publishers that may be in flight on a ring at once
     checked_steps: int = 0
     repaired: str = ""  # what the repairs at the end did
+    unowned: list[int] = field(default_factory=list)  # rings left Live with no owner recorded (B.4's window)
 
 
 def _private_region(scenario: Scenario9) -> Region:
@@ -175,7 +209,24 @@ def _world(scenario: Scenario9) -> World9:
     clock = ModelledClock()
     region = _private_region(scenario)
     region.monotonic_ns = clock.monotonic_ns
-    world = World9(region, [], clock)
+    world = World9(region, [], clock, most_in_flight=scenario.publishers)
+
+    def sleep_ns(ns: int) -> None:
+        assert world.execution is not None
+        world.execution.sleep(ns)
+
+    def process_identity() -> tuple[int, int]:
+        """Each actor is a process of its own (the explorer, joining the idle rings: pid 1, never dead)."""
+        actor = world.execution.current_actor() if world.execution else None
+        return (OWNER_PIDS + actor.index if actor else 1), 1
+
+    def owner_is_dead(pid: int, recorded_start: int) -> bool:
+        actor = pid - OWNER_PIDS
+        return 0 <= actor < len(world.actors) and world.actors[actor].state == "dead"
+
+    region.sleep_ns = sleep_ns
+    region.process_identity = process_identity
+    region.owner_is_dead = owner_is_dead
     world.idle = [Subscriber(region) for _ in range(scenario.idle)]
     publishers: list[Actor] = []
 
@@ -207,10 +258,17 @@ def _world(scenario: Scenario9) -> World9:
 
     def subscriber(name: str) -> Callable[[Region], None]:
         def subscribe(region: Region) -> None:
-            receiver = Subscriber(region)
+            while True:  # every ring taken (fewer rings than subscribers): try again until one is given back
+                try:
+                    receiver = Subscriber(region)
+                    break
+                except RuntimeError:
+                    if publishers_over():
+                        return
             world.subscribers[name] = receiver
             world.rings[name] = receiver.ring_index
             world.first_pos[name] = receiver.read_pos
+            world.lost_before[name] = HARDWARE.load_relaxed_u64(receiver.ring + LOST_COUNT_OFFSET)  # a dead one's
             while True:
                 over = publishers_over()  # before the last look: nothing is published after it
                 if scenario.blocking:
@@ -235,6 +293,9 @@ def _world(scenario: Scenario9) -> World9:
         world.actors.append(Actor(f"sub{index}", subscriber(f"sub{index}")))
     publishers.extend(Actor(f"pub{index}", publisher(index)) for index in range(scenario.publishers))
     world.actors.extend(publishers)
+    if scenario.repairer:
+        world.actors.append(Actor("repair", repair.repair_locked_entries))
+    world.actors.extend(Actor(f"reclaim{index}", repair.reclaim_dead_rings) for index in range(scenario.reclaimers))
     return world
 
 
@@ -254,6 +315,16 @@ def _entry_word(region: Region, address: int) -> tuple[int, int, int] | None:
     return ring, entry, in_entry
 
 
+def _ring_word(region: Region, address: int) -> tuple[int, int] | None:
+    """(ring, offset in its header) if ``address`` is in a ring header."""
+    g = region.geometry
+    offset = address - region.base - g.sub_rings_offset
+    if not 0 <= offset < g.max_subs * g.ring_stride:
+        return None
+    ring, in_ring = divmod(offset, g.ring_stride)
+    return (ring, in_ring) if in_ring < RING_HEADER_SIZE else None
+
+
 def _stored(step: Step) -> int | None:
     """The value a step stored, if it stored one."""
     if step.operation.startswith("store_"):
@@ -263,9 +334,32 @@ def _stored(step: Step) -> int | None:
     return None
 
 
+def _follow_owner(world: World9, step: Step, ring: int, offset: int) -> str | None:
+    """Rule 3, on a ring header's step: a live owner is never evicted."""
+    value = _stored(step)
+    if value is None or offset not in (OWNER_PID_OFFSET, STATE_FLIGHT_OFFSET):
+        return None
+    owner = world.owners.get(ring)
+    evicted = owner is not None and owner != step.actor and owner not in world.execution.died  # type: ignore[union-attr]
+    if offset == OWNER_PID_OFFSET:
+        if value:
+            world.owners[ring] = step.actor
+            return None
+        world.owners.pop(ring, None)
+        if evicted:
+            return f"{step.actor} clears the owner of ring {ring}: {owner}, alive (a live owner is never evicted)"
+    elif evicted and value & RING_STATE_MASK == RING_FREE:
+        return (f"{step.actor} sets ring {ring} {describe_value('.state_flight', value)} while {owner} owns it, "
+                f"alive (a live owner is never evicted)")
+    return None
+
+
 def _follow(world: World9, step: Step) -> str | None:
-    """Rule 3, on one step: commits, steals and claim takeovers."""
+    """Rule 3, on one step: commits, steals, claim takeovers, evictions."""
     region = world.region
+    header = _ring_word(region, step.address)
+    if header is not None:
+        return _follow_owner(world, step, *header)
     where = _entry_word(region, step.address)
     if where is None:
         return None
@@ -331,6 +425,10 @@ def _memory_violation(world: World9) -> str | None:
     stacked, broken = _free_stack(region)
     if broken:
         return broken
+    for ring in range(region.geometry.max_subs):
+        in_flight = HARDWARE.load_relaxed_u32(region.ring_address(ring) + STATE_FLIGHT_OFFSET) >> 2
+        if in_flight > world.most_in_flight:
+            return f"ring {ring} has {in_flight} publishers in flight, of {world.most_in_flight} (an underflow?)"
     claims = _claims(region)
     held = set(world.held.values())  # their references are being handed out: only the end counts them
     most = region.geometry.max_subs + len(world.subscribers)
@@ -387,11 +485,23 @@ def _end_violation(world: World9, died: list[str]) -> str | None:
     if world.idle:
         _leave_idle(world)
     if died:  # the operator's repairs, as the spec prescribes once no publisher runs
+        dead = repair.reclaim_dead_rings(region)
         retired = repair.reset_retired_rings(region)
         pushed = repair.reclaim_orphaned_slots(region)
-        world.repaired = f"after {', '.join(died)} died: reset_retired_rings -> {retired}, reclaim_orphaned_slots -> {pushed}"
+        world.repaired = (f"after {', '.join(died)} died: reclaim_dead_rings -> {dead}, reset_retired_rings -> "
+                          f"{retired}, reclaim_orphaned_slots -> {pushed}")
     for ring in range(region.geometry.max_subs):
         state_flight = HARDWARE.load_relaxed_u32(region.ring_address(ring) + STATE_FLIGHT_OFFSET)
+        owner_pid = HARDWARE.load_relaxed_u64(region.ring_address(ring) + OWNER_PID_OFFSET)
+        state = state_flight & RING_STATE_MASK
+        if state in (RING_LIVE, RING_DRAINING) and not owner_pid and any(name.startswith("sub") for name in died):
+            # Its subscriber died between its claim and its owner_pid store (B.4 2-3), or between clearing
+            # the owner and freeing the ring (B.12 3-4): pid 0 is never dead (B.16), so no repair reclaims
+            # the ring. A leak the protocol allows, noted (docs: Layout 9), not a violation.
+            world.unowned.append(ring)
+            world.repaired += (f"; ring {ring} stays {describe_value('.state_flight', state_flight)} with no owner "
+                               f"recorded (a subscriber died at its claim or its leave): no repair reclaims it")
+            continue
         if state_flight:
             return f"at the end ring {ring} is not Free with nobody in flight: state_flight {state_flight}"
     stacked, broken = _free_stack(region)
@@ -405,12 +515,15 @@ def _end_violation(world: World9, died: list[str]) -> str | None:
         if refcount != claims[slot] or not refcount:
             return f"at the end slot {slot} is off the free stack with refcount {refcount} and {claims[slot]} claim(s)"
     for name, receiver in world.subscribers.items():
+        if name in died:
+            continue  # stopped anywhere: what it had counted is gone with it
         received = len(world.received[name])
         went_past = receiver.read_pos - world.first_pos[name]
         if received + receiver.lost != went_past:
             return (f"{name} received {received} and lost {receiver.lost}, but went past {went_past} positions "
                     f"({world.first_pos[name]} to {receiver.read_pos})")
         counted = HARDWARE.load_relaxed_u64(region.ring_address(world.rings[name]) + LOST_COUNT_OFFSET)
+        counted -= world.lost_before[name]
         if counted != receiver.lost:
             return f"{name} lost {receiver.lost}, but its ring's lost_count says {counted}"
     return None
@@ -433,8 +546,10 @@ def _check(world: World9) -> Callable[[Execution], str | None]:
 def run_schedule(scenario: Scenario9, choose: Chooser, memory_model: str = "sc") -> tuple[World9, Outcome]:
     """Run every actor once, under the choices ``choose`` makes."""
     world = _world(scenario)
-    mishaps = Mishaps(world.clock, TIMEOUT_US * 1000, tuple(f"pub{i}" for i in range(scenario.publishers)),
-                      scenario.deaths, lambda address: describe_address(world.region, address) + " (low 32 bits)")
+    mortal = tuple(f"pub{i}" for i in range(scenario.publishers) if scenario.deaths)
+    mortal += tuple(f"sub{i}" for i in range(scenario.subscribers) if scenario.subscriber_deaths)
+    mishaps = Mishaps(world.clock, TIMEOUT_US * 1000, mortal, scenario.deaths + scenario.subscriber_deaths,
+                      lambda address: describe_address(world.region, address) + " (low 32 bits)")
     execution = Execution(world.region, world.actors, choose, _check(world), memory_model, mishaps=mishaps)
     world.execution = execution
     world.region.atomics = ScheduledAtomics(execution)
@@ -513,7 +628,7 @@ def describe_value(place: str, value: int | None) -> str:
     return str(value)
 
 
-def format_step(region: Region, number: int, step: Step, preempted: str | None) -> str:
+def format_step(region: Region, number: int, step: Step, preempted: str | None, width: int = 5) -> str:
     place = describe_address(region, step.address)
     if step.operation.startswith("fetch_") or step.operation.endswith("_payload"):
         operands = ", ".join(str(operand) for operand in step.operands)
@@ -521,7 +636,7 @@ def format_step(region: Region, number: int, step: Step, preempted: str | None) 
         operands = ", ".join(describe_value(place, operand) for operand in step.operands)
     arguments = ", ".join(part for part in (place, operands) if part)
     call = f"{step.operation}({arguments})"
-    line = f"{number:>4}. {step.actor:<5} {step.where:<28} {call:<70} -> {describe_value(place, step.result)}"
+    line = f"{number:>4}. {step.actor:<{width}} {step.where:<28} {call:<70} -> {describe_value(place, step.result)}"
     if step.stale:
         value, stored_at = step.stale
         origin = "the initial value" if stored_at is None else f"stored at step {stored_at + 1}"
@@ -539,10 +654,11 @@ def format_trace(world: World9, outcome: Outcome) -> str:
             events[choice.step].append(f"      ({choice.chosen})")
         elif choice.preempts and choice.step < len(outcome.steps):
             preempting[choice.step] = choice.previous
+    width = max([5] + [len(actor.name) for actor in world.actors])  # the actors' names line up
     lines = []
     for index, step in enumerate(outcome.steps):
         lines += events.get(index, [])
-        lines.append(format_step(world.region, index + 1, step, preempting.get(index)))
+        lines.append(format_step(world.region, index + 1, step, preempting.get(index), width))
     lines += events.get(len(outcome.steps), [])
     if world.repaired:
         lines.append(world.repaired)

@@ -25,6 +25,7 @@ from kickmsg.protocol.v4 import receive as receive4
 from kickmsg.protocol.v4 import rings as rings4
 from kickmsg.protocol.v9 import publish as publish9
 from kickmsg.protocol.v9 import receive as receive9
+from kickmsg.protocol.v9 import repair as repair9
 
 __all__ = ["COMMIT", "COMMIT_COMMENT", "Edit", "MUTANTS", "MUTANTS9", "Mutant", "Patch", "build", "installed", "lookup"]
 
@@ -318,6 +319,26 @@ MUTANTS9 = {
                      "refcount = found"),
                     ("ops.fetch_add_acq_rel_u32(slot_address + REFCOUNT_OFFSET, 1)  # MUTANT: pinned by fetch_add",
                      "pinned = True"),
+                ),
+            )),),
+        ),
+        Mutant(
+            "repair-unproven",
+            "repair_locked_entries steals a lock only if it stayed the same through a whole commit timeout",
+            (Patch(repair9, "repair_locked_entries", (
+                Edit(
+                    ("region.sleep_ns(g.commit_timeout_us * 1000)  # B.13: one commit timeout, then only unchanged locks",),
+                    ("pass  # MUTANT: no wait of a commit timeout before the steals",),
+                ),
+            )),),
+        ),
+        Mutant(
+            "reclaim-no-recheck",
+            "reclaim_dead_rings checks the owner dead again once the ring is Reclaiming (it may have changed hands)",
+            (Patch(repair9, "reclaim_dead_rings", (
+                Edit(
+                    ("if _ring_is_dead(region, ring):",),
+                    ("if True:  # MUTANT: no second look at the owner",),
                 ),
             )),),
         ),

@@ -85,6 +85,7 @@ class Actor:
     error: str | None = None  # the traceback, if its script raised
     parked: tuple[int, int, int] | None = None  # asleep in futex_wait: (address, expected, timeout_ns)
     woken: int = 0  # how its last futex_wait ended (FUTEX_WOKEN or FUTEX_TIMED_OUT)
+    asleep_until: int | None = None  # in a modelled sleep until the clock reads this (ns)
 
 
 @dataclass
@@ -139,7 +140,9 @@ class Mishaps:
     """Layout 9's: what may happen besides the actors' steps. At any turn
     an actor of ``mortal`` may die (at most ``deaths`` per execution), and,
     while an actor waits, time may pass by ``timeout_ns`` (each a preemption
-    for the bounds). When every actor waits, time passes by itself; a futex
+    for the bounds). An actor in a modelled sleep (``Execution.sleep``) has
+    no turn until the clock reaches its waking. When every actor waits,
+    time passes by itself; a futex
     sleeper is then woken by its timeout, unless its word changed and
     nobody woke it: a lost wake-up."""
 
@@ -295,6 +298,21 @@ class Execution:
         self.wait_for_turn(actor)
         return actor.woken
 
+    def sleep(self, ns: int) -> None:
+        """The running actor sleeps ``ns`` of modelled time: a step of the
+        trace, then no turn until the clock has moved on that far (time
+        passes as a mishap, or by itself once nobody else can go on)."""
+        actor = self.current_actor()
+        assert actor is not None and self.mishaps is not None
+        self.wait_for_turn(actor)
+        self.record(actor, "sleep_ns", 0, (ns,), None)
+        actor.asleep_until = self.mishaps.clock.now + ns
+        self.wait_for_turn(actor)
+        actor.asleep_until = None
+
+    def _asleep(self, actor: Actor) -> bool:
+        return actor.asleep_until is not None and self.mishaps is not None and self.mishaps.clock.now < actor.asleep_until
+
     def record(
         self, actor: Actor, operation: str, address: int, operands: tuple[int, ...], result: int | None,
         stale: Stale | None = None,
@@ -381,7 +399,7 @@ class Execution:
                     spinning = ", ".join(a.name for a in waiting if a.spinning)
                     self.outcome.violation = f"no end after {self.max_steps} steps (livelock; spinning: {spinning})"
                     return self.outcome
-                ready = [a for a in waiting if not a.spinning and a.parked is None]
+                ready = [a for a in waiting if not a.spinning and a.parked is None and not self._asleep(a)]
                 if not ready and any(a.spinning for a in waiting):
                     # all waiting: one may have been a retry, not a wait; all start afresh (and time passes)
                     if self.mishaps is not None:
@@ -389,7 +407,12 @@ class Execution:
                     for actor in waiting:
                         actor.spinning = False
                         actor.reads.clear()
-                    ready = [a for a in waiting if a.parked is None]
+                    ready = [a for a in waiting if a.parked is None and not self._asleep(a)]
+                wakings = [a.asleep_until for a in waiting if a.asleep_until is not None and self._asleep(a)]
+                if not ready and wakings:  # nobody else can go on: time passes to the first waking
+                    assert self.mishaps is not None
+                    self.mishaps.clock.now = min(wakings)
+                    continue
                 if not ready:  # every actor left sleeps on a futex
                     self.outcome.violation = self._time_out_sleepers(waiting)
                     if self.outcome.violation:
@@ -427,7 +450,7 @@ class Execution:
         options = []
         if len(self.died) < mishaps.deaths:
             options += [a.name + DIES for a in waiting if a.name in mishaps.mortal and a.state == "waiting"]
-        if any(a.spinning or a.parked is not None for a in waiting):
+        if any(a.spinning or a.parked is not None or self._asleep(a) for a in waiting):
             options.append(TIME_PASSES)
         return options
 

@@ -38,6 +38,7 @@ from kickmsg.protocol.v9.layout import (
     seq_pos,
     seq_skip,
 )
+from kickmsg.protocol.v9.liveness import process_start_time
 from kickmsg.protocol.v9.region import Region
 
 __all__ = [
@@ -47,16 +48,6 @@ __all__ = [
 RECEIVE_ITERATIONS = 64  # B.10
 YIELDS_BEFORE_SLEEP = 64  # B.11
 POLL_SLEEP_S = 0.0001  # B.11: 100 us naps while the head is claimed but not committed
-
-
-def process_start_time(pid: int) -> int:
-    """Field 22 of /proc/<pid>/stat (clock ticks after boot), 0 if unknown (B.16)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            fields_after_name = stat.read().rpartition(b")")[2].split()
-        return int(fields_after_name[19])
-    except (OSError, IndexError, ValueError):
-        return 0
 
 
 class SampleView:
@@ -131,8 +122,8 @@ class Subscriber:
             if ops.cas_acq_rel_u32(ring + STATE_FLIGHT_OFFSET, RING_FREE, RING_LIVE) != RING_FREE:
                 continue
             # 3. owner identity: start time first, then the pid (release)
-            pid = os.getpid()
-            ops.store_relaxed_u64(ring + OWNER_STARTTIME_OFFSET, process_start_time(pid))
+            pid, start_time = region.process_identity()
+            ops.store_relaxed_u64(ring + OWNER_STARTTIME_OFFSET, start_time)
             ops.store_release_u64(ring + OWNER_PID_OFFSET, pid)
             # 4. where reading starts
             write_pos_again = ops.load_acquire_u64(ring + WRITE_POS_OFFSET)

@@ -13,6 +13,7 @@ from kickmsg import shm
 from kickmsg.atomics import HARDWARE, Atomics
 from kickmsg.protocol import freestack
 from kickmsg.protocol.info import RegionInfo, RegionStats, RingStats, config_differences, region_info
+from kickmsg.protocol.v9 import liveness
 from kickmsg.protocol.v9.layout import (
     DEFAULT_COMMIT_TIMEOUT_US,
     ENTRY_SIZE,
@@ -47,7 +48,7 @@ from kickmsg.protocol.v9.layout import (
 from kickmsg.schema import SchemaInfo
 from kickmsg.errors import RegionInitTimeout
 
-__all__ = ["ChannelConfig", "OPEN_ATTEMPTS", "OPEN_RETRY_S", "Region", "RegionInitTimeout"]
+__all__ = ["ChannelConfig", "OPEN_ATTEMPTS", "OPEN_RETRY_S", "Region", "RegionInitTimeout", "sleep_ns"]
 
 OPEN_ATTEMPTS = 200  # B.3: create_or_open polls an uninitialised region this often...
 OPEN_RETRY_S = 0.010  # ...this far apart (about 2 s in all)
@@ -85,6 +86,11 @@ class ChannelConfig:
         )
 
 
+def sleep_ns(ns: int) -> None:
+    """The repairs' sleep of a commit timeout (B.13)."""
+    time.sleep(ns / 1e9)
+
+
 class Region:
     """One mapped layout-9 region and its validated geometry."""
 
@@ -94,9 +100,14 @@ class Region:
         self.mapping = mapping
         self.geometry = geometry
         self.atomics = atomics
-        # The clock of commit timeouts and receive deadlines (kickmsg.verify
-        # replaces it with a modelled one).
+        # The clock of commit timeouts and receive deadlines, the repairs'
+        # sleep, and owner liveness (B.16: who this process is, whether a
+        # recorded owner is dead). kickmsg.verify replaces them with modelled
+        # ones: its actors are owners of their own, and die at its choice.
         self.monotonic_ns: Callable[[], int] = time.monotonic_ns
+        self.sleep_ns: Callable[[int], None] = sleep_ns
+        self.process_identity: Callable[[], tuple[int, int]] = liveness.process_identity
+        self.owner_is_dead: Callable[[int, int], bool] = liveness.owner_is_dead
         self.base = mapping.address
         self.free_top_address = self.base + FREE_TOP_OFFSET
         self.steal_count_address = self.base + STEAL_COUNT_OFFSET

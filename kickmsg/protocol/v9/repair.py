@@ -2,9 +2,7 @@
 report, repair of locked entries, retired and dead rings, orphaned slots,
 and the schema claim. All of them walk the validated geometry snapshot.
 """
-import errno
 import os
-import time
 
 from kickmsg.protocol import freestack
 from kickmsg.protocol.v9.layout import (
@@ -36,7 +34,7 @@ from kickmsg.protocol.v9.layout import (
     seq_pos,
 )
 from kickmsg.protocol.v9.publish import steal_and_skip
-from kickmsg.protocol.v9.receive import process_start_time
+from kickmsg.protocol.v9.liveness import owner_is_dead, process_start_time
 from kickmsg.protocol.v9.region import Region
 from kickmsg.protocol.info import HealthCounts
 from kickmsg.schema import SchemaInfo
@@ -50,33 +48,6 @@ __all__ = [
 SCHEMA_WAIT_YIELDS = 1024  # B.17
 
 
-# -- B.16 Owner liveness ---------------------------------------------------------
-
-
-def owner_is_dead(pid: int, recorded_start: int) -> bool:
-    """Provably dead: gone, a zombie, or another process now under that pid."""
-    if pid == 0:
-        return False
-    if pid > 0x7FFFFFFF:
-        return True  # no process can hold it (a corrupt word): os.kill would overflow
-    try:
-        os.kill(pid, 0)
-    except OSError as error:
-        if error.errno != errno.EPERM:
-            return True
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            after_name = stat.read().rpartition(b")")[2].split()
-        if after_name and after_name[0] == b"Z":
-            return True
-    except OSError:
-        pass
-    current_start = process_start_time(pid)
-    if recorded_start == 0 or current_start == 0:
-        return False  # pid-only verdict: alive
-    return current_start != recorded_start
-
-
 def _clear_owner(region: Region, ring: int) -> None:
     ops = region.atomics
     ops.store_relaxed_u32(ring + HAS_WAITER_OFFSET, 0)
@@ -88,7 +59,7 @@ def _ring_is_dead(region: Region, ring: int) -> bool:
     ops = region.atomics
     pid = ops.load_acquire_u64(ring + OWNER_PID_OFFSET)
     start = ops.load_relaxed_u64(ring + OWNER_STARTTIME_OFFSET)
-    return owner_is_dead(pid, start)
+    return region.owner_is_dead(pid, start)
 
 
 def _window(region: Region, index: int) -> range:
@@ -147,7 +118,7 @@ def repair_locked_entries(region: Region) -> int:
             elif seq_pos(seq) + g.capacity < pos + 1:  # stale: at once
                 repaired += int(steal_and_skip(region, entry, seq, pos))
     if candidates:
-        time.sleep(g.commit_timeout_us / 1e6)  # B.13: one commit timeout, then only unchanged locks
+        region.sleep_ns(g.commit_timeout_us * 1000)  # B.13: one commit timeout, then only unchanged locks
         for entry, pos, seq in candidates:
             if ops.load_acquire_u64(entry + SEQUENCE_OFFSET) == seq:
                 repaired += int(steal_and_skip(region, entry, seq, pos))
