@@ -26,6 +26,7 @@ from kickmsg.config import ChannelType, Config, ConfigError, channel_type_of
 from kickmsg.errors import Layout4Only
 from kickmsg.protocol import v9
 from kickmsg.protocol.v9 import layout as layout9
+from kickmsg.protocol.v9 import liveness as liveness9
 from kickmsg.protocol.v9 import repair as repair9
 from kickmsg.protocol.v9.layout import VersionMismatchError
 from kickmsg.schema import SchemaInfo
@@ -550,7 +551,7 @@ class Layout9Region(SharedRegion):
         for index in range(self.geometry.max_subs):
             ring = self.core.ring_address(index)
             state = ops.load_acquire_u32(ring + layout9.STATE_FLIGHT_OFFSET) & layout9.RING_STATE_MASK
-            if state in (layout9.RING_LIVE, layout9.RING_DRAINING, layout9.RING_RECLAIMING) and repair9.owner_is_dead(ops.load_acquire_u64(ring + layout9.OWNER_PID_OFFSET), ops.load_relaxed_u64(ring + layout9.OWNER_STARTTIME_OFFSET)):
+            if state in (layout9.RING_LIVE, layout9.RING_DRAINING, layout9.RING_RECLAIMING) and liveness9.owner_is_dead(ops.load_acquire_u64(ring + layout9.OWNER_PID_OFFSET), ops.load_relaxed_u64(ring + layout9.OWNER_STARTTIME_OFFSET)):
                 dead.append((index, ops.load_acquire_u64(ring + layout9.OWNER_PID_OFFSET)))
         return dead
 

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from kickmsg import shm
-from kickmsg.protocol.v9 import ChannelConfig, Publisher, Region, Subscriber, layout, repair
+from kickmsg.protocol.v9 import ChannelConfig, Publisher, Region, Subscriber, layout, liveness, repair
 from kickmsg.schema import SchemaInfo
 from nativepeer import run_native9, start_native9, start_ours
 
@@ -189,18 +189,18 @@ done(sub.try_receive().decode())
 
 
 def test_owner_liveness():
-    assert repair.owner_is_dead(0, 0) is False
+    assert liveness.owner_is_dead(0, 0) is False
     me = os.getpid()
-    start = repair.process_start_time(me)
+    start = liveness.process_start_time(me)
     assert start > 0
-    assert repair.owner_is_dead(me, start) is False
-    assert repair.owner_is_dead(me, 0) is False
-    assert repair.owner_is_dead(me, start + 1) is True  # the pid now names another process
+    assert liveness.owner_is_dead(me, start) is False
+    assert liveness.owner_is_dead(me, 0) is False
+    assert liveness.owner_is_dead(me, start + 1) is True  # the pid now names another process
     child = os.fork()
     if child == 0:
         os._exit(0)
     os.waitpid(child, 0)
-    assert repair.owner_is_dead(child, 0) is True
+    assert liveness.owner_is_dead(child, 0) is True
 
 
 @pytest.mark.parametrize("forged", [layout.RING_LIVE, layout.RING_RECLAIMING])

@@ -53,7 +53,7 @@ from kickmsg.ops import owners
 from kickmsg.protocol.v4 import layout
 from kickmsg.protocol.v4.layout import Geometry
 from kickmsg.protocol.v9 import layout as v9layout
-from kickmsg.protocol.v9.repair import owner_is_dead
+from kickmsg.protocol.v9.liveness import owner_is_dead
 from kickmsg.region import Layout9Region, SharedRegion
 
 __all__ = [

@@ -82,7 +82,7 @@ from kickmsg.protocol.v4.layout import Field, field_at
 from kickmsg.protocol.v9 import layout as v9layout
 from kickmsg.protocol.v9 import repair
 from kickmsg.protocol.v9.layout import OWNER_PID_OFFSET, OWNER_STARTTIME_OFFSET, STATE_FLIGHT_OFFSET
-from kickmsg.protocol.v9.receive import process_start_time
+from kickmsg.protocol.v9.liveness import process_start_time
 from kickmsg.region import unlink_shm
 from kickmsg.schema import SchemaInfo
 from kickmsg.userfiles import read_at_most

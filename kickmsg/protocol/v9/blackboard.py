@@ -41,9 +41,8 @@ from kickmsg.protocol.v9.layout import (
     realtime_ns,
     shm_mode,
 )
-from kickmsg.protocol.v9.receive import process_start_time
 from kickmsg.protocol.v9.region import OPEN_ATTEMPTS, OPEN_RETRY_S, RegionInitTimeout
-from kickmsg.protocol.v9.repair import owner_is_dead
+from kickmsg.protocol.v9.liveness import owner_is_dead, process_start_time
 
 __all__ = [
     "ACTIVE", "Blackboard", "BlackboardConfig", "BlackboardReader", "BlackboardWriter", "BoardGeometry",

@@ -38,11 +38,10 @@ from kickmsg.protocol.v9.layout import (
     seq_pos,
     seq_skip,
 )
-from kickmsg.protocol.v9.liveness import process_start_time
 from kickmsg.protocol.v9.region import Region
 
 __all__ = [
-    "POLL_SLEEP_S", "RECEIVE_ITERATIONS", "SampleView", "Subscriber", "YIELDS_BEFORE_SLEEP", "process_start_time",
+    "POLL_SLEEP_S", "RECEIVE_ITERATIONS", "SampleView", "Subscriber", "YIELDS_BEFORE_SLEEP",
 ]
 
 RECEIVE_ITERATIONS = 64  # B.10

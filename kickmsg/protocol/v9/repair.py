@@ -34,13 +34,12 @@ from kickmsg.protocol.v9.layout import (
     seq_pos,
 )
 from kickmsg.protocol.v9.publish import steal_and_skip
-from kickmsg.protocol.v9.liveness import owner_is_dead, process_start_time
 from kickmsg.protocol.v9.region import Region
 from kickmsg.protocol.info import HealthCounts
 from kickmsg.schema import SchemaInfo
 
 __all__ = [
-    "SCHEMA_WAIT_YIELDS", "diagnose", "drain_window", "owner_is_dead", "process_start_time",
+    "SCHEMA_WAIT_YIELDS", "diagnose", "drain_window",
     "reclaim_dead_rings", "reclaim_orphaned_slots", "repair_locked_entries", "reset_retired_rings",
     "reset_schema_claim", "try_claim_schema",
 ]
