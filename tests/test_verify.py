@@ -275,3 +275,6 @@ def test_cli_bad_scenario_is_one_line_error():
     assert len(result.stderr.strip().splitlines()) == 1
     result = run_verify("--preemptions", "-1")
     assert result.returncode == 2 and "--preemptions must be 0 or more, not -1" in result.stderr
+    for layout in ("4", "9"):
+        result = run_verify("--layout", layout, "--rings", "0")
+        assert result.returncode == 2 and "--rings must be 1 or more" in result.stderr, result.stderr

@@ -33,6 +33,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
                    "rings"):
         if (getattr(args, option) or 0) < 0:
             raise CommandError(f"--{option.replace('_', '-')} must be 0 or more, not {getattr(args, option)}")
+    if args.rings == 0:
+        raise CommandError("--rings must be 1 or more (a region has at least one ring), not 0")
     if args.layout == 9:
         return _verify_layout9(args)
     if args.mutant in verify.MUTANTS9:
