@@ -15,7 +15,8 @@ the clock around the futex calls, which splits the delay into:
   to message       futex_wait returned -> receive returned the message
 
 Medians over the messages, in microseconds. The sum of the medians need not
-equal the median of the total.
+equal the median of the total. "kernel wake-up" may be negative: on another
+core the woken subscriber often runs before the waker's system call returns.
 """
 import argparse
 import multiprocessing

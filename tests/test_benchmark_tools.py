@@ -48,7 +48,10 @@ def test_latency_breakdown_splits_each_wake_up_and_leaves_no_region():
     assert woke and int(woke.group(1)) > 0, output
     parts = dict(re.findall(r"^  (\S.*?)\s+(-?\d+\.\d)$", output, re.MULTILINE))
     assert list(parts) == ["to wake call", "wake call", "kernel wake-up", "to message", "total"], output
-    assert all(float(value) > 0 for value in parts.values()), output
+    # Each part but the kernel's is a span of one process's own steps; the
+    # woken subscriber may return before the waker's system call does.
+    assert all(float(value) >= 0 for label, value in parts.items() if label != "kernel wake-up"), output
+    assert float(parts["total"]) > 0, output
     assert leftovers("km_latency_") == before
 
 

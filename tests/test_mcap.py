@@ -24,7 +24,7 @@ from kickmsg import typed
 from kickmsg.recording import stamp
 from kickmsg.recording.mcap import channel_record_type, decode_records, encode_records
 from kickmsg.recording.record import Recorder
-from test_record import drained, messages_on_disk, receiving_after, record_while, wait_until
+from test_record import drained, messages_on_disk, receiving_after, record_while, subscriber_joined, wait_until
 
 PYTHON = sys.executable
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -67,14 +67,17 @@ def channels(shm_name):
         kickmsg.unlink_shm(name)
 
 
-def _has_live_ring(name):
-    return kickmsg.SharedRegion.inspect(name).diagnose().live_rings > 0
-
-
-def wait_for_subscriber(names, process=None):
-    wait_until(lambda: all(_has_live_ring(name) for name in names) or (process is not None and process.poll() is not None),
+def wait_for_subscriber(names, process):
+    """Until the recorder process has joined every channel (or ended)."""
+    wait_until(lambda: all(subscriber_joined(name) for name in names) or process.poll() is not None,
                "the recorder subscribing")
-    assert process is None or process.poll() is None, process.stderr.read()
+    assert process.poll() is None, process.stderr.read()
+
+
+def wait_for_recorder(names, recorder):
+    """Until the recorder in this process has joined every channel (its
+    subscriber made: the join is over, so it gets every message from now on)."""
+    wait_until(lambda: all(name in recorder.summary.channels for name in names), "the recorder subscribing")
 
 
 def read_mcap(path):
@@ -179,7 +182,7 @@ def test_recorder_losses_are_in_the_mcap_metadata(shm_name, tmp_path):
     stop = threading.Event()
     thread = threading.Thread(target=recorder.run, kwargs={"stop": stop})
     thread.start()
-    wait_for_subscriber([shm_name])
+    wait_for_recorder([shm_name], recorder)
     publisher = kickmsg.Publisher(region)
     for i in range(100):
         publisher.send(b"l%d" % i)
@@ -206,7 +209,7 @@ def test_convert_a_parquet_recording(channels, tmp_path):
     stop = threading.Event()
     thread = threading.Thread(target=recorder.run, kwargs={"stop": stop})
     thread.start()
-    wait_for_subscriber(channels)
+    wait_for_recorder(channels, recorder)
     publisher = subprocess.run([PYTHON, "-c", PUBLISHER, plain, imu, "50"], capture_output=True, text=True, timeout=60)
     assert publisher.returncode == 0, publisher.stderr
     wait_until(lambda: drained(channels, os.getpid()), "the recorder reading every message")
@@ -281,7 +284,7 @@ def test_convert_refuses_a_recording_without_payloads(channels, tmp_path):
     stop = threading.Event()
     thread = threading.Thread(target=recorder.run, kwargs={"stop": stop})
     thread.start()
-    wait_for_subscriber(channels)
+    wait_for_recorder(channels, recorder)
     kickmsg.Publisher(kickmsg.SharedRegion.open(channels[0])).send(b"q")
     wait_until(lambda: recorder.summary.channels[channels[0]].messages == 1, "the recorder reading the message")
     stop.set()
@@ -481,7 +484,7 @@ def test_analyze_reads_an_mcap_recording_as_its_parquet_rows(shm_name, tmp_path)
     stop = threading.Event()
     thread = threading.Thread(target=recorder.run, kwargs={"stop": stop})
     thread.start()
-    wait_for_subscriber([shm_name])
+    wait_for_recorder([shm_name], recorder)
     publisher = kickmsg.Publisher(region)
     for i in range(20):
         publisher.send(stamp.stamped(b"a%d" % i * (1 + i % 3)))

@@ -18,6 +18,7 @@ import pyarrow.parquet
 import pytest
 
 import kickmsg
+import rawregion
 from kickmsg import typed
 from kickmsg.ops import diagnostics, owners
 from kickmsg.recording import mcap, record, stamp
@@ -61,8 +62,14 @@ def record_while(names, out, publish, **options):
     return done["summary"]
 
 
-def _has_live_ring(name):
-    return kickmsg.SharedRegion.inspect(name).diagnose().live_rings > 0
+def subscriber_joined(name):
+    """A subscriber of ``name`` has joined: its ring is Live and it waits
+    for messages (has_waiter), so it gets every message published from now
+    on. Live alone is not enough: on layout 9 a ring is Live before its
+    subscriber has chosen where to start reading (WIRE9.md B.4)."""
+    data = rawregion.read_bytes(name)
+    return any((ring := rawregion.ring(data, index)).state == 1 and ring.has_waiter != 0
+               for index in range(rawregion.header(data)["max_subs"]))
 
 
 def wait_until(condition, what, timeout=30):
@@ -324,7 +331,7 @@ def test_recorder_killed_by_a_signal_leaves_a_readable_file(channels, tmp_path, 
     recorder = subprocess.Popen([KICKMSG, "record", channels[0], "--out", str(tmp_path)],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        wait_until(lambda: _has_live_ring(channels[0]) or recorder.poll() is not None, "the recorder subscribing")
+        wait_until(lambda: subscriber_joined(channels[0]) or recorder.poll() is not None, "the recorder subscribing")
         assert recorder.poll() is None, recorder.stderr.read()
         publisher = kickmsg.Publisher(kickmsg.SharedRegion.open(channels[0]))
         sent = messages(150, b"s")
@@ -356,7 +363,7 @@ def test_a_killed_recorder_loses_at_most_its_last_flush_interval(channels, tmp_p
     recorder = subprocess.Popen([KICKMSG, "record", channels[0], "--out", str(tmp_path), "--format", format,
                                  "--flush-interval", "0.2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        wait_until(lambda: _has_live_ring(channels[0]) or recorder.poll() is not None, "the recorder subscribing")
+        wait_until(lambda: subscriber_joined(channels[0]) or recorder.poll() is not None, "the recorder subscribing")
         assert recorder.poll() is None, recorder.stderr.read()
         publisher = kickmsg.Publisher(kickmsg.SharedRegion.open(channels[0]))
         sent = messages(300, b"k")
@@ -482,10 +489,10 @@ def test_record_prefix_picks_up_a_channel_created_later(prefix, tmp_path, format
     recorder = subprocess.Popen([KICKMSG, "record", "--prefix", prefix, "--out", str(tmp_path), "--format", format,
                                  "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        wait_until(lambda: _has_live_ring(first) or recorder.poll() is not None, "the recorder subscribing")
+        wait_until(lambda: subscriber_joined(first) or recorder.poll() is not None, "the recorder subscribing")
         assert recorder.poll() is None, recorder.stderr.read()
         kickmsg.SharedRegion.create(later, kickmsg.ChannelType.Broadcast, CONFIG, "test")
-        wait_until(lambda: _has_live_ring(later) or recorder.poll() is not None, "the recorder finding the new channel")
+        wait_until(lambda: subscriber_joined(later) or recorder.poll() is not None, "the recorder finding the new channel")
         sent = {first: messages(30, b"f"), later: messages(20, b"l")}
         for name, payloads in sent.items():
             publisher = kickmsg.Publisher(kickmsg.SharedRegion.open(name))

@@ -7,6 +7,7 @@ publisher, a subscriber reading what Spark wrote, a telemetry viewer) is a
 real process started with ``nativepeer``: this package or the native
 kickmsg 0.1.0. Waiting is always bounded; nothing asserts on durations.
 """
+import atexit
 import contextlib
 import datetime
 import itertools
@@ -41,7 +42,7 @@ import rawregion
 from conftest import SESSION_PREFIX, on_layout4
 from kickmsg import ChannelType, Config, Node, Publisher, SharedRegion, Subscriber, typed
 from kickmsg.ops import owners
-from kickmsg.spark.source import StreamReader, Writer
+from kickmsg.spark.source import Receiver, StreamReader, Writer
 from kickmsg.spark.telemetry import TELEMETRY_CONFIG, DriverTelemetry
 from nativepeer import check_payload, make_payload, start_native, start_native9, start_ours
 
@@ -183,8 +184,10 @@ def ring_owner(name: str) -> int:
 
 
 def wait_for_subscriber(name: str, query=None, future=None) -> None:
-    """Until a ring of ``name`` is Live (the Spark side has joined), failing
-    early if the query or the batch read has already failed."""
+    """Until the Spark side has joined ``name``: a ring is Live and its
+    subscriber waits for messages (has_waiter; on layout 9 a ring is Live
+    before its subscriber has chosen where to start reading, WIRE9.md B.4).
+    Fails early if the query or the batch read has already failed."""
 
     def joined():
         if query is not None and query.exception() is not None:
@@ -192,7 +195,9 @@ def wait_for_subscriber(name: str, query=None, future=None) -> None:
         if future is not None and future.done():
             future.result()  # raises the read's error
             pytest.fail("the read finished before it subscribed")
-        return RING_LIVE in ring_states(name)
+        data = rawregion.read_bytes(name)
+        return any((ring := rawregion.ring(data, index)).state == RING_LIVE and ring.has_waiter != 0
+                   for index in range(rawregion.header(data)["max_subs"]))
 
     wait_for(joined, f"a subscriber on {name}")
 
@@ -401,6 +406,32 @@ def test_stopped_query_frees_its_ring(spark, prefix):
     owner = ring_owner(name)
     query.stop()
     wait_for(lambda: not os.path.exists(f"/proc/{owner}"), f"the exit of the source's process {owner}")
+    assert ring_states(name)[0] == RING_FREE
+
+
+@on_layout4
+def test_the_source_leaves_its_ring_even_if_a_second_sigterm_cuts_into_its_exit(prefix, monkeypatch):
+    """Spark ends the source's process with SIGTERM, which exits normally so
+    that atexit leaves the ring; Spark may send another meanwhile. The first
+    one's handler ignores the next ones, and a stop whose join is cut short
+    still leaves the ring (a second SIGTERM used to leave it Live)."""
+    name = make_topic(prefix, "sigterm", **ROOMY)
+    installed = []  # (signal, handler) in the order the source sets them
+    monkeypatch.setattr(signal, "signal", lambda number, handler: installed.append((number, handler)))
+    monkeypatch.setattr(atexit, "register", lambda function: None)  # not this test process's exit
+    receiver = Receiver({"name": name})
+    [(number, on_sigterm)] = installed
+    assert number == signal.SIGTERM
+    with pytest.raises(SystemExit):
+        on_sigterm(signal.SIGTERM, None)
+    assert installed[1:] == [(signal.SIGTERM, signal.SIG_IGN)]  # before its exit begins
+
+    def join_cut_short(timeout=None):
+        raise SystemExit(0)  # what a second SIGTERM's handler did inside stop()
+
+    monkeypatch.setattr(receiver.thread, "join", join_cut_short)
+    with pytest.raises(SystemExit):
+        receiver.stop()
     assert ring_states(name)[0] == RING_FREE
 
 

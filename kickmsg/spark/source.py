@@ -230,6 +230,13 @@ class BatchReader(DataSourceReader):
 Message = tuple[bytes, int, datetime.datetime, int]  # RowMaker.rows' arguments: payload, ring_pos, received_at, lost
 
 
+def _exit_once(*_: object) -> None:
+    """SIGTERM: exit normally, so that atexit leaves the ring; a second
+    SIGTERM meanwhile (Spark may send more) must not cut that short."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    sys.exit(0)
+
+
 class Receiver:
     """A subscriber and a background thread that receives continuously into
     a bounded buffer, for the stream reader."""
@@ -246,12 +253,17 @@ class Receiver:
         # Spark ends this process with SIGTERM, without telling the reader: exit
         # normally instead, so that atexit leaves the ring before the end.
         atexit.register(self.stop)
-        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+        signal.signal(signal.SIGTERM, _exit_once)
 
     def _receive(self) -> None:
         lost = 0
         while self.running:
-            view = self.subscriber.receive_view(0.1)
+            try:
+                view = self.subscriber.receive_view(0.1)
+            except ValueError:
+                if self.running:
+                    raise
+                return  # closed by a stop that could not wait for this thread
             if view is None:
                 continue
             with view:
@@ -273,8 +285,10 @@ class Receiver:
         """Stop receiving and leave the ring (idempotent)."""
         if self.running:
             self.running = False
-            self.thread.join(timeout=5)
-            self.subscriber.close()
+            try:
+                self.thread.join(timeout=5)
+            finally:
+                self.subscriber.close()
 
 
 class StreamReader(SimpleDataSourceStreamReader):
