@@ -49,6 +49,20 @@ import zlib
 
 PAYLOAD_HEAD = struct.Struct("<QII")  # seq, body length, crc32(body)
 
+def subscriber_joined(name):
+    """Whether a subscriber of region ``name`` has finished joining: a ring
+    is Live and its subscriber waits for messages (has_waiter), so it gets
+    every message published from now on. Live alone is not enough: on layout
+    9 a ring is Live before its subscriber has chosen where to start reading
+    (WIRE9.md B.4). Raw bytes, the same in both layouts: the header's
+    sub_rings_offset (24), max_subs (40) and sub_ring_stride (88); a ring's
+    state in the low 2 bits of its first word, has_waiter at +72."""
+    with open("/dev/shm" + name, "rb") as file:
+        data = file.read()
+    rings, (max_subs,), (stride,) = struct.unpack_from("<Q", data, 24)[0], struct.unpack_from("<Q", data, 40), struct.unpack_from("<Q", data, 88)
+    return any(struct.unpack_from("<I", data, rings + index * stride)[0] & 3 == 1
+               and struct.unpack_from("<I", data, rings + index * stride + 72)[0] != 0 for index in range(max_subs))
+
 def make_config(fields):
     """A kickmsg.Config with the given fields (attribute assignment works in
     both implementations); 'schema' is a dict of SchemaInfo fields."""

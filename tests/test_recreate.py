@@ -67,9 +67,9 @@ ready()
 wait_go()
 pub = node.advertise("chat", make_config(P["config"]))
 ready()
-if P["wait_for_subscriber"]:  # a ring is Live again once the listener followed
+if P["wait_for_subscriber"]:  # until the listener has followed and joined again
     deadline = time.monotonic() + 30
-    while pub.region.diagnose().live_rings == 0 and time.monotonic() < deadline:
+    while not subscriber_joined(pub.region.name) and time.monotonic() < deadline:
         time.sleep(0.005)
 for seq in range(P["count"]):
     pub.send(f"B:{seq}".encode())
@@ -154,8 +154,8 @@ ready()
 wait_go()
 region = kickmsg.SharedRegion.create(P["name"], kickmsg.ChannelType.PubSub, cfg, "native")  # in place, as 0.1.0 does
 deadline = time.monotonic() + 30
-while region.diagnose().live_rings == 0 and time.monotonic() < deadline:
-    time.sleep(0.005)  # until our subscriber has followed
+while not subscriber_joined(P["name"]) and time.monotonic() < deadline:
+    time.sleep(0.005)  # until our subscriber has followed and joined
 pub = kickmsg.Publisher(region)
 for seq in range(P["count"]):
     pub.send(b"native:%d" % seq)

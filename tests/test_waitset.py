@@ -414,7 +414,7 @@ ready()
 wait_go()
 region = kickmsg.SharedRegion.create(P["name"], kickmsg.ChannelType.PubSub, make_config(P["config"]))
 deadline = time.monotonic() + 20
-while region.diagnose().live_rings == 0 and time.monotonic() < deadline:
+while not subscriber_joined(P["name"]) and time.monotonic() < deadline:
     time.sleep(0.005)  # until the waiting subscriber followed and joined a ring
 kickmsg.Publisher(region).send(b"in the new region")
 done({})
