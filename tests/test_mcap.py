@@ -24,7 +24,8 @@ from kickmsg import typed
 from kickmsg.recording import stamp
 from kickmsg.recording.mcap import channel_record_type, decode_records, encode_records
 from kickmsg.recording.record import Recorder
-from test_record import drained, messages_on_disk, receiving_after, record_while, subscriber_joined, wait_until
+from nativepeer import subscriber_joined
+from test_record import drained, messages_on_disk, receiving_after, record_while, wait_until
 
 PYTHON = sys.executable
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -395,7 +396,8 @@ def test_hostile_files_are_refused_in_one_line(channels, tmp_path):
     assert_one_line_error(run_cli("play", other), f"{other} is not a kickmsg recording")
 
     summary = record_while(channels, tmp_path / "rec", lambda: [
-        kickmsg.Publisher(kickmsg.SharedRegion.open(channels[0])).send(b"z%d" % i * 40) for i in range(200)], format="mcap")
+        kickmsg.Publisher(kickmsg.SharedRegion.open(channels[0])).send(b"z%d" % i * 40) for i in range(200)], format="mcap",
+        flush_interval=1e6)  # one chunk, however slowly the machine runs
     data = pathlib.Path(summary.files[0]).read_bytes()
     truncated = tmp_path / "truncated.mcap"
     truncated.write_bytes(data[: len(data) // 2])

@@ -18,7 +18,6 @@ import pyarrow.parquet
 import pytest
 
 import kickmsg
-import rawregion
 from kickmsg import typed
 from kickmsg.ops import diagnostics, owners
 from kickmsg.recording import mcap, record, stamp
@@ -26,6 +25,7 @@ from kickmsg.recording.files import COLUMNS, SCHEMA_KEY, file_format, recording_
 from kickmsg.recording.record import Recorder, play
 
 from conftest import layout4_only, on_layout4
+from nativepeer import subscriber_joined
 
 KICKMSG = str(pathlib.Path(sys.executable).with_name("kickmsg"))
 CONFIG = kickmsg.Config(max_subscribers=4, sub_ring_capacity=1024, pool_size=4096, max_payload_size=256)  # bursts fit
@@ -60,16 +60,6 @@ def record_while(names, out, publish, **options):
     thread.join(timeout=30)
     assert not thread.is_alive()
     return done["summary"]
-
-
-def subscriber_joined(name):
-    """A subscriber of ``name`` has joined: its ring is Live and it waits
-    for messages (has_waiter), so it gets every message published from now
-    on. Live alone is not enough: on layout 9 a ring is Live before its
-    subscriber has chosen where to start reading (WIRE9.md B.4)."""
-    data = rawregion.read_bytes(name)
-    return any((ring := rawregion.ring(data, index)).state == 1 and ring.has_waiter != 0
-               for index in range(rawregion.header(data)["max_subs"]))
 
 
 def wait_until(condition, what, timeout=30):

@@ -44,7 +44,7 @@ from kickmsg import ChannelType, Config, Node, Publisher, SharedRegion, Subscrib
 from kickmsg.ops import owners
 from kickmsg.spark.source import Receiver, StreamReader, Writer
 from kickmsg.spark.telemetry import TELEMETRY_CONFIG, DriverTelemetry
-from nativepeer import check_payload, make_payload, start_native, start_native9, start_ours
+from nativepeer import check_payload, make_payload, start_native, start_native9, start_ours, subscriber_joined
 
 WAIT_S = 60.0  # upper bound of every wait (a loaded 2-core machine is slow, never this slow)
 RING_FREE, RING_LIVE = 0, 1
@@ -195,9 +195,7 @@ def wait_for_subscriber(name: str, query=None, future=None) -> None:
         if future is not None and future.done():
             future.result()  # raises the read's error
             pytest.fail("the read finished before it subscribed")
-        data = rawregion.read_bytes(name)
-        return any((ring := rawregion.ring(data, index)).state == RING_LIVE and ring.has_waiter != 0
-                   for index in range(rawregion.header(data)["max_subs"]))
+        return subscriber_joined(name)
 
     wait_for(joined, f"a subscriber on {name}")
 
