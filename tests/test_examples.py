@@ -56,12 +56,12 @@ def group_gone(pgid: int) -> bool:
 def group_runs_java(pgid: int) -> bool:
     """Whether a JVM (Spark's) runs in the process group."""
     for stat in pathlib.Path("/proc").glob("[0-9]*/stat"):
-        try:
+        try:  # a process may end between the listing and either read
             fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) == pgid and (stat.parent / "comm").read_text().strip() == "java":
+                return True
         except (FileNotFoundError, ProcessLookupError):
             continue
-        if int(fields[2]) == pgid and (stat.parent / "comm").read_text().strip() == "java":
-            return True
     return False
 
 
