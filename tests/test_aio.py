@@ -78,7 +78,7 @@ def test_cancelling_or_timing_out_an_await_loses_nothing(channels):
                 received.append(int(message))
         return received, timeouts, cancelled
 
-    publisher = threading.Thread(target=publish)
+    publisher = threading.Thread(target=publish, daemon=True)
     publisher.start()
     received, timeouts, cancelled = asyncio.run(asyncio.wait_for(main(), 60))
     publisher.join()

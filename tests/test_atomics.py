@@ -65,7 +65,7 @@ def test_futex_wait_is_woken_and_does_not_hold_the_gil(words):
     _, address = words
     ops.store_relaxed_u32(address, 0)
     outcome = []
-    sleeper = threading.Thread(target=lambda: outcome.append(ops.futex_wait(address, 0, -1)))
+    sleeper = threading.Thread(target=lambda: outcome.append(ops.futex_wait(address, 0, -1)), daemon=True)
     sleeper.start()
     spins = 0
     while ops.futex_wake_all(address) == 0:  # Python keeps running meanwhile

@@ -772,7 +772,7 @@ def test_watch_json_lines_while_a_thread_publishes(name, layout):
             publisher.send(b"tick")
             time.sleep(0.002)
 
-    thread = threading.Thread(target=publish)
+    thread = threading.Thread(target=publish, daemon=True)
     thread.start()
     try:
         result = cli("watch", name, "--count", "4", "--interval", "0.2", "--json")

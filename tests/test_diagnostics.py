@@ -144,7 +144,7 @@ def test_watch_yields_rates_until_stopped(shm_name, layout):
             publisher.send(b"tick")
             time.sleep(0.002)
 
-    thread = threading.Thread(target=publish)
+    thread = threading.Thread(target=publish, daemon=True)
     thread.start()
     snapshots = []
     try:

@@ -181,7 +181,7 @@ def test_recorder_losses_are_in_the_mcap_metadata(shm_name, tmp_path):
     published = threading.Event()
     recorder._receive = receiving_after(published, recorder._receive)  # the receiving thread starts late
     stop = threading.Event()
-    thread = threading.Thread(target=recorder.run, kwargs={"stop": stop})
+    thread = threading.Thread(target=recorder.run, kwargs={"stop": stop}, daemon=True)
     thread.start()
     wait_for_recorder([shm_name], recorder)
     publisher = kickmsg.Publisher(region)
@@ -208,7 +208,7 @@ def test_convert_a_parquet_recording(channels, tmp_path):
     plain, imu = channels
     recorder = Recorder(channels, str(tmp_path / "rec"))
     stop = threading.Event()
-    thread = threading.Thread(target=recorder.run, kwargs={"stop": stop})
+    thread = threading.Thread(target=recorder.run, kwargs={"stop": stop}, daemon=True)
     thread.start()
     wait_for_recorder(channels, recorder)
     publisher = subprocess.run([PYTHON, "-c", PUBLISHER, plain, imu, "50"], capture_output=True, text=True, timeout=60)
@@ -283,7 +283,7 @@ def record_three_parquet_messages(channels, out):
 def test_convert_refuses_a_recording_without_payloads(channels, tmp_path):
     recorder = Recorder(channels, str(tmp_path / "rec"), payload=False)
     stop = threading.Event()
-    thread = threading.Thread(target=recorder.run, kwargs={"stop": stop})
+    thread = threading.Thread(target=recorder.run, kwargs={"stop": stop}, daemon=True)
     thread.start()
     wait_for_recorder(channels, recorder)
     kickmsg.Publisher(kickmsg.SharedRegion.open(channels[0])).send(b"q")
@@ -484,7 +484,7 @@ def test_analyze_reads_an_mcap_recording_as_its_parquet_rows(shm_name, tmp_path)
     published = threading.Event()
     recorder._receive = receiving_after(published, recorder._receive)  # the ring overflows before it reads
     stop = threading.Event()
-    thread = threading.Thread(target=recorder.run, kwargs={"stop": stop})
+    thread = threading.Thread(target=recorder.run, kwargs={"stop": stop}, daemon=True)
     thread.start()
     wait_for_recorder([shm_name], recorder)
     publisher = kickmsg.Publisher(region)

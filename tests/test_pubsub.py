@@ -551,7 +551,7 @@ def test_blocked_receive_does_not_block_publisher(shm_name):
     subscriber = Subscriber(region)
     publisher = Publisher(region)
     results = []
-    thread = threading.Thread(target=lambda: results.append(subscriber.receive(10.0)))
+    thread = threading.Thread(target=lambda: results.append(subscriber.receive(10.0)), daemon=True)
     thread.start()
     # Wait (bounded) until the receiver has announced that it sleeps.
     for _ in range(1000):

@@ -50,7 +50,7 @@ def record_while(names, out, publish, **options):
     recorder = Recorder(names, str(out), **options)
     stop = threading.Event()
     done = {}
-    thread = threading.Thread(target=lambda: done.update(summary=recorder.run(stop=stop)))
+    thread = threading.Thread(target=lambda: done.update(summary=recorder.run(stop=stop)), daemon=True)
     thread.start()
     # its subscribers made (a Live ring is not enough: a layout-9 ring is Live before its start position is read)
     wait_until(lambda: len(recorder.subscribers) == len(names), "the recorder subscribing")
@@ -195,7 +195,7 @@ def test_play_publishes_and_creates_as_kickmsg_play(channels, tmp_path):
     record_while(channels, tmp_path, lambda: kickmsg.Publisher(kickmsg.SharedRegion.open(channels[0])).send(b"p"))
     kickmsg.unlink_shm(channels[0])
     stop = threading.Event()
-    player = threading.Thread(target=play, args=(str(tmp_path),), kwargs={"loop": True, "stop": stop})
+    player = threading.Thread(target=play, args=(str(tmp_path),), kwargs={"loop": True, "stop": stop}, daemon=True)
     player.start()
     try:
         wait_until(lambda: _publishers_seen(channels[0]), "play publishing")
@@ -245,7 +245,7 @@ def test_play_at_a_rate_so_slow_the_next_message_is_centuries_away_still_stops(c
     record_while(channels, tmp_path, publish)
     listener = kickmsg.Subscriber(kickmsg.SharedRegion.open(channels[0]))
     stop, outcome = threading.Event(), {}
-    player = threading.Thread(target=lambda: outcome.update(summary=play(str(tmp_path), rate=1e-12, stop=stop)))
+    player = threading.Thread(target=lambda: outcome.update(summary=play(str(tmp_path), rate=1e-12, stop=stop)), daemon=True)
     player.start()
     assert listener.receive(30) is not None  # the first message is played; the second is centuries away
     listener.close()
@@ -289,7 +289,7 @@ def test_recorder_losses_are_in_the_data(channels, tmp_path):
     published = threading.Event()
     recorder._receive = receiving_after(published, recorder._receive)  # the receiving thread starts late
     stop = threading.Event()
-    thread = threading.Thread(target=recorder.run, kwargs={"stop": stop})
+    thread = threading.Thread(target=recorder.run, kwargs={"stop": stop}, daemon=True)
     thread.start()
     wait_until(lambda: recorder.subscribers, "the recorder subscribing")
     publisher = kickmsg.Publisher(region)
@@ -533,7 +533,7 @@ def test_recover_a_partial_file_cut_anywhere_or_damaged(channels, tmp_path, form
 
     stopped = threading.Event()
     recorder = Recorder([channels[0]], str(tmp_path / "rec"), format=format, flush_interval=0.05)
-    thread = threading.Thread(target=recorder.run, kwargs={"stop": stopped})
+    thread = threading.Thread(target=recorder.run, kwargs={"stop": stopped}, daemon=True)
     thread.start()
     try:
         wait_until(lambda: recorder.subscribers, "the recorder subscribing")

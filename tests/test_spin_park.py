@@ -31,7 +31,7 @@ def publish_later(region, messages, every_s):
             time.sleep(every_s)
             publisher.send(message)
 
-    thread = threading.Thread(target=run)
+    thread = threading.Thread(target=run, daemon=True)
     thread.start()
     return thread
 
@@ -115,7 +115,7 @@ def test_a_waitset_spins_then_parks_like_a_receive(prefix, monkeypatch, spin, ev
             time.sleep(every_s)
             publishers[index % 2].send(message)
 
-    thread = threading.Thread(target=publish)
+    thread = threading.Thread(target=publish, daemon=True)
     thread.start()
     waitset = kickmsg.WaitSet(spin=spin)
     for subscriber in subscribers:

@@ -266,7 +266,7 @@ def test_native_publisher_wakes_our_blocked_subscriber(shm_name):
     region = _region(shm_name, 1, 8, 16)
     sub = Subscriber(region)
     received: list = []
-    thread = threading.Thread(target=lambda: received.append(sub.receive(30.0)))
+    thread = threading.Thread(target=lambda: received.append(sub.receive(30.0)), daemon=True)
     thread.start()
     try:
         has_waiter = region.ring_address(0) + HAS_WAITER_OFFSET

@@ -66,7 +66,7 @@ def publish_once_announced(region: SharedRegion, message: bytes) -> threading.Th
             time.sleep(0.001)
         Publisher(region).send(message)
 
-    thread = threading.Thread(target=run)
+    thread = threading.Thread(target=run, daemon=True)
     thread.start()
     return thread
 
@@ -127,7 +127,7 @@ def test_has_waiter_is_set_while_waiting_and_cleared_however_the_wait_ends(chann
         seen.append(has_waiters(regions))
         Publisher(regions[1]).send(b"b")
 
-    watcher = threading.Thread(target=watch_then_publish)
+    watcher = threading.Thread(target=watch_then_publish, daemon=True)
     watcher.start()
     assert waitset.wait(20) == [subscribers[1]]
     watcher.join()

@@ -37,7 +37,7 @@ def change_and_wake(memory, addresses, index: int, started: threading.Event):
         memory[index] = 7
         atomics.HARDWARE.futex_wake_all(addresses[index])
 
-    thread = threading.Thread(target=run)
+    thread = threading.Thread(target=run, daemon=True)
     thread.start()
     return thread
 
@@ -53,7 +53,7 @@ def test_says_which_word_woke_it_and_releases_the_gil(futex_waitv):
     running Python meanwhile, then changes and wakes word 2."""
     memory, addresses = words(3)
     outcome = []
-    sleeper = threading.Thread(target=lambda: outcome.append(futex_waitv(addresses, [0, 0, 0], -1)))
+    sleeper = threading.Thread(target=lambda: outcome.append(futex_waitv(addresses, [0, 0, 0], -1)), daemon=True)
     sleeper.start()
     spins = sum(1 for _ in range(200_000))  # runs only if the sleeper does not hold the GIL
     started = threading.Event()
