@@ -154,9 +154,10 @@ def cmd_bbwatch(args: argparse.Namespace) -> int:
 def _same_board(args: argparse.Namespace, board: Blackboard) -> Blackboard:
     """The board under its name now: this one, or the one re-created under
     it (the events go on from what was last reported); none is an error."""
-    if shm.object_size(board.name) is not None and not board.mapping.is_replaced():
+    present = shm.object_size(board.name) is not None
+    if present and not board.mapping.is_replaced():
         return board
-    again = open_board(args) if shm.object_size(board.name) is not None else None
+    again = open_board(args) if present else None
     if again is None:
         raise CommandError(f"{board.name} was removed")
     print(f"kickmsg {args.command}: {printable(board.name)} was re-created; following it", file=sys.stderr, flush=True)

@@ -15,7 +15,6 @@ from kickmsg.config import ChannelType
 __all__ = ["ChannelGeometry", "HealthCounts", "RegionInfo", "RegionStats", "RingStats", "config_differences", "region_info"]
 
 
-
 @dataclass(frozen=True)
 class HealthCounts:
     """What a layout's ``diagnose`` counts (``kickmsg.HealthReport`` says
@@ -27,6 +26,7 @@ class HealthCounts:
     live_rings: int = 0
     schema_stuck: bool = False
     dead_rings: int = 0
+
 
 @dataclass(frozen=True)
 class RegionInfo:
