@@ -10,6 +10,7 @@ from kickmsg import shm
 from kickmsg.protocol.v9 import ChannelConfig, Publisher, Region, Subscriber, layout, liveness, repair
 from kickmsg.schema import SchemaInfo
 from nativepeer import run_native9, start_native9, start_ours
+from test_v9_interop import NATIVE_API, OURS_API
 
 # A native child: health before, the repair named, health after, and chosen words.
 NATIVE_REPAIR = r'''
@@ -236,20 +237,13 @@ while True:
         got.append(view.ring_pos)
 done({"repaired": repaired, "received": got, "lost": sub.lost, "lost_count": region.stats().rings[0].lost_count})
 '''
-NATIVE_OLD_LOCK_API = r'''
-def open_region(name):
-    return kickmsg.SharedRegion.open(name)
-def new_subscriber(region):
-    return kickmsg.Subscriber(region)
+# test_v9_interop's API over either implementation, and the repair.
+NATIVE_OLD_LOCK_API = NATIVE_API + r'''
 def repair_locked(region):
     return region.repair_locked_entries()
 '''
-OURS_OLD_LOCK_API = r'''
-from kickmsg.protocol.v9 import Region, Subscriber, repair
-def open_region(name):
-    return Region.open(name)
-def new_subscriber(region):
-    return Subscriber(region)
+OURS_OLD_LOCK_API = OURS_API + r'''
+from kickmsg.protocol.v9 import repair
 def repair_locked(region):
     return repair.repair_locked_entries(region)
 '''
