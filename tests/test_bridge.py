@@ -49,11 +49,19 @@ class BridgeProcess:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "kickmsg", "bridge", *args, *extra],
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT,
+            env=dict(os.environ, PYTHONFAULTHANDLER="1"),  # SIGABRT prints where every thread is
         )
         self.buffer = b""
 
     def _fail(self, what: str) -> None:
-        self.proc.kill()
+        """Fail with what the bridge printed; one still running is aborted
+        first, so that its stderr shows where each of its threads was."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGABRT)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
         out, err = self.proc.communicate(timeout=10)
         pytest.fail(f"bridge {what}\n--- stdout ---\n{(self.buffer + out).decode()}\n--- stderr ---\n{err.decode()}")
 
