@@ -199,7 +199,7 @@ class Publisher:
         private memory)."""
         if not self._region.mapping.shared:
             return None
-        record = owners.PublisherEntry(self._region.name, self._region.mapping.mode, owners.program_name() if name is None else name)
+        record = owners.PublisherEntry(self._region, owners.program_name() if name is None else name)
         weakref.finalize(self, record.release)
         return record
 
@@ -212,7 +212,7 @@ class Publisher:
             self._region = new_region
             self._rejoined += 1
         if self._record is not None:
-            self._record.check_in(self._sent, self._dropped)
+            self._record.check_in(self._region, self._sent, self._dropped)
 
     def _publish(self, slot: int, payload_len: int) -> int:
         """Publish flow steps 3-5 for a written slot (``kickmsg.protocol.v4.

@@ -196,6 +196,15 @@ class Mapping:
             return False
         return (status.st_dev, status.st_ino) != self.identity
 
+    def is_named(self) -> bool:
+        """Whether the name leads to the object mapped here (not unlinked,
+        not replaced by another object)."""
+        try:
+            status = os.stat(SHM_DIRECTORY + self.name)
+        except OSError:
+            return False
+        return (status.st_dev, status.st_ino) == self.identity
+
     def __repr__(self) -> str:
         return f"Mapping(name={self.name!r}, size={self.size}, address=0x{self.address:x})"
 

@@ -466,12 +466,11 @@ class FigureRecords:
             figures = dataclasses.replace(worker.figures)
             entry = self.entries.get(figures.channel)
             if entry is None:
-                entry = self.entries[figures.channel] = owners.BridgeEntry(
-                    region.name, region.mapping.mode, figures.direction, figures.key)
+                entry = self.entries[figures.channel] = owners.BridgeEntry(region, figures.direction, figures.key)
             now = time.monotonic()
             then, bytes_then = self.last.get(figures.channel, (now, figures.bytes_out))
             self.last[figures.channel] = (now, figures.bytes_out)
-            entry.update(owners.BridgeRecord(
+            entry.update(region, owners.BridgeRecord(
                 messages_in=figures.messages_in, messages_out=figures.messages_out, bytes_out=figures.bytes_out,
                 lost_locally=figures.lost_locally, lost_on_way=figures.lost_on_way,
                 lost_at_source=figures.lost_at_source, skipped=figures.skipped, epochs=figures.epochs,

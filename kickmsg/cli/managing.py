@@ -48,7 +48,7 @@ from kickmsg.terminal import printable
 from kickmsg.userfiles import FileTooLarge, read_at_most
 
 __all__ = [
-    "IN_USE", "candidate_type", "check_data_given", "clean_report", "cmd_clean", "cmd_create", "cmd_pub", "cmd_repair",
+    "IN_USE", "SIDECARS", "candidate_type", "check_data_given", "clean_report", "cmd_clean", "cmd_create", "cmd_pub", "cmd_repair",
     "cmd_rm", "confirm", "dead_bridge_records", "dead_subscriber_sentences", "payload_of", "publishing_region",
     "remove_each", "remove_file", "remove_region", "type_suffix", "why_not_unused",
 ]
@@ -155,7 +155,7 @@ def cmd_repair(args: argparse.Namespace) -> int:
         report = region.reclaim_dead_subscribers()
         done["dead_subscribers"] = {"reclaimed": report.reclaimed, "unrecorded": report.unrecorded, "timed_out": report.timed_out}
         lines += dead_subscriber_sentences(region.name, report)
-        done["dead_publishers_reclaimed"] = owners.reclaim_dead_publishers(region.name)
+        done["dead_publishers_reclaimed"] = owners.reclaim_dead_publishers(region)
         lines += [f"reclaimed the record of dead publisher {pid}" for pid in done["dead_publishers_reclaimed"]]
     if args.locked:
         done["locked_entries_repaired"] = region.repair_locked_entries()
@@ -188,6 +188,7 @@ def dead_subscriber_sentences(name: str, report: DeadSubscriberReport) -> list[s
 
 
 IN_USE = "a process has it open or mapped"
+SIDECARS = "sidecars"  # rm's type for a name of which only record files were left
 
 
 def why_not_unused(path: str) -> str | None:
@@ -328,13 +329,9 @@ def type_suffix(kind: str | None) -> str:
 
 
 def dead_bridge_records(name: str, dry_run: bool) -> list[dict[str, Any]]:
-    """The records of dead bridges beside channel ``name``, cleared unless
-    ``dry_run``: ``{"name", "pid"}`` each."""
-    if dry_run:
-        pids = [record.pid for record, alive in owners.read_bridges(name) if not alive]
-    else:
-        pids = owners.reclaim_dead_bridges(name)
-    return [{"name": name, "pid": pid} for pid in pids]
+    """The records of dead bridges beside channel ``name`` (of any instance
+    of it), cleared unless ``dry_run``: ``{"name", "pid"}`` each."""
+    return [{"name": name, "pid": pid} for pid in owners.reclaim_dead_bridges(name, dry_run)]
 
 
 def cmd_create(args: argparse.Namespace) -> int:
@@ -368,7 +365,11 @@ def cmd_rm(args: argparse.Namespace) -> int:
             print(f"kickmsg rm: error: {printable(errors[name])}", file=sys.stderr, flush=True)
             continue
         removed.append(name)
-        if not args.json:
+        if args.json:
+            continue
+        if types[name] == SIDECARS:
+            print(f"removed the record files of {printable(name)} (the region was gone already)", flush=True)
+        else:
             print(f"removed {printable(name)}{type_suffix(types[name])}", flush=True)
     if args.json:
         emit(args, {"removed": removed, "errors": errors, "types": types}, "")
@@ -377,14 +378,20 @@ def cmd_rm(args: argparse.Namespace) -> int:
 
 def remove_region(name: str, force: bool) -> str | None:
     """Remove a region (a channel and its sidecars, a participant registry,
-    a blackboard); refuse what is not a Kickmsg region unless ``force``. Any
-    object of /dev/shm can be named, whatever its text. Its type (None: not
-    a Kickmsg region, or unreadable)."""
+    a blackboard), or the sidecars of a region that is gone; refuse what is
+    not a Kickmsg region unless ``force``. Any object of /dev/shm can be
+    named, whatever its text. Its type (``SIDECARS``: only sidecars were
+    left; None: not a Kickmsg region, or unreadable)."""
     shm.check_existing_name(name)
     try:
         found = read_magic_and_version(shm.SHM_DIRECTORY + name)
     except FileNotFoundError:
-        raise CommandError(f"no such region: {name}") from None
+        left = [path for path in owners.sidecar_paths(name) if os.path.lexists(path)]
+        if not left:
+            raise CommandError(f"no such region: {name}") from None
+        shm.check_may_remove(name, left)
+        owners.unlink(name)
+        return SIDECARS
     except PermissionError:
         if not force:
             raise CommandError(f"permission denied: cannot read {name} to check it is a Kickmsg region (--force removes it anyway)") from None

@@ -376,8 +376,8 @@ def summarize(entry: os.DirEntry[str], everything: bool) -> RegionSummary | None
     g, h = region.geometry, region.header
     report = audit(region)
     schema = region.schema()
-    publishers = read_participants(region.name)
-    bridges = read_bridges(region.name)
+    publishers = read_participants(region)
+    bridges = read_bridges(region)
     return dataclasses.replace(
         row,
         type=region.channel_type.name,
@@ -511,8 +511,8 @@ def region_info(region: SharedRegion) -> RegionInfo:
 # -- stats ---------------------------------------------------------------------------------------
 
 
-def read_participants(region_name: str) -> list[Participant]:
-    """The recorded publishers of a region, live and dead."""
+def read_participants(region: SharedRegion) -> list[Participant]:
+    """The recorded publishers of this instance of a region, live and dead."""
     return [
         Participant(
             pid=record.pid,
@@ -525,12 +525,12 @@ def read_participants(region_name: str) -> list[Participant]:
             started_at_ns=record.started_at_ns,
             checked_in_at_ns=record.checked_in_at_ns,
         )
-        for record, held in owners.read_publishers(region_name)
+        for record, held in owners.read_publishers(region)
     ]
 
 
-def read_bridges(region_name: str) -> list[BridgeFigures]:
-    """The recorded bridges of a region, live and dead."""
+def read_bridges(region: SharedRegion) -> list[BridgeFigures]:
+    """The recorded bridges of this instance of a region, live and dead."""
     return [
         BridgeFigures(
             pid=record.pid,
@@ -552,7 +552,7 @@ def read_bridges(region_name: str) -> list[BridgeFigures]:
             started_at_ns=record.started_at_ns,
             updated_at_ns=record.updated_at_ns,
         )
-        for record, held in owners.read_bridges(region_name)
+        for record, held in owners.read_bridges(region)
     ]
 
 
@@ -614,8 +614,8 @@ def region_stats(region: SharedRegion, report: AuditReport, every_ring: bool = F
         rings=rings,
         idle_rings=region.geometry.max_subs - len(rings),
         live_rings=sum(ring.state == "Live" for ring in rings),
-        publishers=read_participants(region.name),
-        bridges=read_bridges(region.name),
+        publishers=read_participants(region),
+        bridges=read_bridges(region),
         steals=region.stats().total_steals if region.layout == layouts.LAYOUT_9 else None,
     )
 
@@ -635,7 +635,7 @@ def health_of(region: SharedRegion, report: AuditReport) -> HealthSnapshot:
         status="healthy" if report.clean else "damaged",
         problems=report.damage(),
         verdict=report.verdict,
-        stall_publishers=sum(not p.alive for p in read_participants(region.name)),
+        stall_publishers=sum(not p.alive for p in read_participants(region)),
     )
 
 
@@ -678,7 +678,7 @@ def watch(name: str, interval: float = 1.0, stop: threading.Event | None = None)
             verdict=report.verdict,
             rings=rings,
             idle_rings=report.idle_rings,
-            publishers=read_participants(region.name),
+            publishers=read_participants(region),
         )
         previous = (now, {ring.ring: ring for ring in rings})
         if stop.wait(interval):

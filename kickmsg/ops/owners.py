@@ -27,6 +27,20 @@ publisher's ("stall"); the next publisher to record itself, or
 ``reclaim_dead_publishers``, takes its place. Native publishers record
 nothing and cannot be seen.
 
+A record belongs to one instance of its region: the region made under that
+name by one create. A file can outlive its region (a native process removes
+a region without its sidecars), and a new region of the same name must not
+show a process of the old one as its own. Each record says which instance
+it is of by the creation stamp of the region's header
+(``region_created_at_ns``: written by whoever creates the region, native or
+ours, and changed by a re-create in place, which these records follow), and
+tools show a record only beside the instance it names (``is_of``). A writer
+records itself only while the region's name leads to the object it uses
+(not on a region whose name was unlinked), and records itself anew when it
+follows its region to another instance. Publisher and bridge records
+written by an older version of this package carry no stamp (0): they count
+as the region's if their writer started after the region was created.
+
 The records are bookkeeping beyond the 0.1.0 layout: they never stop a
 publisher or subscriber from working on its (preallocated) region. A record
 that cannot be written (``/dev/shm`` full, a file we may not write, ...) is
@@ -41,15 +55,19 @@ import stat
 import struct
 import time
 import warnings
+from typing import TYPE_CHECKING
 
-from kickmsg import shm
+from kickmsg import layouts, shm
+
+if TYPE_CHECKING:  # kickmsg.region imports this module
+    from kickmsg.region import SharedRegion
 
 __all__ = [
     "BRIDGES_SUFFIX", "BRIDGE_DIRECTIONS", "BRIDGE_KEY_SIZE", "BRIDGE_RECORD_SIZE", "BridgeEntry", "BridgeRecord",
     "CHECK_IN_OFFSET", "CLAIM_ATTEMPTS", "CLAIM_RETRY_S", "FLOCK", "MAX_BRIDGE_PEERS", "MAX_BRIDGE_RECORDS",
     "MAX_PUBLISHER_RECORDS", "OwnerRecord", "PROGRESS_OFFSET", "PUBLISHERS_SUFFIX", "PUBLISHER_NAME_SIZE",
     "PUBLISHER_RECORD_SIZE", "PublisherEntry", "PublisherRecord", "RECORD_SIZE", "RecordEntry", "SUFFIX", "Sidecar",
-    "UNRECORDED_CONSEQUENCES", "bridges_path", "process_start_time", "program_name", "publishers_path", "read_bridges",
+    "UNRECORDED_CONSEQUENCES", "bridges_path", "is_of", "process_start_time", "program_name", "publishers_path", "read_bridges",
     "read_owners", "read_publishers", "reclaim_dead_bridges", "reclaim_dead_publishers", "region_of_sidecar", "restart",
     "sidecar_kind", "sidecar_path", "sidecar_paths", "unlink",
 ]
@@ -59,8 +77,8 @@ PUBLISHERS_SUFFIX = SUFFIX + SUFFIX  # stripped of one SUFFIX, still not a valid
 BRIDGES_SUFFIX = SUFFIX * 3  # stripped of one or two SUFFIXes, still not a valid region name
 MAX_PUBLISHER_RECORDS = 1024  # a publisher that finds no free record among these goes unrecorded
 MAX_BRIDGE_RECORDS = 64  # likewise for a bridge forwarding the channel
-PUBLISHER_NAME_SIZE = 32
-BRIDGE_KEY_SIZE = 144  # the Zenoh key, UTF-8, NUL-padded (a longer one is cut)
+PUBLISHER_NAME_SIZE = 24  # 32 before records were stamped: the stamp took the last 8 bytes (records kept their size)
+BRIDGE_KEY_SIZE = 136  # the Zenoh key, UTF-8, NUL-padded (a longer one is cut); 144 before records were stamped
 BRIDGE_DIRECTIONS = {1: "export", 2: "import"}
 MAX_BRIDGE_PEERS = 0xFFFF  # a bridge's record says at most this many peers
 FLOCK = struct.Struct("hhqqi4x")  # struct flock: type, whence, start, length, pid (0 for OFD locks)
@@ -103,6 +121,7 @@ class PublisherRecord(ctypes.Structure):
         ("sent", ctypes.c_uint64),  # messages sent, as of that check-in
         ("dropped", ctypes.c_uint64),  # deliveries dropped, likewise
         ("name", ctypes.c_char * PUBLISHER_NAME_SIZE),  # its node or program name, UTF-8, NUL-padded
+        ("region_created_at_ns", ctypes.c_uint64),  # the instance of the region it publishes into (0: an older version's)
     ]
 
 
@@ -133,6 +152,7 @@ class BridgeRecord(ctypes.Structure):
         ("peers", ctypes.c_uint16),  # Zenoh sessions connected to the bridge's (at most MAX_BRIDGE_PEERS)
         ("recreated", ctypes.c_uint32),  # import: times it re-created the channel for a new description
         ("key", ctypes.c_char * BRIDGE_KEY_SIZE),
+        ("region_created_at_ns", ctypes.c_uint64),  # the instance of the region it forwards (0: an older version's)
     ]
 
 
@@ -384,33 +404,41 @@ def program_name() -> str:
 class RecordEntry:
     """A record of ours in a file of fixed-size records (publishers, bridges):
     claimed when we start, rewritten at our updates, cleared when released
-    (or by whoever reuses it once our process died). A forked child that
-    goes on records itself anew; so does a writer whose file was removed
-    with a region made again under its name (not when the region is gone:
-    no orphan file)."""
+    (or by whoever reuses it once our process died). It is stamped with the
+    instance of the region we use and claimed only while the region's name
+    leads to that region's object: a writer on a region whose name was
+    unlinked makes no file. We record ourselves anew as a forked child, once
+    our file was removed with its region, and when we use another instance
+    (we followed the name to a re-created region), as soon as the name leads
+    to the region we use."""
 
-    def __init__(self, region_name: str, path: str, mode: int, size: int, limit: int):
-        self._region_name = region_name
-        self._path, self._mode, self._size, self._limit = path, mode, size, limit
+    def __init__(self, region: "SharedRegion", path: str, size: int, limit: int):
+        self._path, self._size, self._limit = path, size, limit
+        self._region = region  # the instance we record ourselves for
         self._fd: int | None = None
         self._index = 0
         self._pid = 0  # the process that claimed the record
-        self._file_removed = False  # our file went with its region: record anew once the region is back
+        self._to_claim = True  # to record ourselves (anew) once the name leads to our region
+        self._claim_if_named()
 
     @property
     def recorded(self) -> bool:
-        """Whether we have a record (False: none was free, or the file could
-        not be made)."""
+        """Whether we have a record (False: none was free, the file could
+        not be made, or the region's name does not lead to our region)."""
         return self._fd is not None
 
     def _new_record(self) -> bytes:
         """The record to write when we claim one."""
         raise NotImplementedError
 
-    def _claim(self) -> None:
-        """Take the first record whose lock is free (empty, or left by a dead
-        process) and write ours into it."""
-        fd = _open_file(self._path, self._mode)
+    def _claim_if_named(self) -> None:
+        """If the region's name leads to our region's object: take the first
+        record whose lock is free (empty, or left by a dead process) and write
+        ours into it."""
+        if not self._region.mapping.is_named():
+            return
+        self._to_claim = False
+        fd = _open_file(self._path, self._region.mapping.mode)
         if fd is None:
             return
         for index in range(self._limit):
@@ -421,15 +449,18 @@ class RecordEntry:
                 break  # unrecorded: closing drops the lock
         os.close(fd)
 
-    def _write(self, data: bytes, offset: int) -> None:
-        """Write into our record; first record anew if we are a forked child
-        or the file was removed (its region unlinked: made again, or gone)."""
-        if self._fd is not None and (self._pid != os.getpid() or os.fstat(self._fd).st_nlink == 0):
+    def _write(self, region: "SharedRegion", data: bytes, offset: int) -> None:
+        """Write into our record for ``region``, the region we use now; first
+        record anew if we are a forked child, our file was removed (its
+        region unlinked), or ``region`` is another instance than the one we
+        recorded ourselves for."""
+        if self._fd is not None and (self._pid != os.getpid() or os.fstat(self._fd).st_nlink == 0
+                                     or _instance(region) != _instance(self._region)):
             self.release()
-            self._file_removed = True
-        if self._file_removed and os.path.exists(shm.SHM_DIRECTORY + self._region_name):
-            self._file_removed = False
-            self._claim()
+            self._to_claim = True
+        self._region = region
+        if self._to_claim:
+            self._claim_if_named()
         if self._fd is not None:
             _write_record(self._path, self._fd, data, self._index * self._size + offset)
 
@@ -449,48 +480,73 @@ class RecordEntry:
 class PublisherEntry(RecordEntry):
     """The record of one live Publisher."""
 
-    def __init__(self, region_name: str, mode: int, name: str):
-        super().__init__(region_name, publishers_path(region_name), mode, PUBLISHER_RECORD_SIZE, MAX_PUBLISHER_RECORDS)
+    def __init__(self, region: "SharedRegion", name: str):
         self._name = name.encode("utf-8")[:PUBLISHER_NAME_SIZE]
-        self._claim()
+        super().__init__(region, publishers_path(region.name), PUBLISHER_RECORD_SIZE, MAX_PUBLISHER_RECORDS)
 
     def _new_record(self) -> bytes:
         pid, now = os.getpid(), time.time_ns()
-        return bytes(PublisherRecord(pid, process_start_time(pid), now, now, 0, 0, self._name))
+        return bytes(PublisherRecord(pid, process_start_time(pid), now, now, 0, 0, self._name, self._region.created_at_ns))
 
-    def check_in(self, sent: int, dropped: int) -> None:
-        """Write the counters."""
-        self._write(struct.pack("<QQQ", time.time_ns(), sent, dropped), CHECK_IN_OFFSET)
+    def check_in(self, region: "SharedRegion", sent: int, dropped: int) -> None:
+        """Write the counters, for ``region``: the region we publish into now."""
+        self._write(region, struct.pack("<QQQ", time.time_ns(), sent, dropped), CHECK_IN_OFFSET)
 
 
 class BridgeEntry(RecordEntry):
     """The record of one bridge forwarding the channel, in one direction
     on one Zenoh key."""
 
-    def __init__(self, region_name: str, mode: int, direction: str, key: str):
-        super().__init__(region_name, bridges_path(region_name), mode, BRIDGE_RECORD_SIZE, MAX_BRIDGE_RECORDS)
+    def __init__(self, region: "SharedRegion", direction: str, key: str):
         self._direction = next(code for code, name in BRIDGE_DIRECTIONS.items() if name == direction)
         self._key = key.encode("utf-8")[:BRIDGE_KEY_SIZE]
         self._started_at_ns = time.time_ns()
-        self._claim()
+        super().__init__(region, bridges_path(region.name), BRIDGE_RECORD_SIZE, MAX_BRIDGE_RECORDS)
 
     def _new_record(self) -> bytes:
         pid = os.getpid()
         return bytes(BridgeRecord(pid=pid, process_start=process_start_time(pid), started_at_ns=self._started_at_ns,
-                                  updated_at_ns=time.time_ns(), direction=self._direction, key=self._key))
+                                  updated_at_ns=time.time_ns(), direction=self._direction, key=self._key,
+                                  region_created_at_ns=self._region.created_at_ns))
 
-    def update(self, record: BridgeRecord) -> None:
-        """Write ``record``'s figures (its identity fields are ours)."""
+    def update(self, region: "SharedRegion", record: BridgeRecord) -> None:
+        """Write ``record``'s figures (its identity fields are ours), for
+        ``region``: the region we forward now."""
         pid = os.getpid()
         record.pid, record.process_start, record.started_at_ns = pid, process_start_time(pid), self._started_at_ns
         record.updated_at_ns, record.direction, record.key = time.time_ns(), self._direction, self._key
-        self._write(bytes(record), 0)
+        record.region_created_at_ns = region.created_at_ns
+        self._write(region, bytes(record), 0)
+
+
+def _instance(region: "SharedRegion") -> tuple[tuple[int, int], int]:
+    """Which instance of its name a region is: the object mapped and the
+    creation stamp it had when mapped (a re-create in place changes it)."""
+    return region.mapping.identity, region.created_at_ns
+
+
+def is_of(region: "SharedRegion", record_stamp: int, started_at_ns: int) -> bool:
+    """Whether a publisher or bridge record is of this instance of the
+    region: stamped with its creation stamp, or (written by an older version
+    of this package, stamp 0) by a writer that started after the region
+    was created."""
+    if record_stamp:
+        return record_stamp == region.created_at_ns
+    return started_at_ns >= _created_realtime_ns(region)
+
+
+def _created_realtime_ns(region: "SharedRegion") -> int:
+    """When the region was created, in CLOCK_REALTIME nanoseconds (the
+    records' clock): layout 9 stamps it so, layout 4 in CLOCK_MONOTONIC."""
+    if region.layout == layouts.LAYOUT_9:
+        return region.created_at_ns
+    return region.created_at_ns + time.time_ns() - time.monotonic_ns()
 
 
 def _read_records[R: ctypes.Structure](path: str, record_type: type[R], limit: int) -> list[tuple[R, bool]]:
     """For tools, without writing anything: each record of a file of
-    fixed-size records and whether a live process holds its lock (False:
-    it died)."""
+    fixed-size records, of any instance of the region, and whether a live
+    process holds its lock (False: it died)."""
     size = ctypes.sizeof(record_type)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)  # a FIFO planted there: no hang
@@ -510,8 +566,9 @@ def _read_records[R: ctypes.Structure](path: str, record_type: type[R], limit: i
         os.close(fd)
 
 
-def _reclaim_dead_records[R: ctypes.Structure](path: str, record_type: type[R], limit: int) -> list[R]:
-    """Clear the records whose process died; returns them."""
+def _reclaim_dead_records[R: ctypes.Structure](path: str, record_type: type[R], limit: int, region: "SharedRegion | None") -> list[R]:
+    """Clear the records whose process died, those of ``region``'s
+    instance (None: of any instance); returns them."""
     size = ctypes.sizeof(record_type)
     fd = _open_file(path, None)
     if fd is None:
@@ -522,31 +579,40 @@ def _reclaim_dead_records[R: ctypes.Structure](path: str, record_type: type[R], 
             if not _try_lock(fd, fcntl.F_WRLCK, index, size):
                 continue  # alive
             data = os.pread(fd, size, index * size)
-            if len(data) == size and any(data):
+            record = record_type.from_buffer_copy(data) if len(data) == size and any(data) else None
+            if record is not None and (region is None or is_of(region, record.region_created_at_ns, record.started_at_ns)):
                 os.pwrite(fd, bytes(size), index * size)
-                reclaimed.append(record_type.from_buffer_copy(data))
+                reclaimed.append(record)
             _try_lock(fd, fcntl.F_UNLCK, index, size)
         return reclaimed
     finally:
         os.close(fd)
 
 
-def read_publishers(region_name: str) -> list[tuple[PublisherRecord, bool]]:
-    """Each publisher record and whether its publisher lives (False: it
-    died, a "stall")."""
-    return _read_records(publishers_path(region_name), PublisherRecord, MAX_PUBLISHER_RECORDS)
+def read_publishers(region: "SharedRegion") -> list[tuple[PublisherRecord, bool]]:
+    """Each record of a publisher of this instance of the region and
+    whether its publisher lives (False: it died, a "stall")."""
+    return [(record, held) for record, held in _read_records(publishers_path(region.name), PublisherRecord, MAX_PUBLISHER_RECORDS)
+            if is_of(region, record.region_created_at_ns, record.started_at_ns)]
 
 
-def reclaim_dead_publishers(region_name: str) -> list[int]:
-    """Clear the records of publishers that died; returns their pids."""
-    return [record.pid for record in _reclaim_dead_records(publishers_path(region_name), PublisherRecord, MAX_PUBLISHER_RECORDS)]
+def reclaim_dead_publishers(region: "SharedRegion") -> list[int]:
+    """Clear the records of this instance's publishers that died; returns their pids."""
+    return [record.pid for record in _reclaim_dead_records(publishers_path(region.name), PublisherRecord, MAX_PUBLISHER_RECORDS, region)]
 
 
-def read_bridges(region_name: str) -> list[tuple[BridgeRecord, bool]]:
-    """Each bridge record and whether its bridge lives."""
-    return _read_records(bridges_path(region_name), BridgeRecord, MAX_BRIDGE_RECORDS)
+def read_bridges(region: "SharedRegion") -> list[tuple[BridgeRecord, bool]]:
+    """Each record of a bridge forwarding this instance of the region and
+    whether its bridge lives."""
+    return [(record, held) for record, held in _read_records(bridges_path(region.name), BridgeRecord, MAX_BRIDGE_RECORDS)
+            if is_of(region, record.region_created_at_ns, record.started_at_ns)]
 
 
-def reclaim_dead_bridges(region_name: str) -> list[int]:
-    """Clear the records of bridges that died; returns their pids."""
-    return [record.pid for record in _reclaim_dead_records(bridges_path(region_name), BridgeRecord, MAX_BRIDGE_RECORDS)]
+def reclaim_dead_bridges(region_name: str, dry_run: bool = False) -> list[int]:
+    """Clear the records of bridges that died, of any instance of the region
+    (``kickmsg clean``: a dead process's record serves nobody); with
+    ``dry_run``, only find them. Their pids."""
+    path = bridges_path(region_name)
+    if dry_run:
+        return [record.pid for record, held in _read_records(path, BridgeRecord, MAX_BRIDGE_RECORDS) if not held]
+    return [record.pid for record in _reclaim_dead_records(path, BridgeRecord, MAX_BRIDGE_RECORDS, None)]
