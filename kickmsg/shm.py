@@ -289,6 +289,12 @@ def open_existing(name: str, writable: bool = True) -> Mapping:
     bytes another program gave it (``check_existing_name``)."""
     check_existing_name(name)
     try:
+        mode = os.stat(SHM_DIRECTORY + name).st_mode
+    except OSError:
+        mode = stat.S_IFREG  # shm_open says why
+    if not stat.S_ISREG(mode):  # a FIFO planted there would block shm_open
+        raise RuntimeError(f"Invalid shared memory (bad magic): {name} is not a regular file")
+    try:
         shared_memory = posix_ipc.SharedMemory(name, 0, read_only=not writable)
     except posix_ipc.ExistentialError:
         raise RegionNotFoundError(f"no shared memory named {name}") from None

@@ -65,7 +65,9 @@ def test_list_keeps_the_table_readable_around_a_damaged_region(prefix):
     rows = cli_json("list", "--prefix", prefix)
     assert rows[0]["problem"] is None
     assert rows[1]["type"] == "damaged" and rows[1]["problem"].startswith(f"Region {damaged} does not fit its mapping")
-    assert_one_line_error(cli("info", damaged), "info", "does not fit its mapping")
+    detail = cli("info", damaged)  # what parses, and the fault
+    assert detail.code == 1 and detail.text.startswith(f"{damaged} does not open: Region {damaged} does not fit its mapping")
+    assert "pool_size          1000000" in detail.text.splitlines()
 
 
 @on_layout4

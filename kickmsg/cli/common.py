@@ -16,6 +16,7 @@ from typing import Any, TextIO
 from kickmsg import jsontext, layouts, shm
 from kickmsg.stopsignals import STOP_SIGNALS, exit_forced
 from kickmsg.config import MAX_POOL_SIZE, MAX_SUBSCRIBERS, Config
+from kickmsg.ops import diagnostics
 from kickmsg.region import SharedRegion
 from kickmsg.terminal import printable
 
@@ -75,7 +76,7 @@ def _attach(how: Callable[[str], SharedRegion], name: str) -> SharedRegion:
     except RuntimeError as error:
         text = str(error)
         if "bad magic" in text:
-            raise CommandError(f"not a Kickmsg region: {name}") from None
+            raise CommandError(diagnostics.not_a_channel(name)) from None
         if "Version mismatch" in text:
             raise CommandError(f"unsupported version: {text}") from None
         raise CommandError(text.splitlines()[0]) from None

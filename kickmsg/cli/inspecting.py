@@ -10,7 +10,7 @@ import datetime
 import sys
 from typing import Any
 
-from kickmsg import jsontext, shm, typed
+from kickmsg import jsontext, layouts, shm, typed
 from kickmsg.cli.boards import board_text, registry_text, topic_table
 from kickmsg.ops import diagnostics
 from kickmsg.ops.audit import audit
@@ -27,6 +27,7 @@ from kickmsg.cli.common import (
     table,
 )
 from kickmsg.description import schema_to_json
+from kickmsg.errors import BoardBusyError, RegionError
 from kickmsg.schema import Diff, diff
 from kickmsg.terminal import printable
 
@@ -126,15 +127,22 @@ def text_list_row(row: diagnostics.RegionSummary) -> dict[str, Any]:
 def cmd_info(args: argparse.Namespace) -> int:
     name = channel_name(args)
     kind = object_type_of(name)
-    if kind == diagnostics.REGISTRY:
-        registry = diagnostics.registry(name)
-        emit(args, diagnostics.to_json(registry), registry_text(registry))
-        return EXIT_OK
-    if kind == diagnostics.BLACKBOARD:
-        board = diagnostics.blackboard(name)
-        emit(args, diagnostics.to_json(board), board_text(board))
-        return EXIT_OK
-    found = diagnostics.region_info(inspect(name))
+    try:
+        if kind == diagnostics.REGISTRY:
+            registry = diagnostics.registry(name)
+            emit(args, diagnostics.to_json(registry), registry_text(registry))
+            return EXIT_OK
+        if kind == diagnostics.BLACKBOARD:
+            board = diagnostics.blackboard(name)
+            emit(args, diagnostics.to_json(board), board_text(board))
+            return EXIT_OK
+        found = diagnostics.region_info(inspect(name))
+    except (CommandError, RegionError) as error:
+        damaged = None if isinstance(error, BoardBusyError) else diagnostics.damaged_info(name, str(error))
+        if damaged is None:  # missing, unreadable, not Kickmsg, busy: the one line says it
+            raise
+        emit(args, diagnostics.to_json(damaged), damaged_text(damaged))
+        return EXIT_FOUND
     data = diagnostics.to_json(found)
     lines = []
     for key, value in data.items():
@@ -146,6 +154,22 @@ def cmd_info(args: argparse.Namespace) -> int:
     lines += [f"{'warning':<18} {hazard}" for hazard in found.hazards]
     emit(args, data, "\n".join(lines))
     return EXIT_OK
+
+
+def damaged_text(found: diagnostics.DamagedInfo) -> str:
+    """A region that does not open: its fault, then what its header holds."""
+    lines = [f"{printable(found.name)} does not open: {printable(found.fault)}",
+             f"{'type':<18} {found.type}", f"{'size':<18} {found.size} bytes",
+             f"{'version':<18} {'-' if found.version is None else found.version}"]
+    lines += [f"{key:<18} {f'0x{value:016x}' if key in ('magic', 'config_hash') else value}"
+              for key, value in found.fields.items() if key != "version"]
+    if found.creator_name is not None:
+        lines.append(f"{'creator_name':<18} {printable(found.creator_name)}")
+    if found.missing:
+        lines.append(f"{'past its end':<18} {', '.join(found.missing)}")
+    if found.type == diagnostics.CHANNEL and found.version in layouts.SUPPORTED_LAYOUTS:  # not a newer layout's
+        lines.append(f"kickmsg rm {printable(found.name)} removes it")
+    return "\n".join(lines)
 
 
 def object_type_of(name: str) -> str | None:

@@ -21,10 +21,13 @@ Layout 9's two other region types (WIRE9.md C, D) have their own:
 dead: ``BoardInfo``). Those open their region read-write, as 0.9.2 does: a
 board's key list is read under its lock.
 """
+import ctypes
 import dataclasses
 import enum
 import os
 import pwd
+import shlex
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -39,17 +42,19 @@ from kickmsg.ops import owners
 from kickmsg.ops.audit import AuditReport, RingAudit, audit
 from kickmsg.protocol.v4 import layout
 from kickmsg.protocol.v9 import blackboard as board9
+from kickmsg.protocol.v9 import layout as layout9
 from kickmsg.protocol.v9 import registry as registry9
 from kickmsg.protocol.v9.layout import VersionMismatchError
 from kickmsg.region import SharedRegion
 
 __all__ = [
-    "BLACKBOARD", "BoardInfo", "BoardKey", "BridgeFigures", "CHANNEL", "CHANNEL_TYPES", "HealthSnapshot", "IDLE_RATE",
+    "BLACKBOARD", "BoardInfo", "BoardKey", "BridgeFigures", "CHANNEL", "CHANNEL_TYPES", "DamagedInfo", "HealthSnapshot",
+    "IDLE_RATE",
     "OBJECT_TYPES", "Participant", "REGISTRY", "REGISTRY_SUFFIX", "RegionInfo", "RegionStats", "RegionSummary",
     "RegistryInfo", "RegistryParticipant", "RegistryTopic", "RingRate", "RingStats", "SCHEMA_STATES",
     "UNRECORDED_PUBLISHERS", "WatchSnapshot", "account_for_registries", "age_s", "attach", "blackboard", "board_info",
-    "board_key", "creator_name", "exists", "health", "health_of", "info", "is_kickmsg", "is_orphan_sidecar",
-    "is_sidecar", "list_regions", "object_type", "open_blackboard", "open_registry", "owned_ring_stats4",
+    "board_key", "creator_name", "damaged_info", "exists", "health", "health_of", "info", "is_kickmsg", "is_orphan_sidecar",
+    "is_sidecar", "list_regions", "not_a_channel", "object_type", "open_blackboard", "open_registry", "owned_ring_stats4",
     "owned_ring_stats9", "pid_alive", "read_bridges", "read_magic_and_version", "read_participants", "region_info",
     "region_stats", "registry", "registry_info", "ring_stats", "shm_objects", "stats", "summarize",
     "summarize_blackboard", "summarize_registry", "to_json", "user_name", "watch",
@@ -129,6 +134,22 @@ class RegionInfo:
     schema: dict[str, Any] | None  # name, version, identity, layout (hex), identity_algo, layout_algo, flags
     free_top: dict[str, int]  # generation, slot
     hazards: list[str]  # why this geometry cannot work
+
+
+@dataclass
+class DamagedInfo:
+    """What ``kickmsg info`` shows of a region that has a Kickmsg magic but
+    does not open (damaged, truncated, an unsupported version): its fault
+    and the header fields that lie within the object."""
+
+    name: str
+    type: str  # channel, registry or blackboard, by its magic
+    size: int  # bytes of the object
+    version: int | None  # None: the object ends before the version word
+    fields: dict[str, int]  # a channel of layout 4 or 9: its header's fields within the object, by name
+    missing: list[str]  # those header fields that lie past the object's end
+    creator_name: str | None  # the creator name's bytes after the header (None: past the object's end)
+    fault: str  # why it does not open
 
 
 @dataclass
@@ -264,7 +285,7 @@ def attach(name: str) -> SharedRegion:
     except (RuntimeError, ValueError) as error:
         text = str(error)
         if "bad magic" in text:
-            raise RegionError(f"not a Kickmsg region: {name}") from None
+            raise RegionError(not_a_channel(name)) from None
         if "Version mismatch" in text:
             raise RegionError(f"unsupported version: {text}") from None
         raise RegionError(text.splitlines()[0] if text else type(error).__name__) from None
@@ -313,9 +334,13 @@ def is_orphan_sidecar(entry: os.DirEntry[str]) -> bool:
 
 def read_magic_and_version(path: str) -> tuple[int, int] | None:
     """The first 12 bytes as (magic, version); None if the object is
-    shorter. OSError (e.g. PermissionError) if it cannot be read."""
-    with open(path, "rb") as file:
-        head = file.read(12)
+    shorter, or not a regular file (a FIFO planted there: no hang). OSError
+    (e.g. PermissionError) if it cannot be read."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        head = os.pread(fd, 12, 0) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
+    finally:
+        os.close(fd)
     if len(head) < 12:
         return None
     return int.from_bytes(head[:8], "little"), int.from_bytes(head[8:12], "little")
@@ -471,6 +496,47 @@ def age_s(region: SharedRegion) -> float:
 def info(name: str) -> RegionInfo:
     """Every header field of region ``name``, decoded."""
     return region_info(attach(name))
+
+
+def damaged_info(name: str, fault: str) -> DamagedInfo | None:
+    """What can be read of object ``name``, which does not open (``fault``
+    says why): its type and version by magic, and for a channel of layout 4
+    or 9 the header fields within the object and the creator name. None if
+    it cannot be read, is not a regular file, or has no Kickmsg magic. Reads
+    the header's bytes with pread, never maps: any bytes are safe."""
+    try:
+        fd = os.open(shm.SHM_DIRECTORY + name, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO: no hang
+    except (OSError, ValueError):
+        return None
+    try:
+        status = os.fstat(fd)
+        if not stat.S_ISREG(status.st_mode):
+            return None
+        head = os.pread(fd, layout9.HEADER_SIZE + layout.U16_MAX, 0)  # the header and the longest creator name
+    finally:
+        os.close(fd)
+    kind = OBJECT_TYPES.get(int.from_bytes(head[:8], "little")) if len(head) >= 8 else None
+    if kind is None:
+        return None
+    version = int.from_bytes(head[8:12], "little") if len(head) >= 12 else None
+    headers: dict[int | None, type[ctypes.Structure]] = {layouts.LAYOUT_4: layout.Header, layouts.LAYOUT_9: layout9.Header}
+    header = headers.get(version) if kind == CHANNEL else None
+    fields, missing = {}, []
+    for field_name, _ in getattr(header, "_fields_", []):
+        if field_name.startswith("_") or field_name == "schema_data":  # padding; the schema has its own command
+            continue
+        place = getattr(header, field_name)
+        if place.offset + place.size <= len(head):
+            fields[field_name] = int.from_bytes(head[place.offset:place.offset + place.size], "little")
+        else:
+            missing.append(field_name)
+    creator = None
+    if header is not None and "creator_name_len" in fields:
+        start = ctypes.sizeof(header)
+        name_bytes = head[start:start + fields["creator_name_len"]]
+        creator = name_bytes.decode("utf-8", errors="replace") if len(name_bytes) == fields["creator_name_len"] else None
+    return DamagedInfo(name=name, type=kind, size=status.st_size, version=version, fields=fields, missing=missing,
+                       creator_name=creator, fault=fault)
 
 
 def region_info(region: SharedRegion) -> RegionInfo:
@@ -754,6 +820,36 @@ def object_type(found: tuple[int, int] | None) -> str | None:
     """``CHANNEL``, ``REGISTRY``, ``BLACKBOARD`` by the magic of
     ``read_magic_and_version``; None for any other object."""
     return None if found is None else OBJECT_TYPES.get(found[0])
+
+
+def not_a_channel(name: str) -> str:
+    """What to say of object ``name``, whose magic is not a channel's: a
+    participant registry or a Blackboard is named as such, with the command
+    that reads it; anything else is not a Kickmsg region."""
+    try:
+        kind = object_type(read_magic_and_version(shm.SHM_DIRECTORY + name))
+    except OSError:
+        kind = None
+    reader = f"kickmsg info {shlex.quote(name)}"  # for a name no naming rule gives
+    if kind == REGISTRY:
+        namespace = name[1:].removesuffix(REGISTRY_SUFFIX)
+        if _names(layout9.registry_shm_name, name, namespace):
+            reader = f"kickmsg registry {shlex.quote(namespace)}"
+        return f"{name} is a participant registry (layout 9), not a channel: {reader} reads it"
+    if kind == BLACKBOARD:
+        namespace, _, board = name[1:].partition("_bb_")
+        if _names(layout9.blackboard_shm_name, name, namespace, board):
+            reader = f"kickmsg bb {shlex.quote(board)} -n {shlex.quote(namespace)}"
+        return f"{name} is a Blackboard (layout 9), not a channel: {reader} reads it"
+    return f"not a Kickmsg region: {name}"
+
+
+def _names(compose: Callable[..., str], name: str, *components: str) -> bool:
+    """Whether ``compose(*components)`` (a 0.9.2 naming rule) gives ``name``."""
+    try:
+        return compose(*components) == name
+    except (OSError, ValueError, RuntimeError):
+        return False
 
 
 def _open_typed(open_it: Callable[[], Any], name: str) -> Any:
