@@ -8,7 +8,9 @@ region is a ``Layout9Region``: the same API, each call handed to the
 layout-9 core (``kickmsg.protocol.v9``). The constructors read the version
 word and return the one the region's layout needs.
 """
+import os
 import time
+import warnings
 from dataclasses import dataclass
 from typing import NoReturn
 
@@ -31,7 +33,8 @@ from kickmsg.protocol.v9 import repair as repair9
 from kickmsg.protocol.v9.layout import VersionMismatchError
 from kickmsg.schema import SchemaInfo
 
-__all__ = ["CHECK_IN_INTERVAL_NS", "DeadSubscriberReport", "HealthReport", "Layout9Region", "NEVER", "SharedRegion", "unlink_shm"]
+__all__ = ["CHECK_IN_INTERVAL_NS", "DeadSubscriberReport", "HealthReport", "Layout9Region", "NEVER", "SharedRegion", "unlink_shm",
+           "warn_of_stranded_holders"]
 
 CHECK_IN_INTERVAL_NS = 100_000_000  # how often publishers and subscribers look whether their region was re-created
 NEVER = 1 << 63  # a region in private memory is never re-created
@@ -137,8 +140,11 @@ class SharedRegion(region4.Region):
         rings, or beyond this package's bounds (``kickmsg.config``:
         MAX_SUBSCRIBERS rings, MAX_POOL_SIZE slots), is refused with
         ``ConfigError`` (a ``ValueError``) before anything is created; the
-        memory is reserved at once.
+        memory is reserved at once. Replacing a channel of the other layout
+        that live processes map warns (``RuntimeWarning``), naming them:
+        they cannot follow the name to a region of another layout.
         """
+        warn_of_stranded_holders(name, layouts.chosen_layout(layout))
         if layouts.chosen_layout(layout) == layouts.LAYOUT_9:
             return _create9(name, type, cfg, creator, mode, create_or_open=False)
         return SharedRegion._of(region4.create(name, type, cfg, creator, mode))
@@ -602,6 +608,42 @@ class Layout9Region(SharedRegion):
         """0.9.2's claim counting: NOT safe under live traffic."""
         self.require_writable("reclaim slots")
         return repair9.reclaim_orphaned_slots(self.core)
+
+
+def warn_of_stranded_holders(name: str, new_layout: int) -> None:
+    """Before a create replaces a channel of another layout than
+    ``new_layout`` (0.9.2's "create replaces", kept): a ``RuntimeWarning``
+    naming the live processes that map it, found in /proc/PID/maps
+    (``shm.processes_mapping``: every process of this user, every one as
+    root). They cannot follow the name to a region of another layout: a
+    native one goes on in the old object, publishing to nobody or waiting
+    for nothing, and says nothing."""
+    try:
+        head = shm.read_head(name, 12)
+    except (OSError, ValueError):  # no such object (or one we may not read): nothing is replaced unseen
+        return
+    if len(head) < 12 or int.from_bytes(head[:8], "little") != layout.MAGIC:
+        return
+    found = int.from_bytes(head[8:12], "little")
+    holders = shm.processes_mapping(name) if found != new_layout else []
+    if holders:
+        described = ", ".join(f"{pid} ({_command_name(pid)})" for pid in holders)
+        warnings.warn(
+            f"{name}: replacing a layout-{found} channel that {'process' if len(holders) == 1 else 'processes'} "
+            f"{described} still {'maps' if len(holders) == 1 else 'map'}: they cannot follow its name to the new "
+            f"layout-{new_layout} region and go on in the old one unseen (stop them first, or join the channel with "
+            f"layout={found})",
+            RuntimeWarning, skip_file_prefixes=(os.path.dirname(__file__),),
+        )
+
+
+def _command_name(pid: int) -> str:
+    """A process's command name (/proc/PID/comm), ``?`` if it is gone."""
+    try:
+        with open(f"/proc/{pid}/comm", "rb") as comm:
+            return comm.read().strip().decode("utf-8", errors="replace")
+    except OSError:
+        return "?"
 
 
 def unlink_shm(name: str) -> None:

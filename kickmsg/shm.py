@@ -18,7 +18,7 @@ from kickmsg.errors import EmptyObjectError, NoRoomError, RegionNotFoundError, R
 __all__ = [
     "DEFAULT_MODE", "MADV_POPULATE_WRITE", "MODE_VARIABLE", "Mapping", "NAME_RULE", "SHM_DIRECTORY", "SIDECAR_SUFFIX",
     "allocated_bytes", "check_existing_name", "check_may_remove", "check_name", "create_exclusive", "create_or_map",
-    "creation_mode", "object_size", "open_existing", "room_for_new_object", "unlink",
+    "creation_mode", "object_size", "open_existing", "processes_mapping", "read_head", "room_for_new_object", "unlink",
 ]
 
 SIDECAR_SUFFIX = ".owners"  # the ring-owner sidecar of region /x is /x.owners (kickmsg.ops.owners)
@@ -340,3 +340,46 @@ def unlink(name: str) -> None:
         pass
     except PermissionError:
         raise RegionPermissionError(f"cannot unlink shared memory {name}: permission denied ({_access_description(name)})") from None
+
+
+def read_head(name: str, size: int) -> bytes:
+    """The first ``size`` bytes of object ``name`` (fewer if it is shorter),
+    read without mapping it; empty if it is not a regular file (a FIFO: no
+    hang). OSError if it cannot be opened."""
+    fd = os.open(SHM_DIRECTORY + name, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        return os.pread(fd, size, 0) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
+    finally:
+        os.close(fd)
+
+
+def processes_mapping(name: str) -> list[int]:
+    """The ids of the other processes that map object ``name``, found in
+    /proc/PID/maps by the object's device and inode (so whatever name or
+    mount they see it under), among the processes whose maps this process
+    may read (its own user's; every one as root). Empty if there is no such
+    object. Reads every readable maps file: a few milliseconds per hundred
+    processes, for the rare call that needs it."""
+    try:
+        status = os.stat(SHM_DIRECTORY + name)
+    except OSError:
+        return []
+    device = f"{os.major(status.st_dev):02x}:{os.minor(status.st_dev):02x}".encode()
+    inode = str(status.st_ino).encode()
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/maps", "rb") as maps:
+                text = maps.read()
+        except OSError:  # gone meanwhile, or another user's
+            continue
+        if inode not in text:
+            continue
+        for line in text.splitlines():
+            fields = line.split(maxsplit=5)  # address, perms, offset, device, inode, path
+            if len(fields) >= 5 and fields[3] == device and fields[4] == inode:
+                found.append(int(entry.name))
+                break
+    return sorted(found)
