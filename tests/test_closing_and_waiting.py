@@ -34,10 +34,10 @@ def free_slots(name: str) -> int:
 
 def test_publisher_close_clears_its_record_gives_back_its_slot_and_refuses_to_send(region):
     with Publisher(region, name="closing-pub") as publisher:
-        assert [record.name for record, _ in owners.read_publishers(region.name)] == [b"closing-pub"]
+        assert [record.name for record, _ in owners.read_publishers(region)] == [b"closing-pub"]
         slot = publisher.allocate(8)
         assert free_slots(region.name) == SMALL.pool_size - 1
-    assert owners.read_publishers(region.name) == []
+    assert owners.read_publishers(region) == []
     assert free_slots(region.name) == SMALL.pool_size  # the slot allocated and not published is back
     assert slot.publish() == 0  # delivers nothing
     for attempt in (lambda: publisher.send(b"late"), lambda: publisher.allocate(4)):
