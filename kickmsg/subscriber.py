@@ -474,8 +474,10 @@ def _ring_holders(region: SharedRegion) -> str:
 
 def _record_ownership(region: SharedRegion, ring: RingAddresses, start_pos: int) -> owners.Sidecar | None:
     """Record this process as the ring's owner in the region's sidecar, so
-    the ring can be reclaimed if we die (None if it cannot be recorded)."""
-    if not region.mapping.shared:
+    the ring can be reclaimed if we die (None if it cannot be recorded, or
+    the region's name no longer leads to it: nobody could reclaim it by
+    name, and the file there is another region's)."""
+    if not region.mapping.shared or not region.mapping.is_named():
         return None  # a region in private memory has nobody else to tell
     sidecar = owners.Sidecar.open(region.name, create_with_mode=region.mapping.mode)
     if sidecar is None:

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from kickmsg import ChannelType, Config, Publisher, SharedRegion, shm
+from kickmsg import ChannelType, Config, Publisher, SharedRegion, Subscriber, shm
 from kickmsg.ops import diagnostics, owners
 from nativepeer import run_native9, start_ours
 from test_cli import cli, cli_json
@@ -74,6 +74,16 @@ def test_a_publisher_on_an_unlinked_name_records_nothing_and_the_next_region_of_
     assert cli_json("list", "--prefix", name[1:], "-o", "pubs") == [{"pubs_live": 0, "pubs_stall": 0}]
     assert "died without leaving" not in cli("stats", name).text
     del region
+
+
+def test_a_subscriber_on_an_unlinked_name_records_nothing(name):
+    """Layout 4's ring-owner records: none for a region whose name was
+    unlinked (nobody could reclaim its ring by name)."""
+    region = make(name, 4)
+    os.unlink("/dev/shm" + name)
+    subscriber = Subscriber(region)
+    assert record_files(name) == []
+    del subscriber, region
 
 
 def test_records_of_a_region_a_native_process_removed_are_not_those_of_the_next_one_and_rm_removes_them(name):
