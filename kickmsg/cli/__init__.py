@@ -92,14 +92,15 @@ def build_parser() -> CommandLineParser:
 
     parser = CommandLineParser(
         prog="kickmsg",
-        description="Inspect, watch, measure and repair Kickmsg shared-memory channels "
-        "(regions of this package and of the native kickmsg 0.1.0).",
+        description="Inspect, watch, measure and repair Kickmsg shared-memory channels: regions of this package "
+        "and of the native kickmsg, 0.9.2 (layout 9, what new channels get by default) and 0.1.0 (layout 4).",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Run 'kickmsg COMMAND --help' for a command's options and examples.",
     )
     parser.add_argument(
         "--version", action="version",
-        version=f"kickmsg {kickmsg.__version__} (pure Python; Kickmsg layouts v{layout.VERSION}, as native kickmsg 0.1.0, and v9, as native 0.9.2)",
+        version=f"kickmsg-py {kickmsg.__version__} (pure Python; this package's own version, not the native kickmsg's): "
+        f"Kickmsg layouts 9, as native kickmsg 0.9.2 (the default), and {layout.VERSION}, as native kickmsg 0.1.0",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     parser.commands = commands.choices
