@@ -473,6 +473,42 @@ def test_allocated_slot_facts_and_errors_are_0_9_2s(shm_name, implementation):
         assert text.startswith(words), (text, words)
 
 
+REPLACED_SLOT = r"""
+region = kickmsg.SharedRegion.open(P["name"])
+subscriber, publisher = kickmsg.Subscriber(region), kickmsg.Publisher(region)
+first = publisher.allocate(8)
+memoryview(first)[0:1] = b"A"
+second = publisher.allocate(4)                # while first is pending
+memoryview(second)[0:1] = b"B"
+try:
+    shared = bytes(memoryview(first)[0:1]) == b"B"  # second's byte, seen through first
+except BufferError:                                 # first refuses new buffers
+    shared = False
+try:
+    first_result = first.publish()
+except Exception as error:
+    first_result = type(error).__name__
+second_result = second.publish()
+received = [subscriber.try_receive(), subscriber.try_receive()]
+done({"shared": shared, "results": [first_result, second_result],
+      "received": [None if r is None else r.hex() for r in received]})
+"""
+
+
+def test_allocate_len_over_a_pending_slot_0_1_0_and_ours_on_layout_4(shm_name):
+    """The compatibility page's row, measured on the 0.1.0 wheel: it hands
+    the pending slot out again (both objects write the same bytes), the
+    first publish() delivers it at the newer length and the other returns
+    0. Ours gives the pending slot back: its publish() delivers nothing and
+    returns 0, the newer one publishes what it holds. Either way one message
+    goes out, with the newer slot's bytes."""
+    SharedRegion.create(shm_name, ChannelType.PubSub, Config(**SMALL), layout=4)
+    native = run_native(REPLACED_SLOT, name=shm_name)
+    assert native == {"shared": True, "results": [1, 0], "received": ["42000000", None]}
+    ours = run_ours(REPLACED_SLOT, name=shm_name)
+    assert ours == {"shared": False, "results": [0, 1], "received": ["42000000", None]}
+
+
 @pytest.mark.parametrize("layout", [4, 9])
 def test_a_region_re_created_with_the_other_layout_is_not_followed(shm_name, layout):
     region = SharedRegion.create(shm_name, ChannelType.PubSub, Config(**SMALL), layout=layout)
