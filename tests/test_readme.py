@@ -112,7 +112,8 @@ def test_block_runs_as_written(where, kind, line, code, output, tmp_path):
             stdout, stderr = block.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             os.killpg(block.pid, signal.SIGKILL)  # the shell and the block under it
-            raise
+            stdout, stderr = block.communicate()
+            pytest.fail(f"the block at {where}:{line} did not end within {timeout} s:\n{stdout[-2000:]}\n{stderr[-4000:]}")
     assert block.returncode == 0, f"the block at {where}:{line} failed:\n{stdout[-2000:]}\n{stderr[-4000:]}"
     if output is not None:
         assert stdout == output, f"the block at {where}:{line} printed something else:\n{stdout}"
