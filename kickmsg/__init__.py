@@ -44,7 +44,7 @@ from kickmsg.schema import SchemaInfo
 from kickmsg.subscriber import SampleView, Subscriber
 from kickmsg.waitset import WaitSet
 
-__version__ = "0.1.0"
+__version__ = "0.1.0"  # kickmsg-py's own version: it says nothing of the native releases it is compatible with
 
 __all__ = [
     "AllocatedSlot",

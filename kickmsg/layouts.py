@@ -25,9 +25,12 @@ def check_layout(layout: object, source: str = "layout") -> int:
 
 
 def chosen_layout(layout: int | None = None) -> int:
-    """The layout a new region gets: ``layout`` if given, else
-    ``$KICKMSG_LAYOUT`` if set, else DEFAULT_LAYOUT."""
+    """The layout a new region gets: ``layout`` if given (TypeError if it
+    is not an int, ValueError if not 4 or 9), else ``$KICKMSG_LAYOUT`` if
+    set, else DEFAULT_LAYOUT."""
     if layout is not None:
+        if type(layout) is not int:
+            raise TypeError(f"layout must be an int, 4 or 9, got {layout!r}")
         return check_layout(layout)
     text = os.environ.get(LAYOUT_ENV)
     if text is None:

@@ -29,8 +29,10 @@ def current_pid() -> int:
 def process_exists(process_id: int) -> bool:
     """Whether a process of that id exists (0.9.2's ``kickmsg.process_exists``):
     signal 0 reaches it, or it exists but is another user's (EPERM)."""
-    if not isinstance(process_id, int) or isinstance(process_id, bool) or process_id <= 0:
-        raise ValueError(f"process_exists needs a positive int pid, got {process_id!r}")
+    if not isinstance(process_id, int) or isinstance(process_id, bool):
+        raise TypeError(f"process_exists needs an int pid, got {process_id!r}")
+    if process_id <= 0:
+        raise ValueError(f"process_exists needs a positive pid, got {process_id}")
     try:
         os.kill(process_id, 0)
     except PermissionError:

@@ -136,15 +136,19 @@ class Publisher:
         """Reserve a slot for a message to be written in place
         (``memoryview(slot)``, ``numpy.frombuffer(slot, ...)``), then
         publish it. Returns None if the pool is empty. A slot still pending
-        from an earlier ``allocate`` is given back first.
+        from an earlier ``allocate`` is given back first: that slot object
+        is superseded (its ``publish`` raises ValueError, as 0.9.2's), or,
+        for ``allocate(len)`` on a layout-4 region, replaced (its
+        ``publish()`` delivers nothing and returns 0).
 
         0.9.2's form, ``allocate()``: the slot's buffer is ``max_size``
         (max_payload_size) bytes; ``slot.publish(n)`` publishes its first n.
         0.1.0's form, ``allocate(len)``: a buffer of ``len`` bytes, None if
         ``len`` exceeds max_payload_size; ``slot.publish()`` publishes it.
+        A ``len`` that is not an int is a TypeError, a negative one a ValueError.
         """
-        if len is not None and (not isinstance(len, int) or isinstance(len, bool) or len < 0):
-            raise ValueError(f"allocate needs a non-negative int length, got {len!r}")
+        if len is not None:
+            check_length("allocate", len)
         self._check_open()
         if time.monotonic_ns() >= self._next_check_in_ns:
             self._follow_if_recreated()
@@ -158,7 +162,8 @@ class Publisher:
         slot = self._reserve_slot()
         if slot == INVALID_SLOT:
             return None
-        allocated = AllocatedSlot(self, slot, max_size if len is None else len, sized=len is not None)
+        allocated = AllocatedSlot(self, slot, max_size if len is None else len,
+                                  replaced_silently=len is not None and self._region.layout == layouts.LAYOUT_4)
         self._pending = weakref.ref(allocated)
         return allocated
 
@@ -241,6 +246,15 @@ def send_retrying(publisher: Publisher, data: Buffer, timeout_s: float) -> bool:
     return True
 
 
+def check_length(call: str, length: object) -> None:
+    """A length given to ``call``: TypeError if it is not an int,
+    ValueError if it is negative, each naming the value."""
+    if not isinstance(length, int) or isinstance(length, bool):
+        raise TypeError(f"{call} needs an int length, got {length!r}")
+    if length < 0:
+        raise ValueError(f"{call} needs a non-negative length, got {length}")
+
+
 class AllocatedSlot:
     """A slot reserved by ``Publisher.allocate``: a writable buffer of
     ``len(slot)`` bytes in shared memory, published by ``publish()``.
@@ -255,16 +269,18 @@ class AllocatedSlot:
     A slot of ``allocate()`` (0.9.2's form) publishes with ``publish(n)``
     (n <= ``max_size``; no n: all of it), and ``publish()`` after a newer
     ``allocate`` raises ValueError as in 0.9.2. A slot of ``allocate(len)``
-    (0.1.0's form) publishes its ``len`` bytes, and a replaced one delivers
-    nothing and returns 0, as in 0.1.0.
+    (0.1.0's form) publishes its ``len`` bytes; superseded, it raises the
+    same ValueError on a layout-9 region, and on a layout-4 one it is
+    replaced: it delivers nothing and returns 0 (0.1.0 would publish the
+    newer slot's bytes instead: docs/reference/compatibility.md).
     """
 
-    def __init__(self, publisher: Publisher, slot: int, length: int, sized: bool = True):
+    def __init__(self, publisher: Publisher, slot: int, length: int, replaced_silently: bool = False):
         self._publisher = publisher
         self._region = publisher._region
         self._slot = slot
         self._length = length
-        self._sized = sized  # allocate(len): 0.1.0's semantics
+        self._replaced_silently = replaced_silently  # allocate(len) on layout 4: superseded, publish() returns 0
         self._published = False
         self._abandoned = False  # replaced by a newer allocate() before publish()
         self._returned = False  # given back to the free stack
@@ -295,11 +311,11 @@ class AllocatedSlot:
             raise ValueError("AllocatedSlot.publish() called more than once")
         if len is None:
             len = self._length
-        elif not isinstance(len, int) or isinstance(len, bool) or len < 0:
-            raise ValueError(f"publish needs a non-negative int length, got {len!r}")
-        elif len > self._length:
+        else:
+            check_length("publish", len)
+        if len > self._length:
             raise ValueError(f"publish(len) exceeds slot max_size: {len} > {self._length}")
-        if self._abandoned and not self._sized:
+        if self._abandoned and not self._replaced_silently:
             raise ValueError(
                 "AllocatedSlot was superseded by a later Publisher.allocate(); publishing it would commit the newer reservation"
             )
@@ -316,12 +332,12 @@ class AllocatedSlot:
         return self._publisher._publish(self._slot, len)
 
     def __buffer__(self, flags: int) -> memoryview:
-        if self._abandoned and not self._published and not self._sized:
+        if self._abandoned and not self._published:
             raise BufferError(
                 "AllocatedSlot was superseded by a later Publisher.allocate(); its slot is back in the pool "
                 "and writing through it would corrupt another reservation"
             )
-        if self._published or self._abandoned:
+        if self._published:
             raise BufferError("AllocatedSlot has already been published; its buffer is no longer writable")
         self._exports += 1
         return self._region.payload_view(self._slot, self._length)

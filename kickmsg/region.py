@@ -140,10 +140,12 @@ class SharedRegion(region4.Region):
         rings, or beyond this package's bounds (``kickmsg.config``:
         MAX_SUBSCRIBERS rings, MAX_POOL_SIZE slots), is refused with
         ``ConfigError`` (a ``ValueError``) before anything is created; the
-        memory is reserved at once. Replacing a channel of the other layout
-        that live processes map warns (``RuntimeWarning``), naming them:
-        they cannot follow the name to a region of another layout.
+        memory is reserved at once. A ``creator`` that is not a str is a
+        TypeError naming it. Replacing a channel of the other layout that
+        live processes map warns (``RuntimeWarning``), naming them: they
+        cannot follow the name to a region of another layout.
         """
+        check_creator(creator)
         warn_of_stranded_holders(name, layouts.chosen_layout(layout))
         if layouts.chosen_layout(layout) == layouts.LAYOUT_9:
             return _create9(name, type, cfg, creator, mode, create_or_open=False)
@@ -156,8 +158,10 @@ class SharedRegion(region4.Region):
         made by another implementation) is flagged with a ``RuntimeWarning``.
         ``expected_identity`` (0.9.2's; 0: any) must match a layout-9
         region's stamped identity; layout 4 stamps none, so there it must be 0."""
-        if not isinstance(expected_identity, int) or not 0 <= expected_identity <= layout.U64_MAX:
-            raise ValueError(f"expected_identity must be an unsigned 64-bit int, got {expected_identity!r}")
+        if not isinstance(expected_identity, int) or isinstance(expected_identity, bool):
+            raise TypeError(f"expected_identity must be an int, got {expected_identity!r}")
+        if not 0 <= expected_identity <= layout.U64_MAX:
+            raise ValueError(f"expected_identity must be an unsigned 64-bit int, got {expected_identity}")
         try:
             mapping = shm.open_existing(name)
         except shm.EmptyObjectError:
@@ -185,6 +189,7 @@ class SharedRegion(region4.Region):
         (so a region of the native library beyond this package's bounds can
         be joined). ``layout`` is ``create``'s: the layout of a region this
         call creates; an existing region of the other layout is refused."""
+        check_creator(creator)
         if layouts.chosen_layout(layout) == layouts.LAYOUT_9:
             return _create9(name, type, cfg, creator, mode, create_or_open=True)
         return SharedRegion._of(region4.create_or_open(name, type, cfg, creator, mode))
@@ -685,6 +690,12 @@ def _attach(mapping: shm.Mapping, expected_identity: int) -> SharedRegion:
             f"Version mismatch: {name} has layout version {version}, this library reads layouts 4 and 9"
         )
     return SharedRegion._of(region4.attach(mapping, expected_identity))
+
+
+def check_creator(creator: object) -> None:
+    """The ``creator`` of ``create``/``create_or_open``: a str, else TypeError naming it."""
+    if not isinstance(creator, str):
+        raise TypeError(f"creator must be a str (the creator's name, stored in the header), got {creator!r}")
 
 
 def _create9(

@@ -241,7 +241,7 @@ def join_check(region: SharedRegion, record_type: RecordType) -> None:
     else compare; raise ``TypeMismatchError`` listing every difference."""
     if record_type.dtype.itemsize > region.geometry.slot_data_size:
         raise TypeMismatchError(
-            f"{region.name}: a {record_type.name} record is {record_type.dtype.itemsize} bytes, "
+            f"{region.name}: one {record_type.name} record is {record_type.dtype.itemsize} bytes, "
             f"more than max_payload_size {region.geometry.slot_data_size}"
         )
     current = region.schema()
@@ -363,7 +363,7 @@ class TypedSubscriber:
         if length % itemsize:
             view.release()
             raise TypeMismatchError(
-                f"{self.subscriber.region.name}: a {length}-byte message is not a whole number of "
+                f"{self.subscriber.region.name}: a message of {length} bytes is not a whole number of "
                 f"{itemsize}-byte {self.record_type.name} records"
             )
         records = np.frombuffer(view, dtype=self.record_type.dtype)
@@ -483,7 +483,7 @@ def _board_records(key: str, data: bytes, record_type: RecordType) -> npt.NDArra
     itemsize = record_type.dtype.itemsize
     if len(data) % itemsize:
         raise TypeMismatchError(
-            f"blackboard key {key!r}: a {len(data)}-byte value is not a whole number of "
+            f"blackboard key {key!r}: a value of {len(data)} bytes is not a whole number of "
             f"{itemsize}-byte {record_type.name} records"
         )
     return np.frombuffer(bytearray(data), dtype=record_type.dtype)
@@ -494,7 +494,7 @@ def declare(board: Blackboard, key: str, record_type: RecordType, owner_node: st
     its value must fit in one record or more (``max_value_size``)."""
     if record_type.dtype.itemsize > board.max_value_size:
         raise ValueError(
-            f"a {record_type.dtype.itemsize}-byte {record_type.name} record exceeds max_value_size "
+            f"one {record_type.name} record ({record_type.dtype.itemsize} bytes) exceeds max_value_size "
             f"{board.max_value_size} of {board.name}"
         )
     return TypedBlackboardWriter(board.declare(key, owner_node), record_type)

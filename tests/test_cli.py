@@ -8,6 +8,7 @@ from the package's own inspection code. Damage is poked into /dev/shm through
 a separate mmap. Every child is bounded in time; every name lives under the
 session prefix. No timing assertions: rates are only checked to be positive.
 """
+import importlib.metadata
 import json
 import mmap
 import os
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 
 import pytest
 
+import kickmsg
 import rawregion
 from conftest import SESSION_PREFIX, on_layout4
 from kickmsg import ChannelType, Config, Node, Publisher, SchemaInfo, SharedRegion, Subscriber, typed
@@ -309,11 +311,23 @@ def broken():
 
 
 def test_version():
-    """--version names the package version and the layouts it reads."""
+    """--version names the package, its own version, and both layouts with
+    the native release of each."""
     result = cli("--version")
     assert result.code == 0
-    assert result.text.startswith("kickmsg 0.1.0 ")
-    assert "layouts v4, as native kickmsg 0.1.0, and v9, as native 0.9.2" in result.text
+    assert result.text.startswith(f"kickmsg-py {kickmsg.__version__} ")
+    assert "own version, not the native kickmsg's" in result.text
+    assert "layouts 9, as native kickmsg 0.9.2 (the default), and 4, as native kickmsg 0.1.0" in result.text
+
+
+def test_help_and_metadata_name_both_native_generations():
+    """--help and the package's metadata (what `pip show` prints) speak of
+    both native releases and their layouts, not of 0.1.0 alone."""
+    text = " ".join(cli("--help").text.split())
+    assert "0.9.2 (layout 9, what new channels get by default) and 0.1.0 (layout 4)" in text
+    summary = importlib.metadata.metadata("kickmsg-py")["Summary"]
+    assert "0.9.2 (layout 9, the default) and 0.1.0 (layout 4)" in summary
+    assert "its version is its own" in summary
 
 
 def test_top_level_help_lists_every_command():

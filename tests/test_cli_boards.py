@@ -104,7 +104,7 @@ def test_blackboard_shows_keys_owners_and_dead_ones_and_sweeps(prefix):
             assert {k: (v["size"], v["updates"], v["owner"], v["state"]) for k, v in keys.items()} == {
                 "a": (1, 1, "alive", "live"), "k": (1, 1, "killed", "dead")}
             assert keys["a"]["pid"] == alive.proc.pid and keys["a"]["age_s"] >= 0
-        text = cli("bb", "state", "-n", prefix)
+        text = cli("bb", "state", prefix)  # the namespace positionally, as `registry NS` takes it
         assert text.code == 0 and text.text.startswith(f"/{prefix}_bb_state: capacity 256, max value 1008 bytes, 2 keys")
         swept = cli_json("bb", "state", "-n", prefix, "--sweep")
         assert swept["swept"] == 1 and [k["key"] for k in swept["keys"]] == ["a"]
@@ -114,16 +114,20 @@ def test_blackboard_shows_keys_owners_and_dead_ones_and_sweeps(prefix):
 
 def test_absent_registry_and_board_are_exit_status_1(prefix):
     for args, what in ((("registry", prefix), f"no participant registry for namespace '{prefix}'"),
-                       (("bb", "nothing", "-n", prefix), f"no blackboard /{prefix}_bb_nothing")):
+                       (("bb", "nothing", "-n", prefix), f"no blackboard /{prefix}_bb_nothing"),
+                       (("bb", "nothing", prefix), f"no blackboard /{prefix}_bb_nothing")):
         result = cli(*args)
         assert (result.code, result.error_lines) == (1, [f"kickmsg {args[0]}: {what}"])
-    result = cli("registry", prefix, "-n", "other")
-    assert result.code == 2 and "give the namespace once" in result.err.decode()
+    for args in (("registry", prefix, "-n", "other"), ("bb", "nothing", prefix, "-n", "other"),
+                 ("bbwatch", "nothing", prefix, "-n", "other")):
+        result = cli(*args)
+        assert result.code == 2 and "give the namespace once" in result.err.decode()
     assert Registry.try_open(prefix) is None and Blackboard.try_open(prefix, "nothing") is None
 
 
 def test_an_empty_namespace_is_refused_not_replaced_by_the_default():
-    for args in (("registry", ""), ("registry", "-n", ""), ("bb", "state", "-n", ""), ("bbwatch", "state", "-n", "")):
+    for args in (("registry", ""), ("registry", "-n", ""), ("bb", "state", "-n", ""), ("bb", "state", ""),
+                 ("bbwatch", "state", "-n", ""), ("bbwatch", "state", "")):
         assert_one_line_error(cli(*args), args[0], "namespace name is empty after sanitization (input: '')")
 
 
@@ -155,7 +159,7 @@ def test_bbwatch_text_shows_a_released_key(prefix):
     board = Node("py", namespace=prefix, layout=9).blackboard("state")
     writer = board.declare("mode")
     writer.write(b"idle")
-    with Running("bbwatch", "state", "-n", prefix, "--count", "2") as watch:
+    with Running("bbwatch", "state", prefix, "--count", "2") as watch:  # the namespace positionally
         assert read_line(watch.proc).startswith(f"mode: key #1 4 bytes owner py[{os.getpid()}] live: idle")
         writer.release()
         assert read_line(watch.proc).startswith("mode: owner #1 4 bytes owner py[0] unowned: idle")

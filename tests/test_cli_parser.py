@@ -63,3 +63,16 @@ def test_parser_errors_are_one_line(words, command, fault):
     assert result.code == 2 and result.out == b""
     [line] = result.error_lines
     assert line.startswith(f"{command}: error: {fault}") and line.endswith(f"(see {command} --help)"), line
+
+
+def test_analyze_json_prints_like_every_command_and_still_takes_a_file(tmp_path):
+    """``analyze ... --json`` prints JSON on stdout as every command's
+    --json does; ``--json FILE`` (the older form) still writes FILE; a
+    --json that took the recording as its FILE is told so, before Spark."""
+    assert (cli.parse(["analyze", "rec/", "--json"]).json_path, cli.parse(["analyze", "rec/"]).json_path) == ("-", None)
+    assert cli.parse(["analyze", "rec/", "--json", "out.json"]).json_path == "out.json"
+    assert cli.parse(["analyze", "--json", "out.json", "rec/"]).paths == ["rec/"]
+    result = run_cli("analyze", "--json", str(tmp_path))
+    assert result.code == 2
+    assert result.error_lines == [f"kickmsg analyze: error: name the recordings to analyse (DIR_OR_GLOB); --json took "
+                                  f"'{tmp_path}' as its FILE: put --json after the recordings to print JSON"]

@@ -112,3 +112,23 @@ def test_the_readme_and_contributing_link_to_files_that_exist():
         targets = [target for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text) if "://" not in target]
         assert targets, name
         assert [target for target in targets if not (ROOT / target).exists()] == [], name
+
+
+def test_every_page_has_one_title():
+    """Each page opens with its one ``#`` title (outside code blocks): a
+    page opening at ``##`` shows the theme's title and then its own, twice."""
+    import re
+
+    for path in sorted((ROOT / "docs").rglob("*.md")):
+        fence = None
+        titles, first_heading = [], None
+        for line in path.read_text().splitlines():
+            marker = re.match(r"(```+|~~~+)", line)
+            if marker:
+                fence = marker.group(1) if fence is None else None if line.startswith(fence) else fence
+            elif fence is None and re.match(r"#{1,6} ", line):
+                first_heading = first_heading or line
+                titles += [line] if line.startswith("# ") else []
+        page = path.relative_to(ROOT).as_posix()
+        assert first_heading is not None and first_heading.startswith("# "), f"{page} opens with {first_heading!r}"
+        assert len(titles) == 1, f"{page} has {len(titles)} titles: {titles}"

@@ -74,10 +74,20 @@ def test_a_bad_kickmsg_layout_is_a_value_error_naming_it(shm_name, monkeypatch, 
     assert not os.path.exists("/dev/shm" + shm_name)
 
 
-@pytest.mark.parametrize("value", [5, True, "9", 4.0])
+@pytest.mark.parametrize("value", [5, 0, -9])
 def test_a_bad_layout_keyword_is_a_value_error_naming_it(shm_name, value):
     with pytest.raises(ValueError, match=f"layout must be 4 or 9, got {value!r}"):
         SharedRegion.create(shm_name, ChannelType.PubSub, Config(**SMALL), layout=value)
+    assert not os.path.exists("/dev/shm" + shm_name)
+
+
+@pytest.mark.parametrize("value", [True, "9", 4.0])
+def test_a_layout_keyword_that_is_no_int_is_a_type_error_naming_it(shm_name, value):
+    with pytest.raises(TypeError, match=f"layout must be an int, 4 or 9, got {value!r}"):
+        SharedRegion.create(shm_name, ChannelType.PubSub, Config(**SMALL), layout=value)
+    with pytest.raises(TypeError, match=f"layout must be an int, 4 or 9, got {value!r}"):
+        Node("n", shm_name[1:], layout=value)
+    assert not os.path.exists("/dev/shm" + shm_name)
 
 
 # -- open and inspect read the version word -----------------------------------------------------
@@ -279,18 +289,71 @@ def test_a_superseded_slot_refuses_as_0_9_2_and_goes_back(shm_name, layout):
 
 
 def test_allocate_with_a_length_keeps_0_1_0s_semantics(shm_name, layout):
+    """allocate(len) over a pending slot: on layout 4 the pending one is
+    replaced (its publish() delivers nothing, returns 0: 0.1.0's API); on
+    layout 9 it is superseded as 0.9.2's allocate() supersedes (its
+    publish() raises 0.9.2's ValueError). Either way its buffer is refused
+    and its slot goes back to the pool."""
     region = SharedRegion.create(shm_name, ChannelType.PubSub, Config(**SMALL))
     subscriber = Subscriber(region)
     publisher = Publisher(region)
     assert publisher.allocate(33) is None
     first = publisher.allocate(3)
     assert (len(first), first.max_size) == (3, 3)
-    publisher.allocate(2)
-    assert first.publish() == 0  # replaced: delivers nothing, as in 0.1.0
+    second = publisher.allocate(2)
+    assert not first.valid
+    with pytest.raises(BufferError, match="superseded by a later Publisher.allocate"):
+        memoryview(first)
+    if layout == 4:
+        assert first.publish() == 0  # replaced: delivers nothing
+        assert first.published
+    else:
+        with pytest.raises(ValueError, match=r"AllocatedSlot was superseded by a later Publisher.allocate\(\)"):
+            first.publish()
+        assert not first.published
+    memoryview(second)[:] = b"ab"
+    assert second.publish() == 1
+    assert subscriber.try_receive() == b"ab" and subscriber.try_receive() is None
     slot = publisher.allocate(4)
     memoryview(slot)[:] = b"abcd"
     assert slot.publish() == 1
     assert subscriber.try_receive() == b"abcd"
+    del first, second, slot
+    subscriber.close()
+    rawregion.assert_pool_whole(shm_name)
+
+
+def test_arguments_of_a_wrong_type_are_type_errors_and_wrong_values_value_errors(shm_name, layout):
+    """One rule across the API's arguments: a wrong type is a TypeError, a
+    wrong value a ValueError, each naming the argument and the value."""
+    region = SharedRegion.create(shm_name, ChannelType.PubSub, Config(**SMALL))
+    publisher = Publisher(region)
+    wrong_types = [
+        (lambda: SharedRegion.create(shm_name + "_x", ChannelType.PubSub, Config(**SMALL), 5), "creator must be a str"),
+        (lambda: SharedRegion.create_or_open(shm_name, ChannelType.PubSub, Config(**SMALL), b"me"), "creator must be a str"),
+        (lambda: Config(pool_size="16"), "Config.pool_size must be an int, got '16'"),
+        (lambda: publisher.allocate("8"), "allocate needs an int length, got '8'"),
+        (lambda: publisher.allocate(8.0), "allocate needs an int length, got 8.0"),
+        (lambda: SharedRegion.open(shm_name, "1"), "expected_identity must be an int, got '1'"),
+        (lambda: kickmsg.process_exists("1"), "process_exists needs an int pid, got '1'"),
+    ]
+    for call, words in wrong_types:
+        with pytest.raises(TypeError, match=words):
+            call()
+    slot = publisher.allocate()
+    with pytest.raises(TypeError, match="publish needs an int length, got True"):
+        slot.publish(True)
+    wrong_values = [
+        (lambda: Config(pool_size=-16), "Config.pool_size must be an unsigned 64-bit integer, got -16"),
+        (lambda: publisher.allocate(-8), "allocate needs a non-negative length, got -8"),
+        (lambda: slot.publish(-1), "publish needs a non-negative length, got -1"),
+        (lambda: SharedRegion.open(shm_name, -1), "expected_identity must be an unsigned 64-bit int, got -1"),
+        (lambda: kickmsg.process_exists(0), "process_exists needs a positive pid, got 0"),
+    ]
+    for call, words in wrong_values:
+        with pytest.raises(ValueError, match=words):
+            call()
+    assert not os.path.exists(f"/dev/shm{shm_name}_x")
 
 
 # -- functions ------------------------------------------------------------------------------------
@@ -408,6 +471,42 @@ def test_allocated_slot_facts_and_errors_are_0_9_2s(shm_name, implementation):
     assert [kind for kind, _ in result["errors"]] == [kind for kind, _ in expected]
     for (_, text), (_, words) in zip(result["errors"], expected):
         assert text.startswith(words), (text, words)
+
+
+REPLACED_SLOT = r"""
+region = kickmsg.SharedRegion.open(P["name"])
+subscriber, publisher = kickmsg.Subscriber(region), kickmsg.Publisher(region)
+first = publisher.allocate(8)
+memoryview(first)[0:1] = b"A"
+second = publisher.allocate(4)                # while first is pending
+memoryview(second)[0:1] = b"B"
+try:
+    shared = bytes(memoryview(first)[0:1]) == b"B"  # second's byte, seen through first
+except BufferError:                                 # first refuses new buffers
+    shared = False
+try:
+    first_result = first.publish()
+except Exception as error:
+    first_result = type(error).__name__
+second_result = second.publish()
+received = [subscriber.try_receive(), subscriber.try_receive()]
+done({"shared": shared, "results": [first_result, second_result],
+      "received": [None if r is None else r.hex() for r in received]})
+"""
+
+
+def test_allocate_len_over_a_pending_slot_0_1_0_and_ours_on_layout_4(shm_name):
+    """The compatibility page's row, measured on the 0.1.0 wheel: it hands
+    the pending slot out again (both objects write the same bytes), the
+    first publish() delivers it at the newer length and the other returns
+    0. Ours gives the pending slot back: its publish() delivers nothing and
+    returns 0, the newer one publishes what it holds. Either way one message
+    goes out, with the newer slot's bytes."""
+    SharedRegion.create(shm_name, ChannelType.PubSub, Config(**SMALL), layout=4)
+    native = run_native(REPLACED_SLOT, name=shm_name)
+    assert native == {"shared": True, "results": [1, 0], "received": ["42000000", None]}
+    ours = run_ours(REPLACED_SLOT, name=shm_name)
+    assert ours == {"shared": False, "results": [0, 1], "received": ["42000000", None]}
 
 
 @pytest.mark.parametrize("layout", [4, 9])

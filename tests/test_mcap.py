@@ -508,9 +508,8 @@ def test_analyze_reads_an_mcap_recording_as_its_parquet_rows(shm_name, tmp_path)
         assert mine["recv_mono_ns"] - mine["stamp_ns"] == row["recv_mono_ns"] - row["stamp_ns"]
 
     pytest.importorskip("pyspark")
-    result = run_cli("analyze", tmp_path / "rec.mcap", "--master", "local[1]", "--json", tmp_path / "figures.json",
-                     timeout=300)
+    result = run_cli("analyze", tmp_path / "rec.mcap", "--master", "local[1]", "--json", timeout=300)
     assert result.returncode == 0, result.stderr
-    figures = json.loads((tmp_path / "figures.json").read_text())[shm_name]
+    figures = json.loads(result.stdout)[shm_name]  # --json: the figures alone on stdout, as every command's
     assert (figures["messages"], figures["lost"], figures["gaps"], figures["stamped"]) == (8, 12, 0, True)
     assert figures["size_bytes"]["max"] == max(row["size"] for row in rows)

@@ -10,7 +10,8 @@ installs (the tutorial's second process uses it), and with a ``/dev/shm``
 of its own (a tmpfs in a private mount namespace made with ``unshare``):
 the blocks use the names a user would (``/kickmsg_imu``), and can neither
 meet a real channel of this machine nor leave anything behind. A block
-must exit 0. When a ```text block follows a run block directly, it is that
+must exit 0, and leave that ``/dev/shm`` empty: what an example creates, it
+removes, as a reader running it on their machine would want. When a ```text block follows a run block directly, it is that
 block's output, and must be exactly what the block printed.
 
 A block that cannot run here (``make test`` itself, two hosts, a command
@@ -21,6 +22,7 @@ run.
 """
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -95,17 +97,26 @@ def test_block_runs_as_written(where, kind, line, code, output, tmp_path):
         script = tmp_path / "block.sh"
         program = ["bash", "-e", "-o", "pipefail", str(script)]
     script.write_text(code)
+    left = tmp_path / "left-in-dev-shm"  # what the block left in its /dev/shm, listed once it has ended
     command = [
         "unshare", "--mount", "--propagation", "private", "sh", "-c",
-        'mount -t tmpfs tmpfs /dev/shm && exec "$@"', "sh", *program,
+        'mount -t tmpfs tmpfs /dev/shm || exit 1; left=$1; shift; "$@"; status=$?; ls -A /dev/shm > "$left"; exit $status',
+        "sh", str(left), *program,
     ]
     environment = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
     timeout = 300 if "kickmsg.spark" in code else 60
     before = set(os.listdir("/dev/shm"))
-    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=work, env=environment,
-                          stdin=subprocess.DEVNULL)
-    assert done.returncode == 0, f"the block at {where}:{line} failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=work,
+                          env=environment, stdin=subprocess.DEVNULL, start_new_session=True) as block:
+        try:
+            stdout, stderr = block.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(block.pid, signal.SIGKILL)  # the shell and the block under it
+            stdout, stderr = block.communicate()
+            pytest.fail(f"the block at {where}:{line} did not end within {timeout} s:\n{stdout[-2000:]}\n{stderr[-4000:]}")
+    assert block.returncode == 0, f"the block at {where}:{line} failed:\n{stdout[-2000:]}\n{stderr[-4000:]}"
     if output is not None:
-        assert done.stdout == output, f"the block at {where}:{line} printed something else:\n{done.stdout}"
+        assert stdout == output, f"the block at {where}:{line} printed something else:\n{stdout}"
+    assert left.read_text().split() == [], f"the block at {where}:{line} left these in /dev/shm: {left.read_text().split()}"
     appeared = set(os.listdir("/dev/shm")) - before
     assert not {entry for entry in appeared if entry.startswith(("kickmsg", "x"))}, "a block reached the real /dev/shm"

@@ -460,6 +460,12 @@ def test_errors_and_errnos(prefix):
         Blackboard.open_or_create(prefix, "other", config(capacity=0))
     with pytest.raises(ValueError, match="max_value_size out of range"):
         Blackboard.open_or_create(prefix, "other", config(size=(1 << 20) + 1))
+    for field, value in (("capacity", "8"), ("capacity", True), ("max_value_size", 64.0), ("identity", "1")):
+        wrong = BlackboardConfig()
+        setattr(wrong, field, value)
+        with pytest.raises(TypeError, match=f"BlackboardConfig.{field} must be an int, got {value!r}"):
+            Blackboard.open_or_create(prefix, "other", wrong)  # capacity True made a board that never initialised
+    assert Blackboard.try_open(prefix, "other") is None
     with pytest.raises(RuntimeError, match="Blackboard config mismatch"):
         Blackboard.open_or_create(prefix, "state", config(size=16))
     with pytest.raises(RuntimeError, match="Blackboard identity mismatch"):

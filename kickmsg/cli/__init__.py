@@ -13,7 +13,8 @@ and boards); ``common`` has what they share.
 Works on regions made by this package and by the native library. Channels
 are named by shm name (``/kickmsg_imu``) or with the Node naming rules
 (``--topic imu [--prefix kickmsg]``, ``--broadcast CH``, ``--mailbox OWNER
-TAG``). Every subcommand takes ``--json``. Inspection commands attach
+TAG``). Every subcommand but ``exporter`` takes ``--json`` (JSON on stdout;
+``analyze --json FILE`` writes a file). Inspection commands attach
 read-only (``SharedRegion.inspect``), so they cannot modify a region; only
 ``create``, ``rm``, ``pub``, ``repair`` and ``clean`` write, and
 ``echo``/``hz``/``bw``/``record`` join a ring as a subscriber while they run.
@@ -92,14 +93,15 @@ def build_parser() -> CommandLineParser:
 
     parser = CommandLineParser(
         prog="kickmsg",
-        description="Inspect, watch, measure and repair Kickmsg shared-memory channels "
-        "(regions of this package and of the native kickmsg 0.1.0).",
+        description="Inspect, watch, measure and repair Kickmsg shared-memory channels: regions of this package "
+        "and of the native kickmsg, 0.9.2 (layout 9, what new channels get by default) and 0.1.0 (layout 4).",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Run 'kickmsg COMMAND --help' for a command's options and examples.",
     )
     parser.add_argument(
         "--version", action="version",
-        version=f"kickmsg {kickmsg.__version__} (pure Python; Kickmsg layouts v{layout.VERSION}, as native kickmsg 0.1.0, and v9, as native 0.9.2)",
+        version=f"kickmsg-py {kickmsg.__version__} (pure Python; this package's own version, not the native kickmsg's): "
+        f"Kickmsg layouts 9, as native kickmsg 0.9.2 (the default), and {layout.VERSION}, as native kickmsg 0.1.0",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     parser.commands = commands.choices
@@ -262,14 +264,17 @@ def build_parser() -> CommandLineParser:
 
     sub = command("analyze", cmd_analyze, "analyse recordings with Spark: rates, gaps, losses, sizes, latency",
                   "  kickmsg analyze rec/ --html report.html\n"
+                  "  kickmsg analyze rec/ --json                # the figures as JSON on stdout\n"
                   "  kickmsg analyze 'runs/*/' --master 'local[2]' --json out.json\n"
                   "on a cluster, the same module unchanged:\n"
                   "  spark-submit $(python -c 'import kickmsg.spark.analysis as a; print(a.__file__)') \\\n"
                   "      'hdfs:///recordings/*/*.parquet' --json out.json --html report.html",
                   channel=False, json_flag=False)
-    sub.add_argument("paths", nargs="+", metavar="DIR_OR_GLOB", help="recording directories, files or globs")
+    sub.add_argument("paths", nargs="*", metavar="DIR_OR_GLOB", help="recording directories, files or globs")
     sub.add_argument("--master", default="local[*]", help="Spark master (default local[*])")
-    sub.add_argument("--json", dest="json_path", metavar="FILE", help="write the figures as JSON")
+    sub.add_argument("--json", dest="json_path", nargs="?", const="-", metavar="FILE",
+                     help="print the figures as JSON on stdout instead of the table; with FILE, write them to FILE "
+                          "and print the table")
     sub.add_argument("--html", dest="html_path", metavar="FILE", help="write an HTML report with plots")
 
     bridging.add_arguments(command("bridge", bridging.cmd_bridge, bridging.SUMMARY, bridging.EXAMPLES, channel=False))

@@ -39,7 +39,7 @@ def add_namespace_option(sub: argparse.ArgumentParser) -> None:
 
 
 def namespace_of(args: argparse.Namespace) -> str:
-    """``registry NS`` or ``-n NS`` (not both; an empty one is refused as a
+    """``registry NS``, ``bb NAME NS`` or ``-n NS`` (not both; an empty one is refused as a
     name, not replaced), else the environment's, else the default."""
     positional = getattr(args, "ns", None)
     if positional is not None and args.namespace is not None:
@@ -221,13 +221,15 @@ def add_board_commands(command: Any) -> None:
     sub.add_argument("--sweep", action="store_true", help="first free the rows of processes that are gone")
     for name in ("blackboard", "bb"):
         sub = command(name, cmd_blackboard, "a blackboard's keys: size, updates, age, owner, live or dead (layout 9)",
-                      f"  kickmsg {name} state -n demo\n  kickmsg {name} state -n demo --json\n"
+                      f"  kickmsg {name} state demo\n  kickmsg {name} state -n demo --json\n"
                       f"  kickmsg {name} state -n demo --sweep   # first free the keys of dead owners", channel=False)
         sub.add_argument("board", metavar="NAME", help="the board's name (its region is /NS_bb_NAME)")
+        sub.add_argument("ns", nargs="?", metavar="NS", help="the namespace (same as -n)")
         add_namespace_option(sub)
         sub.add_argument("--sweep", action="store_true", help="first free the keys of owners that are gone")
     sub = command("bbwatch", cmd_bbwatch, "a blackboard's keys, then its changes as they happen (Ctrl-C stops)",
-                  "  kickmsg bbwatch state -n demo\n  kickmsg bbwatch state -n demo --json --count 10", channel=False)
+                  "  kickmsg bbwatch state demo\n  kickmsg bbwatch state -n demo --json --count 10", channel=False)
     sub.add_argument("board", metavar="NAME", help="the board's name (its region is /NS_bb_NAME)")
+    sub.add_argument("ns", nargs="?", metavar="NS", help="the namespace (same as -n)")
     add_namespace_option(sub)
     sub.add_argument("--count", type=positive_int, help="stop after this many events")

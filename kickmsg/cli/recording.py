@@ -8,7 +8,7 @@ import sys
 import tempfile
 from types import ModuleType
 
-from kickmsg import shm
+from kickmsg import jsontext, shm
 from kickmsg.cli.common import EXIT_OK, CommandError, emit, import_extra, shm_name, stop_on_signals
 from kickmsg.cli.receiving import tell_rejoined
 from kickmsg.subscriber import Subscriber
@@ -89,6 +89,13 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:
+    """The figures of the recordings: a table, or JSON on stdout (``--json``)
+    or in a file (``--json FILE``, then the table too)."""
+    if not args.paths:
+        raise CommandError("name the recordings to analyse (DIR_OR_GLOB)" + (
+            f"; --json took {args.json_path!r} as its FILE: put --json after the recordings to print JSON"
+            if args.json_path not in (None, "-") else ""))
+    to_stdout = args.json_path == "-"
     with tempfile.TemporaryDirectory(prefix="kickmsg-analyze-") as scratch:
         paths = [spark_path for path in args.paths for spark_path in spark_paths(path, scratch)]
         analysis = import_extra("kickmsg.spark.analysis")
@@ -96,9 +103,13 @@ def cmd_analyze(args: argparse.Namespace) -> int:
             import_extra("matplotlib")
         errors = import_extra("pyspark.errors")
         try:
-            result = analysis.run(paths, master=args.master, json_path=args.json_path, html_path=args.html_path)
+            result = analysis.run(paths, master=args.master, json_path=None if to_stdout else args.json_path,
+                                  html_path=args.html_path)
         except errors.PySparkException as error:
             raise CommandError(str(error).strip().splitlines()[0]) from None
+    if to_stdout:
+        print(jsontext.dumps(result, indent=2))
+        return EXIT_OK
     print(analysis.format_table(result))
     if args.html_path:
         print(f"report: {os.path.abspath(args.html_path)}")

@@ -267,6 +267,10 @@ class Blackboard:
         """Create the board of (namespace, name), or open it: the existing
         one must have this config and identity (D.6)."""
         config = BlackboardConfig() if config is None else config
+        for field in ("capacity", "max_value_size", "identity"):
+            value = getattr(config, field)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise TypeError(f"BlackboardConfig.{field} must be an int, got {value!r}")
         if not 1 <= config.capacity <= MAX_CAPACITY:
             raise ValueError(f"Blackboard capacity out of range: {config.capacity} (1..{MAX_CAPACITY})")
         if not 1 <= config.max_value_size <= MAX_VALUE_SIZE:
