@@ -644,8 +644,8 @@ class Subscriber9(Subscriber):
     def _take(self, region: SharedRegion) -> None:
         if not isinstance(region, Layout9Region):
             raise TypeError(f"{region.name} is not a layout-9 region")  # the name now leads to a layout-4 one
-        self._region = region
-        self._core = v9.Subscriber(region.core)  # B.4 join
+        core = v9.Subscriber(region.core)  # B.4 join; none free: raise, still on the region we had
+        self._region, self._core = region, core
         self._next_check_in_ns = region.next_check_in_ns()
 
     @property
