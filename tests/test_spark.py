@@ -783,3 +783,48 @@ def test_telemetry_final_stage_counters_precede_job_end(prefix):
     assert "job_end" in kinds
     last_stage = [event for event in events[: kinds.index("job_end")] if event["kind"] == "stage"][-1]
     assert last_stage["completed"] == last_stage["tasks"] == 2
+
+
+def fake_spark(tracker) -> SimpleNamespace:
+    """What DriverTelemetry uses of a session, around a fake status tracker (no JVM)."""
+    return SimpleNamespace(
+        sparkContext=SimpleNamespace(statusTracker=lambda: tracker, appName="fake"),
+        streams=SimpleNamespace(addListener=lambda listener: None, removeListener=lambda listener: None),
+    )
+
+
+def test_telemetry_publishes_into_a_topic_a_viewer_made_with_other_settings(prefix):
+    """A native 0.9.2 viewer made the topic first, with settings of its own
+    (16 rings of 64, 512-byte slots): the telemetry publishes into it as it
+    is. Before, the driver died with RuntimeError Config mismatch."""
+    config = dict(max_subscribers=16, sub_ring_capacity=64, pool_size=128, max_payload_size=512)
+    with peer("native9", TELEMETRY_VIEWER, prefix=prefix, config=config, seconds=WAIT_S - 10) as viewer:
+        viewer.wait_ready()
+        with DriverTelemetry(fake_spark(RacingTracker()), prefix=prefix) as telemetry:
+            pass
+        events = viewer.result()
+    assert [event["kind"] for event in events] == ["telemetry_start", "telemetry_end"]
+    assert (telemetry.published, telemetry.dropped) == (2, 0)
+    assert SharedRegion.open(f"/{prefix}_spark.telemetry").geometry.max_subs == 16  # the viewer's, kept
+
+
+def test_telemetry_counts_events_too_large_for_the_topic_as_dropped(prefix):
+    """A topic of 16-byte slots holds no event: each is counted in dropped,
+    with one warning saying why, and the job goes on."""
+    Node("viewer", prefix=prefix).advertise("spark.telemetry", Config(max_payload_size=16))
+    with pytest.warns(RuntimeWarning, match=f"/{prefix}_spark.telemetry holds messages of up to 16 bytes; larger events"):
+        with DriverTelemetry(fake_spark(RacingTracker()), prefix=prefix) as telemetry:
+            pass
+    assert (telemetry.published, telemetry.dropped) == (0, 2)
+
+
+def test_telemetry_warns_and_carries_on_when_the_topic_cannot_be_published_into(prefix):
+    """Something that is not a Kickmsg region holds the topic's name: a
+    warning names it, the job goes on, every event counts in dropped."""
+    path = pathlib.Path(f"/dev/shm/{prefix}_spark.telemetry")
+    path.write_bytes(b"not a region" * 100)
+    with pytest.warns(RuntimeWarning, match=f"cannot publish into /{prefix}_spark.telemetry .*the job goes on"):
+        with DriverTelemetry(fake_spark(RacingTracker()), prefix=prefix) as telemetry:
+            pass
+    assert (telemetry.published, telemetry.dropped) == (0, 2)
+    assert path.read_bytes() == b"not a region" * 100  # left as it was
