@@ -673,3 +673,68 @@ def test_a_recorded_channel_re_created_with_no_ring_to_spare_is_skipped_then_fol
         thread.join(timeout=30)
     assert recorder.summary.skipped == {} and len(told) == 2
     assert pyarrow.parquet.read_table(tmp_path).column("payload").to_pylist() == [b"after"]
+
+
+@pytest.mark.parametrize("format", ["parquet", "mcap"])
+@pytest.mark.parametrize("layout", [9], ids=["layout9"], indirect=True)
+def test_a_recording_marks_a_re_created_region_and_counts_what_it_missed(shm_name, tmp_path, layout, format):
+    """A native 0.9.2 process re-creates the recorded channel with one ring,
+    takes it (the recorder cannot follow yet), publishes 40 messages, leaves
+    the ring, and once the recorder has joined it publishes 10 more. The
+    rows of the new region have ``rejoined`` 1 (``ring_pos`` starts over
+    there, at the ring's 40), the first of them ``lost`` 40 (the messages
+    it could not see); MCAP keeps both in
+    ``kickmsg.losses``, and its analysis rows say the same. Before, the
+    recording showed neither the restart nor the 40."""
+    kickmsg.SharedRegion.create(shm_name, kickmsg.ChannelType.PubSub, CONFIG, "test")
+    publisher = kickmsg.Publisher(kickmsg.SharedRegion.open(shm_name))
+    recorder = Recorder([shm_name], str(tmp_path), format=format, flush_interval=0.1, on_skipped=lambda *_: None)
+    stop = threading.Event()
+    thread = threading.Thread(target=recorder.run, kwargs=dict(stop=stop), daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: shm_name in recorder.subscribers, "the recorder subscribing")
+        for seq in range(5):
+            publisher.send(b"old %d" % seq)
+        wait_until(lambda: recorder.summary.channels[shm_name].messages == 5, "the recorder reading the old region")
+        subscriber = recorder.subscribers[shm_name]
+        with start_native9(RECREATE_AND_PUBLISH, name=shm_name, before=40, after=10) as native:
+            native.wait_ready()
+            native.tell()
+            native.result()
+        wait_until(lambda: recorder.summary.channels[shm_name].messages == 15, "the recorder reading the new region")
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+    assert subscriber.rejoined == 1 and subscriber.lost == 40
+    (file,) = recording_files(str(tmp_path))
+    if format == "mcap":
+        table = mcap.analysis_table(file)
+        assert mcap.read_recording(file).losses[shm_name]["rejoins"] == [[table.column("recv_wall_ns")[5].as_py(), 1]]
+    else:
+        table = pyarrow.parquet.read_table(file)
+    rows = table.select(["ring_pos", "lost", "rejoined"]).to_pylist()
+    assert [(row["ring_pos"], row["rejoined"]) for row in rows] == [(pos, 0) for pos in range(5)] + [
+        (pos, 1) for pos in range(40, 50)]
+    assert [row["lost"] for row in rows] == [0] * 5 + [40] + [0] * 9
+    assert recorder.summary.channels[shm_name].lost == 40
+
+
+RECREATE_AND_PUBLISH = r"""
+import time
+ready()
+wait_go()
+region = kickmsg.SharedRegion.create(P["name"], kickmsg.ChannelType.PubSub,
+                                     make_config(dict(max_subscribers=1, sub_ring_capacity=64, pool_size=256)), "native")
+native_subscriber = kickmsg.Subscriber(region)  # the one ring: the recorder cannot follow yet
+publisher = kickmsg.Publisher(region)
+for seq in range(P["before"]):
+    publisher.send(b"before %d" % seq)
+native_subscriber = None  # leaves the ring (its write position stays)
+deadline = time.monotonic() + 30
+while not subscriber_joined(P["name"]) and time.monotonic() < deadline:
+    time.sleep(0.005)  # until the recorder has followed and joined (native's own ring never waits)
+for seq in range(P["after"]):
+    publisher.send(b"after %d" % seq)
+done(None)
+"""

@@ -17,6 +17,11 @@ lost            int64    messages the recorder lost on this channel just
 stamp_ns        int64    the payload's first 8 bytes (little-endian), the
                          publish time if the payload is stamped
                          (``kickmsg.recording.stamp``); null if shorter or >= 2**63
+rejoined        int32    times the recorder had followed the channel to a
+                         re-created region (0 before any): ``ring_pos``
+                         starts over with each, and the first row after one
+                         has in ``lost`` what was unread in the old region
+                         and what the new one held when it was joined
 payload         binary   the message (absent with ``payload=False``)
 ==============  =======  ==============================================
 
@@ -55,7 +60,7 @@ from kickmsg.description import channel_config, describe, described_layout
 from kickmsg.ops import diagnostics
 from kickmsg.publisher import Publisher, send_retrying
 from kickmsg.recording import stamp
-from kickmsg.recording.files import CLOSING, COLUMNS, FORMATS, PARTIAL, SCHEMA_KEY, file_format, recording_files
+from kickmsg.recording.files import CLOSING, COLUMNS, EARLIER_COLUMNS, FORMATS, PARTIAL, SCHEMA_KEY, file_format, recording_files
 from kickmsg.region import SharedRegion
 from kickmsg.subscriber import Subscriber
 
@@ -140,8 +145,8 @@ class _McapFile:
 
     def write(self, rows: list[list]) -> None:
         """Append the rows and flush them to the file (a chunk of their own)."""
-        for _, channel, ring_pos, recv_mono, recv_wall, _, lost, stamp_ns, payload in rows:
-            self.writer.write_message(channel, ring_pos, recv_mono, recv_wall, lost, stamp_ns, payload)
+        for _, channel, ring_pos, recv_mono, recv_wall, _, lost, stamp_ns, rejoined, payload in rows:
+            self.writer.write_message(channel, ring_pos, recv_mono, recv_wall, lost, stamp_ns, payload, rejoined)
         self.writer.flush()
 
     def size(self) -> int:
@@ -312,7 +317,7 @@ class Recorder:
                 head = stamp.read(view)
                 size, lost_before = len(view), subscriber.lost - lost
                 row = [self.recording, name, view.ring_pos, received_mono, received_wall, size, lost_before,
-                       head if head is not None and head < 2**63 else None]
+                       head if head is not None and head < 2**63 else None, counts.rejoined]
                 if self.payload:
                     row.append(bytes(view))
             lost = subscriber.lost
@@ -398,7 +403,8 @@ def _flushed_batches(partial: str) -> tuple[pyarrow.Schema, list[pyarrow.RecordB
     except (pyarrow.ArrowException, OSError) as error:
         raise ValueError(f"{partial} holds no complete row (remove it): {error}") from None
     columns = reader.schema.remove_metadata()
-    if not any(columns.equals(pyarrow.schema(recorded)) for recorded in (COLUMNS, COLUMNS[:-1])):
+    if not any(columns.equals(pyarrow.schema(recorded)) for recorded in (COLUMNS, COLUMNS[:-1], EARLIER_COLUMNS,
+                                                                          EARLIER_COLUMNS[:-1])):
         raise ValueError(f"{partial} does not have a recording's columns: {', '.join(columns.names)}")
     batches = []
     while True:
