@@ -598,7 +598,7 @@ done(None)
 
 
 def stderr_line(process, timeout=30):
-    """The next line ``process`` writes on stderr (binary pipe), failing after ``timeout`` s."""
+    """The next line ``process`` writes on stderr (an unbuffered binary pipe), failing after ``timeout`` s."""
     ready, _, _ = select.select([process.stderr], [], [], timeout)
     assert ready, "timed out waiting for a line on stderr"
     return process.stderr.readline().decode()
@@ -618,7 +618,8 @@ def test_record_prefix_skips_a_channel_it_cannot_join_and_joins_it_later(prefix,
     with start_native9(NATIVE_MAILBOXES, prefix="/" + prefix) as native:
         native.wait_ready()
         recorder = subprocess.Popen([KICKMSG, "record", imu, "--prefix", prefix, "--out", str(tmp_path),
-                                     "--flush-interval", "0.2", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                                     "--flush-interval", "0.2", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    bufsize=0)  # unbuffered: select sees every line stderr_line has not read
         try:
             skipped = "kickmsg record: warning: not recording {} for now (No free subscriber slots in {} (1 rings)); " \
                       "recording the others, trying it again every 0.2 s\n"
