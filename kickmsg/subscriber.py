@@ -65,9 +65,9 @@ class Subscriber:
     its ring), goes on in the new region and counts it in ``rejoined``. A
     re-create in place by this package keeps its ring; otherwise it joins
     a ring of the new region. The messages it had not read in the old ring
-    count as lost, and so do those the new region's rings hold when it
-    joins (published there before it joined; a re-create in place by
-    another package leaves them uncounted).
+    count as lost, and so do those a new object's rings hold when it joins
+    (published there before it joined; after a re-create in place, whose
+    rings may keep older positions, they are not counted).
 
     Beyond 0.1.0, ``spin`` (a timedelta or seconds; 0: never): a blocking
     receive whose previous wait took less than ``spin`` keeps trying for up

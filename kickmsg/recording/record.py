@@ -263,10 +263,10 @@ class Recorder:
         if not told and self.on_skipped is not None:
             self.on_skipped(name, reason)
 
-    def _unskip(self, name: str) -> bool:
-        """``name`` is recorded again: whether it had been skipped."""
+    def _unskip(self, name: str) -> None:
+        """``name`` is recorded again (if it was skipped, no longer)."""
         with self.skip_lock:
-            return self.summary.skipped.pop(name, None) is not None
+            self.summary.skipped.pop(name, None)
 
     def _start_receiving(self, name: str, subscriber: Subscriber) -> None:
         """Start the receiving thread of one channel."""
