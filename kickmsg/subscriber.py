@@ -65,7 +65,9 @@ class Subscriber:
     its ring), goes on in the new region and counts it in ``rejoined``. A
     re-create in place by this package keeps its ring; otherwise it joins
     a ring of the new region. The messages it had not read in the old ring
-    count as lost.
+    count as lost, and so do those a new object's rings hold when it joins
+    (published there before it joined; after a re-create in place, whose
+    rings may keep older positions, they are not counted).
 
     Beyond 0.1.0, ``spin`` (a timedelta or seconds; 0: never): a blocking
     receive whose previous wait took less than ``spin`` keeps trying for up
@@ -258,7 +260,9 @@ class Subscriber:
         Re-created in place by this package, it kept our ring Live at its
         write position: read on (what we had not read shows as lost entries).
         Otherwise join a ring of the new region and leave the old ring (if it
-        is still ours); what we had not read there counts as lost."""
+        is still ours); what we had not read there counts as lost, and so
+        does what a new object's rings hold when we join (published before
+        we joined)."""
         region, ring = self._region, self._ring
         new_region = region.reopen_if_recreated()
         if new_region is None:
@@ -273,11 +277,13 @@ class Subscriber:
             else:
                 write_pos = region.atomics.load_acquire_u64(ring.write_pos)  # the old object, orphaned
             unread = min(max(0, write_pos - self._cursor.read_pos), region.geometry.capacity)
+            # A new object's rings all began at 0: what its rings hold was published before we join.
+            published_before = 0 if in_place else new_region.stats().total_writes
             joined = _join_and_record(new_region)  # none free: raise, try again at the next call
             if not self._teardown():
                 self._drain_timeouts += 1
             self._take_ring(new_region, *joined)
-            self._cursor.lost += unread
+            self._cursor.lost += unread + published_before
         self._rejoined += 1
 
     def _receive_blocking(self, attempt: Callable[[], M | None], timeout: datetime.timedelta | float | None) -> M | None:
@@ -640,8 +646,8 @@ class Subscriber9(Subscriber):
     def _take(self, region: SharedRegion) -> None:
         if not isinstance(region, Layout9Region):
             raise TypeError(f"{region.name} is not a layout-9 region")  # the name now leads to a layout-4 one
-        self._region = region
-        self._core = v9.Subscriber(region.core)  # B.4 join
+        core = v9.Subscriber(region.core)  # B.4 join; none free: raise, still on the region we had
+        self._region, self._core = region, core
         self._next_check_in_ns = region.next_check_in_ns()
 
     @property
@@ -694,17 +700,20 @@ class Subscriber9(Subscriber):
 
     def _follow_if_recreated(self) -> None:
         """A layout-9 region is re-created as a new object: join a ring of
-        it, leave the old ring; what we had not read there counts as lost."""
+        it, leave the old ring; what we had not read there counts as lost,
+        and so does what the new object's rings hold when we join (the most
+        any ring was written: published before we joined)."""
         new_region = self._region.reopen_if_recreated()
         if new_region is None:
             return
         old = self._core
         write_pos = old.region.atomics.load_acquire_u64(old.ring + WRITE_POS_OFFSET)
         unread = min(max(0, write_pos - old.read_pos), old.region.geometry.capacity)
+        published_before = new_region.stats().total_writes  # into the new object before we join: lost
         self._take(new_region)  # none free: raise, try again at the next call
         if not old.close():
             self._drain_timeouts += 1
-        self._lost += old.lost + unread
+        self._lost += old.lost + unread + published_before
         self._drain_timeouts += old.drain_timeouts
         self._rejoined += 1
 

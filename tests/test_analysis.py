@@ -366,3 +366,24 @@ def test_runs_as_a_script(recordings, result, tmp_path):
     assert 'src="data:image/png;base64,' in html_path.read_text()
     table = done.stdout.splitlines()
     assert table[0].startswith("channel") and [line.split()[0] for line in table[1:]] == CHANNELS
+
+
+def test_a_re_created_region_is_a_restart_not_a_gap(spark, tmp_path):
+    """A recording whose recorder followed a re-created region (the
+    ``rejoined`` column): ring positions 100-109, then 40-44 in the new
+    region, the first of them with the 40 messages it missed in ``lost``.
+    analyze reports 1 restart, no gap (positions are compared within one
+    region) and the 40 lost; a file recorded before the column existed,
+    read with it, has no restart. Before, the restart showed nowhere."""
+    new_schema = pa.schema(list(SCHEMA)[:-1] + [("rejoined", pa.int32()), ("payload", pa.binary())])
+    positions = [(pos, 0, 0) for pos in range(100, 110)] + [(40, 40, 1)] + [(pos, 0, 1) for pos in range(41, 45)]
+    rows = [{"recording": "hostA-1-1", "channel": "/kickmsg_x", "ring_pos": pos, "recv_mono_ns": i * MS,
+             "recv_wall_ns": i * MS, "size": 4, "lost": lost, "stamp_ns": None, "rejoined": rejoined, "payload": bytes(4)}
+            for i, (pos, lost, rejoined) in enumerate(positions)]
+    meta = {"kickmsg.recording": json.dumps({"recording": "hostA-1-1", "host": "test", "started_wall_ns": 0, "channels": {}})}
+    pq.write_table(pa.Table.from_pylist(rows, schema=new_schema.with_metadata(meta)), tmp_path / "new.parquet")
+    write(tmp_path / "old.parquet", messages("hostA-2-2", "/kickmsg_old", [i * MS for i in range(5)], [8] * 5))
+    result = analysis.analyze(spark, [str(tmp_path)])
+    x, old = result["/kickmsg_x"], result["/kickmsg_old"]
+    assert (x["messages"], x["restarts"], x["gaps"], x["lost"]) == (15, 1, 0, 40)
+    assert (old["messages"], old["restarts"], old["gaps"], old["lost"]) == (5, 0, 0, 0)

@@ -270,7 +270,7 @@ def test_echo_follows_a_re_created_channel_and_says_so(name):
         echo.proc.send_signal(signal.SIGTERM)
         result = echo.finish()
     assert result.code == 0
-    assert result.error_lines == [f"kickmsg echo: {name} was re-created; following it (0 unread messages lost)"]
+    assert result.error_lines == [f"kickmsg echo: {name} was re-created; following it (0 messages lost: unread, or published before it rejoined)"]
     assert rawregion.header(rawregion.read_bytes(name))["pool_size"] == 32
     assert live_rings(name) == []
 
@@ -289,7 +289,7 @@ def test_record_follows_a_re_created_channel_and_says_so(name, tmp_path):
         recording.proc.send_signal(signal.SIGTERM)
         result = recording.finish()
     assert result.code == 0, result.err
-    assert notice.decode() == f"kickmsg record: {name} was re-created; following it (0 unread messages lost)\n"
+    assert notice.decode() == f"kickmsg record: {name} was re-created; following it (0 messages lost: unread, or published before it rejoined)\n"
     assert result.err == b""  # nothing else
     assert result.json()["channels"][name]["rejoined"] == 1
     assert pyarrow.parquet.read_table(tmp_path).column("payload").to_pylist() == [b"before", b"after"]

@@ -198,7 +198,7 @@ def test_recorder_losses_are_in_the_mcap_metadata(shm_name, tmp_path):
     assert [m.sequence for _, m, _ in messages] == list(range(92, 100))
     assert [m.publish_time == m.log_time for _, m, _ in messages] == [True] * 8  # not stamped
     [losses] = [values for name, values in metadata if name == "kickmsg.losses"]
-    assert losses == {"channel": shm_name, "messages": 8, "lost": 92, "before": [[92, 92]]}
+    assert losses == {"channel": shm_name, "messages": 8, "lost": 92, "before": [[92, 92]], "rejoins": []}
 
 
 @on_layout4

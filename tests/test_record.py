@@ -8,6 +8,7 @@ import json
 import os
 import pathlib
 import random
+import select
 import signal
 import subprocess
 import sys
@@ -25,7 +26,7 @@ from kickmsg.recording.files import COLUMNS, SCHEMA_KEY, file_format, recording_
 from kickmsg.recording.record import Recorder, play
 
 from conftest import layout4_only, on_layout4
-from nativepeer import subscriber_joined
+from nativepeer import start_native9, subscriber_joined
 
 KICKMSG = str(pathlib.Path(sys.executable).with_name("kickmsg"))
 CONFIG = kickmsg.Config(max_subscribers=4, sub_ring_capacity=1024, pool_size=4096, max_payload_size=256)  # bursts fit
@@ -568,3 +569,173 @@ def test_recover_a_partial_file_cut_anywhere_or_damaged(channels, tmp_path, form
             kept.add(len(payloads))
         os.unlink(recovered.file)
     assert {10, 20, 30} <= kept
+
+
+NATIVE_MAILBOXES = r"""
+import gc, time
+config = make_config(dict(max_subscribers=1, sub_ring_capacity=64, pool_size=128, max_payload_size=64))
+def mailbox(tag):
+    region = kickmsg.SharedRegion.create(P["prefix"] + "_nat_mbx_" + tag, kickmsg.ChannelType.PubSub, config, "native")
+    return region, kickmsg.Subscriber(region)  # its one ring taken
+boxes = [mailbox("inbox")]
+ready()
+wait_go()
+boxes.append(mailbox("later"))  # created while the recorder runs
+ready()
+wait_go()
+regions = [region for region, _ in boxes]
+boxes = None
+gc.collect()  # the native subscribers leave their rings
+deadline = time.monotonic() + 30
+while not all(subscriber_joined(region.name) for region in regions) and time.monotonic() < deadline:
+    time.sleep(0.01)  # until the recorder has joined both
+for region in regions:
+    publisher = kickmsg.Publisher(region)
+    for seq in range(3):
+        publisher.send(b"box %d" % seq)
+done(None)
+"""
+
+
+def stderr_line(process, timeout=30):
+    """The next line ``process`` writes on stderr (an unbuffered binary pipe), failing after ``timeout`` s."""
+    ready, _, _ = select.select([process.stderr], [], [], timeout)
+    assert ready, "timed out waiting for a line on stderr"
+    return process.stderr.readline().decode()
+
+
+@pytest.mark.parametrize("layout", [9], ids=["layout9"], indirect=True)
+def test_record_prefix_skips_a_channel_it_cannot_join_and_joins_it_later(prefix, tmp_path, layout):
+    """`kickmsg record NAME --prefix P` on a namespace where native 0.9.2
+    holds the one ring of two mailboxes (one there at the start, one created
+    while recording): each is skipped with a warning naming it and why, the
+    topic is recorded meanwhile, and each is recorded once its ring is free
+    again. Before, the recorder exited 2 at once, or at the second mailbox."""
+    imu = f"/{prefix}_imu"
+    boxes = [f"/{prefix}_nat_mbx_inbox", f"/{prefix}_nat_mbx_later"]
+    kickmsg.SharedRegion.create(imu, kickmsg.ChannelType.PubSub, CONFIG, "test")
+    publisher = kickmsg.Publisher(kickmsg.SharedRegion.open(imu))
+    with start_native9(NATIVE_MAILBOXES, prefix="/" + prefix) as native:
+        native.wait_ready()
+        recorder = subprocess.Popen([KICKMSG, "record", imu, "--prefix", prefix, "--out", str(tmp_path),
+                                     "--flush-interval", "0.2", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    bufsize=0)  # unbuffered: select sees every line stderr_line has not read
+        try:
+            skipped = "kickmsg record: warning: not recording {} for now (No free subscriber slots in {} (1 rings)); " \
+                      "recording the others, trying it again every 0.2 s\n"
+            assert stderr_line(recorder) == skipped.format(boxes[0], boxes[0])
+            native.tell()
+            native.wait_ready()
+            assert stderr_line(recorder) == skipped.format(boxes[1], boxes[1])
+            for seq in range(50):
+                publisher.send(b"imu %d" % seq)
+            native.tell()
+            assert {stderr_line(recorder), stderr_line(recorder)} == {
+                f"kickmsg record: {box} could be joined at last; recording it\n" for box in boxes}
+            native.result()
+            wait_until(lambda: messages_on_disk(tmp_path) == 50 + 6, "the recorder writing every message")
+            recorder.send_signal(signal.SIGINT)
+            out, err = recorder.communicate(timeout=30)
+        finally:
+            recorder.kill()
+    assert recorder.returncode == 0, err
+    summary = json.loads(out)
+    assert {name: counts["messages"] for name, counts in summary["channels"].items()} == {imu: 50, boxes[0]: 3, boxes[1]: 3}
+    assert summary["skipped"] == {}
+
+
+def test_a_recorded_channel_re_created_with_no_ring_to_spare_is_skipped_then_followed(shm_name, tmp_path, layout):
+    """The recorded channel is re-created with one ring, which another
+    subscriber takes first: the recorder warns (on_skipped) and records on;
+    once that ring is free it follows the channel (on_rejoin) and records
+    what is published there. Before, the channel's thread died with the
+    error and the channel was recorded no more."""
+    kickmsg.SharedRegion.create(shm_name, kickmsg.ChannelType.PubSub, CONFIG, "test")
+    told = []
+    recorder = Recorder([shm_name], str(tmp_path), flush_interval=0.1, on_skipped=lambda *args: told.append(args),
+                        on_rejoin=lambda name, subscriber: told.append((name, "rejoined")))
+    stop = threading.Event()
+    thread = threading.Thread(target=recorder.run, kwargs=dict(stop=stop), daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: shm_name in recorder.subscribers, "the recorder subscribing")
+        one_ring = kickmsg.Config(max_subscribers=1, sub_ring_capacity=64, pool_size=128, max_payload_size=64)
+        region = kickmsg.SharedRegion.create(shm_name, kickmsg.ChannelType.PubSub, one_ring, "test")
+        holder = kickmsg.Subscriber(region)
+        wait_until(lambda: told, "the recorder trying to follow")
+        assert len(told) == 1 and told[0][0] == shm_name and told[0][1].startswith(f"No free subscriber slots in {shm_name}")
+        assert recorder.summary.skipped == {shm_name: told[0][1]}
+        holder.close()
+        wait_until(lambda: (shm_name, "rejoined") in told, "the recorder following the channel")
+        kickmsg.Publisher(region).send(b"after")
+        wait_until(lambda: recorder.summary.channels[shm_name].messages == 1, "the recorder reading it")
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+    assert recorder.summary.skipped == {} and len(told) == 2
+    assert pyarrow.parquet.read_table(tmp_path).column("payload").to_pylist() == [b"after"]
+
+
+@pytest.mark.parametrize("format", ["parquet", "mcap"])
+@pytest.mark.parametrize("layout", [9], ids=["layout9"], indirect=True)
+def test_a_recording_marks_a_re_created_region_and_counts_what_it_missed(shm_name, tmp_path, layout, format):
+    """A native 0.9.2 process re-creates the recorded channel with one ring,
+    takes it (the recorder cannot follow yet), publishes 40 messages, leaves
+    the ring, and once the recorder has joined it publishes 10 more. The
+    rows of the new region have ``rejoined`` 1 (``ring_pos`` starts over
+    there, at the ring's 40), the first of them ``lost`` 40 (the messages
+    it could not see); MCAP keeps both in
+    ``kickmsg.losses``, and its analysis rows say the same. Before, the
+    recording showed neither the restart nor the 40."""
+    kickmsg.SharedRegion.create(shm_name, kickmsg.ChannelType.PubSub, CONFIG, "test")
+    publisher = kickmsg.Publisher(kickmsg.SharedRegion.open(shm_name))
+    recorder = Recorder([shm_name], str(tmp_path), format=format, flush_interval=0.1, on_skipped=lambda *_: None)
+    stop = threading.Event()
+    thread = threading.Thread(target=recorder.run, kwargs=dict(stop=stop), daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: shm_name in recorder.subscribers, "the recorder subscribing")
+        for seq in range(5):
+            publisher.send(b"old %d" % seq)
+        wait_until(lambda: recorder.summary.channels[shm_name].messages == 5, "the recorder reading the old region")
+        subscriber = recorder.subscribers[shm_name]
+        with start_native9(RECREATE_AND_PUBLISH, name=shm_name, before=40, after=10) as native:
+            native.wait_ready()
+            native.tell()
+            native.result()
+        wait_until(lambda: recorder.summary.channels[shm_name].messages == 15, "the recorder reading the new region")
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+    assert subscriber.rejoined == 1 and subscriber.lost == 40
+    (file,) = recording_files(str(tmp_path))
+    if format == "mcap":
+        table = mcap.analysis_table(file)
+        assert mcap.read_recording(file).losses[shm_name]["rejoins"] == [[table.column("recv_wall_ns")[5].as_py(), 1]]
+    else:
+        table = pyarrow.parquet.read_table(file)
+    rows = table.select(["ring_pos", "lost", "rejoined"]).to_pylist()
+    assert [(row["ring_pos"], row["rejoined"]) for row in rows] == [(pos, 0) for pos in range(5)] + [
+        (pos, 1) for pos in range(40, 50)]
+    assert [row["lost"] for row in rows] == [0] * 5 + [40] + [0] * 9
+    assert recorder.summary.channels[shm_name].lost == 40
+
+
+RECREATE_AND_PUBLISH = r"""
+import time
+ready()
+wait_go()
+region = kickmsg.SharedRegion.create(P["name"], kickmsg.ChannelType.PubSub,
+                                     make_config(dict(max_subscribers=1, sub_ring_capacity=64, pool_size=256)), "native")
+native_subscriber = kickmsg.Subscriber(region)  # the one ring: the recorder cannot follow yet
+publisher = kickmsg.Publisher(region)
+for seq in range(P["before"]):
+    publisher.send(b"before %d" % seq)
+native_subscriber = None  # leaves the ring (its write position stays)
+deadline = time.monotonic() + 30
+while not subscriber_joined(P["name"]) and time.monotonic() < deadline:
+    time.sleep(0.005)  # until the recorder has followed and joined (native's own ring never waits)
+for seq in range(P["after"]):
+    publisher.send(b"after %d" % seq)
+done(None)
+"""

@@ -26,7 +26,7 @@ import pytest
 from kickmsg import ChannelType, Config, Node, Publisher, SharedRegion, Subscriber, typed
 from kickmsg.region import CHECK_IN_INTERVAL_NS
 from conftest import layout4_only
-from nativepeer import start_native, start_ours
+from nativepeer import start_native, start_native9, start_ours
 
 # Every test on layout 4 and layout 9 (layout 9 re-creates as a new object
 # only), but those marked layout4_only.
@@ -224,4 +224,51 @@ def test_a_slot_allocated_before_a_re_create_is_dropped(shm_name):
     assert subscriber.try_receive() == b"fresh" and subscriber.try_receive() is None
     del slot
     gc.collect()
+    subscriber.close()
+
+
+NATIVE9_RECREATE_AND_PUBLISH = r"""
+import time
+ready()
+wait_go()
+region = kickmsg.SharedRegion.create(P["name"], kickmsg.ChannelType.PubSub, make_config(P["config"]), "native")
+native_subscriber = kickmsg.Subscriber(region)  # a Live ring: what is published before ours joins is held
+publisher = kickmsg.Publisher(region)
+for seq in range(P["before"]):
+    publisher.send(b"before:%d" % seq)
+ready()
+deadline = time.monotonic() + 30
+while not subscriber_joined(P["name"]) and time.monotonic() < deadline:
+    time.sleep(0.005)  # until ours has followed and joined (native's own ring never waits)
+for seq in range(P["after"]):
+    publisher.send(b"after:%d" % seq)
+done(None)
+"""
+
+
+@pytest.mark.parametrize("layout", [9], ids=["layout9"], indirect=True)
+def test_what_was_published_before_a_follower_joined_counts_as_lost(shm_name):
+    """A native 0.9.2 process re-creates the channel (a new object) and
+    publishes 40 messages into it, read by a subscriber of its own, before
+    ours follows: ours cannot see them, and counts them in ``lost`` (the
+    new region's rings held 40 when it joined); it then receives every
+    message published after it joined. Before, ``lost`` stayed 0."""
+    region = SharedRegion.create(shm_name, ChannelType.PubSub, Config(**CONFIG))
+    subscriber = Subscriber(region)
+    Publisher(region).send(b"old, unread")
+    received = []
+    with start_native9(NATIVE9_RECREATE_AND_PUBLISH, name=shm_name, config=dict(CONFIG, pool_size=1024),
+                       before=40, after=10) as native:
+        native.wait_ready()
+        native.tell()
+        native.wait_ready()  # the 40 are in the new region; ours has not looked yet
+        time.sleep(CHECK_IN_INTERVAL_S)  # its first receive looks (and does not read the old one first)
+        deadline = time.monotonic() + 30
+        while len(received) < 10 and time.monotonic() < deadline:
+            data = subscriber.receive(timeout=5.0)
+            if data is not None:
+                received.append(data.decode())
+        native.result()
+    assert received == [f"after:{seq}" for seq in range(10)]
+    assert (subscriber.rejoined, subscriber.lost) == (1, 1 + 40)  # the old one unread, the 40 unseen
     subscriber.close()

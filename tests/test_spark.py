@@ -291,25 +291,29 @@ def test_stream_receives_every_message_of_a_paced_publisher(spark, prefix, impl,
 
 
 def test_stream_decodes_typed_records(spark, prefix):
-    """decode=true: one row per record, the record fields as columns."""
+    """decode=true: one row per record, the record fields as columns after
+    ``skipped``; a message that is not whole records is passed over and
+    counted in the next row's ``skipped``."""
     node = Node("imu", prefix=prefix)
     publisher = typed.advertise(node, "imu", Sample, Config(max_payload_size=3 * Sample.dtype.itemsize))
     frame = spark.readStream.format("kickmsg").option("topic", "imu").option("prefix", prefix) \
         .option("decode", "true").load()
-    assert [(field.name, field.dataType) for field in frame.schema.fields[4:]] == [
+    assert [(field.name, field.dataType) for field in frame.schema.fields[3:]] == [
+        ("lost", LongType()), ("skipped", LongType()),
         ("stamp", LongType()), ("accel", ArrayType(FloatType(), False)), ("tag", BinaryType())]
     query, collector = start_stream(spark, {"topic": "imu", "prefix": prefix, "decode": "true"})
     wait_for_subscriber(f"/{prefix}_imu", query)
     assert publisher.send(np.array([(1, (0.5, 1.5, 2.5), b"a"), (2, (3.0, 4.0, 5.0), b"bb"),
                                     (3, (-1.0, 0.0, 1.0), b"cccc")], dtype=Sample.dtype)) == 3
+    Publisher(SharedRegion.open(f"/{prefix}_imu")).send(b"not a record")  # 12 bytes, records are 24
     assert publisher.send((4, (9.5, 9.75, 9.875), b"d")) == 1
     rows = wait_for_rows(query, collector, lambda rows: len(rows) >= 4, "4 records")
     query.stop()
-    assert [(row.ring_pos, row.stamp, list(row.accel), bytes(row.tag)) for row in collector.rows] == [
-        (0, 1, [0.5, 1.5, 2.5], b"a"),
-        (0, 2, [3.0, 4.0, 5.0], b"bb"),
-        (0, 3, [-1.0, 0.0, 1.0], b"cccc"),
-        (1, 4, [9.5, 9.75, 9.875], b"d"),
+    assert [(row.ring_pos, row.skipped, row.stamp, list(row.accel), bytes(row.tag)) for row in collector.rows] == [
+        (0, 0, 1, [0.5, 1.5, 2.5], b"a"),
+        (0, 0, 2, [3.0, 4.0, 5.0], b"bb"),
+        (0, 0, 3, [-1.0, 0.0, 1.0], b"cccc"),
+        (2, 1, 4, [9.5, 9.75, 9.875], b"d"),
     ]
     assert "payload" not in rows[0].asDict()
 
@@ -783,3 +787,79 @@ def test_telemetry_final_stage_counters_precede_job_end(prefix):
     assert "job_end" in kinds
     last_stage = [event for event in events[: kinds.index("job_end")] if event["kind"] == "stage"][-1]
     assert last_stage["completed"] == last_stage["tasks"] == 2
+
+
+def fake_spark(tracker) -> SimpleNamespace:
+    """What DriverTelemetry uses of a session, around a fake status tracker (no JVM)."""
+    return SimpleNamespace(
+        sparkContext=SimpleNamespace(statusTracker=lambda: tracker, appName="fake"),
+        streams=SimpleNamespace(addListener=lambda listener: None, removeListener=lambda listener: None),
+    )
+
+
+def test_telemetry_publishes_into_a_topic_a_viewer_made_with_other_settings(prefix):
+    """A native 0.9.2 viewer made the topic first, with settings of its own
+    (16 rings of 64, 512-byte slots): the telemetry publishes into it as it
+    is. Before, the driver died with RuntimeError Config mismatch."""
+    config = dict(max_subscribers=16, sub_ring_capacity=64, pool_size=128, max_payload_size=512)
+    with peer("native9", TELEMETRY_VIEWER, prefix=prefix, config=config, seconds=WAIT_S - 10) as viewer:
+        viewer.wait_ready()
+        with DriverTelemetry(fake_spark(RacingTracker()), prefix=prefix) as telemetry:
+            pass
+        events = viewer.result()
+    assert [event["kind"] for event in events] == ["telemetry_start", "telemetry_end"]
+    assert (telemetry.published, telemetry.dropped) == (2, 0)
+    assert SharedRegion.open(f"/{prefix}_spark.telemetry").geometry.max_subs == 16  # the viewer's, kept
+
+
+def test_telemetry_counts_events_too_large_for_the_topic_as_dropped(prefix):
+    """A topic of 16-byte slots holds no event: each is counted in dropped,
+    with one warning saying why, and the job goes on."""
+    Node("viewer", prefix=prefix).advertise("spark.telemetry", Config(max_payload_size=16))
+    with pytest.warns(RuntimeWarning, match=f"/{prefix}_spark.telemetry holds messages of up to 16 bytes; larger events"):
+        with DriverTelemetry(fake_spark(RacingTracker()), prefix=prefix) as telemetry:
+            pass
+    assert (telemetry.published, telemetry.dropped) == (0, 2)
+
+
+def test_telemetry_warns_and_carries_on_when_the_topic_cannot_be_published_into(prefix):
+    """Something that is not a Kickmsg region holds the topic's name: a
+    warning names it, the job goes on, every event counts in dropped."""
+    path = pathlib.Path(f"/dev/shm/{prefix}_spark.telemetry")
+    path.write_bytes(b"not a region" * 100)
+    with pytest.warns(RuntimeWarning, match=f"cannot publish into /{prefix}_spark.telemetry .*the job goes on"):
+        with DriverTelemetry(fake_spark(RacingTracker()), prefix=prefix) as telemetry:
+            pass
+    assert (telemetry.published, telemetry.dropped) == (0, 2)
+    assert path.read_bytes() == b"not a region" * 100  # left as it was
+
+
+def test_decoded_rows_carry_the_losses_of_the_messages_they_skip(prefix):
+    """decode=true: the loss a skipped message (not whole records) carried
+    goes onto the next row, and the skipped messages are counted there. The
+    stream reader's buffer (maxBufferedMessages=1) overflows while it holds a
+    message that is not a record: the 20 overflowed count as lost on the
+    next message, also not a record, and both land on the record after them.
+    Before, the decoded rows said lost 0 and nothing of the skipped ones."""
+    name = f"/{prefix}_imu"
+    publisher = typed.advertise(Node("imu", prefix=prefix), "imu", Sample, Config(**ROOMY))
+    foreign = Publisher(SharedRegion.open(name))
+    reader = StreamReader(CaseInsensitiveDict({"name": name, "maxBufferedMessages": "1"}), Sample)
+    reader.initialOffset()
+    receiver = reader.receiver
+    try:
+        foreign.send(b"bad")  # buffered
+        wait_for(lambda: len(receiver.buffer) == 1, "the first message buffered")
+        for _ in range(20):
+            foreign.send(b"bad")  # the buffer is full: overflow
+        wait_for(lambda: receiver.overflow == 20, "20 messages overflowing the buffer")
+        assert list(reader.read({"received": 0})[0]) == []  # the first one, skipped
+        foreign.send(b"bad")  # buffered, with the 20 lost before it
+        wait_for(lambda: len(receiver.buffer) == 1, "the second message buffered")
+        assert list(reader.read({"received": 1})[0]) == []  # skipped, its loss kept
+        publisher.send((7, (1.0, 2.0, 3.0), b"ok"))
+        wait_for(lambda: len(receiver.buffer) == 1, "the record buffered")
+        (row,) = reader.read({"received": 2})[0]
+    finally:
+        receiver.stop()
+    assert row[:2] == (name, 22) and row[3:6] == (20, 2, 7)  # topic, ring_pos; lost, skipped, stamp

@@ -102,7 +102,8 @@ def receive_slice(args: argparse.Namespace, subscriber: kickmsg.Subscriber, *dea
 
 
 def tell_rejoined(command: str, name: str, lost: int) -> None:
-    print(f"kickmsg {command}: {printable(name)} was re-created; following it ({counted(lost, 'unread message', 'unread messages')} lost)",
+    print(f"kickmsg {command}: {printable(name)} was re-created; following it ({counted(lost, 'message', 'messages')} lost: "
+          "unread, or published before it rejoined)",
           file=sys.stderr, flush=True)
 
 

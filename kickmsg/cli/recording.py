@@ -40,13 +40,21 @@ def cmd_record(args: argparse.Namespace) -> int:
     def tell_rejoin(name: str, subscriber: Subscriber) -> None:  # from that channel's thread; the rows so far carry its earlier losses
         tell_rejoined("record", name, subscriber.lost - recorder.summary.channels[name].lost)
 
+    skipped: set[str] = set()
+
     def tell_found(name: str) -> None:
-        print(f"kickmsg record: {printable(name)} appeared; recording it", file=sys.stderr, flush=True)
+        found = "could be joined at last" if name in skipped else "appeared"
+        print(f"kickmsg record: {printable(name)} {found}; recording it", file=sys.stderr, flush=True)
+
+    def tell_skipped(name: str, reason: str) -> None:  # from the main thread, or that channel's
+        skipped.add(name)
+        print(f"kickmsg record: warning: not recording {printable(name)} for now ({printable(reason)}); "
+              f"recording the others, trying it again every {args.flush_interval:g} s", file=sys.stderr, flush=True)
 
     try:
         recorder = record.Recorder(names, args.out, rotate_mb=args.rotate_mb, payload=not args.no_payload,
                                    on_rejoin=tell_rejoin, format=args.format, flush_interval=args.flush_interval,
-                                   discover=discover, on_found=tell_found)
+                                   discover=discover, on_found=tell_found, on_skipped=tell_skipped)
     except shm.RegionNotFoundError as error:
         raise CommandError(str(error)) from None
     if not args.json:
@@ -54,8 +62,9 @@ def cmd_record(args: argparse.Namespace) -> int:
         print(f"recording {printable(', '.join(recorder.regions)) or 'nothing yet'}{later} into {args.out} (Ctrl-C stops)", flush=True)
     summary = recorder.run(duration=args.duration, stop=stop)
     channels = {name: vars(counts) for name, counts in summary.channels.items()}
-    data = {"recording": summary.recording, "files": summary.files, "channels": channels}
+    data = {"recording": summary.recording, "files": summary.files, "channels": channels, "skipped": summary.skipped}
     lines = [f"{printable(name)}: {c['messages']} messages, {c['bytes']} bytes, lost {c['lost']}" for name, c in channels.items()]
+    lines += [f"{printable(name)}: not recorded ({printable(reason)})" for name, reason in summary.skipped.items()]
     emit(args, data, "\n".join(lines + [f"files: {', '.join(summary.files) or 'none'}"]))
     return EXIT_OK
 

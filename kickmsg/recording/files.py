@@ -8,7 +8,7 @@ import os
 import pyarrow
 
 __all__ = [
-    "CLOSING", "COLUMNS", "FORMATS", "MCAP_MAGIC", "PARQUET_MAGIC", "PARTIAL", "SCHEMA_KEY", "file_format",
+    "CLOSING", "COLUMNS", "EARLIER_COLUMNS", "FORMATS", "MCAP_MAGIC", "PARQUET_MAGIC", "PARTIAL", "SCHEMA_KEY", "file_format",
     "recording_files",
 ]
 
@@ -22,8 +22,10 @@ COLUMNS = [
     ("size", pyarrow.int32()),
     ("lost", pyarrow.int64()),
     ("stamp_ns", pyarrow.int64()),
+    ("rejoined", pyarrow.int32()),
     ("payload", pyarrow.binary()),
 ]
+EARLIER_COLUMNS = [column for column in COLUMNS if column[0] != "rejoined"]  # recorded before rejoined existed
 FORMATS = ("parquet", "mcap")
 MCAP_MAGIC = b"\x89MCAP0\r\n"  # the first 8 bytes of an MCAP file
 PARQUET_MAGIC = b"PAR1"  # the first (and last) 4 bytes of a Parquet file

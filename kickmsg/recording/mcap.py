@@ -25,11 +25,14 @@ stamp)``, when the stamp is 0 to 60 s before receipt, else the receive time;
 Metadata records: ``kickmsg.recording`` (the recorder run),
 ``kickmsg.channel`` (one per channel: geometry and schema descriptor, what
 ``play`` needs to re-create it) and ``kickmsg.losses`` (one per channel:
-messages, lost, and ``[ring_pos, lost]`` for each message the recorder lost
-messages before); their values are JSON text, but for the plain texts
+messages, lost, ``[ring_pos, lost]`` for each message the recorder lost
+messages before, and ``rejoins``: ``[log_time, rejoined]`` where the
+recorder's count of re-created regions it followed changes, the Parquet
+column ``rejoined``); their values are JSON text, but for the plain texts
 ``recording``, ``host`` and ``channel``.
 """
 import base64
+import bisect
 import json
 import os
 import struct
@@ -202,6 +205,8 @@ class _Channel:
     messages: int = 0
     lost: int = 0
     losses: list[list[int]] = field(default_factory=list)  # [ring_pos, lost] where lost > 0
+    rejoined: int = 0  # of the last message written
+    rejoins: list[list[int]] = field(default_factory=list)  # [log_time, rejoined] where rejoined changes
 
 
 class McapRecordingWriter:
@@ -245,8 +250,9 @@ class McapRecordingWriter:
         return _Channel(channel_id, record_type)
 
     def write_message(self, channel: str, ring_pos: int, recv_mono_ns: int, recv_wall_ns: int, lost: int,
-                      stamp_ns: int | None, payload: bytes) -> None:
-        """One received message."""
+                      stamp_ns: int | None, payload: bytes, rejoined: int) -> None:
+        """One received message; ``rejoined``: the re-created regions the
+        recorder had followed on this channel when it received it."""
         target = self.channels[channel]
         if target.record_type is None:
             data: dict[str, Any] = {"payload": base64.b64encode(payload).decode("ascii")}
@@ -256,20 +262,25 @@ class McapRecordingWriter:
             target.channel_id, log_time=recv_wall_ns, data=jsontext.dumps(data, separators=(",", ":")).encode(),
             publish_time=publish_time(recv_mono_ns, recv_wall_ns, stamp_ns), sequence=ring_pos & SEQUENCE_MASK,
         )
-        target.messages += 1
-        if lost:
-            target.lost += lost
-            target.losses.append([ring_pos, lost])
+        self._count(target, ring_pos, recv_wall_ns, lost, rejoined)
 
-    def copy_message(self, channel: str, message: Message, lost: int) -> None:
+    def copy_message(self, channel: str, message: Message, lost: int, rejoined: int) -> None:
         """A message of another kickmsg MCAP file, as it is."""
         target = self.channels[channel]
         self.writer.add_message(target.channel_id, log_time=message.log_time, data=message.data,
                                 publish_time=message.publish_time, sequence=message.sequence)
+        self._count(target, message.sequence, message.log_time, lost, rejoined)
+
+    @staticmethod
+    def _count(target: _Channel, ring_pos: int, log_time: int, lost: int, rejoined: int) -> None:
+        """A message written: its channel's counts, losses and rejoins."""
         target.messages += 1
         if lost:
             target.lost += lost
-            target.losses.append([message.sequence, lost])
+            target.losses.append([ring_pos, lost])
+        if rejoined != target.rejoined:
+            target.rejoined = rejoined
+            target.rejoins.append([log_time, rejoined])
 
     def flush(self) -> None:
         """Write the messages so far as a chunk and hand them to the operating system."""
@@ -283,7 +294,8 @@ class McapRecordingWriter:
         """Write the losses and the summary; close the file."""
         for name, channel in self.channels.items():
             self.writer.add_metadata("kickmsg.losses", _json_values(
-                {"channel": name, "messages": channel.messages, "lost": channel.lost, "before": channel.losses}
+                {"channel": name, "messages": channel.messages, "lost": channel.lost, "before": channel.losses,
+                 "rejoins": channel.rejoins}
             ))
         self.writer.finish()
         self.stream.close()
@@ -384,18 +396,27 @@ def analysis_table(path: str) -> pyarrow.Table:
     """A recording's messages as the rows of a Parquet recording without
     payloads, for ``kickmsg analyze``: ``ring_pos`` = the
     sequence, both receive times = ``log_time`` (the wall clock: MCAP keeps
-    no monotonic time), ``lost`` from ``kickmsg.losses``, ``stamp_ns`` =
-    ``publish_time`` where it is a stamp (not the receive time), so that
-    receive time - stamp is the latency the recorder saw."""
+    no monotonic time), ``lost`` and ``rejoined`` from ``kickmsg.losses``,
+    ``stamp_ns`` = ``publish_time`` where it is a stamp (not the receive
+    time), so that receive time - stamp is the latency the recorder saw."""
     recording = read_recording(path)
     recording_id = _recording_id(path, recording)
     schema = pyarrow.schema(COLUMNS[:-1])
     lost_at = {(name, ring_pos & SEQUENCE_MASK): lost for name, losses in recording.losses.items()
                for ring_pos, lost in losses.get("before", [])}
+    rejoins = {name: losses.get("rejoins", []) for name, losses in recording.losses.items()}  # none before the field
+
+    def rejoined(channel: str, log_time: int) -> int:
+        """The ``rejoined`` of the channel's last change at or before ``log_time``."""
+        changes = rejoins.get(channel, [])
+        index = bisect.bisect_right([time for time, _ in changes], log_time)
+        return changes[index - 1][1] if index else 0
+
     rows = [
         (recording_id, channel, message.sequence, message.log_time, message.log_time, len(payload),
          lost_at.get((channel, message.sequence), 0),
-         message.publish_time if message.publish_time != message.log_time else None)
+         message.publish_time if message.publish_time != message.log_time else None,
+         rejoined(channel, message.log_time))
         for channel, message, payload in _messages(path, recording)
     ]
     columns = list(zip(*rows)) or [() for _ in schema]
@@ -434,7 +455,9 @@ def recover(partial: str, out: str) -> int:
     MCAP file ``out`` (through ``out.closing``), remove ``partial``, and
     return the number of messages. The losses are rebuilt from the gaps in
     each channel's sequence numbers (a loss before a channel's first message
-    is not known)."""
+    is not known), and a sequence number not above the one before marks a
+    re-created region the recorder followed (``rejoins``; its loss is not
+    known)."""
     recordings, channels, topics, messages = [], {}, {}, []
     for record in _flushed_records(partial):
         if isinstance(record, Metadata) and record.name == "kickmsg.recording":
@@ -451,9 +474,12 @@ def recover(partial: str, out: str) -> int:
     closing = out + ".closing"
     writer = McapRecordingWriter(closing, recordings, channels)
     previous: dict[str, int] = {}  # channel -> last sequence
+    rejoined: dict[str, int] = {}  # channel -> restarts of its sequence seen so far
     for topic, message in messages:
         last = previous.get(topic, message.sequence - 1)
-        writer.copy_message(topic, message, max(0, message.sequence - last - 1))
+        if message.sequence <= last:  # started over: the recorder followed a re-created region
+            rejoined[topic] = rejoined.get(topic, 0) + 1
+        writer.copy_message(topic, message, max(0, message.sequence - last - 1), rejoined.get(topic, 0))
         previous[topic] = message.sequence
     writer.close()
     os.replace(closing, out)
@@ -505,7 +531,7 @@ def convert(source: str, out: str, overwrite: bool = False) -> ConvertSummary:
             rows = pyarrow.parquet.read_table(file).sort_by("recv_wall_ns").to_pylist()
             for row in rows:
                 writer.write_message(row["channel"], row["ring_pos"], row["recv_mono_ns"], row["recv_wall_ns"],
-                                     row["lost"], row["stamp_ns"], row["payload"])
+                                     row["lost"], row["stamp_ns"], row["payload"], row.get("rejoined") or 0)
                 summary.messages += 1
         writer.close()
     except BaseException:

@@ -17,6 +17,11 @@ lost            int64    messages the recorder lost on this channel just
 stamp_ns        int64    the payload's first 8 bytes (little-endian), the
                          publish time if the payload is stamped
                          (``kickmsg.recording.stamp``); null if shorter or >= 2**63
+rejoined        int32    times the recorder had followed the channel to a
+                         re-created region (0 before any): ``ring_pos``
+                         starts over with each, and the first row after one
+                         has in ``lost`` what was unread in the old region
+                         and what the new one held when it was joined
 payload         binary   the message (absent with ``payload=False``)
 ==============  =======  ==============================================
 
@@ -55,7 +60,7 @@ from kickmsg.description import channel_config, describe, described_layout
 from kickmsg.ops import diagnostics
 from kickmsg.publisher import Publisher, send_retrying
 from kickmsg.recording import stamp
-from kickmsg.recording.files import CLOSING, COLUMNS, FORMATS, PARTIAL, SCHEMA_KEY, file_format, recording_files
+from kickmsg.recording.files import CLOSING, COLUMNS, EARLIER_COLUMNS, FORMATS, PARTIAL, SCHEMA_KEY, file_format, recording_files
 from kickmsg.region import SharedRegion
 from kickmsg.subscriber import Subscriber
 
@@ -91,6 +96,7 @@ class RecordingSummary:
     recording: str
     files: list[str] = field(default_factory=list)
     channels: dict[str, ChannelCounts] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)  # channel -> why it is not being recorded (at the end)
 
 
 class _ParquetFile:
@@ -139,8 +145,8 @@ class _McapFile:
 
     def write(self, rows: list[list]) -> None:
         """Append the rows and flush them to the file (a chunk of their own)."""
-        for _, channel, ring_pos, recv_mono, recv_wall, _, lost, stamp_ns, payload in rows:
-            self.writer.write_message(channel, ring_pos, recv_mono, recv_wall, lost, stamp_ns, payload)
+        for _, channel, ring_pos, recv_mono, recv_wall, _, lost, stamp_ns, rejoined, payload in rows:
+            self.writer.write_message(channel, ring_pos, recv_mono, recv_wall, lost, stamp_ns, payload, rejoined)
         self.writer.flush()
 
     def size(self) -> int:
@@ -158,12 +164,20 @@ class Recorder:
     the GIL while waiting); the calling thread writes buffered rows to the
     file every ``flush_interval`` seconds, rotates files past ``rotate_mb``
     and, with ``discover``, looks for new channels.
+
+    A channel found by ``discover`` that cannot be joined (no ring to spare:
+    a mailbox whose one ring is taken, a full channel) is skipped, and so
+    is a recorded channel re-created with no ring to spare: ``on_skipped(name,
+    reason)`` is called once, the other channels are recorded on, and the
+    join is tried again at each flush (``on_found`` or ``on_rejoin`` then
+    tells it succeeded).
     """
 
     def __init__(self, names: list[str], out_dir: str, rotate_mb: float = 64, payload: bool = True,
                  on_rejoin: Callable[[str, Subscriber], None] | None = None, format: str = "parquet",
                  flush_interval: float = FLUSH_INTERVAL_S, discover: str | None = None,
-                 on_found: Callable[[str], None] | None = None):
+                 on_found: Callable[[str], None] | None = None,
+                 on_skipped: Callable[[str, str], None] | None = None):
         """``on_rejoin(name, subscriber)`` is called (from that channel's
         thread) when a channel is re-created and the recorder follows it.
         ``format``: ``parquet`` or ``mcap`` (which needs the payloads).
@@ -171,7 +185,9 @@ class Recorder:
         recorder killed outright loses at most. ``discover``: also record
         every channel whose name starts with ``/discover`` (``""``: every
         channel), those created later included (looked for at each flush);
-        ``on_found(name)`` is called for each one found after the start."""
+        ``on_found(name)`` is called for each one found after the start
+        (or joined after it was skipped); ``on_skipped(name, reason)`` for
+        each one skipped (see above)."""
         if not names and discover is None:
             raise ValueError("the recorder needs at least one channel, or a prefix to discover channels by")
         if not (math.isfinite(flush_interval) and flush_interval > 0):
@@ -188,14 +204,18 @@ class Recorder:
         self.payload = payload
         self.on_rejoin = on_rejoin
         self.on_found = on_found
+        self.on_skipped = on_skipped
         self.flush_interval = flush_interval
         started = time.time_ns()
         self.recording = f"{socket.gethostname()}-{os.getpid()}-{started}"
         self.summary = RecordingSummary(self.recording)
         self.discover = None if discover is None else discover.lstrip("/")
         self.regions = {name: SharedRegion.open(name) for name in names}
+        self.subscribers: dict[str, Subscriber] = {}
+        self.skip_lock = threading.Lock()  # the channels' threads skip too
         if discover is not None:
-            self.regions.update(self._new_channels())
+            self.subscribers = self._join_found(self._new_channels())
+            self.regions.update({name: subscriber.region for name, subscriber in self.subscribers.items()})
         self.metadata: dict[str, Any] = {
             "recording": self.recording,
             "host": socket.gethostname(),
@@ -208,7 +228,6 @@ class Recorder:
         self.lock = threading.Lock()
         self.stopping = threading.Event()
         self.writer: _ParquetFile | _McapFile | None = None  # the file being written
-        self.subscribers: dict[str, Subscriber] = {}
         self.threads: list[threading.Thread] = []  # one receiving thread per channel
         os.makedirs(out_dir, exist_ok=True)
 
@@ -224,9 +243,34 @@ class Recorder:
                     continue
         return found
 
-    def _start_receiving(self, name: str, region: SharedRegion) -> None:
-        """Subscribe to one channel and start its receiving thread."""
-        self.subscribers[name] = Subscriber(region)
+    def _join_found(self, found: dict[str, SharedRegion]) -> dict[str, Subscriber]:
+        """Subscribers of the channels found; one that cannot be joined is
+        skipped (looked at again next time)."""
+        joined = {}
+        for name, region in found.items():
+            try:
+                joined[name] = Subscriber(region)
+            except RuntimeError as error:  # e.g. No free subscriber slots
+                self._skip(name, error)
+        return joined
+
+    def _skip(self, name: str, error: Exception) -> None:
+        """Note that ``name`` is not being recorded, and why; tell it once."""
+        reason = str(error).splitlines()[0]
+        with self.skip_lock:
+            told = name in self.summary.skipped
+            self.summary.skipped[name] = reason
+        if not told and self.on_skipped is not None:
+            self.on_skipped(name, reason)
+
+    def _unskip(self, name: str) -> None:
+        """``name`` is recorded again (if it was skipped, no longer)."""
+        with self.skip_lock:
+            self.summary.skipped.pop(name, None)
+
+    def _start_receiving(self, name: str, subscriber: Subscriber) -> None:
+        """Start the receiving thread of one channel."""
+        self.subscribers[name] = subscriber
         self.summary.channels[name] = ChannelCounts()
         thread = threading.Thread(target=self._receive, args=(name, self.subscribers[name]), name=f"record {name}",
                                   daemon=True)
@@ -236,16 +280,17 @@ class Recorder:
     def _record_new_channels(self) -> None:
         """Start recording the channels that appeared since the last look; the
         file being written is closed first (its metadata lists the channels)."""
-        found = self._new_channels()
-        if not found:
+        joined = self._join_found(self._new_channels())
+        if not joined:
             return
         if self.writer is not None:
             self._close_file()
-        self.regions.update(found)
-        self.metadata["channels"].update({name: describe(region) for name, region in found.items()})
+        self.regions.update({name: subscriber.region for name, subscriber in joined.items()})
+        self.metadata["channels"].update({name: describe(subscriber.region) for name, subscriber in joined.items()})
         self.schema = self.schema.with_metadata({SCHEMA_KEY: jsontext.dumps(self.metadata).encode()})
-        for name, region in found.items():
-            self._start_receiving(name, region)
+        for name, subscriber in joined.items():
+            self._unskip(name)
+            self._start_receiving(name, subscriber)
             if self.on_found is not None:
                 self.on_found(name)
 
@@ -254,8 +299,14 @@ class Recorder:
         counts = self.summary.channels[name]
         lost = 0
         while not self.stopping.is_set():
-            view = subscriber.receive_view(0.1)
+            try:
+                view = subscriber.receive_view(0.1)
+            except RuntimeError as error:  # re-created with no ring to spare: try again at the next flush
+                self._skip(name, error)
+                self.stopping.wait(self.flush_interval)
+                continue
             if subscriber.rejoined != counts.rejoined:
+                self._unskip(name)
                 counts.rejoined = subscriber.rejoined
                 if self.on_rejoin is not None:
                     self.on_rejoin(name, subscriber)
@@ -266,7 +317,7 @@ class Recorder:
                 head = stamp.read(view)
                 size, lost_before = len(view), subscriber.lost - lost
                 row = [self.recording, name, view.ring_pos, received_mono, received_wall, size, lost_before,
-                       head if head is not None and head < 2**63 else None]
+                       head if head is not None and head < 2**63 else None, counts.rejoined]
                 if self.payload:
                     row.append(bytes(view))
             lost = subscriber.lost
@@ -305,7 +356,7 @@ class Recorder:
         """Record until ``duration`` seconds pass or ``stop`` is set; every
         buffered row is written and the file closed before returning."""
         for name, region in self.regions.items():
-            self._start_receiving(name, region)
+            self._start_receiving(name, self.subscribers[name] if name in self.subscribers else Subscriber(region))
         deadline = None if duration is None else time.monotonic() + duration
         stop = stop or threading.Event()
         try:
@@ -352,7 +403,8 @@ def _flushed_batches(partial: str) -> tuple[pyarrow.Schema, list[pyarrow.RecordB
     except (pyarrow.ArrowException, OSError) as error:
         raise ValueError(f"{partial} holds no complete row (remove it): {error}") from None
     columns = reader.schema.remove_metadata()
-    if not any(columns.equals(pyarrow.schema(recorded)) for recorded in (COLUMNS, COLUMNS[:-1])):
+    if not any(columns.equals(pyarrow.schema(recorded)) for recorded in (COLUMNS, COLUMNS[:-1], EARLIER_COLUMNS,
+                                                                          EARLIER_COLUMNS[:-1])):
         raise ValueError(f"{partial} does not have a recording's columns: {', '.join(columns.names)}")
     batches = []
     while True:

@@ -19,8 +19,12 @@ Definitions (rows grouped by ``channel``; times compared only within one
 - ``interarrival_ms``: differences of consecutive ``recv_mono_ns`` within
   each (recording, channel); percentiles approximate, max exact.
 - ``gaps``: sum over consecutive ``ring_pos`` within each (recording,
-  channel) of max(0, difference - 1); ``lost``: sum of the ``lost`` column;
+  channel, rejoined) of max(0, difference - 1) (``ring_pos`` starts over
+  in a re-created region); ``lost``: sum of the ``lost`` column;
   ``loss_ratio``: lost / (messages + lost).
+- ``restarts``: re-created regions the recorder followed between a
+  channel's first and last row, summed over recordings (the ``rejoined``
+  column; 0 for files recorded before it existed).
 - ``stamped``: at least 99 % of the rows have 0 <= recv_mono_ns - stamp_ns
   <= 60 s; ``latency_us`` is then computed over those rows.
 - ``per_second``: messages and bytes in second k = floor((recv_mono_ns -
@@ -51,7 +55,7 @@ __all__ = [
     "main", "read_recordings", "run", "write_html",
 ]
 
-COLUMNS = ["recording", "channel", "ring_pos", "recv_mono_ns", "size", "lost", "stamp_ns"]
+COLUMNS = ["recording", "channel", "ring_pos", "recv_mono_ns", "size", "lost", "stamp_ns", "rejoined"]
 ACCURACY = 100_000          # percentile_approx: rank error at most 1/ACCURACY of the rows
 STAMP_WINDOW_NS = 60 * 10**9  # a latency outside [0, 60 s] is not a stamp
 STAMPED_PERCENT = 99          # of the rows, for a channel to count as stamped
@@ -68,7 +72,9 @@ def read_recordings(spark: SparkSession, paths: Sequence[str]) -> DataFrame:
         .option("pathGlobFilter", "*.parquet")     # skip files being written, notes, ...
         .parquet(*paths)
     )
-    return frame.select(*COLUMNS)
+    if "rejoined" not in frame.columns:  # every file recorded before the column existed
+        frame = frame.withColumn("rejoined", F.lit(0))
+    return frame.select(*COLUMNS).fillna(0, subset=["rejoined"])  # null in such files merged with newer ones
 
 
 def analyze(spark: SparkSession, paths: str | Sequence[str]) -> dict[str, Figures]:
@@ -102,18 +108,22 @@ def analyze(spark: SparkSession, paths: str | Sequence[str]) -> dict[str, Figure
 
 
 def _spans(rows: DataFrame) -> dict[str, Figures]:
-    """Per channel: summed duration (ns), intervals and ring gaps over recordings."""
-    per_run = rows.groupBy("recording", "channel").agg(
-        (F.max("recv_mono_ns") - F.min("recv_mono_ns")).alias("duration_ns"),
-        (F.count("*") - 1).alias("intervals"),
+    """Per channel: summed duration (ns), intervals, ring gaps and restarts over recordings."""
+    per_region = rows.groupBy("recording", "channel", "rejoined").agg(
         # The sum of max(0, step - 1) over the sorted distinct positions is
         # (last - first) - (distinct - 1); repeated positions add nothing.
         (F.max("ring_pos") - F.min("ring_pos") - (F.countDistinct("ring_pos") - 1)).alias("gaps"),
     )
+    per_run = rows.groupBy("recording", "channel").agg(
+        (F.max("recv_mono_ns") - F.min("recv_mono_ns")).alias("duration_ns"),
+        (F.count("*") - 1).alias("intervals"),
+        (F.max("rejoined") - F.min("rejoined")).alias("restarts"),
+    ).join(per_region.groupBy("recording", "channel").agg(F.sum("gaps").alias("gaps")), ["recording", "channel"])
     totals = per_run.groupBy("channel").agg(
         F.sum("duration_ns").alias("duration_ns"),
         F.sum("intervals").alias("intervals"),
         F.sum("gaps").alias("gaps"),
+        F.sum("restarts").alias("restarts"),
     )
     return {r["channel"]: r.asDict() for r in totals.collect()}
 
@@ -174,6 +184,7 @@ def _finish(agg: Figures, span: Figures) -> Figures:
         "rate_hz": span["intervals"] / duration_s if duration_ns else None,
         "interarrival_ms": _stats(agg["interarrival_q"], agg["interarrival_max"], 1e6),
         "gaps": span["gaps"],
+        "restarts": span["restarts"],
         "lost": lost,
         "loss_ratio": lost / (messages + lost),
         "size_bytes": {

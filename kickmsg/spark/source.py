@@ -19,10 +19,15 @@ Options: ``topic`` (with ``prefix``, default ``kickmsg``: Node naming) or
   ``kickmsg.layouts.DEFAULT_LAYOUT``); an empty pool is retried
   with backoff for up to ``poolWaitMs`` (default 5000), then the task fails.
 
-Rows read: ``topic, ring_pos, received_at, payload, lost`` where ``lost``
+Rows read: ``topic, ring_pos, received_at, lost, payload`` where ``lost``
 counts the messages the subscriber lost just before this one. With
 ``decode=true`` on a typed channel (``kickmsg.typed``) the record fields
-become columns in place of ``payload``, one row per record.
+become columns in place of ``payload``, one row per record, after a column
+``skipped``: the messages passed over just before this one because they
+were not whole records (empty, or a size that is not a multiple of the
+record's). ``lost`` and ``skipped`` are on the first row of a message's
+records (0 on the others), and the losses of a skipped message go onto
+the next row, so that summing either column counts each message once.
 
 Delivery is at most once: the channel is lossy by design (losses are in
 ``lost``), a query sees only what is published after it starts, and a
@@ -87,6 +92,7 @@ BASE_FIELDS = [
     StructField("lost", LongType(), False),
 ]
 PAYLOAD_FIELD = StructField("payload", BinaryType(), False)
+SKIPPED_FIELD = StructField("skipped", LongType(), False)  # decode=true: messages not whole records, passed over
 NUMPY_TO_SPARK = {
     "b": BooleanType(),
     "i1": ByteType(),
@@ -159,8 +165,8 @@ class KickmsgDataSource(DataSource):
             return StructType(BASE_FIELDS + [PAYLOAD_FIELD])
         dtype = record_type.dtype
         if not dtype.names:
-            return StructType(BASE_FIELDS + [StructField("value", spark_type(dtype))])
-        return StructType(BASE_FIELDS + [StructField(n, spark_type(dtype[n])) for n in dtype.names])
+            return StructType(BASE_FIELDS + [SKIPPED_FIELD, StructField("value", spark_type(dtype))])
+        return StructType(BASE_FIELDS + [SKIPPED_FIELD] + [StructField(n, spark_type(dtype[n])) for n in dtype.names])
 
     def reader(self, schema: StructType) -> "BatchReader":
         return BatchReader(self.options, self._decode())
@@ -178,18 +184,27 @@ class RowMaker:
     def __init__(self, options: Mapping[str, str], record_type: RecordType | None) -> None:
         self.topic = options.get("topic", channel_name(options))
         self.record_type = record_type
+        self.lost = 0  # decode: lost before the messages skipped since the last row
+        self.skipped = 0  # decode: messages skipped since the last row (not whole records)
 
     def rows(self, payload: bytes, ring_pos: int, received_at: datetime.datetime, lost: int) -> list[tuple[Any, ...]]:
-        head = (self.topic, ring_pos, received_at, lost)
         if self.record_type is None:
-            return [head + (payload,)]
+            return [(self.topic, ring_pos, received_at, lost, payload)]
         dtype = self.record_type.dtype
-        if len(payload) % dtype.itemsize:
-            return []  # not whole records: a foreign message, skipped
+        if not payload or len(payload) % dtype.itemsize:  # not whole records: a foreign message, skipped
+            self.lost += lost
+            self.skipped += 1
+            return []
+        lost, skipped = self.lost + lost, self.skipped
+        self.lost = self.skipped = 0
         records = numpy.frombuffer(payload, dtype=dtype)
         if not dtype.names:
-            return [head + (record.tolist(),) for record in records]
-        return [head + tuple(record[name].tolist() for name in dtype.names) for record in records]
+            values = [(record.tolist(),) for record in records]
+        else:
+            values = [tuple(record[name].tolist() for name in dtype.names) for record in records]
+        first = (self.topic, ring_pos, received_at, lost, skipped)
+        later = (self.topic, ring_pos, received_at, 0, 0)
+        return [(later if index else first) + value for index, value in enumerate(values)]
 
 
 def subscribe(options: Mapping[str, str]) -> Subscriber:

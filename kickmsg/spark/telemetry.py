@@ -15,11 +15,22 @@ time ``t``::
 Jobs and stages come from the status tracker, polled every ``interval``
 seconds (0.25 by default), which bounds their rate; streaming progress comes
 from a ``StreamingQueryListener`` and is also sent at most once per interval
-per query. Telemetry is best effort: when the pool is full (nobody reads),
-messages are counted in ``dropped`` and the job goes on.
+per query.
+
+The topic is created with ``TELEMETRY_CONFIG`` (8 rings of 256, a pool of
+1024 slots of 1024 bytes; ``cfg`` to choose others) on the default layout.
+A topic that exists already (a viewer made it first) is published into as
+it is, whatever its settings and layout.
+
+Telemetry is best effort: it never stops the job. A message the pool has
+no slot for (nobody reads), or too large for the topic's slots, is counted
+in ``dropped``; a topic it cannot publish into at all (damaged, not
+writable) is warned about once (``RuntimeWarning``) and every message is
+counted in ``dropped``.
 """
 import threading
 import time
+import warnings
 
 from collections.abc import Hashable
 from typing import Any
@@ -36,6 +47,8 @@ from pyspark.sql.streaming.listener import (
 from kickmsg import jsontext
 from kickmsg.config import Config
 from kickmsg.node import Node
+from kickmsg.publisher import Publisher
+from kickmsg.region import SharedRegion
 
 __all__ = ["DriverTelemetry", "FINISHED", "TELEMETRY_CONFIG"]
 
@@ -94,10 +107,28 @@ class DriverTelemetry:
         self._running_jobs: dict[int, list[int]] = {}  # job id -> stage ids
         self._stages: dict[int, tuple[tuple[int, int, int, int], bool]] = {}  # stage id -> last published counters
         self._stopping = threading.Event()
+        self._publisher: Publisher | None = None
+        self._too_large_told = False
+
+    def _join_topic(self) -> Publisher | None:
+        """A publisher into the topic: created with ``cfg`` if absent, else
+        the channel as it is; None, with a warning, if it cannot be
+        published into."""
+        node = Node("spark-driver", prefix=self.prefix)
+        try:
+            return node.advertise_or_join(self.topic, self.cfg)
+        except (RuntimeError, ValueError, OSError):  # e.g. Config mismatch: a viewer made it with other settings
+            pass
+        name = f"/{self.prefix}_{self.topic}"
+        try:
+            return Publisher(SharedRegion.open(name), name="spark-driver")
+        except (RuntimeError, ValueError, OSError) as error:
+            warnings.warn(f"DriverTelemetry: cannot publish into {name} ({str(error).splitlines()[0]}); "
+                          "the job goes on, its telemetry counted in dropped", RuntimeWarning, stacklevel=3)
+            return None
 
     def __enter__(self) -> "DriverTelemetry":
-        node = Node("spark-driver", prefix=self.prefix)
-        self._publisher = node.advertise_or_join(self.topic, self.cfg)
+        self._publisher = self._join_topic()
         self._tracker = self.spark.sparkContext.statusTracker()
         while self._tracker.getJobInfo(self._jobs_seen) is not None:  # jobs from before: not ours to report,
             self._jobs_seen += 1  # except those still running, which the first poll picks up below
@@ -128,8 +159,21 @@ class DriverTelemetry:
                     return
                 self._last_sent[throttle_key] = now
             event["t"] = time.time()
+            message = jsontext.dumps(event, separators=(",", ":"), default=str).encode()
+            if self._publisher is None:
+                self.dropped += 1
+                return
+            limit = self._publisher.region.geometry.slot_data_size
+            if len(message) > limit:
+                self.dropped += 1
+                if not self._too_large_told:
+                    self._too_large_told = True
+                    warnings.warn(f"DriverTelemetry: {self._publisher.region.name} holds messages of up to {limit} "
+                                  f"bytes; larger events ({event['kind']}: {len(message)} bytes) are counted in dropped",
+                                  RuntimeWarning, stacklevel=2)
+                return
             try:
-                self._publisher.send(jsontext.dumps(event, separators=(",", ":"), default=str).encode())
+                self._publisher.send(message)
                 self.published += 1
             except BlockingIOError:
                 self.dropped += 1
