@@ -16,12 +16,12 @@ subscribers run at a time, and for the whole run:
 - about every ``--kill-every`` seconds (10) a publisher is killed with
   SIGKILL, alternating implementations, and about every
   ``--sub-kill-every`` seconds (20) a subscriber; a killed subscriber's ring
-  is recovered at once, under traffic, by ``reclaim_dead_subscribers()``
-  (on layout 9 every subscriber records itself as its ring's owner, and
-  this is ``reclaim_dead_rings``; on layout 4 only ours record themselves,
-  and a native 0.1.0 subscriber's ring is left on its behalf: the
-  supervisor knows its ring because it lets one subscriber join at a
-  time);
+  is recovered at once, under traffic, by ``reclaim_dead_subscribers()`` and
+  ``kickmsg repair NAME --dead-subscribers`` in turn (on layout 9 every
+  subscriber records itself as its ring's owner, and this is
+  ``reclaim_dead_rings``; on layout 4 only ours record themselves, and a
+  native 0.1.0 subscriber's ring is left on its behalf: the supervisor
+  knows its ring because it lets one subscriber join at a time);
 - every ``--maintenance-every`` seconds (30) the supervisor pauses every
   worker between two operations and runs the recovery at quiescence:
   ``reclaim_dead_subscribers()``, ``repair_locked_entries()``,
@@ -179,6 +179,7 @@ class Soak:
         self.pause_epoch = 0
         self.join_retry_at = 0.0  # subscribers found no free ring: wait before trying again
         self.kill_turn = {"publisher": "ours", "subscriber": "native"}
+        self.next_reclaim_by_cli = False  # killed subscribers' rings: by the API and by the CLI in turn
         self.problems: list[str] = []  # what makes the run fail
         self.events = {
             "publisher_kills": by_impl(),
@@ -193,6 +194,7 @@ class Soak:
             "subscriber_drain_timeouts": by_impl(),  # teardowns that gave up waiting
             "killed_rings_reclaimed_under_traffic": by_impl(),
             "killed_rings_reclaim_timeouts": by_impl(),  # left retired, reset later
+            "killed_rings_reclaimed_by_cli": 0,  # of those reclaimed, by `kickmsg repair --dead-subscribers`
         }
         self.maintenance_runs = []  # one result per channel per pause
         self.pauses = 0
@@ -435,24 +437,42 @@ class Soak:
         return worker
 
     def recover_killed_ring(self, worker: Worker) -> None:
-        """Give a killed subscriber's ring back: ``reclaim_dead_subscribers()``
-        for every subscriber that recorded itself as its ring's owner (all
-        on layout 9, ours on layout 4), or, for a native 0.1.0 one, the
-        teardown done on its behalf. Safe under traffic."""
+        """Give a killed subscriber's ring back: for every subscriber that
+        recorded itself as its ring's owner (all on layout 9, ours on layout
+        4), ``reclaim_dead_subscribers()`` and ``kickmsg repair
+        --dead-subscribers`` in turn; for a native 0.1.0 one, the teardown
+        done on its behalf. Safe under traffic."""
         region = self.regions[worker.channel]
         if worker.impl == "ours" or self.args.layout == layouts.LAYOUT_9:
-            report = region.reclaim_dead_subscribers()
-            if any(ring == worker.ring for ring, _ in report.reclaimed):
+            by_cli, self.next_reclaim_by_cli = self.next_reclaim_by_cli, not self.next_reclaim_by_cli
+            if by_cli:
+                how, (reclaimed, timed_out) = "kickmsg repair --dead-subscribers", self.repair_dead_subscribers(worker)
+            else:
+                report = region.reclaim_dead_subscribers()
+                how, reclaimed, timed_out = "reclaim_dead_subscribers()", [r for r, _ in report.reclaimed], report.timed_out
+            if worker.ring in reclaimed:
                 left = True
-            elif worker.ring in report.timed_out:
+                self.events["killed_rings_reclaimed_by_cli"] += by_cli
+            elif worker.ring in timed_out:
                 left = False
             else:
-                self.fail(f"reclaim_dead_subscribers() did not reclaim the ring of {worker}: {report}")
+                self.fail(f"{how} did not reclaim the ring of {worker}: reclaimed {reclaimed}, timed out {timed_out}")
                 return
         else:
             left = region.leave_ring(region.rings[worker.ring], worker.start_pos)
         key = "killed_rings_reclaimed_under_traffic" if left else "killed_rings_reclaim_timeouts"
         self.events[key][worker.impl] += 1
+
+    def repair_dead_subscribers(self, worker: Worker) -> tuple[list[int], list[int]]:
+        """Run ``kickmsg repair NAME --dead-subscribers --json`` (this
+        repository's CLI) on the worker's channel: the rings it reclaimed and
+        those it left retired."""
+        command = [sys.executable, "-m", "kickmsg", "repair", self.names[worker.channel], "--dead-subscribers", "--json"]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=START_TIMEOUT_S, cwd=ROOT, check=False)
+        if done.returncode != 0:
+            raise Failure(f"{' '.join(command[2:])} failed ({done.returncode}) for {worker}:\n{done.stdout}{done.stderr}")
+        found = json.loads(done.stdout)["dead_subscribers"]
+        return [ring for ring, _ in found["reclaimed"]], found["timed_out"]
 
     # -- pauses and recovery ----------------------------------------------------------
 
@@ -762,7 +782,8 @@ def print_report(report: dict) -> None:
     print(f"  subscriber leaves   {pair(e['subscriber_leaves'])}")
     print(f"  drain timeouts      {pair(e['subscriber_drain_timeouts'])}   (teardowns that gave up)")
     print(f"  killed rings back   {pair(e['killed_rings_reclaimed_under_traffic'])}   (timeouts "
-          f"{sum(e['killed_rings_reclaim_timeouts'].values())}, join failures {e['join_failures_no_free_ring']})")
+          f"{sum(e['killed_rings_reclaim_timeouts'].values())}, join failures {e['join_failures_no_free_ring']}; "
+          f"{e['killed_rings_reclaimed_by_cli']} by the CLI)")
     mt = report["maintenance"]
     print(f"  maintenance pauses  {mt['pauses']}: entries repaired {mt['entries_repaired']}, rings reset "
           f"{mt['retired_rings_reset']}, slots reclaimed {mt['slots_reclaimed']}, leaked before {mt['leaked_slots_before']}, "

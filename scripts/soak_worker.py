@@ -135,8 +135,9 @@ def import_kickmsg(params: dict):
     sys.path.insert(0, params["impl_path"])
     import kickmsg
 
-    wanted = os.path.join(params["impl_path"], "kickmsg")  # 0.1.0: kickmsg.abi3.so; 0.9.2 and ours: kickmsg/__init__.py
-    assert kickmsg.__file__.startswith(wanted), f"expected the {params['impl']} kickmsg in {wanted}, got {kickmsg.__file__}"
+    # 0.1.0 is kickmsg.abi3.so; 0.9.2 and ours are kickmsg/__init__.py
+    wanted = os.path.join(params["impl_path"], "kickmsg")
+    assert kickmsg.__file__.startswith(wanted), f"expected the {params['impl']} kickmsg in {wanted}: {kickmsg.__file__}"
     return kickmsg
 
 
