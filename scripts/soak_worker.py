@@ -165,8 +165,12 @@ def publisher(kickmsg, params: dict, control: Control) -> None:
     region = kickmsg.SharedRegion.open(params["channel"])
     max_payload = params["max_payload"]
     pub = kickmsg.Publisher(region)
-    # allocate(len) + publish() (0.1.0's only form) or allocate() + publish(len) (0.9.2's only form); ours takes both
-    native_form = None if params["impl"] == "ours" else not hasattr(kickmsg.AllocatedSlot, "max_size")
+    # Zero-copy forms, "sized" or not: allocate(len) + publish() is 0.1.0's only
+    # form, allocate() + publish(len) is 0.9.2's (its AllocatedSlot has max_size); ours takes both.
+    if params["impl"] == "ours":
+        sized_forms = (True, False)
+    else:
+        sized_forms = (not hasattr(kickmsg.AllocatedSlot, "max_size"),)
     sequence = 0
     me[STATE] = STATE_READY
     while not control.should_end():
@@ -182,7 +186,7 @@ def publisher(kickmsg, params: dict, control: Control) -> None:
                     time.sleep(0.001)
                     break  # end the burst; the same sequence is tried again
             else:
-                sized = rng.random() < 0.5 if native_form is None else native_form
+                sized = rng.choice(sized_forms)
                 slot = pub.allocate(len(message)) if sized else pub.allocate()
                 if slot is None:
                     me[POOL_DRY] += 1
