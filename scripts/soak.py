@@ -100,6 +100,7 @@ PAUSE_TIMEOUT_S = 15  # every worker must acknowledge a pause within this
 TICK_S = 0.05
 AIM_S = 1.0  # how long a kill waits for its victim to be busy
 AIM_DELAY_S = 0.002  # then up to this much longer
+MAX_WORKERS = 64  # publishers + subscribers at a time, one process each
 SUBSCRIBER_LIFETIME_S = (2.0, 8.0)
 PUBLISHER_LIFETIME_S = (5.0, 20.0)
 
@@ -851,6 +852,9 @@ def parse_args(argv=None):
                  "commit_timeout_ms", "max_pause_ms"):
         if getattr(args, name) < 0:
             parser.error(f"--{name.replace('_', '-')} must not be negative, got {getattr(args, name):g}")
+    if args.publishers + args.subscribers > MAX_WORKERS:
+        parser.error(f"--publishers + --subscribers must be at most {MAX_WORKERS} (one process each), "
+                     f"got {args.publishers + args.subscribers}")
     if args.max_burst < 1:
         parser.error(f"--max-burst must be at least 1, got {args.max_burst}")
     if args.max_payload < W.OVERHEAD:
