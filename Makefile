@@ -61,8 +61,9 @@ $(INSTALLED): setup.py pyproject.toml kickmsg/_atomics.c kickmsg/_futex.c kickms
 	touch $@
 
 # Mixed traffic of both implementations with kills, then recovery and audit.
-# Not part of `make test`: make soak SOAK_ARGS="--minutes 5 --json soak.json"
-soak: $(INSTALLED) $(NATIVE_INSTALLED)
+# Not part of `make test`: make soak SOAK_ARGS="--minutes 5 --json soak.json" (layout 9;
+# SOAK_ARGS="--layout 4 ..." soaks layout 4)
+soak: $(INSTALLED) $(NATIVE_INSTALLED) $(NATIVE9_INSTALLED)
 	$(PY) scripts/soak.py $(SOAK_ARGS)
 
 # Installed once per virtualenv (a new .venv removes .native), not on every

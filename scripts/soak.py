@@ -2,11 +2,13 @@
 
 What is soaked
 --------------
-One or two channels (``--channels``, default 2: the first created by this
-package, the second by the native kickmsg 0.1.0) carry traffic from
-publishers and to subscribers of BOTH implementations, each in its own
-process (``scripts/soak_worker.py``; the native one runs under ``python -I
--S`` with only the native wheel on its path). By default 3 publishers and 3
+One or two channels of one layout (``--layout``: 9, native kickmsg 0.9.2's,
+or 4, native kickmsg 0.1.0's; default ``$KICKMSG_LAYOUT``, else 9) carry
+traffic from publishers and to subscribers of BOTH implementations, each in
+its own process (``scripts/soak_worker.py``; a native one runs under
+``python -I -S`` with only the native wheel of that layout on its path).
+With ``--channels 2`` (the default) the first channel is created by this
+package, the second by the native wheel. By default 3 publishers and 3
 subscribers run at a time, and for the whole run:
 
 - subscribers join and leave repeatedly (each lives 2-8 s, then is replaced,
@@ -14,10 +16,12 @@ subscribers run at a time, and for the whole run:
 - about every ``--kill-every`` seconds (10) a publisher is killed with
   SIGKILL, alternating implementations, and about every
   ``--sub-kill-every`` seconds (20) a subscriber; a killed subscriber's ring
-  is recovered at once, under traffic: ours by ``reclaim_dead_subscribers()``,
-  a native one (which records no owner) by leaving its ring on its behalf:
-  the supervisor knows its ring because it lets one subscriber join at a
-  time;
+  is recovered at once, under traffic, by ``reclaim_dead_subscribers()`` and
+  ``kickmsg repair NAME --dead-subscribers`` in turn (on layout 9 every
+  subscriber records itself as its ring's owner, and this is
+  ``reclaim_dead_rings``; on layout 4 only ours record themselves, and a
+  native 0.1.0 subscriber's ring is left on its behalf: the supervisor
+  knows its ring because it lets one subscriber join at a time);
 - every ``--maintenance-every`` seconds (30) the supervisor pauses every
   worker between two operations and runs the recovery at quiescence:
   ``reclaim_dead_subscribers()``, ``repair_locked_entries()``,
@@ -37,22 +41,25 @@ At the end everything stops the hard way: one subscriber and then every
 publisher are killed (each in the middle of a burst), so nobody is left to
 self-repair what they leave behind; the other subscribers read what is left
 and leave. Each channel is then audited, recovered (the four steps above,
-plus the ring of a killed native subscriber) and audited again. The run passes (exit
-code 0) only if the final audit is clean, every ring can be joined again and
-a message goes through, no slot leaked beyond the documented unrecoverable
-case (a slot "being written" by a publisher killed between pop and publish:
-at most one per kill), no subscriber saw a corrupt, duplicate or
-out-of-order message, and no worker failed.
+plus, on layout 4, the ring of a killed native subscriber) and audited
+again. The run passes (exit code 0) only if the final audit is clean, every
+ring can be joined again and a message goes through, every slot is back in
+the pool but the documented unrecoverable ones (a slot "being written" by a
+publisher killed between pop and publish: at most one per publisher killed;
+a slot still claimed by the entries of a Free ring counts as lost), no
+subscriber saw a corrupt, duplicate or out-of-order message, and no worker
+failed.
 
 Running it
 ----------
-    .venv/bin/python scripts/soak.py                    # 5 minutes
-    .venv/bin/python scripts/soak.py --seconds 60 --json soak.json
+    .venv/bin/python scripts/soak.py                    # 5 minutes, layout 9
+    .venv/bin/python scripts/soak.py --layout 4 --seconds 60 --json soak.json
 
-It needs the native wheel in ``.native/kickmsg-0.1.0`` (``make test``
-installs it). Everything it creates (shared memory, ``.owners`` sidecars,
-the control file, worker logs, worker processes) is removed at the end, also
-on failure, Ctrl-C or SIGTERM (``--keep-logs`` keeps the logs).
+It needs the native wheel of its layout in ``.native/kickmsg-0.9.2`` or
+``.native/kickmsg-0.1.0`` (``make soak`` and ``make test`` install both).
+Everything it creates (shared memory, ``.owners`` sidecars, the control
+file, worker logs, worker processes) is removed at the end, also on failure,
+Ctrl-C or SIGTERM (``--keep-logs`` keeps the logs).
 """
 import argparse
 import json
@@ -75,10 +82,15 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # this repository's kickmsg (the supervisor never imports the native one)
 
 import kickmsg
+from kickmsg import layouts
 from kickmsg.ops.audit import audit
-from kickmsg.protocol.v4 import layout
 
-NATIVE_DIR = ROOT / ".native" / "kickmsg-0.1.0"
+# Per layout: the native wheel's directory and the module file that shows it is installed.
+NATIVE = {
+    layouts.LAYOUT_4: (ROOT / ".native" / "kickmsg-0.1.0", "kickmsg.abi3.so"),
+    layouts.LAYOUT_9: (ROOT / ".native" / "kickmsg-0.9.2", "kickmsg/_native.abi3.so"),
+}
+NATIVE_VERSION = {layouts.LAYOUT_4: "0.1.0", layouts.LAYOUT_9: "0.9.2"}
 WORKER = pathlib.Path(__file__).resolve().parent / "soak_worker.py"
 IMPLS = ("ours", "native")
 
@@ -88,6 +100,7 @@ PAUSE_TIMEOUT_S = 15  # every worker must acknowledge a pause within this
 TICK_S = 0.05
 AIM_S = 1.0  # how long a kill waits for its victim to be busy
 AIM_DELAY_S = 0.002  # then up to this much longer
+MAX_WORKERS = 64  # publishers + subscribers at a time, one process each
 SUBSCRIBER_LIFETIME_S = (2.0, 8.0)
 PUBLISHER_LIFETIME_S = (5.0, 20.0)
 
@@ -113,14 +126,8 @@ def by_impl() -> dict:
     return {impl: 0 for impl in IMPLS}
 
 
-def ring_state(region, index: int) -> tuple[int, int]:
-    """(state bits, in_flight) of one ring."""
-    state_flight = region.atomics.load_acquire_u32(region.rings[index].state_flight)
-    return state_flight & layout.RING_STATE_MASK, state_flight >> 2
-
-
 def live_rings(region) -> set[int]:
-    return {index for index in range(region.geometry.max_subs) if ring_state(region, index)[0] == layout.RING_LIVE}
+    return {index for index, ring in enumerate(region.stats().rings) if ring.state == "Live"}
 
 
 def audit_summary(region) -> dict:
@@ -128,11 +135,12 @@ def audit_summary(region) -> dict:
     still hold (reclaim_orphaned_slots leaves those: it cannot tell which
     reference is the extra one)."""
     report = audit(region)
-    referenced = region.referenced_slots()
+    referenced = {slot for slot, count in enumerate(report.ring_references) if count}
     return {
         "verdict": report.verdict,
         "clean": report.clean,
         "free_slots": report.free_slots,
+        "slots_not_free": report.pool_size - report.free_slots,
         "being_written": len(report.being_written),
         "leaked_slots": len(report.leaked_slots),
         "leaked_slots_held_by_rings": len(set(report.leaked_slots) & referenced),
@@ -144,6 +152,8 @@ def audit_summary(region) -> dict:
         "bad_entries": sum(len(r.bad_entries) for r in report.rings),
         "retired_rings": len(report.retired_rings),
         "draining_rings": len(report.draining_rings),
+        "reclaiming_rings": len(report.reclaiming_rings),
+        "dead_owner_rings": len(report.dead_owner_rings),
         "live_rings": sum(r.state == "Live" for r in report.rings),
         "references_in_free_rings": sum(r.references for r in report.rings if r.state == "Free"),
         "schema_state": report.schema_state,
@@ -158,6 +168,7 @@ class Soak:
     def __init__(self, args):
         self.args = args
         self.rng = random.Random(args.seed)
+        self.native_dir, self.native_module = NATIVE[args.layout]
         self.tag = f"kmsoak_{os.getpid()}_{secrets.token_hex(3)}"
         self.names = [f"/{self.tag}_c{channel}" for channel in range(args.channels)]
         self.tmp = pathlib.Path(tempfile.mkdtemp(prefix="kickmsg-soak-"))
@@ -170,6 +181,7 @@ class Soak:
         self.pause_epoch = 0
         self.join_retry_at = 0.0  # subscribers found no free ring: wait before trying again
         self.kill_turn = {"publisher": "ours", "subscriber": "native"}
+        self.next_reclaim_by_cli = False  # killed subscribers' rings: by the API and by the CLI in turn
         self.problems: list[str] = []  # what makes the run fail
         self.events = {
             "publisher_kills": by_impl(),
@@ -184,6 +196,7 @@ class Soak:
             "subscriber_drain_timeouts": by_impl(),  # teardowns that gave up waiting
             "killed_rings_reclaimed_under_traffic": by_impl(),
             "killed_rings_reclaim_timeouts": by_impl(),  # left retired, reset later
+            "killed_rings_reclaimed_by_cli": 0,  # of those reclaimed, by `kickmsg repair --dead-subscribers`
         }
         self.maintenance_runs = []  # one result per channel per pause
         self.pauses = 0
@@ -198,8 +211,9 @@ class Soak:
     # -- set-up and clean-up ---------------------------------------------------
 
     def set_up(self) -> None:
-        if not (NATIVE_DIR / "kickmsg.abi3.so").is_file():
-            raise Failure(f"the native kickmsg 0.1.0 is not in {NATIVE_DIR} (`make test` installs it)")
+        if not (self.native_dir / self.native_module).is_file():
+            raise Failure(f"the native kickmsg {NATIVE_VERSION[self.args.layout]} is not in {self.native_dir} "
+                          f"(`make soak` installs it)")
         with open(self.control_path, "wb") as file:
             file.truncate(W.WORDS_PER_RECORD * 8 * W.MAX_RECORDS)
         with open(self.control_path, "r+b") as file:
@@ -210,13 +224,13 @@ class Soak:
             creator = "ours" if channel % 2 == 0 else "native"
             if creator == "ours":
                 cfg = kickmsg.Config(**self.config)
-                kickmsg.SharedRegion.create(name, kickmsg.ChannelType.PubSub, cfg, "soak-ours")
+                kickmsg.SharedRegion.create(name, kickmsg.ChannelType.PubSub, cfg, "soak-ours", layout=self.args.layout)
             else:
                 self.run_native_creator(name)
             self.regions.append(kickmsg.SharedRegion.open(name))
 
     def run_native_creator(self, name: str) -> None:
-        params = {"role": "create", "impl": "native", "impl_path": str(NATIVE_DIR), "channel": name,
+        params = {"role": "create", "impl": "native", "impl_path": str(self.native_dir), "channel": name,
                   "config": self.config, "creator": "soak-native"}
         log = self.tmp / "create-native.log"
         with open(log, "wb") as out:
@@ -276,7 +290,7 @@ class Soak:
             "role": role, "impl": impl, "channel": self.names[channel], "control": str(self.control_path),
             "record": index, "seed": self.rng.getrandbits(32), "max_payload": self.args.max_payload,
             "max_burst": self.args.max_burst, "max_pause": self.args.max_pause_ms / 1000,
-            "impl_path": str(NATIVE_DIR if impl == "native" else ROOT),
+            "impl_path": str(self.native_dir if impl == "native" else ROOT),
         }
         region = self.regions[channel]
         # A subscriber joins the first Free ring, and only joins turn a ring
@@ -285,7 +299,7 @@ class Soak:
         # Free until then, so its write position was already the
         # subscriber's start position.
         live_before = live_rings(region) if role == "subscriber" else set()
-        write_pos_before = [region.atomics.load_acquire_u64(ring.write_pos) for ring in region.rings]
+        write_pos_before = [ring.write_pos for ring in region.stats().rings]
         log = self.tmp / f"w{index:04d}-{role}-{impl}.log"
         with open(log, "wb") as out:
             proc = subprocess.Popen(self.command(impl, params), stdout=out, stderr=subprocess.STDOUT,
@@ -348,11 +362,11 @@ class Soak:
             self.fail(f"{worker} exited with code {code}\n{self.tail(worker)}")
 
     def check_ring_after_leave(self, worker: Worker) -> None:
-        state, in_flight = ring_state(self.regions[worker.channel], worker.ring)
+        ring = self.regions[worker.channel].stats().rings[worker.ring]
         timed_out = self.record(worker.record)[W.DRAIN_TIMEOUTS]  # reported by ours only
-        if state == layout.RING_FREE and in_flight and not timed_out:
+        if ring.state == "Free" and ring.in_flight and not timed_out:
             timed_out = 1  # a native teardown that gave up: the ring is left retired
-        elif state == layout.RING_LIVE:
+        elif ring.state == "Live":
             self.fail(f"{worker} exited but its ring is still Live")
         self.events["subscriber_drain_timeouts"][worker.impl] += timed_out
 
@@ -425,23 +439,42 @@ class Soak:
         return worker
 
     def recover_killed_ring(self, worker: Worker) -> None:
-        """Give a killed subscriber's ring back: ``reclaim_dead_subscribers()``
-        for ours (it recorded itself as the owner), or the teardown done on
-        its behalf for a native one. Safe under traffic."""
+        """Give a killed subscriber's ring back: for every subscriber that
+        recorded itself as its ring's owner (all on layout 9, ours on layout
+        4), ``reclaim_dead_subscribers()`` and ``kickmsg repair
+        --dead-subscribers`` in turn; for a native 0.1.0 one, the teardown
+        done on its behalf. Safe under traffic."""
         region = self.regions[worker.channel]
-        if worker.impl == "ours":
-            report = region.reclaim_dead_subscribers()
-            if any(ring == worker.ring for ring, _ in report.reclaimed):
+        if worker.impl == "ours" or self.args.layout == layouts.LAYOUT_9:
+            by_cli, self.next_reclaim_by_cli = self.next_reclaim_by_cli, not self.next_reclaim_by_cli
+            if by_cli:
+                how, (reclaimed, timed_out) = "kickmsg repair --dead-subscribers", self.repair_dead_subscribers(worker)
+            else:
+                report = region.reclaim_dead_subscribers()
+                how, reclaimed, timed_out = "reclaim_dead_subscribers()", [r for r, _ in report.reclaimed], report.timed_out
+            if worker.ring in reclaimed:
                 left = True
-            elif worker.ring in report.timed_out:
+                self.events["killed_rings_reclaimed_by_cli"] += by_cli
+            elif worker.ring in timed_out:
                 left = False
             else:
-                self.fail(f"reclaim_dead_subscribers() did not reclaim the ring of {worker}: {report}")
+                self.fail(f"{how} did not reclaim the ring of {worker}: reclaimed {reclaimed}, timed out {timed_out}")
                 return
         else:
             left = region.leave_ring(region.rings[worker.ring], worker.start_pos)
         key = "killed_rings_reclaimed_under_traffic" if left else "killed_rings_reclaim_timeouts"
         self.events[key][worker.impl] += 1
+
+    def repair_dead_subscribers(self, worker: Worker) -> tuple[list[int], list[int]]:
+        """Run ``kickmsg repair NAME --dead-subscribers --json`` (this
+        repository's CLI) on the worker's channel: the rings it reclaimed and
+        those it left retired."""
+        command = [sys.executable, "-m", "kickmsg", "repair", self.names[worker.channel], "--dead-subscribers", "--json"]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=START_TIMEOUT_S, cwd=ROOT, check=False)
+        if done.returncode != 0:
+            raise Failure(f"{' '.join(command[2:])} failed ({done.returncode}) for {worker}:\n{done.stdout}{done.stderr}")
+        found = json.loads(done.stdout)["dead_subscribers"]
+        return [ring for ring, _ in found["reclaimed"]], found["timed_out"]
 
     # -- pauses and recovery ----------------------------------------------------------
 
@@ -471,7 +504,7 @@ class Soak:
         health = region.diagnose()
         dead = region.reclaim_dead_subscribers()
         on_behalf = on_behalf_timeouts = 0
-        for worker in dead_native:  # their rings have no owner record: leave them on their behalf
+        for worker in dead_native:  # 0.1.0's rings have no owner record: leave them on their behalf
             if region.leave_ring(region.rings[worker.ring], worker.start_pos):
                 on_behalf += 1
             else:
@@ -496,7 +529,11 @@ class Soak:
         }
 
     def kills(self) -> int:
-        return sum(self.events["publisher_kills"].values()) + sum(self.events["subscriber_kills"].values())
+        return self.publisher_kills() + sum(self.events["subscriber_kills"].values())
+
+    def publisher_kills(self) -> int:
+        """The bound on slots "being written": one per publisher killed."""
+        return sum(self.events["publisher_kills"].values())
 
     def maintenance(self) -> None:
         """Pause everyone, recover every channel, check what is left, resume."""
@@ -513,10 +550,11 @@ class Soak:
                 unexplained = {key: after[key] for key in (
                     "under_referenced_slots", "double_free_candidates", "free_stack_problems",
                     "locked_entries", "stale_entries", "bad_entries", "retired_rings", "draining_rings",
+                    "reclaiming_rings", "dead_owner_rings",
                 ) if after[key]}
                 if after["leaked_slots"] != after["leaked_slots_held_by_rings"]:
                     unexplained["leaked_slots_held_by_no_ring"] = after["leaked_slots"] - after["leaked_slots_held_by_rings"]
-                if after["being_written"] > self.kills():
+                if after["being_written"] > self.publisher_kills():
                     unexplained["being_written_beyond_kills"] = after["being_written"]
                 if unexplained:
                     self.fail(f"channel {channel} after recovery at a pause: {unexplained}; {after['verdict']}")
@@ -604,7 +642,8 @@ class Soak:
         # Recover each channel at quiescence, then check it.
         final = []
         for channel, region in enumerate(self.regions):
-            dead_native = [w for w in [last_killed_subscriber] if w and w.impl == "native" and w.channel == channel]
+            dead_native = [w for w in [last_killed_subscriber] if w and w.impl == "native" and w.channel == channel
+                           and self.args.layout == layouts.LAYOUT_4]  # layout 9's record their owner
             result = self.recover(channel, dead_native)
             result["usable_after_recovery"] = self.check_usable(region)
             result["audit_after_reuse"] = audit_summary(region)
@@ -680,8 +719,15 @@ class Soak:
                 self.fail(f"channel {channel}: the final audit is not clean: {after['verdict']}")
             if after["live_rings"]:
                 self.fail(f"channel {channel}: {after['live_rings']} ring(s) still Live after everyone left")
-            if after["being_written"] > self.kills():
-                self.fail(f"channel {channel}: {after['being_written']} slots being written, more than the {self.kills()} kills")
+            if after["being_written"] > self.publisher_kills():
+                self.fail(f"channel {channel}: {after['being_written']} slots being written, more than the "
+                          f"{self.publisher_kills()} publishers killed")
+            # Everyone has left and the channel is recovered: every slot is
+            # free but those "being written" (the documented bound, above).
+            if after["slots_not_free"] > after["being_written"]:
+                self.fail(f"channel {channel}: {after['slots_not_free']} slots are not free after recovery, "
+                          f"{after['being_written']} of them being written; "
+                          f"{after['references_in_free_rings']} held by the entries of Free rings")
             if result["usable_after_recovery"] != "ok":
                 self.fail(f"channel {channel}: not usable after recovery: {result['usable_after_recovery']}")
             reuse = result["audit_after_reuse"]
@@ -695,6 +741,8 @@ class Soak:
             "dead_subscriber_rings_reclaimed": sum(m["dead_subscriber_rings_reclaimed"] for m in self.maintenance_runs),
             "leaked_slots_before": sum(m["before"]["leaked_slots"] for m in self.maintenance_runs),
             "leaked_slots_still_held_after": sum(m["after"]["leaked_slots"] for m in self.maintenance_runs),
+            "most_references_in_free_rings_after": max(
+                (m["after"]["references_in_free_rings"] for m in self.maintenance_runs), default=0),
             "max_pause_ms": max((m["pause_ms"] for m in self.maintenance_runs), default=0),
         }
         return {
@@ -703,6 +751,8 @@ class Soak:
             "subscriber_complaints": self.subscriber_complaints(),
             "duration_s": round(duration, 1),
             "settings": {key: value for key, value in vars(self.args).items() if key != "json"},
+            "layout": self.args.layout,
+            "native_version": NATIVE_VERSION[self.args.layout],
             "channels": {name: ("ours" if i % 2 == 0 else "native") + "-created" for i, name in enumerate(self.names)},
             "messages": totals,
             "events": self.events,
@@ -720,7 +770,9 @@ def print_report(report: dict) -> None:
         return f"ours {d['ours']:>9}  native {d['native']:>9}"
 
     print()
-    print(f"soak: {report['duration_s']} s, channels {', '.join(f'{n} ({c})' for n, c in report['channels'].items())}")
+    channels = ", ".join(f"{name} ({creator})" for name, creator in report["channels"].items())
+    print(f"soak: layout {report['layout']} (native {report['native_version']}), {report['duration_s']} s, "
+          f"channels {channels}")
     print(f"  published           {pair(m['published'])}   (zero-copy {sum(m['published_zero_copy'].values())}, "
           f"pool-dry retries {sum(m['pool_dry_retries'].values())}, dropped deliveries {sum(m['dropped_deliveries'].values())})")
     print(f"  received            {pair(m['received'])}   (by view {sum(m['received_by_view'].values())})")
@@ -737,11 +789,13 @@ def print_report(report: dict) -> None:
     print(f"  subscriber leaves   {pair(e['subscriber_leaves'])}")
     print(f"  drain timeouts      {pair(e['subscriber_drain_timeouts'])}   (teardowns that gave up)")
     print(f"  killed rings back   {pair(e['killed_rings_reclaimed_under_traffic'])}   (timeouts "
-          f"{sum(e['killed_rings_reclaim_timeouts'].values())}, join failures {e['join_failures_no_free_ring']})")
+          f"{sum(e['killed_rings_reclaim_timeouts'].values())}, join failures {e['join_failures_no_free_ring']}; "
+          f"{e['killed_rings_reclaimed_by_cli']} by the CLI)")
     mt = report["maintenance"]
     print(f"  maintenance pauses  {mt['pauses']}: entries repaired {mt['entries_repaired']}, rings reset "
           f"{mt['retired_rings_reset']}, slots reclaimed {mt['slots_reclaimed']}, leaked before {mt['leaked_slots_before']}, "
-          f"still held after {mt['leaked_slots_still_held_after']}, longest pause {mt['max_pause_ms']} ms")
+          f"still held after {mt['leaked_slots_still_held_after']}, longest pause {mt['max_pause_ms']} ms, "
+          f"references left in Free rings after, at most {mt['most_references_in_free_rings_after']}")
     for result in report["final_recovery"]:
         b, a = result["before"], result["after"]
         print(f"  final, channel {result['channel']}:")
@@ -752,7 +806,8 @@ def print_report(report: dict) -> None:
               f"(+{result['native_rings_left_on_behalf']} native on behalf), entries repaired "
               f"{result['entries_repaired']}, rings reset {result['retired_rings_reset']}, slots reclaimed "
               f"{result['slots_reclaimed']}")
-        print(f"    audit after       {a['verdict']} ({a['references_in_free_rings']} references left in Free rings)")
+        print(f"    audit after       {a['verdict']} ({a['references_in_free_rings']} references left in Free rings; "
+              f"{a['slots_not_free']} slots not free, {a['being_written']} being written)")
         print(f"    usable after      {result['usable_after_recovery']}; audit {result['audit_after_reuse']['verdict']}")
     for line in report["subscriber_complaints"]:
         print(f"  {line}")
@@ -769,6 +824,9 @@ def parse_args(argv=None):
     length.add_argument("--seconds", type=float, help="how long to run, in seconds")
     parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON to PATH")
     parser.add_argument("--seed", type=int, default=None, help="random seed (default: random, printed)")
+    parser.add_argument("--layout", type=int, choices=layouts.SUPPORTED_LAYOUTS, default=None,
+                        help="the channels' layout: 9 (native 0.9.2) or 4 (native 0.1.0); "
+                             "default $KICKMSG_LAYOUT, else 9")
     parser.add_argument("--channels", type=int, choices=(1, 2), default=2)
     parser.add_argument("--publishers", type=int, default=3)
     parser.add_argument("--subscribers", type=int, default=3)
@@ -787,6 +845,28 @@ def parse_args(argv=None):
     parser.add_argument("-v", "--verbose", action="store_true")
     args = parser.parse_args(argv)
     args.duration = args.seconds if args.seconds is not None else args.minutes * 60
+    if args.duration < 0:
+        given = args.seconds if args.seconds is not None else args.minutes
+        parser.error(f"--seconds/--minutes must not be negative, got {given:g}")
+    for name in ("publishers", "subscribers", "kill_every", "sub_kill_every", "maintenance_every",
+                 "commit_timeout_ms", "max_pause_ms"):
+        if getattr(args, name) < 0:
+            parser.error(f"--{name.replace('_', '-')} must not be negative, got {getattr(args, name):g}")
+    if args.publishers + args.subscribers > MAX_WORKERS:
+        parser.error(f"--publishers + --subscribers must be at most {MAX_WORKERS} (one process each), "
+                     f"got {args.publishers + args.subscribers}")
+    if args.max_burst < 1:
+        parser.error(f"--max-burst must be at least 1, got {args.max_burst}")
+    if args.max_payload < W.OVERHEAD:
+        parser.error(f"--max-payload must be at least {W.OVERHEAD} (a message's head and CRC), got {args.max_payload}")
+    problem = kickmsg.Config(max_subscribers=args.max_subscribers, sub_ring_capacity=args.ring_capacity,
+                             pool_size=args.pool_size, max_payload_size=args.max_payload).validation_error()
+    if problem:
+        parser.error(problem)
+    try:
+        args.layout = layouts.chosen_layout(args.layout)
+    except ValueError as error:  # a bad $KICKMSG_LAYOUT
+        parser.error(str(error))
     if args.seed is None:
         args.seed = secrets.randbits(32)
     return args
@@ -799,8 +879,9 @@ def on_sigterm(signum, frame):
 def main(argv=None) -> int:
     args = parse_args(argv)
     signal.signal(signal.SIGTERM, on_sigterm)
-    print(f"soak: {args.duration:g} s, {args.publishers} publishers and {args.subscribers} subscribers at a time "
-          f"on {args.channels} channel(s), seed {args.seed}", flush=True)
+    print(f"soak: layout {args.layout} (native {NATIVE_VERSION[args.layout]}), {args.duration:g} s, "
+          f"{args.publishers} publishers and {args.subscribers} subscribers at a time on {args.channels} channel(s), "
+          f"seed {args.seed}", flush=True)
     soak = Soak(args)
     try:
         report = soak.run()

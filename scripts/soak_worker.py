@@ -4,9 +4,10 @@ Run by the soak supervisor, never by hand, as
 
     python -I [-S] scripts/soak_worker.py '<json parameters>'
 
-with ``impl`` "ours" (this repository's package) or "native" (the compiled
-kickmsg 0.1.0 wheel). The worker puts that implementation's directory first
-on ``sys.path``, imports ``kickmsg`` and checks it got the right one; it
+with ``impl`` "ours" (this repository's package) or "native" (the native
+wheel of the soak's layout: kickmsg 0.1.0 for layout 4, 0.9.2 for layout 9).
+The worker puts that implementation's directory first on ``sys.path``,
+imports ``kickmsg`` and checks it got the one from that directory; it
 imports nothing else of this repository, so the two implementations never
 share a process.
 
@@ -19,7 +20,9 @@ Roles:
 
 - ``create``: create the channel (config from the parameters) and exit;
 - ``publisher``: publish numbered, self-checking messages in bursts, by
-  ``send`` and by ``allocate`` + ``publish`` at random;
+  ``send`` and by ``allocate`` + ``publish`` at random (0.1.0's
+  ``allocate(len)`` + ``publish()``, 0.9.2's ``allocate()`` +
+  ``publish(len)``: ours takes either, at random);
 - ``subscriber``: receive by copy and by zero-copy view, blocking and not,
   and check every message: its content, no duplicate, each publisher's
   messages in increasing order.
@@ -132,10 +135,9 @@ def import_kickmsg(params: dict):
     sys.path.insert(0, params["impl_path"])
     import kickmsg
 
-    if params["impl"] == "native":
-        assert kickmsg.__file__.endswith(".so"), f"expected the native kickmsg, got {kickmsg.__file__}"
-    else:
-        assert kickmsg.__file__.endswith("kickmsg/__init__.py"), f"expected our kickmsg, got {kickmsg.__file__}"
+    # 0.1.0 is kickmsg.abi3.so; 0.9.2 and ours are kickmsg/__init__.py
+    wanted = os.path.join(params["impl_path"], "kickmsg")
+    assert kickmsg.__file__.startswith(wanted), f"expected the {params['impl']} kickmsg in {wanted}: {kickmsg.__file__}"
     return kickmsg
 
 
@@ -163,6 +165,12 @@ def publisher(kickmsg, params: dict, control: Control) -> None:
     region = kickmsg.SharedRegion.open(params["channel"])
     max_payload = params["max_payload"]
     pub = kickmsg.Publisher(region)
+    # Zero-copy forms, "sized" or not: allocate(len) + publish() is 0.1.0's only
+    # form, allocate() + publish(len) is 0.9.2's (its AllocatedSlot has max_size); ours takes both.
+    if params["impl"] == "ours":
+        sized_forms = (True, False)
+    else:
+        sized_forms = (not hasattr(kickmsg.AllocatedSlot, "max_size"),)
     sequence = 0
     me[STATE] = STATE_READY
     while not control.should_end():
@@ -178,14 +186,18 @@ def publisher(kickmsg, params: dict, control: Control) -> None:
                     time.sleep(0.001)
                     break  # end the burst; the same sequence is tried again
             else:
-                slot = pub.allocate(len(message))
+                sized = rng.choice(sized_forms)
+                slot = pub.allocate(len(message)) if sized else pub.allocate()
                 if slot is None:
                     me[POOL_DRY] += 1
                     time.sleep(0.001)
                     break
                 with memoryview(slot) as view:
-                    view[:] = message
-                slot.publish()
+                    view[: len(message)] = message
+                if sized:
+                    slot.publish()
+                else:
+                    slot.publish(len(message))
                 me[ZERO_COPY] += 1
             sequence += 1
             me[PUBLISHED] = sequence
