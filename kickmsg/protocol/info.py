@@ -12,7 +12,7 @@ from typing import Protocol
 
 from kickmsg.config import ChannelType
 
-__all__ = ["ChannelGeometry", "HealthCounts", "RegionInfo", "RegionStats", "RingStats", "config_differences", "region_info"]
+__all__ = ["ChannelGeometry", "DrainedRing", "HealthCounts", "RegionInfo", "RegionStats", "RingStats", "config_differences", "region_info"]
 
 
 @dataclass(frozen=True)
@@ -26,6 +26,22 @@ class HealthCounts:
     live_rings: int = 0
     schema_stuck: bool = False
     dead_rings: int = 0
+    stranded_slots: int = 0  # slots only rings that are not Live hold (beyond 0.9.2)
+
+
+@dataclass(frozen=True)
+class DrainedRing:
+    """A Free ring whose entries' claims (layout 4: references) a repair
+    gave back (both layouts' ``drain_free_rings``): its index, the
+    publishers its state counted in flight (more than 0: a retired ring,
+    reset), the slot of each claim given back, and those of them that went
+    back on the free stack at once (the others when the rings still holding
+    them let go)."""
+
+    ring: int
+    in_flight: int
+    released: list[int]
+    freed: list[int]
 
 
 @dataclass(frozen=True)

@@ -35,13 +35,13 @@ from kickmsg.protocol.v9.layout import (
 )
 from kickmsg.protocol.v9.publish import steal_and_skip
 from kickmsg.protocol.v9.region import Region
-from kickmsg.protocol.info import HealthCounts
+from kickmsg.protocol.info import DrainedRing, HealthCounts
 from kickmsg.schema import SchemaInfo
 
 __all__ = [
-    "SCHEMA_WAIT_YIELDS", "diagnose", "drain_window",
+    "SCHEMA_WAIT_YIELDS", "diagnose", "drain_free_rings", "drain_window",
     "reclaim_dead_rings", "reclaim_orphaned_slots", "repair_locked_entries", "reset_retired_rings",
-    "reset_schema_claim", "try_claim_schema",
+    "reset_schema_claim", "stranded_slots", "try_claim_schema",
 ]
 
 SCHEMA_WAIT_YIELDS = 1024  # B.17
@@ -94,7 +94,23 @@ def diagnose(region: Region) -> HealthCounts:
         if state in (RING_LIVE, RING_DRAINING, RING_RECLAIMING) and _ring_is_dead(region, ring):
             dead += 1
     schema_stuck = ops.load_acquire_u32(region.base + SCHEMA_STATE_OFFSET) == SCHEMA_CLAIMING
-    return HealthCounts(locked, retired, draining, live, schema_stuck, dead)
+    return HealthCounts(locked, retired, draining, live, schema_stuck, dead, len(stranded_slots(region)))
+
+
+def stranded_slots(region: Region) -> set[int]:
+    """The slots that only rings that are not Live claim (read-only; our
+    extension): no publisher replaces those claims, so nothing gives the
+    slots back until ``drain_free_rings`` (or a join and a wrap)."""
+    ops = region.atomics
+    g = region.geometry
+    in_live, elsewhere = set(), set()
+    for index in range(g.max_subs):
+        state = ops.load_acquire_u32(region.ring_address(index) + STATE_FLIGHT_OFFSET) & RING_STATE_MASK
+        for pos in range(g.capacity):
+            field = meta_slot_field(ops.load_acquire_u64(region.entry_address(index, pos) + META_OFFSET))
+            if field and field - 1 < g.pool_size:
+                (in_live if state == RING_LIVE else elsewhere).add(field - 1)
+    return elsewhere - in_live
 
 
 # -- B.13 repair_locked_entries -------------------------------------------------------
@@ -160,13 +176,15 @@ def reset_retired_rings(region: Region, drain: bool = False) -> int:
     return reset
 
 
-def drain_window(region: Region, index: int) -> None:
+def drain_window(region: Region, index: int) -> tuple[list[int], list[int]]:
     """B.12's drain over the whole window of ring ``index`` (no owner's
     start_pos to begin at): give back every valid claim in
     [max(0, wp - capacity), wp), whatever the sequence or tag says; the
-    tag stays."""
+    tag stays. Returns the slot of each claim given back, and those that
+    went back on the free stack (a slot other rings still claim stays out)."""
     ops = region.atomics
     g = region.geometry
+    released, pushed = [], []
     # wp = write_pos (acq) (0: an empty window)
     write_pos = ops.load_acquire_u64(region.ring_address(index) + WRITE_POS_OFFSET)
     for pos in range(max(0, write_pos - g.capacity), write_pos):
@@ -178,7 +196,53 @@ def drain_window(region: Region, index: int) -> None:
             continue
         # CAS(strong, acq_rel) m -> m with the slot field zeroed; on success release the slot
         if ops.cas_acq_rel_u64(entry + META_OFFSET, meta, meta & ~META_SLOT_MASK) == meta:
-            freestack.release_slot(region, field - 1)
+            released.append(field - 1)
+            if freestack.release_slot(region, field - 1):
+                pushed.append(field - 1)
+    return released, pushed
+
+
+# -- drain_free_rings (our extension) -----------------------------------------------------
+
+
+def _holds_claims(region: Region, index: int) -> bool:
+    """Whether an entry of ring ``index`` names a slot of the pool."""
+    ops = region.atomics
+    g = region.geometry
+    return any(
+        0 < meta_slot_field(ops.load_acquire_u64(region.entry_address(index, pos) + META_OFFSET)) <= g.pool_size
+        for pos in range(g.capacity)
+    )
+
+
+def drain_free_rings(region: Region, retired: bool = False) -> list[DrainedRing]:
+    """Give back the claims that Free rings still hold (left by 0.9.2's
+    reclaim_dead_rings and reset_retired_rings, which do not drain): no
+    publisher replaces a Free ring's claims, so they would keep their slots
+    for good. Safe under traffic: only rings with no publisher admitted
+    (in_flight 0) are taken, unless ``retired`` (then Free rings with
+    publishers in flight too, as reset_retired_rings(drain=True): only once
+    those publishers are known to have stopped). Each ring is Draining with
+    in_flight 0 while drained (nobody joins it), then Free: the bytes of a
+    leave. Returns each ring drained."""
+    ops = region.atomics
+    drained = []
+    for index in range(region.geometry.max_subs):
+        ring = region.ring_address(index)
+        address = ring + STATE_FLIGHT_OFFSET
+        state_flight = ops.load_acquire_u32(address)
+        if state_flight & RING_STATE_MASK != RING_FREE or (state_flight >> 2 and not retired):
+            continue
+        if not state_flight >> 2 and not _holds_claims(region, index):
+            continue  # nothing held: left as it is
+        # Draining with in_flight 0 (CAS strong, acq_rel): nobody joins while we drain
+        if ops.cas_acq_rel_u32(address, state_flight, RING_DRAINING) != state_flight:
+            continue  # changed meanwhile (joined, or a publisher's admission attempt): left for the next call
+        _clear_owner(region, ring)
+        released, freed = drain_window(region, index)
+        ops.store_release_u32(address, RING_FREE)
+        drained.append(DrainedRing(index, state_flight >> 2, released, freed))
+    return drained
 
 
 # -- B.13 reclaim_dead_rings --------------------------------------------------------------
