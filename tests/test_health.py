@@ -687,7 +687,7 @@ def test_a_publisher_killed_after_pop_leaks_one_unrecoverable_slot(shm_name):
     assert region.reclaim_orphaned_slots() == 0
     report = audit(region)
     assert len(report.being_written) == 1 and report.unreferenced_slots == report.being_written
-    assert "unreferenced slots: 1" in report.verdict and "1 slot(s) being written" in report.verdict
+    assert "unreferenced slots: 1" in report.verdict and "being written" not in report.verdict
     assert "re-create the channel" in report.fixes(shm_name)[0]  # layout 4: no repair tells it from a paused publisher's
     assert report.free_slots == POOL - 1
 

@@ -322,7 +322,8 @@ def cmd_audit(args: argparse.Namespace) -> int:
     problems = ("free_stack_problems", "leaked_slots", "unreferenced_slots", "stranded_slots", "under_referenced_slots",
                 "double_free_candidates")
     details = [f"  {key}: {data[key]}" for key in problems if data[key]]
-    details += [f"  being_written: {report.being_written}"] if report.being_written else []
+    moving = [slot for slot in report.being_written if slot not in report.unreferenced_slots]  # (those are listed)
+    details += [f"  being_written: {moving}"] if moving else []
     for ring in report.rings:
         for what in ("locked_entries", "stale_entries", "bad_entries"):
             if getattr(ring, what):

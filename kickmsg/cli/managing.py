@@ -195,8 +195,10 @@ def given_back(drained: DrainedRing) -> str:
     """What a drained ring gave back: ``gave back 2 claims (slots 3, 7), 1 slot free at once``."""
     if not drained.released:
         return "it held no claim"
+    later = len(drained.released) - len(drained.freed)
     return (f"gave back {counted(len(drained.released), 'claim', 'claims')} (slots {', '.join(map(str, sorted(drained.released)))}), "
-            f"{counted(len(drained.freed), 'slot', 'slots')} free at once (the others once live rings let go of them)")
+            f"{counted(len(drained.freed), 'slot', 'slots')} free at once"
+            + (f" (the other {later} once the rings or views still holding them let go)" if later else ""))
 
 
 def dead_subscriber_sentences(name: str, report: DeadSubscriberReport) -> list[str]:

@@ -205,8 +205,9 @@ class AuditReport:
         """One line: ``clean: ...`` or ``DAMAGED: ...``."""
         live = sum(r.state == "Live" for r in self.rings)
         summary = f"{self.free_slots} of {self.pool_size} slots free, {live} live rings"
-        if self.being_written:
-            summary += f", {len(self.being_written)} slot(s) being written"
+        moving = [slot for slot in self.being_written if slot not in self.unreferenced_slots]  # (damage: listed)
+        if moving:
+            summary += f", {len(moving)} slot(s) being written"
         found = ", ".join(f"{what}: {count}" for what, count in self.damage().items() if count)
         return f"DAMAGED: {found}; {summary}" if found else f"clean: {summary}"
 
