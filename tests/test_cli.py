@@ -1245,7 +1245,9 @@ def test_leaked_slot_needs_orphans_with_yes(name):
     assert_one_line_error(cli("repair", name, "--orphans"), "repair", "--yes", "not a terminal")
     assert_one_line_error(cli("repair", name, "--orphans", input=b"y\n"), "repair", "--yes")
     assert snapshot(name) == before
-    assert cli_json("repair", name, "--orphans", "--yes") == {"name": name, "orphaned_slots_reclaimed": 1}
+    assert cli_json("repair", name, "--orphans", "--yes") == {
+        "name": name, "orphaned_slots_reclaimed": 1, "orphaned_slots_given_back": [leaked], "refcounts_corrected": [],
+    }
     assert cli("audit", name).code == 0
     rawregion.assert_pool_whole(name)
 

@@ -301,6 +301,7 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
 def cmd_audit(args: argparse.Namespace) -> int:
     region = inspect(channel_name(args))
     report = audit(region)
+    fixes = report.fixes(region.name)
     data = {
         "verdict": report.verdict,
         "clean": report.clean,
@@ -313,7 +314,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
         "double_free_candidates": report.double_free_candidates,
         "unreferenced_slots": report.unreferenced_slots,
         "stranded_slots": report.stranded_slots,
-        "fixes": report.fixes(region.name),
+        "fixes": fixes,
         "schema_state": report.schema_state,
         "hazards": report.hazards,
         "rings": [vars(ring) for ring in report.rings],
@@ -331,7 +332,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
         if ring.index in report.dead_owner_rings:
             details.append(f"  ring {ring.index} is held by dead subscriber {ring.owner_pid} (kickmsg repair reclaims it)")
     details += [f"  {hazard}" for hazard in report.hazards]
-    details += [f"  fix: {printable(fix)}" for fix in data["fixes"]]
+    details += [f"  fix: {printable(fix)}" for fix in fixes]
     emit(args, data, "\n".join([report.verdict] + details))
     return EXIT_OK if report.clean else EXIT_FOUND
 

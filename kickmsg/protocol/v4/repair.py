@@ -60,7 +60,8 @@ def stranded_slots(region: Region) -> set[int]:
     beyond 0.1.0): no publisher writes into those rings, so nothing gives
     the slots back until ``drain_free_rings`` (or a join and a wrap)."""
     ops = region.atomics
-    in_live, elsewhere = set(), set()
+    in_live: set[int] = set()
+    elsewhere: set[int] = set()
     for ring in map(region.ring, region.rings_in_use()):
         live = ops.load_acquire_u32(ring.state_flight) & layout.RING_STATE_MASK == layout.RING_LIVE
         for position, entry, sequence in live_window(region, ring):

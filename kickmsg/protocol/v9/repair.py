@@ -103,7 +103,8 @@ def stranded_slots(region: Region) -> set[int]:
     slots back until ``drain_free_rings`` (or a join and a wrap)."""
     ops = region.atomics
     g = region.geometry
-    in_live, elsewhere = set(), set()
+    in_live: set[int] = set()
+    elsewhere: set[int] = set()
     for index in range(g.max_subs):
         state = ops.load_acquire_u32(region.ring_address(index) + STATE_FLIGHT_OFFSET) & RING_STATE_MASK
         for pos in range(g.capacity):
