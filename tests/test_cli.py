@@ -1267,7 +1267,7 @@ def test_retired_ring_needs_retired_with_yes(name):
 
     assert cli_json("repair", name, "--retired", "--yes") == {
         "name": name, "free_rings_drained": [], "retired_rings_reset": 1,
-        "retired_rings_drained": [{"ring": 2, "in_flight": 1, "released": [], "freed": []}],
+        "retired_rings_drained": [{"ring": 2, "in_flight": 1, "slots": []}],
     }
     ring = rawregion.ring(rawregion.read_bytes(name), 2)
     assert (ring.state, ring.in_flight) == (FREE, 0)

@@ -172,7 +172,7 @@ def cmd_repair(args: argparse.Namespace) -> int:
             done["retired_rings_reset"] = len(reset)
             done["retired_rings_drained"] = [vars(d) for d in reset]
             lines.append(f"reset {counted(len(reset), 'retired ring', 'retired rings')}"
-                         + "".join(f"; ring {d.ring}: {given_back(d)}" for d in reset if d.released))
+                         + "".join(f"; ring {d.ring}: {given_back(d)}" for d in reset if d.slots))
     if args.orphans:
         before = audit.look(region)  # the step runs at quiescence (its contract): two looks tell what it did
         done["orphaned_slots_reclaimed"] = region.reclaim_orphaned_slots()
@@ -192,13 +192,10 @@ def cmd_repair(args: argparse.Namespace) -> int:
 
 
 def given_back(drained: DrainedRing) -> str:
-    """What a drained ring gave back: ``gave back 2 claims (slots 3, 7), 1 slot free at once``."""
-    if not drained.released:
+    """What a drained ring gave back: ``gave back 2 claims (slots 3, 7)``."""
+    if not drained.slots:
         return "it held no claim"
-    later = len(drained.released) - len(drained.freed)
-    return (f"gave back {counted(len(drained.released), 'claim', 'claims')} (slots {', '.join(map(str, sorted(drained.released)))}), "
-            f"{counted(len(drained.freed), 'slot', 'slots')} free at once"
-            + (f" (the other {later} once the rings or views still holding them let go)" if later else ""))
+    return f"gave back {counted(len(drained.slots), 'claim', 'claims')} (slots {', '.join(map(str, sorted(drained.slots)))})"
 
 
 def dead_subscriber_sentences(name: str, report: DeadSubscriberReport) -> list[str]:

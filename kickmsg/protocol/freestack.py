@@ -91,14 +91,12 @@ def push(region: Pool, slot: int) -> None:
         top = found
 
 
-def release_slot(region: Pool, slot: int, references: int = 1) -> bool:
+def release_slot(region: Pool, slot: int, references: int = 1) -> None:
     """Drop ``references`` of ``slot``'s refcount (acq_rel); whoever drops
-    it to zero pushes the slot back on the free stack. True if this call did."""
+    it to zero pushes the slot back on the free stack."""
     previous = region.atomics.fetch_sub_acq_rel_u32(region.slot_addresses[slot] + REFCOUNT_OFFSET, references)
     if previous == references:
         push(region, slot)
-        return True
-    return False
 
 
 def count_free(region: Pool) -> int:

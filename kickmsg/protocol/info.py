@@ -34,14 +34,12 @@ class DrainedRing:
     """A Free ring whose entries' claims (layout 4: references) a repair
     gave back (both layouts' ``drain_free_rings``): its index, the
     publishers its state counted in flight (more than 0: a retired ring,
-    reset), the slot of each claim given back, and those of them that went
-    back on the free stack at once (the others when the rings still holding
-    them let go)."""
+    reset), and the slot of each claim given back (a slot goes back on the
+    free stack once no ring or view holds it any more)."""
 
     ring: int
     in_flight: int
-    released: list[int]
-    freed: list[int]
+    slots: list[int]
 
 
 @dataclass(frozen=True)

@@ -140,25 +140,31 @@ def drain_free_rings(region: Region, retired: bool = False) -> list[DrainedRing]
     to have stopped). Each ring is Draining with in_flight 0 while drained
     (nobody joins it), then Free. Returns each ring drained."""
     ops = region.atomics
-    pool_size = region.geometry.pool_size
     drained = []
     for ring in region.rings:
         state_flight = ops.load_acquire_u32(ring.state_flight)
         if state_flight & layout.RING_STATE_MASK != layout.RING_FREE or (state_flight >> 2 and not retired):
             continue
-        holds = any(
-            sequence == position + 1 and ops.load_relaxed_u32(entry + layout.SLOT_IDX_OFFSET) < pool_size
-            for position, entry, sequence in live_window(region, ring)
-        )
-        if not state_flight >> 2 and not holds:
+        if not state_flight >> 2 and not _referenced_slots_of(region, ring):
             continue  # nothing held: left as it is
         # Draining with in_flight 0 (CAS acq_rel): nobody joins while we drain
         if ops.cas_acq_rel_u32(ring.state_flight, state_flight, layout.RING_DRAINING) != state_flight:
             continue  # changed meanwhile: left for the next call
-        released, freed = rings.drain(region, ring, 0)
+        referenced = _referenced_slots_of(region, ring)  # what the drain gives back: nobody else changes them now
+        rings.drain(region, ring, 0)
         ops.store_seq_cst_u32(ring.state_flight, layout.RING_FREE)
-        drained.append(DrainedRing(ring.index, state_flight >> 2, released, freed))
+        drained.append(DrainedRing(ring.index, state_flight >> 2, referenced))
     return drained
+
+
+def _referenced_slots_of(region: Region, ring: RingAddresses) -> list[int]:
+    """The slot each committed entry of the ring's live window references."""
+    ops = region.atomics
+    slots = [
+        ops.load_relaxed_u32(entry + layout.SLOT_IDX_OFFSET)
+        for position, entry, sequence in live_window(region, ring) if sequence == position + 1
+    ]
+    return [slot for slot in slots if slot < region.geometry.pool_size]
 
 
 def reclaim_dead_subscribers(region: Region) -> tuple[list[tuple[int, int]], list[int], list[int]]:

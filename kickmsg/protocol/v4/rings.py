@@ -83,18 +83,15 @@ def set_state(region: Region, ring: RingAddresses, state: int) -> None:
         state_flight = found
 
 
-def drain(region: Region, ring: RingAddresses, start_pos: int) -> tuple[list[int], list[int]]:
+def drain(region: Region, ring: RingAddresses, start_pos: int) -> None:
     """drain_unconsumed: release the ring's reference to every committed entry of
     [max(write_pos - capacity, start_pos), write_pos) and mark each
-    INVALID_SLOT, so a later eviction does not release it again. Returns
-    the slot of each reference released, and those that went back on the
-    free stack (a slot other rings still reference stays out).
+    INVALID_SLOT, so a later eviction does not release it again.
 
     Only while no publisher is admitted to the ring (its state is not Live
     and in_flight is 0): write_pos is then final.
     """
     ops = region.atomics
-    released, pushed = [], []
     write_pos = ops.load_acquire_u64(ring.write_pos)
     for position in range(max(write_pos - region.geometry.capacity, start_pos), write_pos):
         entry = ring.entries[position & region.geometry.mask]
@@ -102,8 +99,5 @@ def drain(region: Region, ring: RingAddresses, start_pos: int) -> tuple[list[int
             continue  # evicted, uncommitted or locked: skip
         slot = ops.load_relaxed_u32(entry + layout.SLOT_IDX_OFFSET)
         if slot < region.geometry.pool_size:
-            released.append(slot)
-            if freestack.release_slot(region, slot):
-                pushed.append(slot)
+            freestack.release_slot(region, slot)
             ops.store_seq_cst_u32(entry + layout.SLOT_IDX_OFFSET, layout.INVALID_SLOT)
-    return released, pushed

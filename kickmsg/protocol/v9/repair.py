@@ -177,15 +177,13 @@ def reset_retired_rings(region: Region, drain: bool = False) -> int:
     return reset
 
 
-def drain_window(region: Region, index: int) -> tuple[list[int], list[int]]:
+def drain_window(region: Region, index: int) -> None:
     """B.12's drain over the whole window of ring ``index`` (no owner's
     start_pos to begin at): give back every valid claim in
     [max(0, wp - capacity), wp), whatever the sequence or tag says; the
-    tag stays. Returns the slot of each claim given back, and those that
-    went back on the free stack (a slot other rings still claim stays out)."""
+    tag stays."""
     ops = region.atomics
     g = region.geometry
-    released, pushed = [], []
     # wp = write_pos (acq) (0: an empty window)
     write_pos = ops.load_acquire_u64(region.ring_address(index) + WRITE_POS_OFFSET)
     for pos in range(max(0, write_pos - g.capacity), write_pos):
@@ -197,23 +195,20 @@ def drain_window(region: Region, index: int) -> tuple[list[int], list[int]]:
             continue
         # CAS(strong, acq_rel) m -> m with the slot field zeroed; on success release the slot
         if ops.cas_acq_rel_u64(entry + META_OFFSET, meta, meta & ~META_SLOT_MASK) == meta:
-            released.append(field - 1)
-            if freestack.release_slot(region, field - 1):
-                pushed.append(field - 1)
-    return released, pushed
+            freestack.release_slot(region, field - 1)
 
 
 # -- drain_free_rings (our extension) -----------------------------------------------------
 
 
-def _holds_claims(region: Region, index: int) -> bool:
-    """Whether an entry of ring ``index`` names a slot of the pool."""
+def _claimed_slots(region: Region, index: int) -> list[int]:
+    """The slot each entry of ring ``index`` claims (its valid claims)."""
     ops = region.atomics
     g = region.geometry
-    return any(
-        0 < meta_slot_field(ops.load_acquire_u64(region.entry_address(index, pos) + META_OFFSET)) <= g.pool_size
-        for pos in range(g.capacity)
-    )
+    fields = [
+        meta_slot_field(ops.load_acquire_u64(region.entry_address(index, pos) + META_OFFSET)) for pos in range(g.capacity)
+    ]
+    return [field - 1 for field in fields if 0 < field <= g.pool_size]
 
 
 def drain_free_rings(region: Region, retired: bool = False) -> list[DrainedRing]:
@@ -234,15 +229,16 @@ def drain_free_rings(region: Region, retired: bool = False) -> list[DrainedRing]
         state_flight = ops.load_acquire_u32(address)
         if state_flight & RING_STATE_MASK != RING_FREE or (state_flight >> 2 and not retired):
             continue
-        if not state_flight >> 2 and not _holds_claims(region, index):
+        if not state_flight >> 2 and not _claimed_slots(region, index):
             continue  # nothing held: left as it is
         # Draining with in_flight 0 (CAS strong, acq_rel): nobody joins while we drain
         if ops.cas_acq_rel_u32(address, state_flight, RING_DRAINING) != state_flight:
             continue  # changed meanwhile (joined, or a publisher's admission attempt): left for the next call
         _clear_owner(region, ring)
-        released, freed = drain_window(region, index)
+        claimed = _claimed_slots(region, index)  # what the drain gives back: nobody else changes them now
+        drain_window(region, index)
         ops.store_release_u32(address, RING_FREE)
-        drained.append(DrainedRing(index, state_flight >> 2, released, freed))
+        drained.append(DrainedRing(index, state_flight >> 2, claimed))
     return drained
 
 
