@@ -50,7 +50,7 @@ class HealthReport:
     schema_stuck: bool  # schema_state left at Claiming
     # Beyond 0.1.0:
     dead_subscriber_rings: int = 0  # Live or Draining rings whose recorded owner died (kickmsg.ops.owners)
-    pool_too_small: bool = False  # the slots Live rings can use, pool_size less stranded_slots, <= sub_ring_capacity
+    pool_too_small: bool = False  # by its geometry, or rings hold so many slots that sends can fail for good (from_counts)
     stranded_slots: int = 0  # slots only rings that are not Live hold: kickmsg repair drains them
 
     @property
@@ -65,13 +65,20 @@ class HealthReport:
     def from_counts(cls, found: HealthCounts, geometry: layout.Geometry) -> "HealthReport":
         """The report of a layout's ``diagnose`` counts, with the geometry's
         hazards. Every Live ring keeps the slots of its last
-        sub_ring_capacity messages, and the slots only rings that are not
-        Live hold are out of reach: the pool is too small when what is left
-        cannot hold a ring's worth plus the slot a publisher writes."""
+        sub_ring_capacity messages (the same slots for all when their
+        windows hold the same messages), and the slots only rings that are
+        not Live hold are out of reach: the pool is too small when what is
+        left cannot hold a ring's worth plus the slot a publisher writes,
+        or when ring claims hold every slot (Live rings whose windows hold
+        different messages: claims a reclaim did not drain, kept by a ring
+        joined since), as no publisher can then write to replace them."""
         return cls(
             found.locked_entries, found.retired_rings, found.draining_rings, found.live_rings, found.schema_stuck,
             dead_subscriber_rings=found.dead_rings,
-            pool_too_small=bool(geometry.hazards()) or geometry.pool_size - found.stranded_slots <= geometry.capacity,
+            pool_too_small=(
+                bool(geometry.hazards()) or geometry.pool_size - found.stranded_slots <= geometry.capacity
+                or found.live_held_slots + found.stranded_slots >= geometry.pool_size
+            ),
             stranded_slots=found.stranded_slots,
         )
 

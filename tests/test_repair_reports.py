@@ -214,3 +214,28 @@ def test_a_subscriber_killed_holding_a_view_is_repaired_in_two_steps(name):
     orphans = cli("repair", name, "--orphans", "--yes")
     assert "reclaimed 1 orphaned slot (" in orphans, orphans
     assert cli("audit", name).startswith("clean: 16 of 16 slots free")
+
+
+@pytest.mark.parametrize("layout", [9, 4])
+def test_diagnose_says_the_pool_is_too_small_when_live_rings_claims_hold_every_slot(name, layout):
+    """Two Live rings whose windows hold different messages (ring 0 joined
+    again while it still held a window a reclaim did not drain): their
+    claims hold all 16 slots and every send fails, and diagnose says the
+    pool is too small for them, though no ring is stranded."""
+    cli("create", name, *SMALL, "--layout", str(layout))
+    region = kickmsg.SharedRegion.open(name)
+    publisher = kickmsg.Publisher(region)
+    poke_ring_state(name, 0, LIVE)
+    for number in range(8):
+        assert publisher.send(b"%d" % number) > 0
+    poke_ring_state(name, 0, FREE)  # left by a reclaim that did not drain: 8 claims kept
+    poke_ring_state(name, 1, LIVE)
+    for number in range(8):
+        assert publisher.send(b"%d" % number) > 0
+    poke_ring_state(name, 0, LIVE)  # a subscriber joins it: 16 slots claimed by Live rings
+    with pytest.raises(BlockingIOError):  # the pool is empty
+        publisher.send(b"one more")
+    diagnosis = cli("diagnose", name, code=1)
+    assert "pool_too_small        True" in diagnosis and "stranded_slots        0" in diagnosis, diagnosis
+    assert "ring claims hold every slot of the pool (16)" in diagnosis, diagnosis
+    publisher.close()

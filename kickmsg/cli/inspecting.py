@@ -294,6 +294,11 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
                      f"leaving {region.geometry.pool_size - report.stranded_slots} of {region.geometry.pool_size} to "
                      f"Live rings that keep {region.geometry.capacity} each: kickmsg repair {printable(region.name)} "
                      f"gives them back (retired rings: --retired --yes)")
+    elif report.pool_too_small and not region.geometry.hazards():
+        lines.append(f"ring claims hold every slot of the pool ({region.geometry.pool_size}) while each Live ring keeps "
+                     f"{region.geometry.capacity}: some Live ring holds claims of older messages (left by a reclaim "
+                     f"that did not drain, in a ring a subscriber joined since), and no publisher can write to replace "
+                     f"them; restart its subscriber, then kickmsg repair {printable(region.name)} drains what is left")
     emit(args, dict(data, healthy=report.healthy), "\n".join(lines))
     return EXIT_OK if report.healthy else EXIT_FOUND
 

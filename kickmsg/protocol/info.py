@@ -27,6 +27,7 @@ class HealthCounts:
     schema_stuck: bool = False
     dead_rings: int = 0
     stranded_slots: int = 0  # slots only rings that are not Live hold (beyond 0.9.2)
+    live_held_slots: int = 0  # distinct slots Live rings hold (beyond 0.9.2)
 
 
 @dataclass(frozen=True)

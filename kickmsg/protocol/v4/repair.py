@@ -17,9 +17,9 @@ from kickmsg.protocol.info import DrainedRing, HealthCounts
 from kickmsg.schema import SchemaInfo
 
 __all__ = [
-    "SCHEMA_CLAIM_YIELDS", "dead_subscriber_rings", "diagnose", "drain_free_rings", "free_ring", "live_window",
+    "SCHEMA_CLAIM_YIELDS", "dead_subscriber_rings", "diagnose", "drain_free_rings", "free_ring", "held_slots", "live_window",
     "reclaim_dead_subscribers", "reclaim_orphaned_slots", "referenced_slots", "repair_locked_entries",
-    "reset_retired_rings", "reset_schema_claim", "stranded_slots", "try_claim_schema",
+    "reset_retired_rings", "reset_schema_claim", "try_claim_schema",
 ]
 
 SCHEMA_CLAIM_YIELDS = 1024  # how long a losing schema claimant waits for Set
@@ -52,13 +52,15 @@ def diagnose(region: Region) -> HealthCounts:
         locked += sum(layout.entry_is_stuck(seq, pos, capacity) for pos, _, seq in live_window(region, ring))
     schema_stuck = region.atomics.load_acquire_u32(region.schema_state_address) == layout.SCHEMA_CLAIMING
     dead = len(dead_subscriber_rings(region))
-    return HealthCounts(locked, retired, draining, live, schema_stuck, dead, len(stranded_slots(region)))
+    in_live, stranded = held_slots(region)
+    return HealthCounts(locked, retired, draining, live, schema_stuck, dead, len(stranded), len(in_live))
 
 
-def stranded_slots(region: Region) -> set[int]:
-    """The slots that only rings that are not Live reference (read-only,
-    beyond 0.1.0): no publisher writes into those rings, so nothing gives
-    the slots back until ``drain_free_rings`` (or a join and a wrap)."""
+def held_slots(region: Region) -> tuple[set[int], set[int]]:
+    """The slots Live rings reference, and those only rings that are not
+    Live reference (stranded; read-only, beyond 0.1.0): no publisher writes
+    into those rings, so nothing gives the slots back until
+    ``drain_free_rings`` (or a join and a wrap)."""
     ops = region.atomics
     in_live: set[int] = set()
     elsewhere: set[int] = set()
@@ -68,7 +70,7 @@ def stranded_slots(region: Region) -> set[int]:
             slot = ops.load_relaxed_u32(entry + layout.SLOT_IDX_OFFSET)
             if sequence == position + 1 and slot < region.geometry.pool_size:
                 (in_live if live else elsewhere).add(slot)
-    return elsewhere - in_live
+    return in_live, elsewhere - in_live
 
 
 def dead_subscriber_rings(region: Region) -> list[tuple[int, int]]:

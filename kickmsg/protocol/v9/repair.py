@@ -39,9 +39,9 @@ from kickmsg.protocol.info import DrainedRing, HealthCounts
 from kickmsg.schema import SchemaInfo
 
 __all__ = [
-    "SCHEMA_WAIT_YIELDS", "diagnose", "drain_free_rings", "drain_window",
+    "SCHEMA_WAIT_YIELDS", "diagnose", "drain_free_rings", "drain_window", "held_slots",
     "reclaim_dead_rings", "reclaim_orphaned_slots", "repair_locked_entries", "reset_retired_rings",
-    "reset_schema_claim", "stranded_slots", "try_claim_schema",
+    "reset_schema_claim", "try_claim_schema",
 ]
 
 SCHEMA_WAIT_YIELDS = 1024  # B.17
@@ -94,13 +94,15 @@ def diagnose(region: Region) -> HealthCounts:
         if state in (RING_LIVE, RING_DRAINING, RING_RECLAIMING) and _ring_is_dead(region, ring):
             dead += 1
     schema_stuck = ops.load_acquire_u32(region.base + SCHEMA_STATE_OFFSET) == SCHEMA_CLAIMING
-    return HealthCounts(locked, retired, draining, live, schema_stuck, dead, len(stranded_slots(region)))
+    in_live, stranded = held_slots(region)
+    return HealthCounts(locked, retired, draining, live, schema_stuck, dead, len(stranded), len(in_live))
 
 
-def stranded_slots(region: Region) -> set[int]:
-    """The slots that only rings that are not Live claim (read-only; our
-    extension): no publisher replaces those claims, so nothing gives the
-    slots back until ``drain_free_rings`` (or a join and a wrap)."""
+def held_slots(region: Region) -> tuple[set[int], set[int]]:
+    """The slots Live rings claim, and those only rings that are not Live
+    claim (stranded; read-only, our extension): no publisher replaces
+    those claims, so nothing gives the slots back until ``drain_free_rings``
+    (or a join and a wrap)."""
     ops = region.atomics
     g = region.geometry
     in_live: set[int] = set()
@@ -111,7 +113,7 @@ def stranded_slots(region: Region) -> set[int]:
             field = meta_slot_field(ops.load_acquire_u64(region.entry_address(index, pos) + META_OFFSET))
             if field and field - 1 < g.pool_size:
                 (in_live if state == RING_LIVE else elsewhere).add(field - 1)
-    return elsewhere - in_live
+    return in_live, elsewhere - in_live
 
 
 # -- B.13 repair_locked_entries -------------------------------------------------------
