@@ -239,3 +239,24 @@ def test_diagnose_says_the_pool_is_too_small_when_live_rings_claims_hold_every_s
     assert "pool_too_small        True" in diagnosis and "stranded_slots        0" in diagnosis, diagnosis
     assert "ring claims hold every slot of the pool (16)" in diagnosis, diagnosis
     publisher.close()
+
+
+@pytest.mark.parametrize("layout", [9, 4])
+def test_resetting_a_retired_ring_gives_its_claims_back(name, layout):
+    """`kickmsg repair --retired --yes` resets a retired ring and drains it
+    (both layouts), saying which slots its claims held; the default repair
+    leaves a retired ring alone."""
+    cli("create", name, *SMALL, "--layout", str(layout))
+    poke_ring_state(name, 0, LIVE)
+    region = kickmsg.SharedRegion.open(name)
+    publisher = kickmsg.Publisher(region)
+    for number in range(8):
+        assert publisher.send(b"%d" % number) > 0
+    poke_ring_state(name, 0, 1 << 2 | FREE)  # its teardown timed out with a publisher in flight
+    assert "drained" not in cli("repair", name)
+    found = cli("audit", name, code=1)
+    assert "retired rings: 1" in found and f"kickmsg repair {name} --retired --yes resets them" in found, found
+    reset = cli("repair", name, "--retired", "--yes")
+    assert "reset 1 retired ring; ring 0: gave back 8 claims (slots " in reset, reset
+    assert cli("audit", name).startswith("clean: 16 of 16 slots free"), cli("audit", name)
+    publisher.close()
