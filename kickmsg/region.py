@@ -22,7 +22,7 @@ from kickmsg.protocol.v4 import repair as repair4
 from kickmsg.protocol.v4 import rings as rings4
 from kickmsg.protocol.v4.region import RingAddresses, check_creatable
 from kickmsg.protocol import freestack
-from kickmsg.protocol.info import HealthCounts, RegionInfo, RegionStats, RingStats, region_info
+from kickmsg.protocol.info import DrainedRing, HealthCounts, RegionInfo, RegionStats, RingStats, region_info
 from kickmsg.atomics import HARDWARE, Atomics
 from kickmsg.config import ChannelType, Config, ConfigError, channel_type_of
 from kickmsg.errors import Layout4Only
@@ -53,29 +53,44 @@ class HealthReport:
     schema_stuck: bool  # schema_state left at Claiming
     # Beyond 0.1.0:
     dead_subscriber_rings: int = 0  # Live or Draining rings whose recorded owner died (kickmsg.ops.owners)
-    pool_too_small: bool = False  # pool_size <= sub_ring_capacity: sends fail for good (Geometry.hazards)
+    pool_too_small: bool = False  # by its geometry, or rings hold so many slots that sends can fail for good (from_counts)
+    stranded_slots: int = 0  # slots only rings that are not Live hold: kickmsg repair drains them
 
     @property
     def healthy(self) -> bool:
         """Nothing found that needs a repair (live rings are not damage)."""
         return not (
             self.locked_entries or self.retired_rings or self.draining_rings or self.schema_stuck
-            or self.dead_subscriber_rings or self.pool_too_small
+            or self.dead_subscriber_rings or self.pool_too_small or self.stranded_slots
         )
 
     @classmethod
     def from_counts(cls, found: HealthCounts, geometry: layout.Geometry) -> "HealthReport":
-        """The report of a layout's ``diagnose`` counts, with the geometry's hazards."""
+        """The report of a layout's ``diagnose`` counts, with the geometry's
+        hazards. Every Live ring keeps the slots of its last
+        sub_ring_capacity messages (the same slots for all when their
+        windows hold the same messages), and the slots only rings that are
+        not Live hold are out of reach: the pool is too small when what is
+        left cannot hold a ring's worth plus the slot a publisher writes,
+        or when ring claims hold every slot (Live rings whose windows hold
+        different messages: claims a reclaim did not drain, kept by a ring
+        joined since), as no publisher can then write to replace them."""
         return cls(
             found.locked_entries, found.retired_rings, found.draining_rings, found.live_rings, found.schema_stuck,
-            dead_subscriber_rings=found.dead_rings, pool_too_small=bool(geometry.hazards()),
+            dead_subscriber_rings=found.dead_rings,
+            pool_too_small=(
+                bool(geometry.hazards()) or geometry.pool_size - found.stranded_slots <= geometry.capacity
+                or found.live_held_slots + found.stranded_slots >= geometry.pool_size
+            ),
+            stranded_slots=found.stranded_slots,
         )
 
     def __repr__(self) -> str:
         return (
             f"HealthReport(locked={self.locked_entries}, retired={self.retired_rings}, "
             f"draining={self.draining_rings}, live={self.live_rings}, schema_stuck={self.schema_stuck}, "
-            f"dead_subscriber_rings={self.dead_subscriber_rings}, pool_too_small={self.pool_too_small})"
+            f"dead_subscriber_rings={self.dead_subscriber_rings}, pool_too_small={self.pool_too_small}, "
+            f"stranded_slots={self.stranded_slots})"
         )
 
 
@@ -359,6 +374,14 @@ class SharedRegion(region4.Region):
         self.require_writable("reset rings")
         return repair4.reset_retired_rings(self, drain)
 
+    def drain_free_rings(self, retired: bool = False) -> list[DrainedRing]:
+        """Release the references Free rings' entries still hold (beyond
+        0.1.0; left by a reset without drain): each ring drained, with the
+        slots given back to the pool. Safe under traffic; ``retired`` also resets
+        and drains retired rings, only once the crashed publisher is gone."""
+        self.require_writable("drain rings")
+        return repair4.drain_free_rings(self, retired)
+
     def leave_ring(self, ring: RingAddresses, start_pos: int, sidecar: owners.Sidecar | None = None) -> bool:
         """Subscriber teardown: stop admissions, wait for in-flight publishers,
         drain the ring's references, free the ring. Returns False if the
@@ -576,6 +599,15 @@ class Layout9Region(SharedRegion):
         layout 4) gives those claims back to the pool at once."""
         self.require_writable("reset rings")
         return repair9.reset_retired_rings(self.core, drain)
+
+    def drain_free_rings(self, retired: bool = False) -> list[DrainedRing]:
+        """Give back the claims Free rings still hold (our extension; left by
+        0.9.2's reclaim_dead_rings and reset_retired_rings): each ring
+        drained, with the slots given back to the pool. Safe under traffic;
+        ``retired`` also resets and drains retired rings, only once the
+        crashed publisher is gone."""
+        self.require_writable("drain rings")
+        return repair9.drain_free_rings(self.core, retired)
 
     def reclaim_dead_rings(self) -> int:
         """Free the rings whose owner is provably dead (B.13, the Reclaiming

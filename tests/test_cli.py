@@ -760,6 +760,7 @@ def test_stats_and_repair_of_a_subscriber_killed_with_sigkill(name):
                 "dead_subscribers": {"reclaimed": [[0, pid]], "unrecorded": [1], "timed_out": []},
                 "dead_publishers_reclaimed": [],
                 "locked_entries_repaired": 0,
+                "free_rings_drained": [],  # layout 4's reclaim drains the ring itself
             }
             rings = cli_json("stats", name)["rings"]
             assert [r["state"] for r in rings] == ["Free", "Live", "Live"]
@@ -1157,7 +1158,7 @@ def test_diagnose_and_audit_pass_clean_regions(name, prefix):
         diagnosis = cli_json("diagnose", name)
         assert diagnosis == {"locked_entries": 0, "retired_rings": 0, "draining_rings": 0, "live_rings": 1,
                              "schema_stuck": False, "dead_subscriber_rings": 0, "pool_too_small": False,
-                             "healthy": True}
+                             "stranded_slots": 0, "healthy": True}
         report = cli_json("audit", name)
         assert report["clean"] is True and report["verdict"] == f"clean: {free_slots(name)} of 16 slots free, 1 live rings"
         assert [(r["state"], r["write_pos"], r["references"]) for r in report["rings"]] == [("Live", 10, 8)]
@@ -1259,7 +1260,9 @@ def test_leaked_slot_needs_orphans_with_yes(name):
     assert_one_line_error(cli("repair", name, "--orphans"), "repair", "--yes", "not a terminal")
     assert_one_line_error(cli("repair", name, "--orphans", input=b"y\n"), "repair", "--yes")
     assert snapshot(name) == before
-    assert cli_json("repair", name, "--orphans", "--yes") == {"name": name, "orphaned_slots_reclaimed": 1}
+    assert cli_json("repair", name, "--orphans", "--yes") == {
+        "name": name, "orphaned_slots_reclaimed": 1, "orphaned_slots_given_back": [leaked], "refcounts_corrected": [],
+    }
     assert cli("audit", name).code == 0
     rawregion.assert_pool_whole(name)
 
@@ -1277,7 +1280,10 @@ def test_retired_ring_needs_retired_with_yes(name):
     assert safe["locked_entries_repaired"] == 0
     assert cli("diagnose", name).code == 1
 
-    assert cli_json("repair", name, "--retired", "--yes") == {"name": name, "retired_rings_reset": 1}
+    assert cli_json("repair", name, "--retired", "--yes") == {
+        "name": name, "free_rings_drained": [], "retired_rings_reset": 1,
+        "retired_rings_drained": [{"ring": 2, "in_flight": 1, "slots": []}],
+    }
     ring = rawregion.ring(rawregion.read_bytes(name), 2)
     assert (ring.state, ring.in_flight) == (FREE, 0)
     assert cli("diagnose", name).code == 0

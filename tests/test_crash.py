@@ -218,8 +218,8 @@ def test_publisher_killed_at_crash_point(point, shm_name, procs):
     assert missing == ([victim_slot] if expect.unrecoverable else [])
     assert not any(pool.refcounts), pool.refcounts
     report = audit(region)
-    assert report.clean, report.verdict
-    assert report.being_written == missing  # the unrecoverable slot, which the audit allows
+    assert report.clean == (not missing), report.verdict  # the unrecoverable slot is lost: damage
+    assert report.being_written == report.unreferenced_slots == missing
 
 
 def check_crash_residue(point, region, name) -> int:
@@ -248,7 +248,7 @@ def check_crash_residue(point, region, name) -> int:
         assert full_refcount == [] and len(report.being_written) == 1, report
         (victim_slot,) = report.being_written
         assert pool.refcounts[victim_slot] == 0 and victim_slot not in pool.free_slots
-        assert report.leaked_slots == [] and report.clean, report.verdict
+        assert report.leaked_slots == [] and report.unreferenced_slots == [victim_slot], report.verdict
         return victim_slot
     # Refcount pre-set to max_subs: the victim's slot is the only one that high.
     assert len(full_refcount) == 1, pool.refcounts
@@ -327,7 +327,8 @@ def test_reset_without_drain_leaves_the_window_taken_until_reused(shm_name, proc
     assert sorted(pool.free_slots) == sorted(set(range(pool_size)) - set(taken))
     assert [pool.refcounts[slot] for slot in taken] == [1] * len(taken)
     report = audit(region)
-    assert report.clean and report.free_slots == pool_size - len(taken), report.verdict  # consistent, not leaked
+    assert report.free_slots == pool_size - len(taken), report.verdict  # consistent, not leaked: stranded
+    assert sorted(report.stranded_slots) == sorted(taken) and not report.leaked_slots, report.verdict
 
     # Reuse: a new subscriber joins the ring; one lap of messages evicts the old window.
     with Subscriber(region) as again:

@@ -209,7 +209,8 @@ def build_parser() -> CommandLineParser:
                   "  kickmsg repair --topic imu --ring 3 --force   # ring 3: no record says who holds it")
     sub.add_argument("--locked", action="store_true", help="commit entries left locked by crashed publishers (safe)")
     sub.add_argument("--dead-subscribers", action="store_true",
-                     help="free rings of subscribers that died, and clear records of publishers that died (safe)")
+                     help="free rings of subscribers that died, give back the slots Free rings still hold, and clear "
+                          "records of publishers that died (safe)")
     sub.add_argument("--retired", action="store_true", help="reset and drain rings left by crashed publishers (unsafe)")
     sub.add_argument("--orphans", action="store_true", help="reclaim unreferenced slots (needs quiescence)")
     sub.add_argument("--ring", type=int, metavar="N",

@@ -307,17 +307,30 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
         "schema_stuck": report.schema_stuck,
         "dead_subscriber_rings": report.dead_subscriber_rings,
         "pool_too_small": report.pool_too_small,
+        "stranded_slots": report.stranded_slots,
     }
     width = max(map(len, data))
     lines = [f"{key:<{width}} {value}" for key, value in data.items()]
     lines += [f"ring {ring}: its subscriber (pid {pid}) died; kickmsg repair reclaims it" for ring, pid in region.dead_subscriber_rings()]
     lines += [f"warning: {hazard}" for hazard in region.geometry.hazards()]
+    if report.stranded_slots:
+        lines.append(f"{counted(report.stranded_slots, 'slot is', 'slots are')} held only by rings that are not Live, "
+                     f"leaving {region.geometry.pool_size - report.stranded_slots} of {region.geometry.pool_size} to "
+                     f"Live rings that keep {region.geometry.capacity} each: kickmsg repair {printable(region.name)} "
+                     f"gives them back (retired rings: --retired --yes)")
+    elif report.pool_too_small and not region.geometry.hazards():
+        lines.append(f"ring claims hold every slot of the pool ({region.geometry.pool_size}) while each Live ring keeps "
+                     f"{region.geometry.capacity}: some Live ring holds claims of older messages (left by a reclaim "
+                     f"that did not drain, in a ring a subscriber joined since), and no publisher can write to replace "
+                     f"them; restart its subscriber, then kickmsg repair {printable(region.name)} drains what is left")
     emit(args, dict(data, healthy=report.healthy), "\n".join(lines))
     return EXIT_OK if report.healthy else EXIT_FOUND
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
-    report = audit(inspect(channel_name(args)))
+    region = inspect(channel_name(args))
+    report = audit(region)
+    fixes = report.fixes(region.name)
     data = {
         "verdict": report.verdict,
         "clean": report.clean,
@@ -328,14 +341,19 @@ def cmd_audit(args: argparse.Namespace) -> int:
         "leaked_slots": report.leaked_slots,
         "under_referenced_slots": report.under_referenced_slots,
         "double_free_candidates": report.double_free_candidates,
+        "unreferenced_slots": report.unreferenced_slots,
+        "stranded_slots": report.stranded_slots,
+        "fixes": fixes,
         "schema_state": report.schema_state,
         "hazards": report.hazards,
         "rings": [vars(ring) for ring in report.rings],
         "idle_rings": report.idle_rings,
     }
-    problems = ("free_stack_problems", "leaked_slots", "under_referenced_slots", "double_free_candidates")
+    problems = ("free_stack_problems", "leaked_slots", "unreferenced_slots", "stranded_slots", "under_referenced_slots",
+                "double_free_candidates")
     details = [f"  {key}: {data[key]}" for key in problems if data[key]]
-    details += [f"  being_written: {report.being_written}"] if report.being_written else []
+    moving = [slot for slot in report.being_written if slot not in report.unreferenced_slots]  # (those are listed)
+    details += [f"  being_written: {moving}"] if moving else []
     for ring in report.rings:
         for what in ("locked_entries", "stale_entries", "bad_entries"):
             if getattr(ring, what):
@@ -343,6 +361,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
         if ring.index in report.dead_owner_rings:
             details.append(f"  ring {ring.index} is held by dead subscriber {ring.owner_pid} (kickmsg repair reclaims it)")
     details += [f"  {hazard}" for hazard in report.hazards]
+    details += [f"  fix: {printable(fix)}" for fix in fixes]
     emit(args, data, "\n".join([report.verdict] + details))
     return EXIT_OK if report.clean else EXIT_FOUND
 

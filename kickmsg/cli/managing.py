@@ -12,7 +12,7 @@ from typing import Any
 
 import kickmsg
 from kickmsg import layouts, shm
-from kickmsg.ops import owners
+from kickmsg.ops import audit, owners
 from kickmsg.protocol.v4 import layout
 from kickmsg.cli.common import (
     EXIT_ERROR,
@@ -42,6 +42,7 @@ from kickmsg.ops.diagnostics import (
 )
 from kickmsg.protocol.v9 import blackboard as board9
 from kickmsg.protocol.v9 import registry as registry9
+from kickmsg.protocol.info import DrainedRing
 from kickmsg.publisher import send_retrying
 from kickmsg.region import DeadSubscriberReport, SharedRegion
 from kickmsg.terminal import printable
@@ -49,7 +50,7 @@ from kickmsg.userfiles import FileTooLarge, read_at_most
 
 __all__ = [
     "IN_USE", "SIDECARS", "candidate_type", "check_data_given", "clean_report", "cmd_clean", "cmd_create", "cmd_pub", "cmd_repair",
-    "cmd_rm", "confirm", "dead_bridge_records", "dead_subscriber_sentences", "payload_of", "publishing_region",
+    "cmd_rm", "confirm", "dead_bridge_records", "dead_subscriber_sentences", "given_back", "payload_of", "publishing_region",
     "remove_each", "remove_file", "remove_region", "type_suffix", "why_not_unused",
 ]
 
@@ -160,15 +161,41 @@ def cmd_repair(args: argparse.Namespace) -> int:
     if args.locked:
         done["locked_entries_repaired"] = region.repair_locked_entries()
         lines.append(f"repaired {counted(done['locked_entries_repaired'], 'locked entry', 'locked entries')}")
-    if args.retired:
-        # the drain the timed-out teardown skipped gives the rings' references back (both layouts)
-        done["retired_rings_reset"] = region.reset_retired_rings(drain=True)
-        lines.append(f"reset {counted(done['retired_rings_reset'], 'retired ring', 'retired rings')}")
+    if args.dead_subscribers or args.retired:
+        # Free rings' claims go back to the pool (left by reclaims and resets that do not drain);
+        # with --retired, retired rings are reset and drained too (both layouts)
+        drained = region.drain_free_rings(retired=args.retired)
+        done["free_rings_drained"] = [vars(d) for d in drained if not d.in_flight]
+        lines += [f"drained Free ring {d.ring}: {given_back(d)}" for d in drained if not d.in_flight]
+        if args.retired:
+            reset = [d for d in drained if d.in_flight]
+            done["retired_rings_reset"] = len(reset)
+            done["retired_rings_drained"] = [vars(d) for d in reset]
+            lines.append(f"reset {counted(len(reset), 'retired ring', 'retired rings')}"
+                         + "".join(f"; ring {d.ring}: {given_back(d)}" for d in reset if d.slots))
     if args.orphans:
+        before = audit.look(region)  # the step runs at quiescence (its contract): two looks tell what it did
         done["orphaned_slots_reclaimed"] = region.reclaim_orphaned_slots()
-        lines.append(f"reclaimed {counted(done['orphaned_slots_reclaimed'], 'orphaned slot', 'orphaned slots')}")
+        after = audit.look(region)
+        came_back = sorted(set(after.free_slot_list) - set(before.free_slot_list))
+        corrected = [slot for slot in range(after.pool_size)
+                     if slot not in came_back and after.refcounts[slot] != before.refcounts[slot]]
+        done["orphaned_slots_given_back"] = came_back
+        done["refcounts_corrected"] = corrected
+        lines.append(f"reclaimed {counted(done['orphaned_slots_reclaimed'], 'orphaned slot', 'orphaned slots')}"
+                     + (f" ({', '.join(map(str, came_back))})" if came_back else ""))
+        lines += [f"set the refcount of slot {slot} to the {counted(after.refcounts[slot], 'reference', 'references')} "
+                  f"its ring entries hold (it was {before.refcounts[slot]}: pins of views of a dead process)"
+                  for slot in corrected]
     emit(args, dict(done, name=region.name), "\n".join(lines))
     return EXIT_OK
+
+
+def given_back(drained: DrainedRing) -> str:
+    """What a drained ring gave back: ``gave back 2 claims (slots 3, 7)``."""
+    if not drained.slots:
+        return "it held no claim"
+    return f"gave back {counted(len(drained.slots), 'claim', 'claims')} (slots {', '.join(map(str, sorted(drained.slots)))})"
 
 
 def dead_subscriber_sentences(name: str, report: DeadSubscriberReport) -> list[str]:

@@ -4,10 +4,14 @@ Every slot should be in exactly one of these states:
 
 - free: on the free stack, refcount 0;
 - being written: off the stack, refcount 0, no ring entry names it (a
-  publisher between pop and publish; also the slot lost by a publisher that
-  died there, which the spec counts as its one unrecoverable leak);
+  publisher between pop and publish); one that stays so was lost by a
+  publisher that died there (or is held by an allocation not published):
+  an unreferenced slot, damage;
 - referenced: its refcount equals the ring entries that hold it, plus one
-  per live ``SampleView`` pin and per publisher in the middle of publishing.
+  per live ``SampleView`` pin and per publisher in the middle of publishing;
+  a slot only rings that are not Live hold (a reclaim or reset that did not
+  drain) is stranded, damage: no publisher writes into those rings, so
+  nothing would give it back.
 
 The audit walks the free stack and every ring's live window (idle rings,
 never written, have none: only their two header words are read) and reports what
@@ -126,6 +130,13 @@ class AuditReport:
     dead_owner_rings: list[int]
     schema_stuck: bool  # a schema claim held at Claiming
     slot_readings: dict[int, SlotReading]  # each damaged slot, as read
+    # Beyond these: slots being written that stayed so (lost by a publisher that died
+    # between pop and publish, or held by an allocation not published), and slots that only
+    # rings that are not Live hold; the slots on the free stack; the region's layout.
+    unreferenced_slots: list[int] = field(default_factory=list)
+    stranded_slots: list[int] = field(default_factory=list)
+    free_slot_list: list[int] = field(default_factory=list)
+    layout: int = 4
 
     def damage(self) -> dict[str, int]:
         """Each kind of damage the audit looks for, with how much it found."""
@@ -144,19 +155,59 @@ class AuditReport:
             "rings held by dead subscribers": len(self.dead_owner_rings),
             "schema claims stuck at Claiming": int(self.schema_stuck),
             "pools too small for their rings": len(self.hazards),
+            "unreferenced slots": len(self.unreferenced_slots),
+            "slots held only by rings that are not Live": len(self.stranded_slots),
         }
 
     @property
     def clean(self) -> bool:
         return not any(self.damage().values())
 
+    def fixes(self, name: str) -> list[str]:
+        """Per kind of damage found, what it is and which command (or call)
+        fixes it, for a region named ``name``."""
+        recreate = f"no repair fixes it: re-create the channel (kickmsg create {name} --replace) once no process uses it"
+        orphans = (f"kickmsg repair {name} --orphans --yes gives them back, with every publisher stopped and no "
+                   f"view alive (a live view's pin goes when the view is released)")
+        unreferenced = (
+            f"lost by a publisher that died between allocating and publishing (or held by an allocation not yet "
+            f"published): " + (orphans if self.layout == 9 else
+                               "on layout 4 no repair can tell them from a paused publisher's (the spec's "
+                               "unrecoverable leak): re-create the channel to get them back")
+        )
+        how = {
+            "free-stack problems": recreate,
+            "leaked slots": "references no ring entry accounts for (pins of views, dead or alive; crashed "
+                            "publishers): " + orphans,
+            "unreferenced slots": unreferenced,
+            "slots held only by rings that are not Live": (
+                f"no publisher writes into those rings, so nothing gives them back: kickmsg repair {name} drains "
+                f"Free rings (retired ones: kickmsg repair {name} --retired --yes, once the crashed publisher is gone)"
+            ),
+            "under-referenced slots": recreate,
+            "double-free candidates": recreate,
+            "locked entries": f"kickmsg repair {name} repairs them",
+            "stale entries": f"kickmsg repair {name} repairs them",
+            "entries naming no slot": recreate,
+            "retired rings": f"kickmsg repair {name} --retired --yes resets them, once the crashed publisher is gone",
+            "rings left Draining": f"kickmsg repair {name} frees them once their subscriber is dead",
+            "rings left Reclaiming": f"kickmsg repair {name} frees them (their reclaimer stopped half-way)",
+            "rings in an invalid state": recreate,
+            "rings held by dead subscribers": f"kickmsg repair {name} reclaims them",
+            "schema claims stuck at Claiming": "region.reset_schema_claim() resets it, once the claimant is gone",
+            "pools too small for their rings": f"re-create the channel with a larger pool (kickmsg create {name} "
+                                               f"--replace --pool N)",
+        }
+        return [f"{what} ({count}): {how[what]}" for what, count in self.damage().items() if count]
+
     @property
     def verdict(self) -> str:
         """One line: ``clean: ...`` or ``DAMAGED: ...``."""
         live = sum(r.state == "Live" for r in self.rings)
         summary = f"{self.free_slots} of {self.pool_size} slots free, {live} live rings"
-        if self.being_written:
-            summary += f", {len(self.being_written)} slot(s) being written"
+        moving = [slot for slot in self.being_written if slot not in self.unreferenced_slots]  # (damage: listed)
+        if moving:
+            summary += f", {len(moving)} slot(s) being written"
         found = ", ".join(f"{what}: {count}" for what, count in self.damage().items() if count)
         return f"DAMAGED: {found}; {summary}" if found else f"clean: {summary}"
 
@@ -209,6 +260,11 @@ def look(region: SharedRegion) -> AuditReport:
 
     # Each slot against its state.
     references = [len(holders.get(slot, ())) for slot in range(pool_size)]
+    live_rings = {ring.index for ring in rings if ring.state == "Live"}
+    stranded = [
+        slot for slot in range(pool_size)
+        if slot not in free and holders.get(slot) and not any(ring in live_rings for ring, _ in holders[slot])
+    ]
     being_written, leaked, under_referenced, double_free = [], [], [], []
     refcounts = []
     for slot in range(pool_size):
@@ -225,7 +281,7 @@ def look(region: SharedRegion) -> AuditReport:
             under_referenced.append(slot)
     slot_readings = {
         slot: SlotReading(refcounts[slot], slot in free, tuple(holders.get(slot, ())))
-        for slot in leaked + under_referenced + double_free
+        for slot in leaked + under_referenced + double_free + being_written + stranded
     }
 
     schema_state = ops.load_acquire_u32(region.schema_state_address)
@@ -251,6 +307,10 @@ def look(region: SharedRegion) -> AuditReport:
         dead_owner_rings=[r.index for r in rings if r.owner_dead],
         schema_stuck=schema_state == layout.SCHEMA_CLAIMING,
         slot_readings=slot_readings,
+        unreferenced_slots=being_written,
+        stranded_slots=stranded,
+        free_slot_list=sorted(free),
+        layout=9 if isinstance(region, Layout9Region) else 4,
     )
 
 
@@ -370,6 +430,8 @@ def _still_there(earlier: AuditReport, later: AuditReport) -> AuditReport:
     leaked = same_slots(earlier.leaked_slots, later.leaked_slots)
     under_referenced = same_slots(earlier.under_referenced_slots, later.under_referenced_slots)
     double_free = same_slots(earlier.double_free_candidates, later.double_free_candidates)
+    unreferenced = same_slots(earlier.unreferenced_slots, later.unreferenced_slots)
+    stranded = same_slots(earlier.stranded_slots, later.stranded_slots)
     return replace(
         later,
         free_stack_problems=_in_both(later.free_stack_problems, earlier.free_stack_problems),
@@ -386,7 +448,11 @@ def _still_there(earlier: AuditReport, later: AuditReport) -> AuditReport:
             if earlier_rings[ring].owner_pid == later_rings[ring].owner_pid
         ],
         schema_stuck=earlier.schema_stuck and later.schema_stuck,
-        slot_readings={slot: later.slot_readings[slot] for slot in leaked + under_referenced + double_free},
+        slot_readings={
+            slot: later.slot_readings[slot] for slot in leaked + under_referenced + double_free + unreferenced + stranded
+        },
+        unreferenced_slots=unreferenced,
+        stranded_slots=stranded,
     )
 
 
@@ -413,8 +479,9 @@ def explain_empty_pool(region: SharedRegion) -> str:
         causes.append(report.hazards[0] + "; re-create the channel with a larger pool_size")
     if in_idle_rings:
         causes.append(
-            f"{in_idle_rings} references are held by rings that are no longer Live (a subscriber's teardown timed "
-            f"out): reset_retired_rings(drain=True), or kickmsg repair --retired"
+            f"{in_idle_rings} references are held by rings that are no longer Live (a teardown that timed out, a "
+            f"reclaim or reset that did not drain): kickmsg repair {region.name} drains Free rings (retired ones: "
+            f"--retired --yes)"
         )
     if only_pinned:
         causes.append(

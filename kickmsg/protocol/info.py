@@ -12,7 +12,7 @@ from typing import Protocol
 
 from kickmsg.config import ChannelType
 
-__all__ = ["ChannelGeometry", "HealthCounts", "RegionInfo", "RegionStats", "RingStats", "config_differences", "region_info"]
+__all__ = ["ChannelGeometry", "DrainedRing", "HealthCounts", "RegionInfo", "RegionStats", "RingStats", "config_differences", "region_info"]
 
 
 @dataclass(frozen=True)
@@ -26,6 +26,21 @@ class HealthCounts:
     live_rings: int = 0
     schema_stuck: bool = False
     dead_rings: int = 0
+    stranded_slots: int = 0  # slots only rings that are not Live hold (beyond 0.9.2)
+    live_held_slots: int = 0  # distinct slots Live rings hold (beyond 0.9.2)
+
+
+@dataclass(frozen=True)
+class DrainedRing:
+    """A Free ring whose entries' claims (layout 4: references) a repair
+    gave back (both layouts' ``drain_free_rings``): its index, the
+    publishers its state counted in flight (more than 0: a retired ring,
+    reset), and the slot of each claim given back (a slot goes back on the
+    free stack once no ring or view holds it any more)."""
+
+    ring: int
+    in_flight: int
+    slots: list[int]
 
 
 @dataclass(frozen=True)

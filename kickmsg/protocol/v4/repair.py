@@ -13,11 +13,11 @@ from kickmsg.ops import owners
 from kickmsg.protocol import freestack
 from kickmsg.protocol.v4 import layout, rings
 from kickmsg.protocol.v4.region import Region, RingAddresses
-from kickmsg.protocol.info import HealthCounts
+from kickmsg.protocol.info import DrainedRing, HealthCounts
 from kickmsg.schema import SchemaInfo
 
 __all__ = [
-    "SCHEMA_CLAIM_YIELDS", "dead_subscriber_rings", "diagnose", "free_ring", "live_window",
+    "SCHEMA_CLAIM_YIELDS", "dead_subscriber_rings", "diagnose", "drain_free_rings", "free_ring", "held_slots", "live_window",
     "reclaim_dead_subscribers", "reclaim_orphaned_slots", "referenced_slots", "repair_locked_entries",
     "reset_retired_rings", "reset_schema_claim", "try_claim_schema",
 ]
@@ -52,7 +52,25 @@ def diagnose(region: Region) -> HealthCounts:
         locked += sum(layout.entry_is_stuck(seq, pos, capacity) for pos, _, seq in live_window(region, ring))
     schema_stuck = region.atomics.load_acquire_u32(region.schema_state_address) == layout.SCHEMA_CLAIMING
     dead = len(dead_subscriber_rings(region))
-    return HealthCounts(locked, retired, draining, live, schema_stuck, dead)
+    in_live, stranded = held_slots(region)
+    return HealthCounts(locked, retired, draining, live, schema_stuck, dead, len(stranded), len(in_live))
+
+
+def held_slots(region: Region) -> tuple[set[int], set[int]]:
+    """The slots Live rings reference, and those only rings that are not
+    Live reference (stranded; read-only, beyond 0.1.0): no publisher writes
+    into those rings, so nothing gives the slots back until
+    ``drain_free_rings`` (or a join and a wrap)."""
+    ops = region.atomics
+    in_live: set[int] = set()
+    elsewhere: set[int] = set()
+    for ring in map(region.ring, region.rings_in_use()):
+        live = ops.load_acquire_u32(ring.state_flight) & layout.RING_STATE_MASK == layout.RING_LIVE
+        for position, entry, sequence in live_window(region, ring):
+            slot = ops.load_relaxed_u32(entry + layout.SLOT_IDX_OFFSET)
+            if sequence == position + 1 and slot < region.geometry.pool_size:
+                (in_live if live else elsewhere).add(slot)
+    return in_live, elsewhere - in_live
 
 
 def dead_subscriber_rings(region: Region) -> list[tuple[int, int]]:
@@ -111,6 +129,44 @@ def reset_retired_rings(region: Region, drain: bool = False) -> int:
             region.atomics.store_seq_cst_u32(ring.state_flight, layout.RING_FREE)
         reset += 1
     return reset
+
+
+def drain_free_rings(region: Region, retired: bool = False) -> list[DrainedRing]:
+    """Release the references that Free rings' entries still hold (beyond
+    0.1.0; left by 0.1.0's reset_retired_rings, which does not drain): no
+    publisher writes into a Free ring, so they would keep their slots until
+    a subscriber joins it and publishers wrap over them. Safe under
+    traffic: only rings with no publisher admitted (in_flight 0) are taken,
+    unless ``retired`` (then Free rings with publishers in flight too, as
+    reset_retired_rings(drain=True): only once those publishers are known
+    to have stopped). Each ring is Draining with in_flight 0 while drained
+    (nobody joins it), then Free. Returns each ring drained."""
+    ops = region.atomics
+    drained = []
+    for ring in region.rings:
+        state_flight = ops.load_acquire_u32(ring.state_flight)
+        if state_flight & layout.RING_STATE_MASK != layout.RING_FREE or (state_flight >> 2 and not retired):
+            continue
+        if not state_flight >> 2 and not _referenced_slots_of(region, ring):
+            continue  # nothing held: left as it is
+        # Draining with in_flight 0 (CAS acq_rel): nobody joins while we drain
+        if ops.cas_acq_rel_u32(ring.state_flight, state_flight, layout.RING_DRAINING) != state_flight:
+            continue  # changed meanwhile: left for the next call
+        referenced = _referenced_slots_of(region, ring)  # what the drain gives back: nobody else changes them now
+        rings.drain(region, ring, 0)
+        ops.store_seq_cst_u32(ring.state_flight, layout.RING_FREE)
+        drained.append(DrainedRing(ring.index, state_flight >> 2, referenced))
+    return drained
+
+
+def _referenced_slots_of(region: Region, ring: RingAddresses) -> list[int]:
+    """The slot each committed entry of the ring's live window references."""
+    ops = region.atomics
+    slots = [
+        ops.load_relaxed_u32(entry + layout.SLOT_IDX_OFFSET)
+        for position, entry, sequence in live_window(region, ring) if sequence == position + 1
+    ]
+    return [slot for slot in slots if slot < region.geometry.pool_size]
 
 
 def reclaim_dead_subscribers(region: Region) -> tuple[list[tuple[int, int]], list[int], list[int]]:

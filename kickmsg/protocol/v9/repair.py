@@ -35,11 +35,11 @@ from kickmsg.protocol.v9.layout import (
 )
 from kickmsg.protocol.v9.publish import steal_and_skip
 from kickmsg.protocol.v9.region import Region
-from kickmsg.protocol.info import HealthCounts
+from kickmsg.protocol.info import DrainedRing, HealthCounts
 from kickmsg.schema import SchemaInfo
 
 __all__ = [
-    "SCHEMA_WAIT_YIELDS", "diagnose", "drain_window",
+    "SCHEMA_WAIT_YIELDS", "diagnose", "drain_free_rings", "drain_window", "held_slots",
     "reclaim_dead_rings", "reclaim_orphaned_slots", "repair_locked_entries", "reset_retired_rings",
     "reset_schema_claim", "try_claim_schema",
 ]
@@ -94,7 +94,26 @@ def diagnose(region: Region) -> HealthCounts:
         if state in (RING_LIVE, RING_DRAINING, RING_RECLAIMING) and _ring_is_dead(region, ring):
             dead += 1
     schema_stuck = ops.load_acquire_u32(region.base + SCHEMA_STATE_OFFSET) == SCHEMA_CLAIMING
-    return HealthCounts(locked, retired, draining, live, schema_stuck, dead)
+    in_live, stranded = held_slots(region)
+    return HealthCounts(locked, retired, draining, live, schema_stuck, dead, len(stranded), len(in_live))
+
+
+def held_slots(region: Region) -> tuple[set[int], set[int]]:
+    """The slots Live rings claim, and those only rings that are not Live
+    claim (stranded; read-only, our extension): no publisher replaces
+    those claims, so nothing gives the slots back until ``drain_free_rings``
+    (or a join and a wrap)."""
+    ops = region.atomics
+    g = region.geometry
+    in_live: set[int] = set()
+    elsewhere: set[int] = set()
+    for index in range(g.max_subs):
+        state = ops.load_acquire_u32(region.ring_address(index) + STATE_FLIGHT_OFFSET) & RING_STATE_MASK
+        for pos in range(g.capacity):
+            field = meta_slot_field(ops.load_acquire_u64(region.entry_address(index, pos) + META_OFFSET))
+            if field and field - 1 < g.pool_size:
+                (in_live if state == RING_LIVE else elsewhere).add(field - 1)
+    return in_live, elsewhere - in_live
 
 
 # -- B.13 repair_locked_entries -------------------------------------------------------
@@ -179,6 +198,50 @@ def drain_window(region: Region, index: int) -> None:
         # CAS(strong, acq_rel) m -> m with the slot field zeroed; on success release the slot
         if ops.cas_acq_rel_u64(entry + META_OFFSET, meta, meta & ~META_SLOT_MASK) == meta:
             freestack.release_slot(region, field - 1)
+
+
+# -- drain_free_rings (our extension) -----------------------------------------------------
+
+
+def _claimed_slots(region: Region, index: int) -> list[int]:
+    """The slot each entry of ring ``index`` claims (its valid claims)."""
+    ops = region.atomics
+    g = region.geometry
+    fields = [
+        meta_slot_field(ops.load_acquire_u64(region.entry_address(index, pos) + META_OFFSET)) for pos in range(g.capacity)
+    ]
+    return [field - 1 for field in fields if 0 < field <= g.pool_size]
+
+
+def drain_free_rings(region: Region, retired: bool = False) -> list[DrainedRing]:
+    """Give back the claims that Free rings still hold (left by 0.9.2's
+    reclaim_dead_rings and reset_retired_rings, which do not drain): no
+    publisher replaces a Free ring's claims, so they would keep their slots
+    for good. Safe under traffic: only rings with no publisher admitted
+    (in_flight 0) are taken, unless ``retired`` (then Free rings with
+    publishers in flight too, as reset_retired_rings(drain=True): only once
+    those publishers are known to have stopped). Each ring is Draining with
+    in_flight 0 while drained (nobody joins it), then Free: the bytes of a
+    leave. Returns each ring drained."""
+    ops = region.atomics
+    drained = []
+    for index in range(region.geometry.max_subs):
+        ring = region.ring_address(index)
+        address = ring + STATE_FLIGHT_OFFSET
+        state_flight = ops.load_acquire_u32(address)
+        if state_flight & RING_STATE_MASK != RING_FREE or (state_flight >> 2 and not retired):
+            continue
+        if not state_flight >> 2 and not _claimed_slots(region, index):
+            continue  # nothing held: left as it is
+        # Draining with in_flight 0 (CAS strong, acq_rel): nobody joins while we drain
+        if ops.cas_acq_rel_u32(address, state_flight, RING_DRAINING) != state_flight:
+            continue  # changed meanwhile (joined, or a publisher's admission attempt): left for the next call
+        _clear_owner(region, ring)
+        claimed = _claimed_slots(region, index)  # what the drain gives back: nobody else changes them now
+        drain_window(region, index)
+        ops.store_release_u32(address, RING_FREE)
+        drained.append(DrainedRing(index, state_flight >> 2, claimed))
+    return drained
 
 
 # -- B.13 reclaim_dead_rings --------------------------------------------------------------
