@@ -165,6 +165,7 @@ MUTANT_SCENARIOS9: dict[str, tuple[Scenario9, int, int]] = {
     "pin-fetch-add": (Scenario9(), 1, 0),
     "repair-unproven": (Scenario9(publishers=1, subscribers=0, idle=1, repairer=True), 1, 0),
     "reclaim-no-recheck": (EVICTION, 2, 0),
+    "reclaim-0.9.2": (EVICTION, 2, 0),
 }
 
 
