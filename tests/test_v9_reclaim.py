@@ -13,7 +13,7 @@ import signal
 
 import pytest
 
-from kickmsg import ChannelType, Config, Publisher, SharedRegion, Subscriber, shm
+from kickmsg import ChannelType, Config, Publisher, SharedRegion, Subscriber, unlink_shm
 from kickmsg.protocol.v9 import layout
 from kickmsg.verify import mutants
 from nativepeer import run_native9, start_native9, start_ours
@@ -41,7 +41,7 @@ def name():
     """A fresh /hrc_ name, unlinked after the test whatever its outcome."""
     value = f"/hrc_reclaim_{os.getpid()}_{next(_names)}"
     yield value
-    shm.unlink(value)
+    unlink_shm(value)  # with its sidecars (the publishers record themselves)
 
 
 def create(name: str, rings: int, capacity: int = 8, pool: int = 16) -> SharedRegion:
