@@ -79,7 +79,10 @@ def test_an_idle_ring_counts_in_max_subscribers_and_is_left_at_the_end():
     assert report.violation is None and report.complete  # the end check: every ring Free again
 
 
-@pytest.mark.parametrize("name", sorted(MUTANTS9))
+# The reclaim mutants' scenario (EVICTION: its joiner reclaims too) takes minutes to explore: deep runs;
+# their planned schedules below show each violation at once.
+@pytest.mark.parametrize("name", [pytest.param(name, marks=DEEP) if name.startswith("reclaim-") else name
+                                  for name in sorted(MUTANTS9)])
 def test_every_layout9_mutant_comes_with_a_trace(name):
     scenario, preemptions, stale = MUTANT_SCENARIOS9[name]
     mutant = MUTANTS9[name]
@@ -232,9 +235,9 @@ def test_our_reclaimers_keep_the_live_owner(plan):
     world, outcome = layout9.run_schedule(layout9.EVICTION, _planned(plan))
     trace = layout9.format_trace(world, outcome)
     assert outcome.violation is None, trace
-    claims = [step for step in outcome.steps if step.operation == "cas_acq_rel_u64" and step.where == "reclaim_dead_ring"]
-    assert [(step.actor, step.result == step.operands[0]) for step in claims][-2:] in (
-        [("reclaim1", True), ("reclaim0", False)], [("reclaim0", True), ("reclaim1", False)]), trace
+    claims = [step.actor for step in outcome.steps
+              if step.where == "reclaim_dead_ring" and step.operation == "cas_acq_rel_u64" and step.result == step.operands[0]]
+    assert len(claims) == 1, trace  # sub0's ring, taken once
 
 
 def test_without_the_claim_by_cas_the_eviction_is_back():
