@@ -204,6 +204,20 @@ def test_a_subscriber_dying_before_it_records_its_pid_leaves_its_ring_for_good(d
     assert world.unowned == [0] and "ring 0 stays Live+0 with no owner recorded" in world.repaired
 
 
+def test_a_join_with_no_free_ring_reclaims_a_dead_owners_ring():
+    """One ring: sub0 joins and dies; sub1's join finds no Free ring, takes
+    sub0's (B.16: dead) by its owner_pid CAS, leaves it for sub0 (Draining,
+    drain, Free), joins it and receives what pub0 sends after."""
+    world, outcome = layout9.run_schedule(Scenario9(publishers=1, messages=3, subscribers=2, rings=1, capacity=2,
+                                                    subscriber_deaths=1), _planned([(6, "sub0 dies")]))
+    trace = layout9.format_trace(world, outcome)
+    assert outcome.violation is None, trace
+    took = [step.actor for step in outcome.steps if step.where == "reclaim_dead_ring"
+            and step.operation == "cas_acq_rel_u64" and step.result == step.operands[0]]
+    assert took == ["sub1"] and world.rings["sub1"] == 0, trace
+    assert world.received["sub1"], trace
+
+
 RECLAIM_092 = mutants.lookup("reclaim-0.9.2")
 EVICTION_PLAN = [(4, "sub0 dies"), (4, "reclaim0"), (10, "reclaim1")]
 
@@ -247,6 +261,20 @@ def test_without_the_claim_by_cas_the_eviction_is_back():
         world, outcome = layout9.run_schedule(layout9.EVICTION, _planned([(4, "sub0 dies"), (4, "reclaim0"),
                                                                            (7, "reclaim1")]))
     assert outcome.violation == "reclaim0 clears the owner of ring 0: sub1, alive (a live owner is never evicted)"
+
+
+@pytest.mark.parametrize("mutant", ["reclaim-0.9.2", "reclaim-no-recheck"])
+def test_random_schedules_of_eviction_find_the_reclaim_mutants(mutant):
+    """Seeded random schedules of EVICTION (its joiner reclaims too): each
+    mutant evicts a live owner within 300 runs (tens, in fact)."""
+    report = verify.explore_random(layout9.EVICTION, mutant, runs=300, switch=0.1)
+    assert report.violation is not None and report.violation.endswith("alive (a live owner is never evicted)"), \
+        report.summary()
+
+
+def test_random_schedules_of_eviction_with_our_reclaimers_run_clean():
+    report = verify.explore_random(layout9.EVICTION, runs=300, switch=0.1)
+    assert report.violation is None, report.trace
 
 
 @DEEP
