@@ -10,6 +10,9 @@ handler: no teardown runs either way)."""
 import itertools
 import os
 import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -186,3 +189,35 @@ def test_0_9_2s_reclaim_starves_that_channel(name):
     with mutants.installed(mutants.lookup("reclaim-0.9.2")):
         delivered = _starve_then_send(name)
     assert delivered[:8] == [True] * 8 and not any(delivered[8:])
+
+
+def test_an_echo_killed_with_sigkill_starts_again_on_a_channel_with_one_ring(name):
+    """Issue 34 item 14: `kickmsg echo` SIGKILLed on a 1-ring channel; a new
+    `kickmsg echo` joins (the dead echo's ring reclaimed by its join) and
+    prints what is published."""
+    region = create(name, rings=1)
+    kickmsg_cli = [sys.executable, "-m", "kickmsg"]
+    ring = region.core.ring_address(0)
+    first = subprocess.Popen([*kickmsg_cli, "echo", name], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                             stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while region.atomics.load_acquire_u64(ring + layout.OWNER_PID_OFFSET) != first.pid:
+            assert first.poll() is None and time.monotonic() < deadline, first.stderr.read() if first.stderr else ""
+            time.sleep(0.05)
+    finally:
+        first.kill()
+        first.wait(timeout=30)
+    second = subprocess.Popen([*kickmsg_cli, "echo", name, "--count", "1", "--format", "raw"], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    try:
+        publisher = Publisher(region)
+        deadline = time.monotonic() + 60
+        while second.poll() is None and time.monotonic() < deadline:
+            publisher.send(b"again")
+            time.sleep(0.05)
+        out, err = second.communicate(timeout=30)
+    finally:
+        second.kill()
+    assert second.returncode == 0, err.decode()
+    assert out.startswith(b"again"), (out, err)
