@@ -584,13 +584,14 @@ class Layout9Region(SharedRegion):
         reclaimed: list[tuple[int, int]] = []
         timed_out: list[int] = []
         for index, pid in self.dead_subscriber_rings():
-            if repair9.reclaim_dead_ring(self.core, index) is None:
+            left = repair9.reclaim_dead_ring(self.core, index)
+            if left is None:
                 continue  # taken by another reclaimer meanwhile
-            state_flight = self.atomics.load_acquire_u32(self.core.ring_address(index) + layout9.STATE_FLIGHT_OFFSET)
-            if state_flight >> 2:
-                timed_out.append(index)
-            else:
+            quiesced, _ = left
+            if quiesced:
                 reclaimed.append((index, pid))
+            else:
+                timed_out.append(index)
         return DeadSubscriberReport(reclaimed, [], timed_out)
 
     def free_ring(self, index: int) -> bool:

@@ -133,15 +133,20 @@ done(sub.receive(datetime.timedelta(seconds=20)).decode())
             assert subscriber.try_receive() == b"both hear it"
 
 
-def test_a_full_channel_names_a_dead_holder_it_could_not_free(name):
-    """A ring whose dead owner's publishers stay in flight is left retired
-    by the join's reclaim (no ring for the join): the error says so and
-    names the repair."""
+@pytest.mark.parametrize("by", ["join", "reclaim_dead_subscribers"])
+def test_a_full_channel_names_a_dead_holder_it_could_not_free(name, by):
+    """A ring whose dead owner's publishers stay in flight past the commit
+    timeout is left retired by the reclaim (the join's, or
+    reclaim_dead_subscribers, which reports it timed out): a join finds no
+    ring, and its error says so and names the repair."""
     region = create(name, rings=1)
     peer = start_subscriber("ours", name)
     kill(peer, signal.SIGKILL)
     ring = region.core.ring_address(0)
     region.atomics.fetch_add_relaxed_u32(ring + layout.STATE_FLIGHT_OFFSET, layout.IN_FLIGHT_ONE)  # a publisher died in flight
+    if by == "reclaim_dead_subscribers":
+        report = region.reclaim_dead_subscribers()
+        assert (report.reclaimed, report.unrecorded, report.timed_out) == ([], [], [0])
     with pytest.raises(RuntimeError, match=rf"No free subscriber slots in {name} \(1 rings: ring 0 retired \(1 "
                                            rf"publisher\(s\) counted in flight\); kickmsg repair {name} "):
         Subscriber(region)

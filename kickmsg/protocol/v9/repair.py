@@ -197,12 +197,13 @@ def reclaim_dead_rings(region: Region) -> int:
     return reclaimed
 
 
-def reclaim_dead_ring(region: Region, index: int) -> int | None:
+def reclaim_dead_ring(region: Region, index: int) -> tuple[bool, int] | None:
     """Leave ring ``index`` on its dead owner's behalf, with the bytes of
     its own leave (B.12): Draining, wait for admitted publishers, drain
     every claim in the window, Free (retired if publishers stayed in
-    flight). Returns how many claims went back to the pool, None if the
-    ring was not taken (not a dead owner's, or taken by someone else).
+    flight). Returns whether it quiesced (else it is retired) and how many
+    claims went back to the pool; None if the ring was not taken (not a
+    dead owner's, or taken by someone else).
 
     0.9.2 takes Reclaiming rings at once, so two reclaimers can evict a
     live owner (docs/WIRE9-NOTES.md note 17). Here the ring is taken by
@@ -255,11 +256,11 @@ def reclaim_dead_ring(region: Region, index: int) -> int | None:
         while True:
             found = ops.cas_acq_rel_u32(address, state_flight, (state_flight & ~RING_STATE_MASK) | RING_FREE)
             if found == state_flight:
-                return 0
+                return False, 0
             state_flight = found
     released = drain_window(region, index)
     ops.store_release_u32(address, RING_FREE)
-    return released
+    return True, released
 
 
 # -- B.13 reclaim_orphaned_slots (0.9.2: claim counting) ----------------------------------
