@@ -235,6 +235,8 @@ def reclaim_dead_ring(region: Region, index: int) -> tuple[bool, int] | None:
     # 4. Draining, keeping in_flight (CAS loop, acq_rel): nobody is admitted or joins
     state_flight = ops.load_relaxed_u32(address)
     while True:
+        if state_flight & RING_STATE_MASK == RING_FREE:
+            return None  # freed meanwhile: only a native reclaimer does that (docs: crash model)
         found = ops.cas_acq_rel_u32(address, state_flight, (state_flight & ~RING_STATE_MASK) | RING_DRAINING)
         if found == state_flight:
             break
