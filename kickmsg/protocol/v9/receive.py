@@ -61,7 +61,9 @@ def ring_holders(region: Region) -> str:
         state, in_flight = ("Free", "Live", "Draining", "Reclaiming")[state_flight & RING_STATE_MASK], state_flight >> 2
         pid = ops.load_acquire_u64(ring + OWNER_PID_OFFSET)
         start = ops.load_relaxed_u64(ring + OWNER_STARTTIME_OFFSET)
-        if state == "Free":
+        if state == "Free" and not in_flight:
+            holders.append(f"ring {index} Free since (try again)")
+        elif state == "Free":
             holders.append(f"ring {index} retired ({in_flight} publisher(s) counted in flight)")
         elif pid == 0:
             holders.append(f"ring {index} {state}, no owner recorded")
