@@ -534,7 +534,7 @@ for _write in [name for name in vars(Atomics) if name.startswith(("store_", "cas
     setattr(CrashingAtomics, _write, _counted(_write))
 
 
-def crash(op: Operation, name: str) -> str:
+def crash(op: Operation, name: str) -> str | int:
     """A forged crash on the region ``name``, run by this package's
     layout-9 core in this process. The twin regions are identical before,
     so they are after.
