@@ -610,27 +610,32 @@ class Layout9Region(SharedRegion):
         return repair9.drain_free_rings(self.core, retired)
 
     def reclaim_dead_rings(self) -> int:
-        """Free the rings whose owner is provably dead (B.13, the Reclaiming
-        state); their claims stay until publishers replace them."""
+        """Leave, on their behalf, the rings whose owner is provably dead
+        (B.13, done as the owner's leave: their claims go back to the pool;
+        ``kickmsg.protocol.v9.repair.reclaim_dead_ring``). Returns how many."""
         self.require_writable("reclaim dead rings")
         return repair9.reclaim_dead_rings(self.core)
 
     def reclaim_dead_subscribers(self) -> DeadSubscriberReport:
         """``SharedRegion.reclaim_dead_subscribers`` by layout 9's own
-        mechanism (``reclaim_dead_rings``, B.13): the rings whose owner in
-        the ring header is provably dead become Free; their claims stay until
-        publishers replace them. Every layout-9 subscriber, native or ours,
-        records itself there, and nothing is drained or waited for: none is
-        unrecorded, none times out."""
+        mechanism (``reclaim_dead_ring``): each ring whose owner in the ring
+        header is provably dead is left on its behalf, its claims drained
+        back to the pool. Every layout-9 subscriber, native or ours, records
+        itself there: none is unrecorded. A ring whose publishers stayed in
+        flight past the commit timeout is left retired (timed out)."""
         self.require_writable("reclaim rings")
-        dead = self.dead_subscriber_rings()
-        repair9.reclaim_dead_rings(self.core)
-        ops = self.atomics
-        freed = [
-            (index, pid) for index, pid in dead
-            if ops.load_acquire_u32(self.core.ring_address(index) + layout9.STATE_FLIGHT_OFFSET) & layout9.RING_STATE_MASK == layout9.RING_FREE
-        ]
-        return DeadSubscriberReport(freed, [], [])
+        reclaimed: list[tuple[int, int]] = []
+        timed_out: list[int] = []
+        for index, pid in self.dead_subscriber_rings():
+            left = repair9.reclaim_dead_ring(self.core, index)
+            if left is None:
+                continue  # taken by another reclaimer meanwhile
+            quiesced, _ = left
+            if quiesced:
+                reclaimed.append((index, pid))
+            else:
+                timed_out.append(index)
+        return DeadSubscriberReport(reclaimed, [], timed_out)
 
     def free_ring(self, index: int) -> bool:
         """Refused: layout 4's way out for a ring no owner record accounts

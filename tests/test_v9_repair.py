@@ -155,8 +155,9 @@ done([s.name, s.version, bytes(s.identity).hex(), s.layout_algo])
 
 def test_a_killed_native_subscribers_ring_is_reclaimed(shm_name):
     """The wheel's subscriber is SIGKILLed: its ring stays Live under a dead
-    owner. Ours sees it dead, reclaims it (Free, owner cleared), the claims
-    stay with their slots, and a new native subscriber takes the ring."""
+    owner. Ours sees it dead and leaves the ring on its behalf (Free, owner
+    cleared, its three claims drained back to the pool, as its own leave
+    would have), and a new native subscriber takes the ring."""
     region = Region.create(shm_name, 1, ChannelConfig(1, 8, 24, 64))
     code = r'''
 sub = kickmsg.Subscriber(kickmsg.SharedRegion.open(P["name"]))
@@ -176,7 +177,7 @@ wait_go()
     assert repair.diagnose(region).dead_rings == 1
     assert repair.reclaim_dead_rings(region) == 1
     stats = region.stats()
-    assert (stats.rings[0].state, stats.rings[0].in_flight, stats.pool_free) == ("Free", 0, 21)
+    assert (stats.rings[0].state, stats.rings[0].in_flight, stats.pool_free) == ("Free", 0, 24)
     assert region.atomics.load_acquire_u64(region.ring_address(0) + layout.OWNER_PID_OFFSET) == 0
     assert repair.reclaim_dead_rings(region) == 0
     code = r'''

@@ -44,8 +44,10 @@ Draining one, claims partly drained), a reclaim of dead rings dying
 dying mid-claim (``crash_claim_schema``), and a subscriber killed with
 the pins of its views (``kill_subscriber``: both sides keep the objects out
 of reach, and its ring records a dead owner), recovered by
-``reclaim_dead_rings`` (which 0.9.2's binding lacks: the driver calls the
-library's symbol).
+``reclaim_dead_rings``: ours, run on both regions (it differs from
+0.9.2's on purpose: it drains the claims, as the owner's leave would
+have), before each join too (our join reclaims when no ring is Free;
+0.9.2's does not).
 
 Left out on purpose, because the implementations differ there (docs/reference/
 compatibility.md): dropping a subscriber while views it received are alive
@@ -150,7 +152,10 @@ WEIGHTS9 = {
     "crash_reclaim_dead_rings": 0.5,
     "kill_subscriber": 1,
 }
-CRASHES = {"crash_send", "crash_claim_schema", "crash_subscriber", "crash_reclaim_dead_rings"}
+# Run by this package's layout-9 core on both regions: the forged crashes,
+# and our reclaim of dead rings, which differs from 0.9.2's on purpose (it
+# drains the claims, and takes a Reclaiming ring only after a commit timeout).
+CRASHES = {"crash_send", "crash_claim_schema", "crash_subscriber", "crash_reclaim_dead_rings", "reclaim_dead_rings"}
 COMMIT_TIMEOUTS_US = (500, 1000, 2000)  # layout 9's creates: short, so that the waits on crash residue stay short
 # The owner a killed subscriber's ring records: no process can have this
 # pid (pid_max is at most 2^22), so every owner check finds it dead.
@@ -529,7 +534,7 @@ for _write in [name for name in vars(Atomics) if name.startswith(("store_", "cas
     setattr(CrashingAtomics, _write, _counted(_write))
 
 
-def crash(op: Operation, name: str) -> str:
+def crash(op: Operation, name: str) -> str | int:
     """A forged crash on the region ``name``, run by this package's
     layout-9 core in this process. The twin regions are identical before,
     so they are after.
@@ -551,6 +556,8 @@ def crash(op: Operation, name: str) -> str:
     ``writes``: a ring left Reclaiming, its owner cleared or not."""
     if op[0] == "crash_subscriber":
         return crash_subscriber(name, op[1])
+    if op[0] == "reclaim_dead_rings":
+        return repair.reclaim_dead_rings(v9.Region.open(name))
     if op[0] == "crash_reclaim_dead_rings":
         try:
             repair.reclaim_dead_rings(v9.Region.open(name, atomics=CrashingAtomics(op[1])))
@@ -920,6 +927,9 @@ def _run(source: Generator | Replay, other_python: str, other_path: str | None, 
                 # kill_subscriber: its ring, as our Subscriber9 knows it (the twin's is the same ring, or the
                 # regions already differ)
                 killed = ours.subscribers.get(op[1]) if op[0] == "kill_subscriber" and layout_version == 9 else None
+                if op[0] == "join" and layout_version == 9 and ours.region is not None and names is not None:
+                    for name in names:  # our join's own reclaim (0.9.2's join has none), done alike on both
+                        repair.reclaim_dead_rings(v9.Region.open(name))
                 ours_result = json.loads(json.dumps(ours.run(op, names and names[0])))
                 try:
                     other_result = other.run(op, names and names[1])

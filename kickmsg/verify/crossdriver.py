@@ -8,16 +8,12 @@ and talks JSON lines over stdin/stdout (``main``). So the file imports no
 part of kickmsg, and uses only the API that the native binding of the
 layout under test has too: 0.1.0's on layout 4 (``allocate(len)``,
 ``publish()``), 0.9.2's on layout 9 (``allocate()``, ``publish(len)``).
-One exception: 0.9.2's Python binding lacks ``reclaim_dead_rings``, which
-its library exports; on such a binding the driver calls the library's
-symbol through ctypes (``NativeRepair``).
 
 Operations are JSON lists ``[kind, *args]``; handles (publishers ``p``,
 slots ``s``, subscribers ``u``, views ``v``) are numbered by the operations
 that make them, so a sequence replays exactly. An operation naming a handle
 that does not exist returns ``"absent"``.
 """
-import ctypes
 import datetime
 import gc
 import json
@@ -27,13 +23,12 @@ from types import ModuleType
 from typing import Any
 
 __all__ = [
-    "Absent", "CREATOR", "Driver", "NATIVE_REGION_BYTES", "NativeRepair", "RING_STATES", "error_result", "main",
+    "Absent", "CREATOR", "Driver", "RING_STATES", "error_result", "main",
     "pattern",
 ]
 
 CREATOR = "crosscheck"
 RING_STATES = ("Free", "Live", "Draining", "Reclaiming")  # 0.9.2's RingStats.state values 0-3
-NATIVE_REGION_BYTES = 4096  # room for one C++ kickmsg::SharedRegion object (about 200 bytes in 0.9.2)
 
 
 def pattern(length: int, fill: int) -> bytes:
@@ -54,31 +49,6 @@ class Absent(Exception):
     """The operation names a handle that does not exist."""
 
 
-class NativeRepair:
-    """``kickmsg::SharedRegion::reclaim_dead_rings()`` of a native 0.9.2
-    library, whose Python binding does not bind it: the region is opened a
-    second time by the library's own ``SharedRegion::open(name, identity)``
-    (returned through a hidden pointer into a buffer we own, never
-    destroyed: its mapping lives as long as this process), then the member
-    function is called on it. Only for the region in use; names are the
-    Itanium C++ ABI's, as ``nm -D`` lists them."""
-
-    OPEN = "_ZN7kickmsg12SharedRegion4openEPKcm"
-    RECLAIM_DEAD_RINGS = "_ZN7kickmsg12SharedRegion18reclaim_dead_ringsEv"
-
-    def __init__(self, kickmsg: ModuleType, name: str) -> None:
-        library = ctypes.CDLL(kickmsg._native.__file__)
-        self.open = library[self.OPEN]
-        self.open.argtypes, self.open.restype = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_uint64], None
-        self.reclaim = library[self.RECLAIM_DEAD_RINGS]
-        self.reclaim.argtypes, self.reclaim.restype = [ctypes.c_void_p], ctypes.c_size_t
-        self.region = ctypes.create_string_buffer(NATIVE_REGION_BYTES)
-        self.open(ctypes.addressof(self.region), name.encode(), 0)
-
-    def reclaim_dead_rings(self) -> int:
-        return self.reclaim(ctypes.addressof(self.region))
-
-
 class Driver:
     """One side of a cross-check: a region and the handles made on it, on
     channels of ``layout`` (4 or 9)."""
@@ -88,7 +58,6 @@ class Driver:
         self.layout = layout
         self.region: Any = None
         self.name = ""
-        self.native_repair: NativeRepair | None = None
         self.publishers: dict[int, Any] = {}
         self.slots: dict[int, Any] = {}  # AllocatedSlot handles
         self.slot_owner: dict[int, int] = {}  # slot id -> publisher id
@@ -122,7 +91,6 @@ class Driver:
             table.clear()
         self.killed.clear()
         self.region = None
-        self.native_repair = None
         gc.collect()
 
     @staticmethod
@@ -188,13 +156,6 @@ class Driver:
 
     def op_reclaim_orphaned_slots(self) -> int:
         return self.region.reclaim_orphaned_slots()
-
-    def op_reclaim_dead_rings(self) -> int:
-        if hasattr(self.region, "reclaim_dead_rings"):
-            return self.region.reclaim_dead_rings()
-        if self.native_repair is None:
-            self.native_repair = NativeRepair(self.kickmsg, self.name)
-        return self.native_repair.reclaim_dead_rings()
 
     # -- publishing ---------------------------------------------------------
 

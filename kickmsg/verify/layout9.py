@@ -121,7 +121,8 @@ class Scenario9:
     subscriber_deaths: int = 0  # subscribers that may die at any step (their rings stay Live for reclaim_dead_rings);
     # with deaths too, at most deaths + subscriber_deaths actors die, publishers or subscribers
     repairer: bool = False  # an actor that runs repair_locked_entries() once, concurrently
-    reclaimers: int = 0  # actors that each run reclaim_dead_rings() once, concurrently
+    reclaimers: int = 0  # actors that each run reclaim_dead_rings() once, concurrently (a subscriber's join that
+    # finds no Free ring runs it too)
     rings: int = 0  # max_subscribers (0: one per subscriber, idle ones too)
     payload: int = max(invariants.MESSAGE_SIZES)
     layout: int = 9
@@ -145,8 +146,9 @@ class Scenario9:
 
 
 # Two reclaimers, a subscriber that may die, another that joins the ring once
-# it is given back (one ring) and sleeps on it: 0.9.2's reclaim_dead_rings
-# evicts the live owner (docs/explanation/verification.md, Layout 9).
+# it is given back (one ring; a join finding none Free reclaims too) and
+# sleeps on it: 0.9.2's reclaim_dead_rings (the reclaim-0.9.2 mutant) evicts
+# the live owner; ours does not (docs/explanation/verification.md, Layout 9).
 EVICTION = Scenario9(publishers=0, subscribers=2, rings=1, blocking=True, subscriber_deaths=1, reclaimers=2)
 
 # The small configuration, preemptions and stale reads at which the explorer
@@ -165,6 +167,7 @@ MUTANT_SCENARIOS9: dict[str, tuple[Scenario9, int, int]] = {
     "pin-fetch-add": (Scenario9(), 1, 0),
     "repair-unproven": (Scenario9(publishers=1, subscribers=0, idle=1, repairer=True), 1, 0),
     "reclaim-no-recheck": (EVICTION, 2, 0),
+    "reclaim-0.9.2": (EVICTION, 2, 0),
 }
 
 
@@ -463,11 +466,11 @@ def _delivery_violation(world: World9) -> str | None:
     return None
 
 
-def _leave_idle(world: World9) -> None:
-    """The idle subscribers leave (drain) once the run is over. Nobody else
-    runs: time passes by one commit timeout at each look at the clock, so a
-    leave waiting for a dead publisher's admission gives up (the ring is
-    left retired, for the repairs)."""
+def _let_time_pass(world: World9) -> None:
+    """Once the run is over nobody else runs: time passes by one commit
+    timeout at each look at the clock, so a leave (or a reclaim) waiting
+    for a dead publisher's admission gives up (the ring is left retired,
+    for the repairs)."""
     clock = world.clock
 
     def passing() -> int:
@@ -475,6 +478,11 @@ def _leave_idle(world: World9) -> None:
         return clock.now
 
     world.region.monotonic_ns = passing
+
+
+def _leave_idle(world: World9) -> None:
+    """The idle subscribers leave (drain) once the run is over."""
+    _let_time_pass(world)
     for receiver in world.idle:
         receiver.close()
 
@@ -485,6 +493,7 @@ def _end_violation(world: World9, died: list[str]) -> str | None:
     if world.idle:
         _leave_idle(world)
     if died:  # the operator's repairs, as the spec prescribes once no publisher runs
+        _let_time_pass(world)
         dead = repair.reclaim_dead_rings(region)
         retired = repair.reset_retired_rings(region)
         pushed = repair.reclaim_orphaned_slots(region)

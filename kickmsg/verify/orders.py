@@ -71,7 +71,7 @@ FLOWS9 = (
     ("receive", receive9.Subscriber, "try_receive_view"),
     ("receive", receive9.Subscriber, "lose"),
     ("blocking receive", receive9.Subscriber, "receive_view"),
-    ("join", receive9.Subscriber, "_join"),
+    ("join", receive9.Subscriber, "_try_join"),
     ("leave/drain", receive9.Subscriber, "close"),
     ("leave/drain", receive9.Subscriber, "_drain"),
     ("free stack", freestack, "pop"),

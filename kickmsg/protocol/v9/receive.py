@@ -38,15 +38,39 @@ from kickmsg.protocol.v9.layout import (
     seq_pos,
     seq_skip,
 )
+from kickmsg.protocol.v9 import repair
 from kickmsg.protocol.v9.region import Region
 
 __all__ = [
-    "POLL_SLEEP_S", "RECEIVE_ITERATIONS", "SampleView", "Subscriber", "YIELDS_BEFORE_SLEEP",
+    "POLL_SLEEP_S", "RECEIVE_ITERATIONS", "SampleView", "Subscriber", "YIELDS_BEFORE_SLEEP", "ring_holders",
 ]
 
 RECEIVE_ITERATIONS = 64  # B.10
 YIELDS_BEFORE_SLEEP = 64  # B.11
 POLL_SLEEP_S = 0.0001  # B.11: 100 us naps while the head is claimed but not committed
+
+
+def ring_holders(region: Region) -> str:
+    """Who holds each ring (pid, alive or dead), for a join that found none
+    free, and what frees them."""
+    ops = region.atomics
+    holders = []
+    for index in range(region.geometry.max_subs):
+        ring = region.ring_address(index)
+        state_flight = ops.load_acquire_u32(ring + STATE_FLIGHT_OFFSET)
+        state, in_flight = ("Free", "Live", "Draining", "Reclaiming")[state_flight & RING_STATE_MASK], state_flight >> 2
+        pid = ops.load_acquire_u64(ring + OWNER_PID_OFFSET)
+        start = ops.load_relaxed_u64(ring + OWNER_STARTTIME_OFFSET)
+        if state == "Free" and not in_flight:
+            holders.append(f"ring {index} Free since (try again)")
+        elif state == "Free":
+            holders.append(f"ring {index} retired ({in_flight} publisher(s) counted in flight)")
+        elif pid == 0:
+            holders.append(f"ring {index} {state}, no owner recorded")
+        else:
+            holders.append(f"ring {index} {state}, pid {pid} {'dead' if region.owner_is_dead(pid, start) else 'alive'}")
+    return (f"{'; '.join(holders)}; kickmsg repair {region.name} --dead-subscribers frees a dead holder's ring, "
+            f"--retired a retired one once its publishers are gone")
 
 
 class SampleView:
@@ -111,6 +135,16 @@ class Subscriber:
     # -- B.4 Join ---------------------------------------------------------------
 
     def _join(self) -> None:
+        """B.4; with no ring Free, leave the rings of provably dead owners
+        on their behalf (``repair.reclaim_dead_rings``) and try once more
+        (beyond 0.9.2, as our layout-4 join: a channel heals itself)."""
+        if not self._try_join():
+            if not repair.reclaim_dead_rings(self.region) or not self._try_join():
+                # 5. none free
+                raise RuntimeError(f"No free subscriber slots in {self.region.name} "
+                                   f"({self.region.geometry.max_subs} rings: {ring_holders(self.region)})")
+
+    def _try_join(self) -> bool:
         region = self.region
         ops = region.atomics
         for index in range(region.geometry.max_subs):
@@ -130,9 +164,8 @@ class Subscriber:
             self.ring = ring
             self.start_pos = write_pos
             self.read_pos = max(write_pos, write_pos_again)
-            return
-        # 5. none free
-        raise RuntimeError(f"No free subscriber slots in {region.name} ({region.geometry.max_subs} rings)")
+            return True
+        return False
 
     # -- B.10 Receive ---------------------------------------------------------------
 

@@ -40,7 +40,7 @@ from kickmsg.schema import SchemaInfo
 
 __all__ = [
     "SCHEMA_WAIT_YIELDS", "diagnose", "drain_free_rings", "drain_window", "held_slots",
-    "reclaim_dead_rings", "reclaim_orphaned_slots", "repair_locked_entries", "reset_retired_rings",
+    "reclaim_dead_ring", "reclaim_dead_rings", "reclaim_orphaned_slots", "repair_locked_entries", "reset_retired_rings",
     "reset_schema_claim", "try_claim_schema",
 ]
 
@@ -179,12 +179,13 @@ def reset_retired_rings(region: Region, drain: bool = False) -> int:
     return reset
 
 
-def drain_window(region: Region, index: int) -> None:
+def drain_window(region: Region, index: int) -> int:
     """B.12's drain over the whole window of ring ``index`` (no owner's
     start_pos to begin at): give back every valid claim in
     [max(0, wp - capacity), wp), whatever the sequence or tag says; the
-    tag stays."""
+    tag stays. Returns how many claims it gave back."""
     ops = region.atomics
+    released = 0
     g = region.geometry
     # wp = write_pos (acq) (0: an empty window)
     write_pos = ops.load_acquire_u64(region.ring_address(index) + WRITE_POS_OFFSET)
@@ -198,6 +199,8 @@ def drain_window(region: Region, index: int) -> None:
         # CAS(strong, acq_rel) m -> m with the slot field zeroed; on success release the slot
         if ops.cas_acq_rel_u64(entry + META_OFFSET, meta, meta & ~META_SLOT_MASK) == meta:
             freestack.release_slot(region, field - 1)
+            released += 1
+    return released
 
 
 # -- drain_free_rings (our extension) -----------------------------------------------------
@@ -244,43 +247,85 @@ def drain_free_rings(region: Region, retired: bool = False) -> list[DrainedRing]
     return drained
 
 
-# -- B.13 reclaim_dead_rings --------------------------------------------------------------
+# -- B.13 reclaim_dead_rings (ours: a leave on the dead owner's behalf) -------------------------
 
 
 def reclaim_dead_rings(region: Region) -> int:
-    """Rings whose owner is provably dead become Free (keeping in_flight);
-    their entry claims stay until publishers replace them."""
-    ops = region.atomics
+    """Leave, on their behalf, the rings whose owner is provably dead
+    (B.16): ``reclaim_dead_ring`` on each ring. Returns how many rings
+    were taken from dead owners."""
     reclaimed = 0
     for index in range(region.geometry.max_subs):
-        ring = region.ring_address(index)
-        address = ring + STATE_FLIGHT_OFFSET
-        seen = ops.load_acquire_u32(address)
-        if seen & RING_STATE_MASK not in (RING_LIVE, RING_DRAINING, RING_RECLAIMING) or not _ring_is_dead(region, ring):
-            continue
-        # re-read; a changed state is left for the next call
-        state_flight = ops.load_acquire_u32(address)
-        if state_flight & RING_STATE_MASK != seen & RING_STATE_MASK:
-            continue
-        original_state = state_flight & RING_STATE_MASK
-        reclaiming = (state_flight & ~RING_STATE_MASK) | RING_RECLAIMING
-        # one-shot CAS(strong, acq_rel/relaxed) to Reclaiming
-        if ops.cas_acq_rel_u32(address, state_flight, reclaiming) != state_flight:
-            continue
-        if _ring_is_dead(region, ring):
-            _clear_owner(region, ring)
-            target = RING_FREE
-            reclaimed += 1
-        else:  # the ring changed hands between the checks
-            target = original_state
-        # CAS(weak, release/acq) loop, only while still Reclaiming
-        current = ops.load_acquire_u32(address)
-        while current & RING_STATE_MASK == RING_RECLAIMING:
-            found = ops.cas_acq_rel_u32(address, current, (current & ~RING_STATE_MASK) | target)
-            if found == current:
-                break
-            current = found
+        reclaimed += reclaim_dead_ring(region, index) is not None
     return reclaimed
+
+
+def reclaim_dead_ring(region: Region, index: int) -> tuple[bool, int] | None:
+    """Leave ring ``index`` on its dead owner's behalf, with the bytes of
+    its own leave (B.12): Draining, wait for admitted publishers, drain
+    every claim in the window, Free (retired if publishers stayed in
+    flight). Returns whether it quiesced (else it is retired) and how many
+    claims went back to the pool; None if the ring was not taken (not a
+    dead owner's, or taken by someone else).
+
+    0.9.2 takes Reclaiming rings at once, so two reclaimers can evict a
+    live owner (docs/WIRE9-NOTES.md note 17). Here the ring is taken by
+    one CAS of its owner_pid from the dead pid to 0: only one reclaimer
+    wins it, none can take it from a ring that changed hands, and nobody
+    takes it after (pid 0 is never dead). A Reclaiming ring (a native
+    reclaimer's) is taken only once it stayed Reclaiming, with the same
+    dead owner, for a whole commit timeout (its reclaimer crashed)."""
+    ops = region.atomics
+    ring = region.ring_address(index)
+    address = ring + STATE_FLIGHT_OFFSET
+    # 1. a Live, Draining or Reclaiming ring with a provably dead owner
+    state = ops.load_acquire_u32(address) & RING_STATE_MASK
+    if state not in (RING_LIVE, RING_DRAINING, RING_RECLAIMING):
+        return None
+    pid = ops.load_acquire_u64(ring + OWNER_PID_OFFSET)
+    start = ops.load_relaxed_u64(ring + OWNER_STARTTIME_OFFSET)
+    if not region.owner_is_dead(pid, start):
+        return None
+    # 2. Reclaiming: another reclaimer's, unless it stays so for a whole commit timeout
+    if state == RING_RECLAIMING:
+        region.sleep_ns(region.geometry.commit_timeout_us * 1000)
+        if (ops.load_acquire_u32(address) & RING_STATE_MASK != RING_RECLAIMING
+                or ops.load_relaxed_u64(ring + OWNER_STARTTIME_OFFSET) != start):
+            return None
+    # 3. take it: CAS(strong, acq_rel) owner_pid from the dead pid to 0
+    if ops.cas_acq_rel_u64(ring + OWNER_PID_OFFSET, pid, 0) != pid:
+        return None
+    # 4. Draining, keeping in_flight (CAS loop, acq_rel): nobody is admitted or joins
+    state_flight = ops.load_relaxed_u32(address)
+    while True:
+        if state_flight & RING_STATE_MASK == RING_FREE:
+            return None  # freed meanwhile: only a native reclaimer does that (docs: crash model)
+        found = ops.cas_acq_rel_u32(address, state_flight, (state_flight & ~RING_STATE_MASK) | RING_DRAINING)
+        if found == state_flight:
+            break
+        state_flight = found
+    # 5. wait for in_flight = 0, at most one commit timeout (B.12 2)
+    deadline = region.monotonic_ns() + region.geometry.commit_timeout_us * 1000
+    quiesced = True
+    while ops.load_acquire_u32(address) >> 2:
+        if region.monotonic_ns() >= deadline:
+            quiesced = False
+            break
+        os.sched_yield()
+    # 6. clear the rest of the owner (B.12 3)
+    ops.store_relaxed_u32(ring + HAS_WAITER_OFFSET, 0)
+    ops.store_relaxed_u64(ring + OWNER_STARTTIME_OFFSET, 0)
+    # 7. drain and free (release), or leave it retired (B.12 4)
+    if not quiesced:
+        state_flight = ops.load_acquire_u32(address)
+        while True:
+            found = ops.cas_acq_rel_u32(address, state_flight, (state_flight & ~RING_STATE_MASK) | RING_FREE)
+            if found == state_flight:
+                return False, 0
+            state_flight = found
+    released = drain_window(region, index)
+    ops.store_release_u32(address, RING_FREE)
+    return True, released
 
 
 # -- B.13 reclaim_orphaned_slots (0.9.2: claim counting) ----------------------------------
