@@ -300,7 +300,7 @@ def build_parser() -> CommandLineParser:
     sub.add_argument("--other-python", required=True, metavar="PY", help="interpreter of the other implementation")
     sub.add_argument("--other-path", metavar="DIR", help="put DIR (or DIR:DIR...) first on its sys.path, run it with "
                      "-I -S (default: -I and its own kickmsg)")
-    sub.add_argument("--ops", type=int, default=1000, help="number of random operations (default 1000)")
+    sub.add_argument("--ops", type=int, default=1000, help="number of random operations (default 1000; 1 to 1000000)")
     sub.add_argument("--seed", type=int, default=0, help="seed of the random sequence (default 0)")
     sub.add_argument("--replay", metavar="FILE", help="run the operations in FILE (one JSON list per line) instead")
     sub.add_argument("--layout", type=int, choices=(4, 9), default=4,
