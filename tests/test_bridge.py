@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -751,3 +752,93 @@ def test_a_killed_bridge_shows_dead_until_clean_or_a_restarted_bridge_reclaims_i
                   lambda found: [(f.pid, f.alive) for f in found] == [(third.proc.pid, True)])
     third.stop()
     assert diagnostics.stats(name).bridges == []
+
+
+STOP_CYCLES = 10
+STOPPING_AFTER_THE_PEER_LEFT = r"""
+import faulthandler, sys, time
+from kickmsg import ChannelType, Config, SharedRegion
+from kickmsg.bridge import Bridge, BridgeOptions, ImportSpec
+
+exported, imported, endpoints, wait_s = sys.argv[1], sys.argv[2], sys.argv[3].split(), float(sys.argv[4])
+SharedRegion.create(exported, ChannelType.PubSub, Config(max_subscribers=2, sub_ring_capacity=8, pool_size=16,
+                                                         max_payload_size=64), "test")
+
+def until(what, predicate):
+    deadline = time.monotonic() + wait_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            sys.exit(f"never {what}")
+        time.sleep(0.01)
+
+for cycle, endpoint in enumerate(endpoints):
+    faulthandler.dump_traceback_later(wait_s, exit=True)  # a hang prints where every thread is, then exits 1
+    b = Bridge(BridgeOptions(imports=[ImportSpec("hosta/" + exported[1:], imported)], key_prefix="hostb",
+                             listen=[endpoint]))
+    b.start()
+    a = Bridge(BridgeOptions(exports=[exported], key_prefix="hosta", connect=[endpoint]))
+    a.start()
+    until("matched", lambda: a.figures()[0].matched and b.figures()[0].matched and b.peer_count() == 1)
+    assert a.stop(), "a's session did not close in time"
+    until("saw its peer leave", lambda: b.peer_count() == 0)
+    assert b.stop(), "b's session did not close in time"
+    print(cycle, flush=True)
+faulthandler.dump_traceback_later(wait_s, exit=True)  # the interpreter's exit too
+"""
+
+
+def test_a_bridge_stops_every_time_after_its_peer_left(prefix):
+    """Ten times in a row in one process: two bridges connect and match, the
+    exporting one stops, the importing one sees it leave, then stops; both
+    sessions close in time, and the process exits (a Zenoh session left
+    open would hold its exit forever). A hang is aborted with every thread's
+    stack shown."""
+    endpoints = " ".join(f"tcp/127.0.0.1:{free_port()}" for _ in range(STOP_CYCLES))
+    done = subprocess.run([sys.executable, "-c", STOPPING_AFTER_THE_PEER_LEFT, f"/{prefix}_hbv_a", f"/{prefix}_hbv_b",
+                           endpoints, str(WAIT_S)], capture_output=True, text=True, cwd=ROOT, stdin=subprocess.DEVNULL,
+                          timeout=STOP_CYCLES * 2 * WAIT_S)
+    assert done.returncode == 0 and done.stdout.split() == [str(cycle) for cycle in range(STOP_CYCLES)], done
+
+
+def test_a_bridges_session_is_closed_even_if_a_step_of_its_stop_fails(prefix, monkeypatch):
+    """The records cannot be cleared: stop raises, its session closed all the same."""
+    alone = bridge.Bridge(bridge.BridgeOptions(imports=[bridge.ImportSpec("hosta/x", f"/{prefix}_hbv_b")],
+                                               key_prefix="hostb", listen=[f"tcp/127.0.0.1:{free_port()}"]))
+    alone.start()
+    session = alone.session
+
+    def fail() -> None:
+        raise OSError("no records here")
+
+    monkeypatch.setattr(alone.records, "release", fail)
+    try:
+        with pytest.raises(OSError, match="no records here"):
+            alone.stop()
+        assert session.is_closed() and alone.session is None
+    finally:
+        if not session.is_closed():  # else this interpreter's exit would wait for it forever
+            session.close()
+
+
+def test_a_session_that_does_not_close_is_left_after_the_timeout_with_a_warning(prefix, monkeypatch, capsys):
+    class Stuck:
+        """A session whose close waits until told."""
+
+        def __init__(self) -> None:
+            self.told = threading.Event()
+
+        def close(self) -> None:
+            self.told.wait(WAIT_S)
+
+    monkeypatch.setattr(forwarding, "SESSION_CLOSE_TIMEOUT_S", 0.05)
+    alone = bridge.Bridge(bridge.BridgeOptions(imports=[bridge.ImportSpec("hosta/x", f"/{prefix}_hbv_b")],
+                                               key_prefix="hostb", listen=[f"tcp/127.0.0.1:{free_port()}"]))
+    alone.start()
+    real, stuck = alone.session, Stuck()
+    alone.session = stuck
+    try:
+        assert alone.stop() is False
+    finally:
+        stuck.told.set()
+        real.close()
+    assert "kickmsg bridge: warning: the Zenoh session did not close within 0.05 s\n" in capsys.readouterr().err
