@@ -15,7 +15,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
@@ -779,9 +778,9 @@ for cycle, endpoint in enumerate(endpoints):
     a = Bridge(BridgeOptions(exports=[exported], key_prefix="hosta", connect=[endpoint]))
     a.start()
     until("matched", lambda: a.figures()[0].matched and b.figures()[0].matched and b.peer_count() == 1)
-    assert a.stop(), "a's session did not close in time"
+    a.stop()
     until("saw its peer leave", lambda: b.peer_count() == 0)
-    assert b.stop(), "b's session did not close in time"
+    b.stop()
     print(cycle, flush=True)
 faulthandler.dump_traceback_later(wait_s, exit=True)  # the interpreter's exit too
 """
@@ -790,9 +789,9 @@ faulthandler.dump_traceback_later(wait_s, exit=True)  # the interpreter's exit t
 def test_a_bridge_stops_every_time_after_its_peer_left(prefix):
     """Ten times in a row in one process: two bridges connect and match, the
     exporting one stops, the importing one sees it leave, then stops; both
-    sessions close in time, and the process exits (a Zenoh session left
-    open would hold its exit forever). A hang is aborted with every thread's
-    stack shown."""
+    sessions close, and the process exits (a Zenoh session left open would
+    hold its exit forever). A hang is aborted with every thread's stack
+    shown."""
     endpoints = " ".join(f"tcp/127.0.0.1:{free_port()}" for _ in range(STOP_CYCLES))
     done = subprocess.run([sys.executable, "-c", STOPPING_AFTER_THE_PEER_LEFT, f"/{prefix}_hbv_a", f"/{prefix}_hbv_b",
                            endpoints, str(WAIT_S)], capture_output=True, text=True, cwd=ROOT, stdin=subprocess.DEVNULL,
@@ -820,25 +819,25 @@ def test_a_bridges_session_is_closed_even_if_a_step_of_its_stop_fails(prefix, mo
             session.close()
 
 
-def test_a_session_that_does_not_close_is_left_after_the_timeout_with_a_warning(prefix, monkeypatch, capsys):
-    class Stuck:
-        """A session whose close waits until told."""
+SIGNAL_INSIDE_WAIT = r"""
+import signal
+from kickmsg.cli.common import stop_on_signals
 
-        def __init__(self) -> None:
-            self.told = threading.Event()
+stop = stop_on_signals()
+with stop._cond:  # as inside stop.wait(): this thread holds the event's lock when the handler runs
+    signal.getsignal(signal.SIGTERM)(signal.SIGTERM, None)
+print(stop.wait(60), flush=True)
+"""
 
-        def close(self) -> None:
-            self.told.wait(WAIT_S)
 
-    monkeypatch.setattr(forwarding, "SESSION_CLOSE_TIMEOUT_S", 0.05)
-    alone = bridge.Bridge(bridge.BridgeOptions(imports=[bridge.ImportSpec("hosta/x", f"/{prefix}_hbv_b")],
-                                               key_prefix="hostb", listen=[f"tcp/127.0.0.1:{free_port()}"]))
-    alone.start()
-    real, stuck = alone.session, Stuck()
-    alone.session = stuck
+def test_a_stop_signal_handled_inside_the_wait_for_it_stops_the_command():
+    """The cause of a bridge that once did not stop (its stack: the SIGTERM
+    handler inside ``stop.wait()``, waiting for the lock its own thread
+    held): the handler sets the stop event from another thread, so a signal
+    landing while the command holds the event's lock stops it all the same."""
     try:
-        assert alone.stop() is False
-    finally:
-        stuck.told.set()
-        real.close()
-    assert "kickmsg bridge: warning: the Zenoh session did not close within 0.05 s\n" in capsys.readouterr().err
+        done = subprocess.run([sys.executable, "-c", SIGNAL_INSIDE_WAIT], capture_output=True, text=True, cwd=ROOT,
+                              stdin=subprocess.DEVNULL, timeout=WAIT_S)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the handler waited for the lock its own thread held")
+    assert (done.returncode, done.stdout) == (0, "True\n"), done

@@ -52,7 +52,6 @@ publisher; an import is recorded once its channel exists.
 """
 import dataclasses
 import json
-import os
 import queue
 import re
 import secrets
@@ -87,7 +86,7 @@ __all__ = [
     "ATTACHMENT", "Bridge", "CREATOR", "ChannelFigures", "DESCRIPTION_CHUNK", "DESCRIPTION_RETRY_S",
     "DESCRIPTION_TIMEOUT_S", "EPOCHS_KEPT", "EpochState", "Exporter", "FigureRecords", "IMPORT_QUEUE_SIZE", "Importer",
     "MAGIC", "RECEIVE_SLICE_S", "RECORD_INTERVAL_S", "REJOIN_POLL_S", "REJOIN_WAIT_S", "SEND_TIMEOUT_S",
-    "SESSION_CLOSE_TIMEOUT_S", "SequenceTracker", "VERSION", "channel_changes", "channel_made_for", "figures_table", "followers",
+    "SequenceTracker", "VERSION", "channel_changes", "channel_made_for", "figures_table", "followers",
     "open_local_channel", "recorded_subscribers", "recreate_local_channel", "report", "run",
 ]
 
@@ -103,7 +102,6 @@ REJOIN_WAIT_S = 5.0  # an importer that re-created its channel waits at most thi
 REJOIN_POLL_S = 0.01
 EPOCHS_KEPT = 16  # per imported key: epochs whose sequence numbers are followed
 RECORD_INTERVAL_S = 0.5  # how often the figures are written beside each channel for other processes
-SESSION_CLOSE_TIMEOUT_S = 10.0  # a stopping bridge waits at most this long for its Zenoh session to close
 CREATOR = "kickmsg-bridge"
 
 
@@ -569,12 +567,11 @@ class Bridge:
         """A copy of every channel's figures, exports first."""
         return [dataclasses.replace(worker.figures) for worker in self.workers()]
 
-    def stop(self) -> bool:
+    def stop(self) -> None:
         """End the threads, leave the rings, clear the records, then close
-        the Zenoh session (which withdraws every declaration), waiting
-        SESSION_CLOSE_TIMEOUT_S at most; whether it closed in time. The
-        session is closed even if a step before fails: a Zenoh session
-        left open makes the interpreter's exit wait for it forever."""
+        the Zenoh session (which withdraws every declaration). The session
+        is closed even if a step before fails: a Zenoh session left open
+        makes the interpreter's exit wait for it forever."""
         self.stopping.set()
         try:
             if self.peer_listener is not None:  # no peer event starts from now on
@@ -589,23 +586,9 @@ class Bridge:
                 self.recorder.join()
             self.records.release()
         finally:
-            closed = self._close_session()
-        return closed
-
-    def _close_session(self) -> bool:
-        """Close the session from a thread of its own, waiting for it
-        SESSION_CLOSE_TIMEOUT_S at most (warning if it did not close)."""
-        session, self.session = self.session, None
-        if session is None:
-            return True
-        closing = threading.Thread(target=session.close, name="bridge session close", daemon=True)
-        closing.start()
-        closing.join(SESSION_CLOSE_TIMEOUT_S)
-        if closing.is_alive():
-            print(f"kickmsg bridge: warning: the Zenoh session did not close within {SESSION_CLOSE_TIMEOUT_S:g} s",
-                  file=sys.stderr, flush=True)
-            return False
-        return True
+            if self.session is not None:
+                self.session.close()
+                self.session = None
 
 
 def figures_table(figures: list[ChannelFigures], elapsed: float, rates: dict[str, float], peers: int) -> str:
@@ -635,10 +618,7 @@ def report(figures: list[ChannelFigures], elapsed: float, rates: dict[str, float
 
 def run(options: BridgeOptions, stop: threading.Event, as_json: bool = False, out: TextIO = sys.stdout) -> list[ChannelFigures]:
     """Bridge until ``stop`` is set, printing the figures every
-    ``options.stats_interval`` seconds and once more at the end (the body of
-    ``kickmsg bridge``). If its Zenoh session did not close in time, the
-    process then ends at once (status 0, its output flushed): the
-    interpreter's exit would wait for that session forever."""
+    ``options.stats_interval`` seconds and once more at the end."""
     bridge = Bridge(options)
     bridge.start()
     if not as_json:
@@ -654,11 +634,7 @@ def run(options: BridgeOptions, stop: threading.Event, as_json: bool = False, ou
             report(figures, now - bridge.started, rates, bridge.peer_count(), False, as_json, out)
             last_time, last_bytes = now, {f.key: f.bytes_out for f in figures}
     finally:
-        closed = bridge.stop()
+        bridge.stop()
     elapsed, figures, peers = time.monotonic() - bridge.started, bridge.figures(), bridge.peer_count()
     report(figures, elapsed, {f.key: f.bytes_out / max(elapsed, 1e-9) for f in figures}, peers, True, as_json, out)
-    if not closed:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
     return figures
