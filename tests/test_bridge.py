@@ -751,3 +751,93 @@ def test_a_killed_bridge_shows_dead_until_clean_or_a_restarted_bridge_reclaims_i
                   lambda found: [(f.pid, f.alive) for f in found] == [(third.proc.pid, True)])
     third.stop()
     assert diagnostics.stats(name).bridges == []
+
+
+STOP_CYCLES = 10
+STOPPING_AFTER_THE_PEER_LEFT = r"""
+import faulthandler, sys, time
+from kickmsg import ChannelType, Config, SharedRegion
+from kickmsg.bridge import Bridge, BridgeOptions, ImportSpec
+
+exported, imported, endpoints, wait_s = sys.argv[1], sys.argv[2], sys.argv[3].split(), float(sys.argv[4])
+SharedRegion.create(exported, ChannelType.PubSub, Config(max_subscribers=2, sub_ring_capacity=8, pool_size=16,
+                                                         max_payload_size=64), "test")
+
+def until(what, predicate):
+    deadline = time.monotonic() + wait_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            sys.exit(f"never {what}")
+        time.sleep(0.01)
+
+for cycle, endpoint in enumerate(endpoints):
+    faulthandler.dump_traceback_later(wait_s, exit=True)  # a hang prints where every thread is, then exits 1
+    b = Bridge(BridgeOptions(imports=[ImportSpec("hosta/" + exported[1:], imported)], key_prefix="hostb",
+                             listen=[endpoint]))
+    b.start()
+    a = Bridge(BridgeOptions(exports=[exported], key_prefix="hosta", connect=[endpoint]))
+    a.start()
+    until("matched", lambda: a.figures()[0].matched and b.figures()[0].matched and b.peer_count() == 1)
+    a.stop()
+    until("saw its peer leave", lambda: b.peer_count() == 0)
+    b.stop()
+    print(cycle, flush=True)
+faulthandler.dump_traceback_later(wait_s, exit=True)  # the interpreter's exit too
+"""
+
+
+def test_a_bridge_stops_every_time_after_its_peer_left(prefix):
+    """Ten times in a row in one process: two bridges connect and match, the
+    exporting one stops, the importing one sees it leave, then stops; both
+    sessions close, and the process exits (a Zenoh session left open would
+    hold its exit forever). A hang is aborted with every thread's stack
+    shown."""
+    endpoints = " ".join(f"tcp/127.0.0.1:{free_port()}" for _ in range(STOP_CYCLES))
+    done = subprocess.run([sys.executable, "-c", STOPPING_AFTER_THE_PEER_LEFT, f"/{prefix}_hbv_a", f"/{prefix}_hbv_b",
+                           endpoints, str(WAIT_S)], capture_output=True, text=True, cwd=ROOT, stdin=subprocess.DEVNULL,
+                          timeout=STOP_CYCLES * 2 * WAIT_S)
+    assert done.returncode == 0 and done.stdout.split() == [str(cycle) for cycle in range(STOP_CYCLES)], done
+
+
+def test_a_bridges_session_is_closed_even_if_a_step_of_its_stop_fails(prefix, monkeypatch):
+    """The records cannot be cleared: stop raises, its session closed all the same."""
+    alone = bridge.Bridge(bridge.BridgeOptions(imports=[bridge.ImportSpec("hosta/x", f"/{prefix}_hbv_b")],
+                                               key_prefix="hostb", listen=[f"tcp/127.0.0.1:{free_port()}"]))
+    alone.start()
+    session = alone.session
+
+    def fail() -> None:
+        raise OSError("no records here")
+
+    monkeypatch.setattr(alone.records, "release", fail)
+    try:
+        with pytest.raises(OSError, match="no records here"):
+            alone.stop()
+        assert session.is_closed() and alone.session is None
+    finally:
+        if not session.is_closed():  # else this interpreter's exit would wait for it forever
+            session.close()
+
+
+SIGNAL_INSIDE_WAIT = r"""
+import signal
+from kickmsg.cli.common import stop_on_signals
+
+stop = stop_on_signals()
+with stop._cond:  # as inside stop.wait(): this thread holds the event's lock when the handler runs
+    signal.getsignal(signal.SIGTERM)(signal.SIGTERM, None)
+print(stop.wait(60), flush=True)
+"""
+
+
+def test_a_stop_signal_handled_inside_the_wait_for_it_stops_the_command():
+    """The cause of a bridge that once did not stop (its stack: the SIGTERM
+    handler inside ``stop.wait()``, waiting for the lock its own thread
+    held): the handler sets the stop event from another thread, so a signal
+    landing while the command holds the event's lock stops it all the same."""
+    try:
+        done = subprocess.run([sys.executable, "-c", SIGNAL_INSIDE_WAIT], capture_output=True, text=True, cwd=ROOT,
+                              stdin=subprocess.DEVNULL, timeout=WAIT_S)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the handler waited for the lock its own thread held")
+    assert (done.returncode, done.stdout) == (0, "True\n"), done

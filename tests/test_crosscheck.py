@@ -365,7 +365,8 @@ def test_cli_exit_1_at_a_divergence_and_its_replay(tmp_path):
     [
         (["--other-python", "/nonexistent/python"], "cannot run the other Python"),
         (["--other-python", sys.executable, "--other-path", "/nonexistent"], "did not start"),
-        (["--other-python", sys.executable, "--ops", "0"], "positive integer"),
+        (["--other-python", sys.executable, "--ops", "0"], "from 1 to 1000000, got 0"),
+        (["--other-python", sys.executable, "--ops", "100000000"], "from 1 to 1000000, got 100000000"),
         (["--other-python", sys.executable, "--replay", "/nonexistent/ops.jsonl"], "cannot read"),
         (["--other-python", sys.executable, "--other-path", str(NATIVE9_DIR), "--ops", "3"], "choose --layout 9"),
         (["--other-python", sys.executable, "--other-path", str(NATIVE_DIR), "--ops", "3", "--layout", "9"],

@@ -274,7 +274,73 @@ def test_cli_bad_scenario_is_one_line_error():
     assert "power of 2" in result.stderr and "3" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
     result = run_verify("--preemptions", "-1")
-    assert result.returncode == 2 and "--preemptions must be 0 or more, not -1" in result.stderr
-    for layout in ("4", "9"):
-        result = run_verify("--layout", layout, "--rings", "0")
-        assert result.returncode == 2 and "--rings must be 1 or more" in result.stderr, result.stderr
+    assert result.returncode == 2 and "--preemptions must be from 0 to 8, not -1" in result.stderr
+
+
+@pytest.mark.parametrize("layout", ["4", "9"])
+@pytest.mark.parametrize("args, message", [
+    (["--publishers", "-1"], "--publishers must be from 0 to 8, not -1"),
+    (["--publishers", "1000000"], "--publishers must be from 0 to 8, not 1000000"),
+    (["--pool", "100000000"], "--pool must be from 1 to 256, not 100000000"),
+    (["--messages", "0"], "--messages must be from 1 to 16, not 0"),
+    (["--subscribers", "9"], "--subscribers must be from 0 to 8, not 9"),
+    (["--capacity", "128"], "--capacity must be from 1 to 64, not 128"),
+    (["--rings", "0"], "--rings must be from 1 to 16, not 0"),
+    (["--preemptions", "9"], "--preemptions must be from 0 to 8, not 9"),
+    (["--stale", "-2"], "--stale must be from 0 to 8, not -2"),
+    (["--budget", "17"], "--budget must be from 0 to 16, not 17"),
+    (["--max-schedules", "0"], "--max-schedules must be from 1 to 10000000, not 0"),
+    (["--seed", "1", "--runs", "0"], "--runs must be from 1 to 10000000, not 0"),
+    (["--seed", "1", "--runs", "20000000"], "--runs must be from 1 to 10000000, not 20000000"),
+    (["--deaths", "99"], "--deaths must be from 0 to 8, not 99"),
+    (["--subscriber-deaths", "-1"], "--subscriber-deaths must be from 0 to 8, not -1"),
+    (["--reclaimers", "5"], "--reclaimers must be from 0 to 4, not 5"),
+])
+def test_cli_refuses_a_number_out_of_its_range_before_exploring(capsys, layout, args, message):
+    """Nothing runs (nor grows): exit 2, one line naming the option, the value and the range."""
+    from kickmsg import cli
+
+    assert cli.main(["verify", "--layout", layout, *args, "--json"]) == 2
+    assert capsys.readouterr() == ("", f"kickmsg verify: error: {message}\n")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--deaths", "2", "--publishers", "1"], "deaths (at most one per publisher) must be a whole number from 0 to 1, not 2"),
+    (["--subscriber-deaths", "2"], "subscriber_deaths (at most one per subscriber) must be a whole number from 0 to 1, not 2"),
+])
+def test_cli_refuses_more_deaths_than_actors_to_die(capsys, args, message):
+    from kickmsg import cli
+
+    assert cli.main(["verify", "--layout", "9", *args]) == 2
+    assert capsys.readouterr() == ("", f"kickmsg verify: error: bad scenario: {message}\n")
+
+
+@pytest.mark.parametrize("call", [
+    lambda: explore(Scenario(publishers=-1)),
+    lambda: explore(Scenario(pool=10**8)),
+    lambda: explore(Scenario(), preemptions=99),
+    lambda: explore(Scenario(), max_schedules=0),
+    lambda: explore_random(Scenario(), runs=0),
+    lambda: explore_random(Scenario(messages=True)),
+])
+def test_the_explorer_refuses_a_number_out_of_its_range(call):
+    with pytest.raises(ValueError, match=r"must be a whole number from \d+ to \d+, not "):
+        call()
+
+
+@pytest.mark.parametrize("args", [["--preemptions", "0"], ["--seed", "3", "--runs", "20"]])
+def test_cli_says_how_far_a_long_exploration_is_on_stderr(monkeypatch, capsys, args):
+    """A progress line per PROGRESS_INTERVAL_S (0 here: one per schedule) on
+    stderr; stdout holds the JSON result alone."""
+    from kickmsg import cli
+    from kickmsg.cli import checking
+
+    monkeypatch.setattr(checking, "PROGRESS_INTERVAL_S", 0.0)
+    assert cli.main(["verify", *args, "--json"]) == 0
+    out, err = capsys.readouterr()
+    schedules = json.loads(out)["schedules"]
+    lines = err.splitlines()
+    assert len(lines) == schedules > 1
+    most = "at most 1000000" if "--runs" not in args else "20"
+    assert all(line.startswith(f"kickmsg verify: {n} of {most} schedules run in ") and line.endswith(" a second)")
+               for n, line in enumerate(lines, 1)), lines

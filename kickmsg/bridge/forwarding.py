@@ -282,10 +282,9 @@ class Exporter:
         return self.subscriber.region
 
     def close(self) -> None:
-        """Leave the ring and withdraw from Zenoh (after the thread ended)."""
+        """Leave the ring (after the thread ended; closing the session
+        withdraws the publisher and the queryable from Zenoh)."""
         self.subscriber.close()
-        self.queryable.undeclare()
-        self.publisher.undeclare()
 
 
 # -- importing -------------------------------------------------------------------------
@@ -441,10 +440,6 @@ class Importer:
         """The channel it writes, once it could be opened."""
         return None if self.publisher is None else self.publisher.region
 
-    def close(self) -> None:
-        self.subscriber.undeclare()
-        self.describer.undeclare()
-
 
 # -- figures for other processes ---------------------------------------------------------
 
@@ -572,21 +567,27 @@ class Bridge:
         return [dataclasses.replace(worker.figures) for worker in self.workers()]
 
     def stop(self) -> None:
-        """End the threads, leave the rings, close the session."""
+        """End the threads, leave the rings, clear the records, then close
+        the Zenoh session (which withdraws every declaration). The session
+        is closed even if a step before fails: a Zenoh session left open
+        makes the interpreter's exit wait for it forever."""
         self.stopping.set()
-        for worker in self.workers():
-            if worker.thread.is_alive():
-                worker.thread.join()
-            worker.close()
-        if self.recorder.is_alive():
-            self.recorder.join()
-        self.records.release()
-        if self.peer_listener is not None:
-            self.peer_listener.undeclare()
-            self.peer_listener = None
-        if self.session is not None:
-            self.session.close()
-            self.session = None
+        try:
+            if self.peer_listener is not None:  # no peer event starts from now on
+                self.peer_listener.undeclare()
+                self.peer_listener = None
+            for worker in self.workers():
+                if worker.thread.is_alive():
+                    worker.thread.join()
+            for exporter in self.exporters:
+                exporter.close()
+            if self.recorder.is_alive():
+                self.recorder.join()
+            self.records.release()
+        finally:
+            if self.session is not None:
+                self.session.close()
+                self.session = None
 
 
 def figures_table(figures: list[ChannelFigures], elapsed: float, rates: dict[str, float], peers: int) -> str:

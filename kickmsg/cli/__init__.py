@@ -306,7 +306,7 @@ def build_parser() -> CommandLineParser:
     sub.add_argument("--other-python", required=True, metavar="PY", help="interpreter of the other implementation")
     sub.add_argument("--other-path", metavar="DIR", help="put DIR (or DIR:DIR...) first on its sys.path, run it with "
                      "-I -S (default: -I and its own kickmsg)")
-    sub.add_argument("--ops", type=int, default=1000, help="number of random operations (default 1000)")
+    sub.add_argument("--ops", type=int, default=1000, help="number of random operations (default 1000; 1 to 1000000)")
     sub.add_argument("--seed", type=int, default=0, help="seed of the random sequence (default 0)")
     sub.add_argument("--replay", metavar="FILE", help="run the operations in FILE (one JSON list per line) instead")
     sub.add_argument("--layout", type=int, choices=(4, 9), default=4,
@@ -330,7 +330,12 @@ def build_parser() -> CommandLineParser:
                   "  kickmsg verify --layout 9 --subscriber-deaths 1 --reclaimers 1   # reclaim_dead_rings racing\n"
                   "  kickmsg verify --layout 9 --mutant no-meta-tag-check   # 0.9's receive: the bug 0.9.2 fixed (ra)",
                   channel=False)
+    from kickmsg.verify import BOUNDS, SIZES
     from kickmsg.verify.mutants import MUTANTS, MUTANTS9
+
+    def within(name: str) -> str:  # the range a number is refused beyond
+        least, most = {**SIZES, **BOUNDS}[name]
+        return f"{least} to {most}"
 
     sub.add_argument("--layout", type=int, choices=(4, 9), default=4,
                      help="the flows explored: layout 4 (kickmsg 0.1.0, default) or layout 9 (kickmsg.protocol.v9)")
@@ -338,36 +343,41 @@ def build_parser() -> CommandLineParser:
                      help="break one rule of the spec (default: none; layout 9's mutants need --layout 9)")
     sub.add_argument("--preemptions", type=int, metavar="K",
                      help="explore every schedule with at most K preemptions (default 2; 1 with --orders or "
-                          "--layout 9, or the mutant's)")
+                          f"--layout 9, or the mutant's; {within('preemptions')})")
     sub.add_argument("--memory-model", choices=("sc", "ra"),
                      help="sc: sequential consistency; ra: the C11 release/acquire/relaxed model, with data races "
                           "on payloads (default: sc, or ra for a memory-order mutant)")
     sub.add_argument("--stale", type=int, metavar="W",
-                     help="under ra, at most W loads per schedule read an older store than the newest (default 2)")
+                     help="under ra, at most W loads per schedule read an older store than the newest (default 2; "
+                          f"{within('stale')})")
     sub.add_argument("--budget", type=int, metavar="B",
-                     help="at most B preemptions and stale reads together (default: 2 under ra, no limit under sc)")
+                     help="at most B preemptions and stale reads together (default: 2 under ra, no limit under sc; "
+                          f"{within('budget')})")
     sub.add_argument("--orders", action="store_true",
                      help="weaken every memory order of the flows one step in turn and explore under ra (at most "
                           "1 preemption); print which orders a counter-example shows necessary")
     sub.add_argument("--max-schedules", type=int, default=1_000_000, metavar="N",
-                     help="stop an exhaustive exploration after N schedules (default 1000000)")
+                     help=f"stop an exhaustive exploration after N schedules (default 1000000; {within('max_schedules')})")
     sub.add_argument("--seed", type=int, help="run seeded random schedules instead of the exhaustive exploration")
-    sub.add_argument("--runs", type=int, default=1000, help="random schedules to run with --seed (default 1000)")
+    sub.add_argument("--runs", type=int, default=1000,
+                     help=f"random schedules to run with --seed (default 1000; {within('runs')})")
     for field, meaning in (("publishers", "publishers"), ("messages", "messages per publisher"),
                           ("subscribers", "subscribers (each with its own ring)"), ("capacity", "ring capacity"),
                           ("pool", "pool slots")):
-        sub.add_argument(f"--{field}", type=int, metavar="N", help=f"{meaning} (default: the mutant's scenario)")
+        sub.add_argument(f"--{field}", type=int, metavar="N",
+                         help=f"{meaning} (default: the mutant's scenario; {within(field)})")
     sub.add_argument("--rings", type=int, metavar="N",
                      help="max_subscribers (default: one per subscriber; with fewer, a subscriber retries its join "
-                          "on layout 9)")
+                          f"on layout 9; 1 to {SIZES['rings'][1]})")
     sub.add_argument("--repair-pass", action="store_true",
                      help="add an actor that runs repair_locked_entries() once, concurrently")
     sub.add_argument("--deaths", type=int, metavar="N",
-                     help="layout 9: at most N publishers die, each at any step (default 0)")
+                     help="layout 9: at most N publishers die, each at any step (default 0; at most the publishers)")
     sub.add_argument("--subscriber-deaths", type=int, metavar="N",
-                     help="layout 9: at most N subscribers die, each at any step (default 0)")
+                     help="layout 9: at most N subscribers die, each at any step (default 0; at most the subscribers)")
     sub.add_argument("--reclaimers", type=int, metavar="N",
-                     help="layout 9: add N actors that each run reclaim_dead_rings() once, concurrently (default 0)")
+                     help="layout 9: add N actors that each run reclaim_dead_rings() once, concurrently (default 0; "
+                          f"{within('reclaimers')})")
     sub.add_argument("--blocking", action="store_true",
                      help="layout 9: subscribers sleep on the futex (receive_view) instead of polling")
     from kickmsg.cli.boards import add_board_commands

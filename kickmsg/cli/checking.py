@@ -5,7 +5,9 @@ import time
 
 from kickmsg.cli.common import EXIT_FOUND, EXIT_OK, CommandError, emit
 
-__all__ = ["cmd_crosscheck", "cmd_verify"]
+__all__ = ["PROGRESS_INTERVAL_S", "Progress", "cmd_crosscheck", "cmd_verify"]
+
+PROGRESS_INTERVAL_S = 5.0  # a longer exploration says how far it is on stderr, this often
 
 
 def cmd_crosscheck(args: argparse.Namespace) -> int:
@@ -29,12 +31,13 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
     from kickmsg import verify
 
-    for option in ("preemptions", "max_schedules", "runs", "stale", "budget", "deaths", "subscriber_deaths", "reclaimers",
-                   "rings"):
-        if (getattr(args, option) or 0) < 0:
-            raise CommandError(f"--{option.replace('_', '-')} must be 0 or more, not {getattr(args, option)}")
-    if args.rings == 0:
-        raise CommandError("--rings must be 1 or more (a region has at least one ring), not 0")
+    # Every number given within its documented range, before anything runs
+    # (a scenario's numbers that are not options, such as idle, are None here).
+    ranges = {**verify.BOUNDS, **verify.SIZES, "rings": (1, verify.SIZES["rings"][1])}
+    for option, (least, most) in ranges.items():
+        value = getattr(args, option, None)
+        if value is not None and not least <= value <= most:
+            raise CommandError(f"--{option.replace('_', '-')} must be from {least} to {most}, not {value}")
     if args.layout == 9:
         return _verify_layout9(args)
     if args.mutant in verify.MUTANTS9:
@@ -107,6 +110,27 @@ def _verify_layout9(args: argparse.Namespace) -> int:
     return _explore(args, scenario, model, preemptions, stale, budget)
 
 
+class Progress:
+    """Counts the schedules an exploration runs and, once it has run for
+    PROGRESS_INTERVAL_S, says on stderr how far it is and how fast it goes,
+    every PROGRESS_INTERVAL_S again (stdout keeps only the result)."""
+
+    def __init__(self, most: int, bound: str = ""):
+        self.most, self.bound = most, bound  # "at most ": the exploration may end before
+        self.schedules = 0
+        self.began = time.monotonic()
+        self.next_line = self.began + PROGRESS_INTERVAL_S
+
+    def __call__(self, outcome: object) -> None:
+        self.schedules += 1
+        now = time.monotonic()
+        if now >= self.next_line:
+            self.next_line = now + PROGRESS_INTERVAL_S
+            rate = self.schedules / max(now - self.began, 1e-9)
+            print(f"kickmsg verify: {self.schedules} of {self.bound}{self.most} schedules run in {now - self.began:.0f} s "
+                  f"({rate:.0f} a second)", file=sys.stderr, flush=True)
+
+
 def _explore(args: argparse.Namespace, scenario: object, model: str, preemptions: int, stale: int,
              budget: int | None) -> int:
     import dataclasses
@@ -117,10 +141,11 @@ def _explore(args: argparse.Namespace, scenario: object, model: str, preemptions
     try:
         if args.seed is not None:
             report = verify.explore_random(scenario, args.mutant, runs=args.runs, seed=args.seed, memory_model=model,
-                                           stale=stale)
+                                           stale=stale, observe=Progress(args.runs))
         else:
             report = verify.explore(scenario, args.mutant, preemptions, max_schedules=args.max_schedules,
-                                    memory_model=model, stale=stale, budget=budget)
+                                    memory_model=model, stale=stale, budget=budget,
+                                    observe=Progress(args.max_schedules, "at most "))
     except ValueError as error:  # the region cannot be laid out (actors' errors are violations)
         raise CommandError(f"bad scenario: {error}") from None
     data = {

@@ -125,11 +125,17 @@ def stop_on_signals() -> threading.Event:
     second signal forces it out at once (``exit_forced``), whatever it is
     doing."""
     stop = threading.Event()
+    signalled = False
 
     def handle(number: int, frame: FrameType | None) -> None:
-        if stop.is_set():
+        nonlocal signalled
+        if signalled or stop.is_set():
             exit_forced(number, frame)
-        stop.set()
+        signalled = True
+        # Set from a thread of its own: the signal may have stopped this
+        # thread inside stop.wait() while it held the event's lock, which
+        # set() takes too (set here, it would wait for itself forever).
+        threading.Thread(target=stop.set, name="stop on signal", daemon=True).start()
 
     for number in STOP_SIGNALS:
         signal.signal(number, handle)

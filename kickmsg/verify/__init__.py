@@ -48,7 +48,24 @@ from kickmsg.region import SharedRegion
 from kickmsg.verify.scheduler import Actor, Checker, Choice, Chooser, Execution, Outcome, ScheduledAtomics, Step
 from kickmsg.verify.layout9 import Scenario9
 
-__all__ = ["MUTANTS", "MUTANTS9", "MUTANT_SCENARIOS", "Report", "Scenario", "Scenario9", "explore", "explore_random"]
+__all__ = [
+    "BOUNDS", "MUTANTS", "MUTANTS9", "MUTANT_SCENARIOS", "Report", "SIZES", "Scenario", "Scenario9", "check_bounds",
+    "check_scenario", "explore", "explore_random",
+]
+
+# The least and the most each number of a scenario may be (refused beyond,
+# before anything runs): an actor is a greenlet and every step is checked
+# against the whole region, so larger ones would only run for days, or grow
+# to gigabytes of pending schedules. Rings 0 is one per subscriber.
+SIZES = {
+    "publishers": (0, 8), "messages": (1, 16), "subscribers": (0, 8), "idle": (0, 8), "rings": (0, 16),
+    "capacity": (1, 64), "pool": (1, 256), "deaths": (0, 8), "subscriber_deaths": (0, 8), "reclaimers": (0, 4),
+}
+# The same for the bounds of an exploration (None: no budget).
+BOUNDS = {
+    "preemptions": (0, 8), "stale": (0, 8), "budget": (0, 16), "max_schedules": (1, 10_000_000),
+    "runs": (1, 10_000_000),
+}
 
 
 @dataclass(frozen=True)
@@ -243,6 +260,33 @@ def run_schedule(scenario: Scenario, choose: Chooser, memory_model: str = "sc") 
         region.mapping.buffer = plain_bytes
 
 
+def _within(name: str, value: object, least: int, most: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not least <= value <= most:
+        raise ValueError(f"{name} must be a whole number from {least} to {most}, not {value!r}")
+
+
+def check_bounds(**bounds: int | None) -> None:
+    """Raise ValueError naming the first bound of ``BOUNDS`` out of its
+    range (``check_bounds(preemptions=-1)``); None is no bound."""
+    for name, value in bounds.items():
+        if value is not None:
+            _within(name, value, *BOUNDS[name])
+
+
+def check_scenario(scenario: "Scenario | Scenario9") -> None:
+    """Raise ValueError naming the first number of the scenario out of its
+    range (``SIZES``), or more deaths than there are publishers or
+    subscribers to die."""
+    for name, (least, most) in SIZES.items():
+        if hasattr(scenario, name):
+            _within(name, getattr(scenario, name), least, most)
+    if isinstance(scenario, Scenario9):
+        for index, count in enumerate(scenario.sends):
+            _within(f"sends[{index}]", count, 0, SIZES["messages"][1])
+        _within("deaths (at most one per publisher)", scenario.deaths, 0, scenario.publishers)
+        _within("subscriber_deaths (at most one per subscriber)", scenario.subscriber_deaths, 0, scenario.subscribers)
+
+
 def _run(scenario: "Scenario | Scenario9", choose: Chooser, memory_model: str) -> "tuple[World | layout9.World9, Outcome]":
     """One execution of a layout-4 or a layout-9 scenario."""
     if isinstance(scenario, Scenario9):
@@ -281,6 +325,8 @@ def explore(scenario: "Scenario | Scenario9" = Scenario(), mutant: str | mutants
     unusual choices. With ``stale=0`` the schedules are exactly those of
     sequential consistency. ``observe(outcome)``, if given, sees every
     execution."""
+    check_scenario(scenario)
+    check_bounds(preemptions=preemptions, max_schedules=max_schedules, stale=stale, budget=budget)
     if stale and memory_model != "ra":
         raise ValueError("stale reads need the ra memory model")
     began = time.monotonic()
@@ -319,12 +365,16 @@ def explore(scenario: "Scenario | Scenario9" = Scenario(), mutant: str | mutants
 
 
 def explore_random(scenario: "Scenario | Scenario9" = Scenario(), mutant: str | mutants.Mutant | None = None, runs: int = 1000,
-                   seed: int = 0, switch: float = 0.05, memory_model: str = "sc", stale: int = 0) -> Report:
+                   seed: int = 0, switch: float = 0.05, memory_model: str = "sc", stale: int = 0,
+                   observe: Callable[[Outcome], object] | None = None) -> Report:
     """``runs`` seeded random schedules: at each step the running actor goes
     on, except with probability ``switch`` (or when it cannot), when a ready
     actor is picked uniformly. Few switches per run, like the bugs found.
     Under the ra model a load reads an older store with probability
-    ``switch`` too, at most ``stale`` times per run."""
+    ``switch`` too, at most ``stale`` times per run. ``observe(outcome)``,
+    if given, sees every execution."""
+    check_scenario(scenario)
+    check_bounds(runs=runs, stale=stale)
     if stale and memory_model != "ra":
         raise ValueError("stale reads need the ra memory model")
     began = time.monotonic()
@@ -345,6 +395,8 @@ def explore_random(scenario: "Scenario | Scenario9" = Scenario(), mutant: str | 
                 return 0
 
             world, outcome = _run(scenario, choose, memory_model)
+            if observe:
+                observe(outcome)
             if outcome.violation:
                 return _report(scenario, change, run + 1, False, began, world, outcome, memory_model, stale)
     return _report(scenario, change, runs, False, began, None, None, memory_model, stale)

@@ -92,13 +92,14 @@ from kickmsg.verify import crossdriver
 
 __all__ = [
     "COMMIT_TIMEOUTS_US", "CRASHES", "Crashed", "CrashingAtomics", "DEAD_PID", "DEAD_START", "DRIVER_MARK",
-    "Difference", "Divergence", "Generator", "IGNORED", "MAX_DIFFERENCES", "MAX_PUBLISHERS", "OPERATION_TIMEOUT_S",
+    "Difference", "Divergence", "Generator", "IGNORED", "MAX_DIFFERENCES", "MAX_OPS", "MAX_PUBLISHERS", "OPERATION_TIMEOUT_S",
     "Operation", "OtherFailed", "OtherSide", "POKES", "REPLAY_LIMIT", "Replay", "Result", "START_TIMEOUT_S",
     "SetupError", "WEIGHTS", "WEIGHTS9", "bury", "check_layout", "check_version", "compare_regions", "crash",
     "crash_subscriber", "crosscheck", "describe_value", "field_at9", "load_operations", "masked", "poke", "read_region",
     "replay", "shm_path",
 ]
 
+MAX_OPS = 1_000_000  # operations of one run: each is kept for the reproducer a divergence prints
 IGNORED = range(112, 128)  # creator_pid and created_at_ns differ by nature (both layouts)
 DRIVER_MARK = (1 << 64) - 1  # a ring owner word holding its side's own subscribing process (layout 9, see masked)
 START_TIMEOUT_S = 30.0  # for the other side to import its kickmsg
@@ -848,8 +849,8 @@ def crosscheck(other_python: str, other_path: str | None = None, ops: int = 1000
     channels of ``layout`` (4: against native 0.1.0's API, 9: 0.9.2's),
     comparing results and region bytes after each. Raises ``SetupError`` if
     the other side does not start or does not make regions of that layout."""
-    if not isinstance(ops, int) or ops < 1:
-        raise SetupError(f"the number of operations must be a positive integer, got {ops!r}")
+    if isinstance(ops, bool) or not isinstance(ops, int) or not 1 <= ops <= MAX_OPS:
+        raise SetupError(f"the number of operations must be a whole number from 1 to {MAX_OPS}, got {ops!r}")
     check_layout(layout)
     return _run(Generator(seed, ops, layout), other_python, other_path, seed, layout)
 
