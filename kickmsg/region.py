@@ -11,7 +11,7 @@ word and return the one the region's layout needs.
 import os
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NoReturn
 
 from kickmsg import layouts, shm
@@ -101,11 +101,12 @@ class DeadSubscriberReport:
     reclaimed: list[tuple[int, int]]  # (ring, pid of the dead owner): drained and freed
     unrecorded: list[int]  # Live or Draining rings with no owner record (e.g. native subscribers): left alone
     timed_out: list[int]  # dead owner, but publishers stayed in flight: left retired
+    claims_given_back: dict[int, int] = field(default_factory=dict)  # ring -> claims drained (layout 9)
 
     def __repr__(self) -> str:
         return (
             f"DeadSubscriberReport(reclaimed={self.reclaimed}, unrecorded={self.unrecorded}, "
-            f"timed_out={self.timed_out})"
+            f"timed_out={self.timed_out}, claims_given_back={self.claims_given_back})"
         )
 
 
@@ -626,16 +627,17 @@ class Layout9Region(SharedRegion):
         self.require_writable("reclaim rings")
         reclaimed: list[tuple[int, int]] = []
         timed_out: list[int] = []
+        claims_given_back: dict[int, int] = {}
         for index, pid in self.dead_subscriber_rings():
             left = repair9.reclaim_dead_ring(self.core, index)
             if left is None:
                 continue  # taken by another reclaimer meanwhile
-            quiesced, _ = left
+            quiesced, claims_given_back[index] = left
             if quiesced:
                 reclaimed.append((index, pid))
             else:
                 timed_out.append(index)
-        return DeadSubscriberReport(reclaimed, [], timed_out)
+        return DeadSubscriberReport(reclaimed, [], timed_out, claims_given_back)
 
     def free_ring(self, index: int) -> bool:
         """Refused: layout 4's way out for a ring no owner record accounts

@@ -139,6 +139,7 @@ def audit_summary(region) -> dict:
     return {
         "verdict": report.verdict,
         "clean": report.clean,
+        "damage": {what: count for what, count in report.damage().items() if count},
         "free_slots": report.free_slots,
         "slots_not_free": report.pool_size - report.free_slots,
         "being_written": len(report.being_written),
@@ -708,6 +709,16 @@ class Soak:
             lines += [f"{worker}: {line}" for line in text.splitlines() if line.startswith("PROBLEM")]
         return lines[:20]
 
+    def unexplained_damage(self, summary: dict) -> dict[str, int]:
+        """What an audit found beyond the documented bound: on layout 4 a
+        slot lost by a publisher killed between allocating and publishing
+        is damage no repair can tell from a paused publisher's (the spec's
+        unrecoverable leak), bounded by the slots being written below."""
+        damage = dict(summary["damage"])
+        if self.args.layout == layouts.LAYOUT_4 and damage.get("unreferenced slots", 0) <= self.publisher_kills():
+            damage.pop("unreferenced slots", None)
+        return damage
+
     def report(self, duration: float, final: list[dict]) -> dict:
         totals = self.totals()
         bad_messages = sum(sum(totals[key].values()) for key in ("corrupt", "duplicates", "out_of_order"))
@@ -715,7 +726,7 @@ class Soak:
             self.fail(f"subscribers saw {bad_messages} corrupt, duplicate or out-of-order messages")
         for result in final:
             after, channel = result["after"], result["channel"]
-            if not after["clean"]:
+            if self.unexplained_damage(after):
                 self.fail(f"channel {channel}: the final audit is not clean: {after['verdict']}")
             if after["live_rings"]:
                 self.fail(f"channel {channel}: {after['live_rings']} ring(s) still Live after everyone left")
@@ -731,7 +742,7 @@ class Soak:
             if result["usable_after_recovery"] != "ok":
                 self.fail(f"channel {channel}: not usable after recovery: {result['usable_after_recovery']}")
             reuse = result["audit_after_reuse"]
-            if not reuse["clean"]:
+            if self.unexplained_damage(reuse):
                 self.fail(f"channel {channel}: audit after reuse: {reuse['verdict']}")
         maintenance = {
             "pauses": self.pauses,

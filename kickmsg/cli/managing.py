@@ -154,7 +154,8 @@ def cmd_repair(args: argparse.Namespace) -> int:
         lines.append(f"freed ring {args.ring}" if freed else f"ring {args.ring} is Free already")
     if args.dead_subscribers:
         report = region.reclaim_dead_subscribers()
-        done["dead_subscribers"] = {"reclaimed": report.reclaimed, "unrecorded": report.unrecorded, "timed_out": report.timed_out}
+        done["dead_subscribers"] = {"reclaimed": report.reclaimed, "unrecorded": report.unrecorded, "timed_out": report.timed_out,
+                                   "claims_given_back": report.claims_given_back}
         lines += dead_subscriber_sentences(region.name, report)
         done["dead_publishers_reclaimed"] = owners.reclaim_dead_publishers(region)
         lines += [f"reclaimed the record of dead publisher {pid}" for pid in done["dead_publishers_reclaimed"]]
@@ -200,7 +201,11 @@ def given_back(drained: DrainedRing) -> str:
 
 def dead_subscriber_sentences(name: str, report: DeadSubscriberReport) -> list[str]:
     """What reclaim_dead_subscribers() did, one sentence per ring or group."""
-    lines = [f"reclaimed ring {ring} of dead subscriber {pid}" for ring, pid in report.reclaimed]
+    lines = [
+        f"reclaimed ring {ring} of dead subscriber {pid}"
+        + (f": gave back {counted(report.claims_given_back[ring], 'claim', 'claims')}" if ring in report.claims_given_back else "")
+        for ring, pid in report.reclaimed
+    ]
     lines += [
         f"could not reclaim ring {ring} of a dead subscriber: publishers stayed in flight, so it is left retired "
         f"(kickmsg repair --retired resets it)"
