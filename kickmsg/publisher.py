@@ -315,10 +315,6 @@ class AllocatedSlot:
             check_length("publish", len)
         if len > self._length:
             raise ValueError(f"publish(len) exceeds slot max_size: {len} > {self._length}")
-        if self._abandoned and not self._replaced_silently:
-            raise ValueError(
-                "AllocatedSlot was superseded by a later Publisher.allocate(); publishing it would commit the newer reservation"
-            )
         if self._region is not self._publisher._region:
             # The region was re-created since allocate(): the slot belongs
             # to the old one. Give it back there; the message is dropped.
@@ -326,6 +322,10 @@ class AllocatedSlot:
             self._publisher._dropped += 1
             self._published = True
             return 0
+        if self._abandoned and not self._replaced_silently and not self._publisher._closed:
+            raise ValueError(
+                "AllocatedSlot was superseded by a later Publisher.allocate(); publishing it would commit the newer reservation"
+            )
         self._published = True
         if self._abandoned:
             return 0
