@@ -423,6 +423,42 @@ def test_an_export_recreated_with_another_geometry_is_followed_by_the_importer(b
     assert received["seqs"] == sorted(set(received["seqs"]))
 
 
+def test_what_an_export_lost_at_a_re_create_is_counted_by_the_importer(bridges, prefix):
+    """Host A's layout-9 channel is re-created as a new object while both
+    bridges run, and messages go into it before the exporter rejoins (a
+    subscriber of the test is there from the start, so they are known):
+    the exporter counts them lost, and so does the importer (at source),
+    which took the new epoch's first figure as its baseline before: B's
+    received + lost (at source and on the way) = everything published."""
+    a_name, b_name = f"/{prefix}_hb2_a", f"/{prefix}_hb2_b"
+    first, before_rejoin, after_rejoin = 100, 300, 100
+    old = SharedRegion.create(a_name, ChannelType.PubSub, Config(**GEOMETRY), "test")
+    _, a, b = two_hosts(bridges, a_name, b_name)
+    a.wait_for("a matching subscriber", lambda channels: channels[0]["matched"])
+    pub = Publisher(old)
+    for seq in range(first):
+        pub.send(make_payload(seq))
+    b.wait_for("the first run forwarded", lambda c: c[0]["messages_in"] + c[0]["lost_on_way"] == first)
+    new = SharedRegion.create(a_name, ChannelType.PubSub, Config(**GEOMETRY), "test")
+    watcher, pub = Subscriber(new), Publisher(new)  # the new region's rings show what was published before the rejoin
+    try:
+        for seq in range(first, first + before_rejoin):
+            pub.send(make_payload(seq))
+        a.wait_for("the new epoch", lambda channels: channels[0]["epochs"] == 2)
+        for seq in range(first + before_rejoin, first + before_rejoin + after_rejoin):
+            pub.send(make_payload(seq))
+    finally:
+        watcher.close()
+    total = first + before_rejoin + after_rejoin
+    exported = a.wait_for("every message received or lost", lambda c: c[0]["messages_in"] + c[0]["lost_locally"] == total)[0]
+    imported = b.wait_for("every message received or lost", lambda c: c[0]["messages_in"] + c[0]["lost_on_way"]
+                          + c[0]["lost_at_source"] == total)[0]
+    (imported,), _ = b.stop()
+    assert imported["epochs"] == 2 and imported["skipped"] == 0 and imported["error"] is None
+    assert imported["messages_in"] + imported["lost_on_way"] + imported["lost_at_source"] == total
+    assert imported["lost_at_source"] == exported["lost_locally"] and imported["lost_on_way"] == 0
+
+
 def test_a_bridge_with_nobody_to_talk_to_says_so(bridges, prefix):
     """Nothing listens where it connects: the bridge warns once, its figures
     show no peer and no match, and it says nothing more while it waits."""
@@ -540,6 +576,24 @@ def test_the_sequence_tracker_counts_gaps_per_epoch_and_no_loss_for_a_restart():
     assert tracker.admit(None) is None and tracker.admit(b"KMBR") is None
     assert tracker.admit(b"XXXX" + attachment(3, 0)[4:]) is None
     assert figures.skipped == 4 and figures.messages_in == 8
+
+
+def test_the_sequence_tracker_counts_what_went_missing_between_an_epoch_and_the_one_it_follows():
+    """An epoch that follows another (the exporter's channel was re-created)
+    hands over: what the exporter lost in between (its rejoin) is lost at
+    the source, the end of the old epoch and the start of the new one not
+    received are lost on the way; counted once, and only when both epochs
+    were followed."""
+    figures = bridge.ChannelFigures("import", "/hb2_x", "k/x")
+    tracker = forwarding.SequenceTracker(figures)
+    assert [tracker.admit(attachment(1, seq, source_lost=2)) for seq in range(5)] == [1] * 5
+    assert tracker.admit(attachment(2, 3, source_lost=50)) == 2  # 0..2 of epoch 2 went missing on the way
+    tracker.link(2, 1, previous_sent=7)  # epoch 1 sent 5 and 6 as well
+    tracker.link(2, 1, previous_sent=7)
+    assert figures.lost_at_source == 48 and figures.lost_on_way == 2 + 3 and figures.messages_in == 6
+    tracker.link(3, 1, previous_sent=7)  # an epoch not followed (yet): nothing
+    tracker.link(2, 9, previous_sent=7)
+    assert figures.lost_at_source == 48 and figures.lost_on_way == 5
 
 
 def test_the_sequence_tracker_keeps_a_bounded_number_of_epochs():
