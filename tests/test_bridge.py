@@ -459,6 +459,39 @@ def test_what_an_export_lost_at_a_re_create_is_counted_by_the_importer(bridges, 
     assert imported["lost_at_source"] == exported["lost_locally"] and imported["lost_on_way"] == 0
 
 
+def test_an_export_re_created_with_no_ring_to_spare_is_retried_while_the_others_go_on(bridges, prefix):
+    """A 1-ring exported channel is re-created and its ring taken by another
+    subscriber first: the bridge warns once naming it and why, goes on
+    exporting the other channel, and joins it once the ring is free (says
+    so), exporting it again."""
+    x_name, y_name = f"/{prefix}_hb2_x", f"/{prefix}_hb2_y"
+    one_ring = Config(**{**GEOMETRY, "max_subscribers": 1})
+    SharedRegion.create(x_name, ChannelType.PubSub, one_ring, "test")
+    y_pub = Publisher(SharedRegion.create(y_name, ChannelType.PubSub, Config(**GEOMETRY), "test"))
+    bridge_x = bridges("--export", x_name, "--export", y_name, "--key-prefix", "hosta", "--listen",
+                       f"tcp/127.0.0.1:{free_port()}")
+    bridge_x.wait_for("both exports", lambda channels: len(channels) == 2)
+    new_x = SharedRegion.create(x_name, ChannelType.PubSub, one_ring, "test")
+    taker = Subscriber(new_x)
+    try:
+        bridge_x.wait_for("the export that cannot join", lambda c: "No free subscriber slots" in (c[0]["error"] or ""))
+        for seq in range(10):
+            y_pub.send(make_payload(seq))
+        bridge_x.wait_for("the other export going on", lambda c: c[1]["messages_in"] == 10)
+    finally:
+        taker.close()
+    bridge_x.wait_for("the export joined at last", lambda c: c[0]["epochs"] == 2 and c[0]["error"] is None)
+    x_pub = Publisher(new_x)
+    for seq in range(5):
+        x_pub.send(make_payload(seq))
+    bridge_x.wait_for("the export going on", lambda c: c[0]["messages_in"] == 5)
+    (x, y), err = bridge_x.stop()
+    assert (x["messages_in"], y["messages_in"], x["error"]) == (5, 10, None)
+    assert err.count(f"warning: not exporting {x_name} for now (No free subscriber slots in {x_name}") == 1, err
+    assert "bridging the others, trying it again every 1 s" in err
+    assert err.count(f"{x_name} could be joined at last; exporting it again") == 1, err
+
+
 def test_a_bridge_with_nobody_to_talk_to_says_so(bridges, prefix):
     """Nothing listens where it connects: the bridge warns once, its figures
     show no peer and no match, and it says nothing more while it waits."""
