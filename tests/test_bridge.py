@@ -25,7 +25,7 @@ from kickmsg import description as describe
 from kickmsg.bridge import forwarding, options as bridge_options
 from kickmsg.cli import bridging
 from kickmsg.ops import diagnostics
-from nativepeer import check_payload, make_payload, start_native, start_ours
+from nativepeer import check_payload, make_payload, start_native, start_native9, start_ours
 from test_exporter import exporter_for  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.timeout(180)
@@ -423,15 +423,32 @@ def test_an_export_recreated_with_another_geometry_is_followed_by_the_importer(b
     assert received["seqs"] == sorted(set(received["seqs"]))
 
 
-def test_what_an_export_lost_at_a_re_create_is_counted_by_the_importer(bridges, prefix):
-    """Host A's layout-9 channel is re-created as a new object while both
-    bridges run, and messages go into it before the exporter rejoins (a
-    subscriber of the test is there from the start, so they are known):
-    the exporter counts them lost, and so does the importer (at source),
-    which took the new epoch's first figure as its baseline before: B's
-    received + lost (at source and on the way) = everything published."""
+RECREATE_AND_PUBLISH = r"""
+ready()
+wait_go()
+region = kickmsg.SharedRegion.create(P["name"], kickmsg.ChannelType.PubSub, make_config(P["config"]), "recreator")
+watcher, publisher = kickmsg.Subscriber(region), kickmsg.Publisher(region)  # its ring shows what goes before the rejoin
+for seq in range(P["first"], P["first"] + P["before"]):
+    publisher.send(make_payload(seq))
+ready()
+wait_go()
+for seq in range(P["first"] + P["before"], P["first"] + P["before"] + P["after"]):
+    publisher.send(make_payload(seq))
+done(None)
+"""
+
+
+@pytest.mark.parametrize("recreator", ["ours", "native9"])
+def test_what_an_export_lost_at_a_re_create_is_counted_by_the_importer(bridges, prefix, recreator):
+    """Host A's layout-9 channel is re-created as a new object (by ours or
+    by a native 0.9.2 process) while both bridges run, and messages go into
+    it before the exporter rejoins (the re-creator's subscriber is there
+    from the start, so they are known): the exporter counts them lost, and
+    so does the importer, at source (before, it took the new epoch's first
+    figure as its baseline): B's received + lost (at source and on the way)
+    = everything published."""
     a_name, b_name = f"/{prefix}_hb2_a", f"/{prefix}_hb2_b"
-    first, before_rejoin, after_rejoin = 100, 300, 100
+    first, before, after = 100, 300, 100
     old = SharedRegion.create(a_name, ChannelType.PubSub, Config(**GEOMETRY), "test")
     _, a, b = two_hosts(bridges, a_name, b_name)
     a.wait_for("a matching subscriber", lambda channels: channels[0]["matched"])
@@ -439,20 +456,18 @@ def test_what_an_export_lost_at_a_re_create_is_counted_by_the_importer(bridges, 
     for seq in range(first):
         pub.send(make_payload(seq))
     b.wait_for("the first run forwarded", lambda c: c[0]["messages_in"] + c[0]["lost_on_way"] == first)
-    new = SharedRegion.create(a_name, ChannelType.PubSub, Config(**GEOMETRY), "test")
-    watcher, pub = Subscriber(new), Publisher(new)  # the new region's rings show what was published before the rejoin
-    try:
-        for seq in range(first, first + before_rejoin):
-            pub.send(make_payload(seq))
+    start = start_native9 if recreator == "native9" else start_ours
+    with start(RECREATE_AND_PUBLISH, name=a_name, config=GEOMETRY, first=first, before=before, after=after) as other:
+        other.wait_ready()
+        other.tell()
+        other.wait_ready()  # re-created, and the 300 published into it
         a.wait_for("the new epoch", lambda channels: channels[0]["epochs"] == 2)
-        for seq in range(first + before_rejoin, first + before_rejoin + after_rejoin):
-            pub.send(make_payload(seq))
-    finally:
-        watcher.close()
-    total = first + before_rejoin + after_rejoin
+        other.tell()
+        other.result()
+    total = first + before + after
     exported = a.wait_for("every message received or lost", lambda c: c[0]["messages_in"] + c[0]["lost_locally"] == total)[0]
-    imported = b.wait_for("every message received or lost", lambda c: c[0]["messages_in"] + c[0]["lost_on_way"]
-                          + c[0]["lost_at_source"] == total)[0]
+    b.wait_for("every message received or lost",
+               lambda c: c[0]["messages_in"] + c[0]["lost_on_way"] + c[0]["lost_at_source"] == total)
     (imported,), _ = b.stop()
     assert imported["epochs"] == 2 and imported["skipped"] == 0 and imported["error"] is None
     assert imported["messages_in"] + imported["lost_on_way"] + imported["lost_at_source"] == total
