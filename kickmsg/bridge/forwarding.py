@@ -36,10 +36,11 @@ at most).
 
 Threads: one per exported channel, blocked in ``Subscriber.receive_view``
 (on a futex, without the GIL) and sending with Zenoh's blocking congestion
-control, so a slow link overflows the local ring, where the loss is
-counted (a channel re-created with no ring to spare is warned about once and
-joined again every ``JOIN_RETRY_S``, the other channels going on); one per imported key, blocked on a bounded queue that Zenoh's
-callback fills (a full queue holds Zenoh back). An idle bridge sleeps.
+control, so a slow link overflows the local ring, where the loss is counted
+(a channel re-created with no ring to spare is warned about once and tried
+again every ``JOIN_RETRY_S``, the other channels going on); one per
+imported key, blocked on a bounded queue that Zenoh's callback fills (a
+full queue holds Zenoh back). An idle bridge sleeps.
 
 Peers: a Zenoh transport listener follows the sessions connected to ours
 (other bridges, routers); the bridge says when one arrives or leaves, and
