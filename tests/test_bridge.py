@@ -25,7 +25,7 @@ from kickmsg import description as describe
 from kickmsg.bridge import forwarding, options as bridge_options
 from kickmsg.cli import bridging
 from kickmsg.ops import diagnostics
-from nativepeer import check_payload, make_payload, start_native, start_ours
+from nativepeer import check_payload, make_payload, start_native, start_native9, start_ours
 from test_exporter import exporter_for  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.timeout(180)
@@ -423,6 +423,95 @@ def test_an_export_recreated_with_another_geometry_is_followed_by_the_importer(b
     assert received["seqs"] == sorted(set(received["seqs"]))
 
 
+RECREATE_AND_PUBLISH = r"""
+ready()
+wait_go()
+region = kickmsg.SharedRegion.create(P["staging"], kickmsg.ChannelType.PubSub, make_config(P["config"]), "recreator")
+watcher, publisher = kickmsg.Subscriber(region), kickmsg.Publisher(region)  # its ring shows what goes before the rejoin
+for seq in range(P["first"], P["first"] + P["before"]):
+    publisher.send(make_payload(seq))
+os.rename("/dev/shm" + P["staging"], "/dev/shm" + P["name"])  # the channel re-created: a new object, 300 in its rings
+ready()
+wait_go()
+for seq in range(P["first"] + P["before"], P["first"] + P["before"] + P["after"]):
+    publisher.send(make_payload(seq))
+done(None)
+"""
+
+
+@pytest.mark.parametrize("recreator", ["ours", "native9"])
+def test_what_an_export_lost_at_a_re_create_is_counted_by_the_importer(bridges, prefix, recreator):
+    """Host A's layout-9 channel is re-created as a new object (by ours or
+    by a native 0.9.2 process) while both bridges run, and messages go into
+    it before the exporter rejoins (the re-creator's subscriber is there
+    from the start, so they are known): the exporter counts them lost, and
+    so does the importer, at source (before, it took the new epoch's first
+    figure as its baseline): B's received + lost (at source and on the way)
+    = everything published. The new object is filled under another name,
+    then renamed over the channel's, so that the exporter's rejoin never
+    races the publisher (messages published while a subscriber joins are
+    neither seen nor counted: see *Re-created regions*)."""
+    a_name, b_name = f"/{prefix}_hb2_a", f"/{prefix}_hb2_b"
+    first, before, after = 100, 300, 100
+    old = SharedRegion.create(a_name, ChannelType.PubSub, Config(**GEOMETRY), "test")
+    _, a, b = two_hosts(bridges, a_name, b_name)
+    a.wait_for("a matching subscriber", lambda channels: channels[0]["matched"])
+    pub = Publisher(old)
+    for seq in range(first):
+        pub.send(make_payload(seq))
+    b.wait_for("the first run forwarded", lambda c: c[0]["messages_in"] + c[0]["lost_on_way"] == first)
+    start = start_native9 if recreator == "native9" else start_ours
+    with start(RECREATE_AND_PUBLISH, name=a_name, staging=f"/{prefix}_hb2_staging", config=GEOMETRY, first=first,
+               before=before, after=after) as other:
+        other.wait_ready()
+        other.tell()
+        other.wait_ready()  # re-created, and the 300 published into it
+        a.wait_for("the new epoch", lambda channels: channels[0]["epochs"] == 2)
+        other.tell()
+        other.result()
+    total = first + before + after
+    exported = a.wait_for("every message received or lost", lambda c: c[0]["messages_in"] + c[0]["lost_locally"] == total)[0]
+    b.wait_for("every message received or lost",
+               lambda c: c[0]["messages_in"] + c[0]["lost_on_way"] + c[0]["lost_at_source"] == total)
+    (imported,), _ = b.stop()
+    assert imported["epochs"] == 2 and imported["skipped"] == 0 and imported["error"] is None
+    assert imported["messages_in"] + imported["lost_on_way"] + imported["lost_at_source"] == total
+    assert imported["lost_at_source"] == exported["lost_locally"] and imported["lost_on_way"] == 0
+
+
+def test_an_export_re_created_with_no_ring_to_spare_is_retried_while_the_others_go_on(bridges, prefix):
+    """A 1-ring exported channel is re-created and its ring taken by another
+    subscriber first: the bridge warns once naming it and why, goes on
+    exporting the other channel, and joins it once the ring is free (says
+    so), exporting it again."""
+    x_name, y_name = f"/{prefix}_hb2_x", f"/{prefix}_hb2_y"
+    one_ring = Config(**{**GEOMETRY, "max_subscribers": 1})
+    SharedRegion.create(x_name, ChannelType.PubSub, one_ring, "test")
+    y_pub = Publisher(SharedRegion.create(y_name, ChannelType.PubSub, Config(**GEOMETRY), "test"))
+    bridge_x = bridges("--export", x_name, "--export", y_name, "--key-prefix", "hosta", "--listen",
+                       f"tcp/127.0.0.1:{free_port()}")
+    bridge_x.wait_for("both exports", lambda channels: len(channels) == 2)
+    new_x = SharedRegion.create(x_name, ChannelType.PubSub, one_ring, "test")
+    taker = Subscriber(new_x)
+    try:
+        bridge_x.wait_for("the export that cannot join", lambda c: "No free subscriber slots" in (c[0]["error"] or ""))
+        for seq in range(10):
+            y_pub.send(make_payload(seq))
+        bridge_x.wait_for("the other export going on", lambda c: c[1]["messages_in"] == 10)
+    finally:
+        taker.close()
+    bridge_x.wait_for("the export joined at last", lambda c: c[0]["epochs"] == 2 and c[0]["error"] is None)
+    x_pub = Publisher(new_x)
+    for seq in range(5):
+        x_pub.send(make_payload(seq))
+    bridge_x.wait_for("the export going on", lambda c: c[0]["messages_in"] == 5)
+    (x, y), err = bridge_x.stop()
+    assert (x["messages_in"], y["messages_in"], x["error"]) == (5, 10, None)
+    assert err.count(f"warning: not exporting {x_name} for now (No free subscriber slots in {x_name}") == 1, err
+    assert "bridging the others, trying it again every 1 s" in err
+    assert err.count(f"{x_name} could be joined at last; exporting it again") == 1, err
+
+
 def test_a_bridge_with_nobody_to_talk_to_says_so(bridges, prefix):
     """Nothing listens where it connects: the bridge warns once, its figures
     show no peer and no match, and it says nothing more while it waits."""
@@ -540,6 +629,24 @@ def test_the_sequence_tracker_counts_gaps_per_epoch_and_no_loss_for_a_restart():
     assert tracker.admit(None) is None and tracker.admit(b"KMBR") is None
     assert tracker.admit(b"XXXX" + attachment(3, 0)[4:]) is None
     assert figures.skipped == 4 and figures.messages_in == 8
+
+
+def test_the_sequence_tracker_counts_what_went_missing_between_an_epoch_and_the_one_it_follows():
+    """An epoch that follows another (the exporter's channel was re-created)
+    hands over: what the exporter lost in between (its rejoin) is lost at
+    the source, the end of the old epoch and the start of the new one not
+    received are lost on the way; counted once, and only when both epochs
+    were followed."""
+    figures = bridge.ChannelFigures("import", "/hb2_x", "k/x")
+    tracker = forwarding.SequenceTracker(figures)
+    assert [tracker.admit(attachment(1, seq, source_lost=2)) for seq in range(5)] == [1] * 5
+    assert tracker.admit(attachment(2, 3, source_lost=50)) == 2  # 0..2 of epoch 2 went missing on the way
+    tracker.link(2, 1, previous_sent=7)  # epoch 1 sent 5 and 6 as well
+    tracker.link(2, 1, previous_sent=7)
+    assert figures.lost_at_source == 48 and figures.lost_on_way == 2 + 3 and figures.messages_in == 6
+    tracker.link(3, 1, previous_sent=7)  # an epoch not followed (yet): nothing
+    tracker.link(2, 9, previous_sent=7)
+    assert figures.lost_at_source == 48 and figures.lost_on_way == 5
 
 
 def test_the_sequence_tracker_keeps_a_bounded_number_of_epochs():

@@ -42,7 +42,7 @@ def command(capsys, *words: str) -> tuple[int, str, str]:
     return status, out, err
 
 
-def test_channel_commands_on_a_blackboard_or_a_registry_name_it_and_the_command_that_reads_it(prefix, capsys):
+def test_channel_commands_on_a_blackboard_or_a_registry_name_it_and_the_command_that_reads_it(prefix, capsys, tmp_path):
     node = Node("kinds", namespace=prefix, layout=9)
     board = node.blackboard("cfg")
     board_name, registry_name = f"/{prefix}_bb_cfg", f"/{prefix}_registry"
@@ -52,11 +52,13 @@ def test_channel_commands_on_a_blackboard_or_a_registry_name_it_and_the_command_
         registry_name: f"{registry_name} is a participant registry (layout 9), not a channel: kickmsg registry {prefix} reads it",
     }
     for name, sentence in said.items():
-        for words in (["echo", name, "--count", "1"], ["diagnose", name], ["audit", name], ["stats", name], ["pub", name, "x"]):
+        for words in (["echo", name, "--count", "1"], ["diagnose", name], ["audit", name], ["stats", name], ["pub", name, "x"],
+                      ["record", name, "--out", str(tmp_path), "--duration", "1"]):
             status, out, err = command(capsys, *words)
             assert (status, out, err) == (2, "", f"kickmsg {words[0]}: error: {sentence}\n"), words
     assert command(capsys, "bb", "cfg", "-n", prefix)[0] == 0
     assert command(capsys, "registry", prefix)[0] == 0
+    assert not list(tmp_path.iterdir()), "record wrote nothing"
     del board, node
 
 

@@ -19,10 +19,15 @@ What travels, and where:
   nothing; a late importer gets it as well as an early one.
 
 Losses: the exporter's own subscriber counts what it lost locally (its ring
-overflowed); an importer counts gaps in the sequence numbers of each epoch
-(lost on the way) and what it could not publish locally. A new epoch (the
-exporter restarted) starts counting afresh at its first message received,
-so a restart is not mistaken for a loss. Delivery is at most once.
+overflowed, or the channel was re-created: see *Re-created regions*); an
+importer counts gaps in the sequence numbers of each epoch (lost on the way)
+and what it could not publish locally. A new epoch (the exporter restarted)
+starts counting afresh at its first message received, so a restart is not
+mistaken for a loss. An epoch the exporter started because its channel was
+re-created names the epoch it follows and how many messages that one sent
+(``follows``, ``follows_sent`` in its description): an importer that
+followed that epoch counts what went missing between the two, at the source
+(the exporter's rejoin) and on the way. Delivery is at most once.
 
 A new epoch whose description differs from the local channel the importer
 made re-creates that channel (``recreated``) and, before publishing into
@@ -31,9 +36,11 @@ at most).
 
 Threads: one per exported channel, blocked in ``Subscriber.receive_view``
 (on a futex, without the GIL) and sending with Zenoh's blocking congestion
-control, so a slow link overflows the local ring, where the loss is
-counted; one per imported key, blocked on a bounded queue that Zenoh's
-callback fills (a full queue holds Zenoh back). An idle bridge sleeps.
+control, so a slow link overflows the local ring, where the loss is counted
+(a channel re-created with no ring to spare is warned about once and tried
+again every ``JOIN_RETRY_S``, the other channels going on); one per
+imported key, blocked on a bounded queue that Zenoh's callback fills (a
+full queue holds Zenoh back). An idle bridge sleeps.
 
 Peers: a Zenoh transport listener follows the sessions connected to ours
 (other bridges, routers); the bridge says when one arrives or leaves, and
@@ -85,7 +92,7 @@ from kickmsg.terminal import printable
 __all__ = [
     "ATTACHMENT", "Bridge", "CREATOR", "ChannelFigures", "DESCRIPTION_CHUNK", "DESCRIPTION_RETRY_S",
     "DESCRIPTION_TIMEOUT_S", "EPOCHS_KEPT", "EpochState", "Exporter", "FigureRecords", "IMPORT_QUEUE_SIZE", "Importer",
-    "MAGIC", "RECEIVE_SLICE_S", "RECORD_INTERVAL_S", "REJOIN_POLL_S", "REJOIN_WAIT_S", "SEND_TIMEOUT_S",
+    "JOIN_RETRY_S", "MAGIC", "RECEIVE_SLICE_S", "RECORD_INTERVAL_S", "REJOIN_POLL_S", "REJOIN_WAIT_S", "SEND_TIMEOUT_S",
     "SequenceTracker", "VERSION", "channel_changes", "channel_made_for", "figures_table", "followers",
     "open_local_channel", "recorded_subscribers", "recreate_local_channel", "report", "run",
 ]
@@ -97,6 +104,7 @@ RECEIVE_SLICE_S = 0.1  # threads look at the stop flag at least this often
 IMPORT_QUEUE_SIZE = 1024  # samples waiting for an import thread; a full queue holds Zenoh back
 DESCRIPTION_TIMEOUT_S = 2.0
 DESCRIPTION_RETRY_S = 1.0  # an importer without a description asks again at most this often
+JOIN_RETRY_S = 1.0  # an exporter whose re-created channel has no ring to spare tries again this often
 SEND_TIMEOUT_S = 0.1  # an importer waits at most this long for a free slot, then counts the message lost
 REJOIN_WAIT_S = 5.0  # an importer that re-created its channel waits at most this long for its subscribers to follow
 REJOIN_POLL_S = 0.01
@@ -225,7 +233,7 @@ class ChannelFigures:
     epochs: int = 0  # import: exporter runs seen; export: epochs started (1, +1 per re-created channel)
     recreated: int = 0  # import: times the local channel was re-created for a new description of the key
     matched: bool = False  # export: an importer's subscriber matches the key; import: an exporter's description does
-    error: str | None = None  # import: why the channel cannot be written
+    error: str | None = None  # import: why the channel cannot be written; export: why it cannot be read now
 
 
 # -- exporting --------------------------------------------------------------------
@@ -258,13 +266,23 @@ class Exporter:
         figures, subscriber = self.figures, self.subscriber
         sequence, rejoined = 0, subscriber.rejoined
         while not self.stopping.is_set():
-            view = subscriber.receive_view(RECEIVE_SLICE_S)
+            try:
+                view = subscriber.receive_view(RECEIVE_SLICE_S)
+            except RuntimeError as error:  # re-created with no ring to spare: the old ring still ours, try again later
+                self._cannot_join(str(error).splitlines()[0])
+                self.stopping.wait(JOIN_RETRY_S)
+                continue
             figures.lost_locally = subscriber.lost
             figures.matched = self.publisher.matching_status.matching
             if subscriber.rejoined != rejoined:  # the channel was re-created: a new epoch, maybe a new geometry
+                if figures.error is not None:
+                    figures.error = None
+                    print(f"kickmsg bridge: {printable(self.name)} could be joined at last; exporting it again",
+                          file=sys.stderr, flush=True)
+                follows = dict(follows=self.epoch, follows_sent=sequence)  # the importer counts the rejoin's losses
                 rejoined, sequence = subscriber.rejoined, 0
                 self.epoch = secrets.randbits(64)
-                self.description = jsontext.dumps(dict(describe(subscriber.region), epoch=self.epoch)).encode()
+                self.description = jsontext.dumps(dict(describe(subscriber.region), epoch=self.epoch, **follows)).encode()
                 figures.epochs += 1
             if view is None:
                 continue
@@ -276,6 +294,13 @@ class Exporter:
             sequence += 1
             figures.messages_out += 1
             figures.bytes_out += len(payload)
+
+    def _cannot_join(self, reason: str) -> None:
+        """The re-created channel cannot be joined now: say so once."""
+        if self.figures.error is None:
+            print(f"kickmsg bridge: warning: not exporting {printable(self.name)} for now ({printable(reason)}); "
+                  f"bridging the others, trying it again every {JOIN_RETRY_S:g} s", file=sys.stderr, flush=True)
+        self.figures.error = reason
 
     def local_region(self) -> SharedRegion:
         """The channel it reads."""
@@ -294,6 +319,9 @@ class Exporter:
 class EpochState:
     next_sequence: int
     source_lost: int
+    first_sequence: int  # the first ones received: what an epoch it follows hands over to it
+    first_source_lost: int
+    linked: bool = False  # the losses between the epoch it follows and this one are counted
 
 
 class SequenceTracker:
@@ -314,7 +342,7 @@ class SequenceTracker:
         _, _, epoch, sequence, _, _, source_lost = ATTACHMENT.unpack(attachment)
         state = self.epochs.get(epoch)
         if state is None:  # a new run: counted from its first message received
-            state = self.epochs[epoch] = EpochState(sequence, source_lost)
+            state = self.epochs[epoch] = EpochState(sequence, source_lost, sequence, source_lost)
             figures.epochs += 1
             if len(self.epochs) > EPOCHS_KEPT:
                 del self.epochs[next(iter(self.epochs))]
@@ -326,6 +354,19 @@ class SequenceTracker:
         figures.lost_at_source += max(0, source_lost - state.source_lost)
         state.next_sequence, state.source_lost = sequence + 1, max(source_lost, state.source_lost)
         return epoch
+
+    def link(self, epoch: int, previous: int, previous_sent: int) -> None:
+        """``epoch`` follows ``previous`` (the exporter's channel was
+        re-created), which sent ``previous_sent`` messages: once, count what
+        went missing between them if both were followed: at the source
+        (what the exporter lost meanwhile, its rejoin included) and on the
+        way (the end of one, the start of the other)."""
+        state, before = self.epochs.get(epoch), self.epochs.get(previous)
+        if state is None or before is None or state.linked:
+            return
+        state.linked = True
+        self.figures.lost_at_source += max(0, state.first_source_lost - before.source_lost)
+        self.figures.lost_on_way += max(0, previous_sent - before.next_sequence) + state.first_sequence
 
 
 class Importer:
@@ -410,6 +451,7 @@ class Importer:
             self.next_ask = time.monotonic() + DESCRIPTION_RETRY_S
             return False
         self.described.add(epoch)
+        self._link_epochs(epoch, description)
         try:
             region, changes = open_local_channel(self.spec.name, self.spec.key, description, self.spec.config, self.spec.layout)
         except BridgeError as error:
@@ -425,6 +467,17 @@ class Importer:
         if self.publisher is None or changes:
             self.publisher = Publisher(region, name=CREATOR)  # its publisher record names the bridge
         return True
+
+    def _link_epochs(self, epoch: int, description: Any) -> None:
+        """If the epoch's description says which epoch it follows (the
+        exporter's channel was re-created), count what went missing between
+        the two."""
+        if not isinstance(description, dict) or description.get("epoch") != epoch or "follows" not in description:
+            return
+        try:
+            self.tracker.link(epoch, int(description["follows"]), int(description["follows_sent"]))
+        except (KeyError, TypeError, ValueError):  # another program answering on the key: nothing to link
+            return
 
     def _ask_description(self) -> dict[str, Any] | None:
         for reply in self.describer.get():

@@ -9,7 +9,7 @@ import tempfile
 from types import ModuleType
 
 from kickmsg import jsontext, shm
-from kickmsg.cli.common import EXIT_OK, CommandError, emit, import_extra, shm_name, stop_on_signals
+from kickmsg.cli.common import EXIT_OK, CommandError, emit, import_extra, open_writable, shm_name, stop_on_signals
 from kickmsg.cli.receiving import tell_rejoined
 from kickmsg.subscriber import Subscriber
 from kickmsg.terminal import printable
@@ -36,6 +36,8 @@ def cmd_record(args: argparse.Namespace) -> int:
         raise CommandError("record needs --out DIR, the directory for the recording's files (see kickmsg record --help)")
     stop = stop_on_signals()
     names = [shm_name(name) for name in args.names]
+    for name in names:  # a name that is no channel is refused as the channel commands do (a Blackboard, a registry: what reads it)
+        open_writable(name)
 
     def tell_rejoin(name: str, subscriber: Subscriber) -> None:  # from that channel's thread; the rows so far carry its earlier losses
         tell_rejoined("record", name, subscriber.lost - recorder.summary.channels[name].lost)
