@@ -345,7 +345,7 @@ def test_cli_orders_of_layout9_explore_under_ra():
     assert "--orders explores under --memory-model ra" in result.stderr
 
 
-LAYOUT9_SECTION = "### Layout 9 (`kickmsg verify --layout 9`)"  # the section of layout 9's table in docs/explanation/verification.md
+LAYOUT9_SECTION = "## Layout 9 (`kickmsg verify --layout 9`)"  # the section of layout 9's table in docs/explanation/verification.md
 
 
 def test_the_readme_layout9_orders_table_points_at_the_code_as_it_is():

@@ -154,8 +154,9 @@ def cmd_repair(args: argparse.Namespace) -> int:
         lines.append(f"freed ring {args.ring}" if freed else f"ring {args.ring} is Free already")
     if args.dead_subscribers:
         report = region.reclaim_dead_subscribers()
-        done["dead_subscribers"] = {"reclaimed": report.reclaimed, "unrecorded": report.unrecorded, "timed_out": report.timed_out,
-                                   "claims_given_back": report.claims_given_back}
+        done["dead_subscribers"] = {"reclaimed": report.reclaimed, "unrecorded": report.unrecorded, "timed_out": report.timed_out}
+        if region.layout == layouts.LAYOUT_9:  # layout 4's drain does not count what it gives back
+            done["dead_subscribers"]["claims_given_back"] = report.claims_given_back
         lines += dead_subscriber_sentences(region.name, report)
         done["dead_publishers_reclaimed"] = owners.reclaim_dead_publishers(region)
         lines += [f"reclaimed the record of dead publisher {pid}" for pid in done["dead_publishers_reclaimed"]]
