@@ -400,7 +400,7 @@ def test_play_cli(channels, tmp_path):
 def test_record_cli_errors(tmp_path):
     result = subprocess.run([KICKMSG, "record", "/kmtest_no_such_channel", "--out", str(tmp_path)],
                             capture_output=True, text=True, timeout=30)
-    assert result.returncode == 2 and result.stderr.count("\n") == 1 and "no shared memory" in result.stderr
+    assert result.returncode == 2 and result.stderr.count("\n") == 1 and "no such region: /kmtest_no_such_channel" in result.stderr
     result = subprocess.run([KICKMSG, "play", str(tmp_path)], capture_output=True, text=True, timeout=30)
     assert result.returncode == 2 and "no .parquet or .mcap files" in result.stderr
     assert os.listdir(tmp_path) == []
