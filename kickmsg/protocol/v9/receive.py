@@ -42,7 +42,8 @@ from kickmsg.protocol.v9 import repair
 from kickmsg.protocol.v9.region import Region
 
 __all__ = [
-    "POLL_SLEEP_S", "RECEIVE_ITERATIONS", "SampleView", "Subscriber", "YIELDS_BEFORE_SLEEP", "ring_holders",
+    "POLL_SLEEP_S", "RECEIVE_ITERATIONS", "RINGS_NAMED", "SampleView", "Subscriber", "YIELDS_BEFORE_SLEEP",
+    "ring_holders",
 ]
 
 RECEIVE_ITERATIONS = 64  # B.10
@@ -50,25 +51,30 @@ YIELDS_BEFORE_SLEEP = 64  # B.11
 POLL_SLEEP_S = 0.0001  # B.11: 100 us naps while the head is claimed but not committed
 
 
+RINGS_NAMED = 8  # a join's error names the holders of at most this many rings
+
+
 def ring_holders(region: Region) -> str:
-    """Who holds each ring (pid, alive or dead), for a join that found none
-    free, and what frees them."""
+    """Who holds each ring (pid, alive or dead; the first RINGS_NAMED
+    rings), for a join that found none free, and what frees them."""
     ops = region.atomics
     holders = []
-    for index in range(region.geometry.max_subs):
+    for index in range(min(region.geometry.max_subs, RINGS_NAMED)):
         ring = region.ring_address(index)
         state_flight = ops.load_acquire_u32(ring + STATE_FLIGHT_OFFSET)
         state, in_flight = ("Free", "Live", "Draining", "Reclaiming")[state_flight & RING_STATE_MASK], state_flight >> 2
         pid = ops.load_acquire_u64(ring + OWNER_PID_OFFSET)
         start = ops.load_relaxed_u64(ring + OWNER_STARTTIME_OFFSET)
         if state == "Free" and not in_flight:
-            holders.append(f"ring {index} Free since (try again)")
+            holders.append(f"ring {index} Free now (freed since the join looked: try again)")
         elif state == "Free":
             holders.append(f"ring {index} retired ({in_flight} publisher(s) counted in flight)")
         elif pid == 0:
             holders.append(f"ring {index} {state}, no owner recorded")
         else:
             holders.append(f"ring {index} {state}, pid {pid} {'dead' if region.owner_is_dead(pid, start) else 'alive'}")
+    if region.geometry.max_subs > RINGS_NAMED:
+        holders.append(f"{region.geometry.max_subs - RINGS_NAMED} more rings (kickmsg stats {region.name} --all-rings)")
     return (f"{'; '.join(holders)}; kickmsg repair {region.name} --dead-subscribers frees a dead holder's ring, "
             f"--retired a retired one once its publishers are gone")
 
