@@ -61,15 +61,11 @@ def held_slots(region: Region) -> tuple[set[int], set[int]]:
     Live reference (stranded; read-only, beyond 0.1.0): no publisher writes
     into those rings, so nothing gives the slots back until
     ``drain_free_rings`` (or a join and a wrap)."""
-    ops = region.atomics
     in_live: set[int] = set()
     elsewhere: set[int] = set()
     for ring in map(region.ring, region.rings_in_use()):
-        live = ops.load_acquire_u32(ring.state_flight) & layout.RING_STATE_MASK == layout.RING_LIVE
-        for position, entry, sequence in live_window(region, ring):
-            slot = ops.load_relaxed_u32(entry + layout.SLOT_IDX_OFFSET)
-            if sequence == position + 1 and slot < region.geometry.pool_size:
-                (in_live if live else elsewhere).add(slot)
+        live = region.atomics.load_acquire_u32(ring.state_flight) & layout.RING_STATE_MASK == layout.RING_LIVE
+        (in_live if live else elsewhere).update(_referenced_slots_of(region, ring))
     return in_live, elsewhere - in_live
 
 
@@ -121,14 +117,25 @@ def reset_retired_rings(region: Region, drain: bool = False) -> int:
         state_flight = region.atomics.load_acquire_u32(ring.state_flight)
         if state_flight & layout.RING_STATE_MASK != layout.RING_FREE or not state_flight >> 2:
             continue
-        target = layout.RING_DRAINING if drain else layout.RING_FREE  # Draining: nobody joins meanwhile
-        if region.atomics.cas_acq_rel_u32(ring.state_flight, state_flight, target) != state_flight:
-            continue
         if drain:
-            rings.drain(region, ring, 0)
-            region.atomics.store_seq_cst_u32(ring.state_flight, layout.RING_FREE)
-        reset += 1
+            reset += _drain_free_ring(region, ring, state_flight) is not None
+        elif region.atomics.cas_acq_rel_u32(ring.state_flight, state_flight, layout.RING_FREE) == state_flight:
+            reset += 1
     return reset
+
+
+def _drain_free_ring(region: Region, ring: RingAddresses, state_flight: int) -> list[int] | None:
+    """Drain a Free ring seen as ``state_flight``: Draining with in_flight
+    0 (nobody joins meanwhile), the teardown's drain over its whole window,
+    then Free. Returns the slots its entries referenced; None if the ring
+    changed meanwhile (left for the next call)."""
+    ops = region.atomics
+    if ops.cas_acq_rel_u32(ring.state_flight, state_flight, layout.RING_DRAINING) != state_flight:
+        return None
+    referenced = _referenced_slots_of(region, ring)  # what the drain gives back: nobody else changes them now
+    rings.drain(region, ring, 0)
+    ops.store_seq_cst_u32(ring.state_flight, layout.RING_FREE)
+    return referenced
 
 
 def drain_free_rings(region: Region, retired: bool = False) -> list[DrainedRing]:
@@ -149,13 +156,9 @@ def drain_free_rings(region: Region, retired: bool = False) -> list[DrainedRing]
             continue
         if not state_flight >> 2 and not _referenced_slots_of(region, ring):
             continue  # nothing held: left as it is
-        # Draining with in_flight 0 (CAS acq_rel): nobody joins while we drain
-        if ops.cas_acq_rel_u32(ring.state_flight, state_flight, layout.RING_DRAINING) != state_flight:
-            continue  # changed meanwhile: left for the next call
-        referenced = _referenced_slots_of(region, ring)  # what the drain gives back: nobody else changes them now
-        rings.drain(region, ring, 0)
-        ops.store_seq_cst_u32(ring.state_flight, layout.RING_FREE)
-        drained.append(DrainedRing(ring.index, state_flight >> 2, referenced))
+        referenced = _drain_free_ring(region, ring, state_flight)
+        if referenced is not None:
+            drained.append(DrainedRing(ring.index, state_flight >> 2, referenced))
     return drained
 
 

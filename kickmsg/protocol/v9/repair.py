@@ -71,6 +71,16 @@ def _entry_is_locked(seq: int, pos: int, capacity: int) -> bool:
     return seq_locked(seq) or seq_pos(seq) + capacity < pos + 1
 
 
+def _claimed_slots(region: Region, index: int) -> list[int]:
+    """The slot each entry of ring ``index`` claims (its valid claims)."""
+    ops = region.atomics
+    g = region.geometry
+    fields = [
+        meta_slot_field(ops.load_acquire_u64(region.entry_address(index, pos) + META_OFFSET)) for pos in range(g.capacity)
+    ]
+    return [field - 1 for field in fields if 0 < field <= g.pool_size]
+
+
 # -- B.13 diagnose ---------------------------------------------------------------
 
 
@@ -103,16 +113,11 @@ def held_slots(region: Region) -> tuple[set[int], set[int]]:
     claim (stranded; read-only, our extension): no publisher replaces
     those claims, so nothing gives the slots back until ``drain_free_rings``
     (or a join and a wrap)."""
-    ops = region.atomics
-    g = region.geometry
     in_live: set[int] = set()
     elsewhere: set[int] = set()
-    for index in range(g.max_subs):
-        state = ops.load_acquire_u32(region.ring_address(index) + STATE_FLIGHT_OFFSET) & RING_STATE_MASK
-        for pos in range(g.capacity):
-            field = meta_slot_field(ops.load_acquire_u64(region.entry_address(index, pos) + META_OFFSET))
-            if field and field - 1 < g.pool_size:
-                (in_live if state == RING_LIVE else elsewhere).add(field - 1)
+    for index in range(region.geometry.max_subs):
+        state = region.atomics.load_acquire_u32(region.ring_address(index) + STATE_FLIGHT_OFFSET) & RING_STATE_MASK
+        (in_live if state == RING_LIVE else elsewhere).update(_claimed_slots(region, index))
     return in_live, elsewhere - in_live
 
 
@@ -169,14 +174,28 @@ def reset_retired_rings(region: Region, drain: bool = False) -> int:
             ops.store_release_u32(address, RING_FREE)
             reset += 1
             continue
-        # Draining with in_flight 0 (CAS strong, acq_rel): nobody joins while we drain
-        if ops.cas_acq_rel_u32(address, state_flight, RING_DRAINING) != state_flight:
-            continue  # changed meanwhile: left for the next call
-        _clear_owner(region, ring)
-        drain_window(region, index)
-        ops.store_release_u32(address, RING_FREE)
-        reset += 1
+        if _drain_free_ring(region, index, state_flight) is not None:
+            reset += 1
     return reset
+
+
+def _drain_free_ring(region: Region, index: int, state_flight: int) -> list[int] | None:
+    """Drain Free ring ``index``, seen as ``state_flight``: Draining with
+    in_flight 0 (nobody joins while we drain), its owner cleared, every
+    claim of its window given back, then Free: the bytes of a leave.
+    Returns the slots its claims held; None if the ring changed meanwhile
+    (left for the next call)."""
+    ops = region.atomics
+    ring = region.ring_address(index)
+    address = ring + STATE_FLIGHT_OFFSET
+    # CAS(strong, acq_rel) to Draining with in_flight 0
+    if ops.cas_acq_rel_u32(address, state_flight, RING_DRAINING) != state_flight:
+        return None
+    _clear_owner(region, ring)
+    claimed = _claimed_slots(region, index)  # what the drain gives back: nobody else changes them now
+    drain_window(region, index)
+    ops.store_release_u32(address, RING_FREE)
+    return claimed
 
 
 def drain_window(region: Region, index: int) -> int:
@@ -206,16 +225,6 @@ def drain_window(region: Region, index: int) -> int:
 # -- drain_free_rings (our extension) -----------------------------------------------------
 
 
-def _claimed_slots(region: Region, index: int) -> list[int]:
-    """The slot each entry of ring ``index`` claims (its valid claims)."""
-    ops = region.atomics
-    g = region.geometry
-    fields = [
-        meta_slot_field(ops.load_acquire_u64(region.entry_address(index, pos) + META_OFFSET)) for pos in range(g.capacity)
-    ]
-    return [field - 1 for field in fields if 0 < field <= g.pool_size]
-
-
 def drain_free_rings(region: Region, retired: bool = False) -> list[DrainedRing]:
     """Give back the claims that Free rings still hold (left by 0.9.2's
     reclaim_dead_rings and reset_retired_rings, which do not drain): no
@@ -236,14 +245,9 @@ def drain_free_rings(region: Region, retired: bool = False) -> list[DrainedRing]
             continue
         if not state_flight >> 2 and not _claimed_slots(region, index):
             continue  # nothing held: left as it is
-        # Draining with in_flight 0 (CAS strong, acq_rel): nobody joins while we drain
-        if ops.cas_acq_rel_u32(address, state_flight, RING_DRAINING) != state_flight:
-            continue  # changed meanwhile (joined, or a publisher's admission attempt): left for the next call
-        _clear_owner(region, ring)
-        claimed = _claimed_slots(region, index)  # what the drain gives back: nobody else changes them now
-        drain_window(region, index)
-        ops.store_release_u32(address, RING_FREE)
-        drained.append(DrainedRing(index, state_flight >> 2, claimed))
+        claimed = _drain_free_ring(region, index, state_flight)
+        if claimed is not None:  # (None: joined meanwhile, or a publisher's admission attempt)
+            drained.append(DrainedRing(index, state_flight >> 2, claimed))
     return drained
 
 
@@ -340,10 +344,8 @@ def reclaim_orphaned_slots(region: Region) -> int:
     g = region.geometry
     claims = [0] * g.pool_size
     for index in range(g.max_subs):
-        for pos in range(g.capacity):
-            field = meta_slot_field(ops.load_acquire_u64(region.entry_address(index, pos) + META_OFFSET))
-            if field and field - 1 < g.pool_size:
-                claims[field - 1] += 1
+        for slot in _claimed_slots(region, index):
+            claims[slot] += 1
     on_stack = [False] * g.pool_size
     slot = ops.load_acquire_u64(region.free_top_address) & U32_MAX
     steps = 0
