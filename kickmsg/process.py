@@ -8,7 +8,7 @@ forked through ``os.fork`` (``multiprocessing`` included).
 """
 import os
 
-__all__ = ["current_pid", "pid", "process_exists"]
+__all__ = ["command_name", "current_pid", "pid", "process_exists"]
 
 pid = os.getpid()
 
@@ -40,3 +40,13 @@ def process_exists(process_id: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def command_name(process_id: int | str) -> str | None:
+    """A process's command name (/proc/PID/comm; ``"self"``: this
+    process's), None if it cannot be read (the process is gone)."""
+    try:
+        with open(f"/proc/{process_id}/comm", "rb") as comm:
+            return comm.read().strip().decode("utf-8", errors="replace")
+    except OSError:
+        return None

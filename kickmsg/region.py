@@ -14,7 +14,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import NoReturn
 
-from kickmsg import layouts, shm
+from kickmsg import layouts, process, shm
 from kickmsg.ops import owners
 from kickmsg.protocol.v4 import layout
 from kickmsg.protocol.v4 import region as region4
@@ -671,7 +671,7 @@ def warn_of_stranded_holders(name: str, new_layout: int) -> None:
     found = int.from_bytes(head[8:12], "little")
     holders = shm.processes_mapping(name) if found != new_layout else []
     if holders:
-        described = ", ".join(f"{pid} ({_command_name(pid)})" for pid in holders)
+        described = ", ".join(f"{pid} ({process.command_name(pid) or '?'})" for pid in holders)
         warnings.warn(
             f"{name}: replacing a layout-{found} channel that {'process' if len(holders) == 1 else 'processes'} "
             f"{described} still {'maps' if len(holders) == 1 else 'map'}: they cannot follow its name to the new "
@@ -679,15 +679,6 @@ def warn_of_stranded_holders(name: str, new_layout: int) -> None:
             f"layout={found})",
             RuntimeWarning, skip_file_prefixes=(os.path.dirname(__file__),),
         )
-
-
-def _command_name(pid: int) -> str:
-    """A process's command name (/proc/PID/comm), ``?`` if it is gone."""
-    try:
-        with open(f"/proc/{pid}/comm", "rb") as comm:
-            return comm.read().strip().decode("utf-8", errors="replace")
-    except OSError:
-        return "?"
 
 
 def unlink_shm(name: str) -> None:

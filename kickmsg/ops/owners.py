@@ -57,7 +57,7 @@ import time
 import warnings
 from typing import TYPE_CHECKING
 
-from kickmsg import layouts, shm
+from kickmsg import layouts, process, shm
 
 if TYPE_CHECKING:  # kickmsg.region imports this module
     from kickmsg.region import SharedRegion
@@ -394,11 +394,7 @@ def read_owners(region_name: str, rings: int) -> list[tuple[OwnerRecord | None, 
 
 def program_name() -> str:
     """This process's command name (/proc/self/comm), for publisher records."""
-    try:
-        with open("/proc/self/comm", "rb") as comm:
-            return comm.read().strip().decode("utf-8", errors="replace")
-    except OSError:
-        return ""
+    return process.command_name("self") or ""
 
 
 class RecordEntry:
