@@ -663,7 +663,7 @@ def warn_of_stranded_holders(name: str, new_layout: int) -> None:
     native one goes on in the old object, publishing to nobody or waiting
     for nothing, and says nothing."""
     try:
-        head = shm.read_head(name, 12)
+        head = shm.read_head(shm.SHM_DIRECTORY + name, 12)
     except (OSError, ValueError):  # no such object (or one we may not read): nothing is replaced unseen
         return
     if len(head) < 12 or int.from_bytes(head[:8], "little") != layout.MAGIC:

@@ -342,11 +342,11 @@ def unlink(name: str) -> None:
         raise RegionPermissionError(f"cannot unlink shared memory {name}: permission denied ({_access_description(name)})") from None
 
 
-def read_head(name: str, size: int) -> bytes:
-    """The first ``size`` bytes of object ``name`` (fewer if it is shorter),
-    read without mapping it; empty if it is not a regular file (a FIFO: no
-    hang). OSError if it cannot be opened."""
-    fd = os.open(SHM_DIRECTORY + name, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+def read_head(path: str, size: int) -> bytes:
+    """The first ``size`` bytes of the object at ``path`` (fewer if it is
+    shorter), read without mapping it; empty if it is not a regular file (a
+    FIFO planted in /dev/shm: no hang). OSError if it cannot be opened."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
         return os.pread(fd, size, 0) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
     finally:

@@ -336,11 +336,7 @@ def read_magic_and_version(path: str) -> tuple[int, int] | None:
     """The first 12 bytes as (magic, version); None if the object is
     shorter, or not a regular file (a FIFO planted there: no hang). OSError
     (e.g. PermissionError) if it cannot be read."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    try:
-        head = os.pread(fd, 12, 0) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
-    finally:
-        os.close(fd)
+    head = shm.read_head(path, 12)
     if len(head) < 12:
         return None
     return int.from_bytes(head[:8], "little"), int.from_bytes(head[8:12], "little")
