@@ -310,7 +310,7 @@ def look(region: SharedRegion) -> AuditReport:
         unreferenced_slots=being_written,
         stranded_slots=stranded,
         free_slot_list=sorted(free),
-        layout=9 if isinstance(region, Layout9Region) else 4,
+        layout=region.layout,
     )
 
 
