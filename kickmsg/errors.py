@@ -1,6 +1,8 @@
 """The exceptions this package raises to its users, all in one place.
 
-``kickmsg`` exports every one. Each also derives from the built-in exception
+``kickmsg`` exports every one, and every one derives from ``KickmsgError``:
+``except kickmsg.KickmsgError`` catches whatever this package raises on
+purpose. Each also derives from the built-in exception
 a caller would try first (``ValueError``, ``FileNotFoundError``,
 ``TimeoutError``...) and, where the native kickmsg raises ``RuntimeError``
 for the same fault, from ``RuntimeError`` too, so code written for either
@@ -9,6 +11,7 @@ protocol cores, the API and the tools all raise from here.
 """
 
 __all__ = [
+    "KickmsgError",
     "BoardBusyError",
     "BridgeError",
     "ConfigError",
@@ -17,6 +20,7 @@ __all__ = [
     "FileTooLarge",
     "Layout4Only",
     "NoRoomError",
+    "PoolEmptyError",
     "RegionError",
     "RegionInitTimeout",
     "RegionNotFoundError",
@@ -26,9 +30,13 @@ __all__ = [
 ]
 
 
+class KickmsgError(Exception):
+    """The root of every exception this package defines."""
+
+
 # -- a channel's config --------------------------------------------------------------------
 
-class ConfigError(ValueError, RuntimeError):
+class ConfigError(KickmsgError, ValueError, RuntimeError):
     """An invalid channel config, naming the field and the value at fault.
 
     A ``ValueError`` (what this package documents) that is also a
@@ -38,52 +46,58 @@ class ConfigError(ValueError, RuntimeError):
 
 # -- shared-memory objects (kickmsg.shm) --------------------------------------------------
 
-class RegionNotFoundError(FileNotFoundError, RuntimeError):
+class RegionNotFoundError(KickmsgError, FileNotFoundError, RuntimeError):
     """No shared-memory object has this name."""
 
 
-class RegionPermissionError(PermissionError, RuntimeError):
+class RegionPermissionError(KickmsgError, PermissionError, RuntimeError):
     """The shared-memory object exists but this process may not map it."""
 
 
-class NoRoomError(OSError):
+class NoRoomError(KickmsgError, OSError):
     """A new object could not be given its memory (ENOSPC): nothing was left behind."""
 
 
-class EmptyObjectError(RuntimeError):
+class EmptyObjectError(KickmsgError, RuntimeError):
     """The object exists but has no bytes yet (a creator between shm_open
     and ftruncate, or not a Kickmsg region)."""
 
 
+class PoolEmptyError(KickmsgError, BlockingIOError):
+    """``send`` found every slot of the pool in use (subscribers still hold
+    them, or a publisher died holding some): try again later, or see
+    ``kickmsg audit NAME`` for who holds them."""
+
+
 # -- a region's contents and layout -------------------------------------------------------
 
-class CorruptRegionError(RuntimeError):
+class CorruptRegionError(KickmsgError, RuntimeError):
     """Shared memory holds a value that no correct writer could have stored."""
 
 
-class VersionMismatchError(RuntimeError):
+class VersionMismatchError(KickmsgError, RuntimeError):
     """The region's version word is not 9 (0.9.2 raises RuntimeError too)."""
 
 
-class RegionInitTimeout(TimeoutError, RuntimeError):
+class RegionInitTimeout(KickmsgError, TimeoutError, RuntimeError):
     """create_or_open found the region but it never became initialised
     (0.9.2 raises RuntimeError: this is one)."""
 
 
-class Layout4Only(AttributeError, RuntimeError):
+class Layout4Only(KickmsgError, AttributeError, RuntimeError):
     """A layout-4 internal asked of a layout-9 region (a RuntimeError, as the
     tools report them)."""
 
 
 # -- typed channels (kickmsg.typed) --------------------------------------------------------
 
-class TypeMismatchError(RuntimeError):
+class TypeMismatchError(KickmsgError, RuntimeError):
     """A channel carries another record type than the one we join with."""
 
 
 # -- the tools: diagnostics, the bridge, files they read -----------------------------------
 
-class RegionError(RuntimeError):
+class RegionError(KickmsgError, RuntimeError):
     """A region that cannot be inspected: missing, not permitted, not a
     Kickmsg region, an unsupported version, or damaged (one-line message)."""
 
@@ -93,9 +107,9 @@ class BoardBusyError(RegionError):
     could not be read this time (the board is not damaged for that)."""
 
 
-class BridgeError(RuntimeError):
+class BridgeError(KickmsgError, RuntimeError):
     """A bridge cannot start or cannot forward a channel as configured."""
 
 
-class FileTooLarge(ValueError):
+class FileTooLarge(KickmsgError, ValueError):
     """A named file holds more than its use allows."""

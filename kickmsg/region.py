@@ -118,6 +118,12 @@ class SharedRegion(region4.Region):
     region object may be dropped while they are in use.
     """
 
+    @property
+    def core(self) -> region4.Region:
+        """The per-layout core this region's flows run on (layout 4: itself, until
+        the API holds its core by composition)."""
+        return self
+
     @classmethod
     def _of(cls, region: region4.Region) -> "SharedRegion":
         """The region the layout-4 core made or checked, with this API."""
@@ -482,7 +488,7 @@ class Layout9Region(SharedRegion):
     layout = 9
 
     def __init__(self, core: v9.Region) -> None:  # no super().__init__: it lays out layout 4
-        self.core = core
+        self._core9 = core
         self.mapping = core.mapping
         self.geometry = _described_geometry9(core.geometry)
         self.created_at_ns = core.info().created_at_ns  # which incarnation of the name this object is
@@ -494,6 +500,11 @@ class Layout9Region(SharedRegion):
         self.schema_state_address = core.base + layout9.SCHEMA_STATE_OFFSET
         pool_address, slot_stride = core.base + core.geometry.pool_offset, core.geometry.slot_stride
         self.slot_addresses = range(pool_address, pool_address + core.geometry.pool_size * slot_stride, slot_stride)
+
+    @property
+    def core(self) -> v9.Region:  # type: ignore[override]  # until the API holds its core by composition
+        """The layout-9 core this region's flows run on."""
+        return self._core9
 
     def __getattr__(self, attribute: str) -> NoReturn:
         """Only for attributes this object lacks: layout 4's internals (ring
