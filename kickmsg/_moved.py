@@ -19,7 +19,7 @@ MOVED = {
     "kickmsg.exporter": "kickmsg.ops.exporter",
     "kickmsg.faults": "kickmsg.verify.faults",
     "kickmsg.mcap_file": "kickmsg.recording.mcap",
-    "kickmsg.owners": "kickmsg.ops.owners",
+    "kickmsg.ops.owners": "kickmsg.owners",
     "kickmsg.record": "kickmsg.recording.record",
     "kickmsg.region9": "kickmsg.region",
     "kickmsg.stamp": "kickmsg.recording.stamp",

@@ -15,7 +15,7 @@ from typing import Self
 from collections.abc import Buffer
 
 from kickmsg import layouts, process
-from kickmsg.ops import owners
+from kickmsg import owners
 from kickmsg.protocol import freestack
 from kickmsg.ops.audit import explain_empty_pool
 from kickmsg.protocol.v4 import publish as publish4
@@ -39,7 +39,7 @@ class Publisher:
     that is not delivered and counts in ``dropped``.
 
     Also beyond 0.1.0: it records itself beside the region (``name``, by
-    default the program's; ``kickmsg.ops.owners``) so that tools see it, with
+    default the program's; ``kickmsg.owners``) so that tools see it, with
     its counts as of its last check-in, until it is garbage-collected or
     its process ends.
 

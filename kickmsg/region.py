@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import NoReturn
 
 from kickmsg import layouts, process, shm
-from kickmsg.ops import owners
+from kickmsg import owners
 from kickmsg.protocol.v4 import layout
 from kickmsg.protocol.v4 import region as region4
 from kickmsg.protocol.v4 import repair as repair4
@@ -52,7 +52,7 @@ class HealthReport:
     live_rings: int  # rings with a subscriber
     schema_stuck: bool  # schema_state left at Claiming
     # Beyond 0.1.0:
-    dead_subscriber_rings: int = 0  # Live or Draining rings whose recorded owner died (kickmsg.ops.owners)
+    dead_subscriber_rings: int = 0  # Live or Draining rings whose recorded owner died (kickmsg.owners)
     pool_too_small: bool = False  # by its geometry, or rings hold so many slots that sends can fail for good (from_counts)
     stranded_slots: int = 0  # slots only rings that are not Live hold: kickmsg repair drains them
 
@@ -283,7 +283,7 @@ class SharedRegion(region4.Region):
     def stats(self) -> RegionStats:
         """0.9.2's ``RegionStats`` (lock-free, racy by nature). Layout 4 has
         no counters in shared memory: drops, losses and steals read 0 (the
-        rings' lost counts of our subscribers are in ``kickmsg.ops.owners``)."""
+        rings' lost counts of our subscribers are in ``kickmsg.owners``)."""
         ops = self.atomics
         rings = []
         for ring in self.rings:
@@ -407,7 +407,7 @@ class SharedRegion(region4.Region):
 
     def reclaim_dead_subscribers(self) -> DeadSubscriberReport:
         """Leave, on their behalf, the rings whose subscriber died (beyond
-        0.1.0; see ``kickmsg.ops.owners``): Live rings, and Draining ones whose
+        0.1.0; see ``kickmsg.owners``): Live rings, and Draining ones whose
         owner died during its own teardown. Each is drained and freed exactly
         as its owner's teardown would have done it, so this is safe with
         publishers in flight. Rings without an owner record (native

@@ -21,7 +21,7 @@ __all__ = [
     "creation_mode", "object_size", "open_existing", "processes_mapping", "read_head", "room_for_new_object", "unlink",
 ]
 
-SIDECAR_SUFFIX = ".owners"  # the ring-owner sidecar of region /x is /x.owners (kickmsg.ops.owners)
+SIDECAR_SUFFIX = ".owners"  # the ring-owner sidecar of region /x is /x.owners (kickmsg.owners)
 NAME_RULE = (
     "a shared-memory name is '/' followed by 1 to 254 bytes of UTF-8 text without '/' or control characters "
     f"(NUL, newline, ...), other than '.' and '..', and not ending in '{SIDECAR_SUFFIX}' (the suffix of ring-owner sidecars)"

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Self, TypeVar
 
 from kickmsg import layouts, process
-from kickmsg.ops import owners
+from kickmsg import owners
 from kickmsg.protocol import freestack
 from kickmsg.atomics import FUTEX_TIMED_OUT
 from kickmsg.config import to_microseconds
@@ -453,7 +453,7 @@ def _join_and_record(region: SharedRegion) -> tuple[RingAddresses, int, owners.S
     """Join a ring and record ourselves as its owner: the ring, the start
     position and the sidecar holding our record. A join interrupted while
     recording (Ctrl-C, ...) leaves the ring Free, as it found it; a record
-    that cannot be written only warns (``kickmsg.ops.owners``)."""
+    that cannot be written only warns (``kickmsg.owners``)."""
     ring, start_pos = _join_or_reclaim(region)
     try:
         return ring, start_pos, _record_ownership(region, ring, start_pos)

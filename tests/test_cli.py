@@ -29,7 +29,7 @@ import kickmsg
 import rawregion
 from conftest import SESSION_PREFIX, on_layout4
 from kickmsg import ChannelType, Config, Node, Publisher, SchemaInfo, SharedRegion, Subscriber, typed
-from kickmsg.ops import owners
+from kickmsg import owners
 from nativepeer import run_native, run_native9, run_ours, start_native, start_native9, start_ours
 
 KICKMSG = pathlib.Path(sys.executable).with_name("kickmsg")

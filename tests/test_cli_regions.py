@@ -20,7 +20,7 @@ import pytest
 import rawregion
 from conftest import on_layout4
 from kickmsg import Config, SharedRegion, Subscriber
-from kickmsg.ops import owners
+from kickmsg import owners
 from nativepeer import run_native, start_native, start_ours
 from test_cli import (
     MAGIC, access, assert_one_line_error, cli, cli_json, command_line, create_in_child, live_rings,

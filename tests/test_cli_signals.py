@@ -22,7 +22,7 @@ import pytest
 from conftest import on_layout4
 import rawregion
 from kickmsg import ChannelType, Config, Publisher, SharedRegion, Subscriber, audit, unlink_shm
-from kickmsg.ops import owners
+from kickmsg import owners
 from nativepeer import start_ours
 from test_cli import SMALL, Running, command_line, first_line, live_rings, make, wait_live
 from test_cli import name  # noqa: F401  (fixture)

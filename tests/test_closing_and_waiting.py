@@ -8,7 +8,7 @@ import pytest
 
 import rawregion
 from kickmsg import ChannelType, Config, Publisher, SharedRegion, Subscriber, WaitSet
-from kickmsg.ops import owners
+from kickmsg import owners
 from kickmsg.region import unlink_shm
 from nativepeer import start_ours
 

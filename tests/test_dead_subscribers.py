@@ -28,7 +28,7 @@ import nativepeer
 import rawregion
 from crashworkers import CTX, require
 from kickmsg import ChannelType, Config, Publisher, SharedRegion, Subscriber, audit, unlink_shm
-from kickmsg.ops import owners
+from kickmsg import owners
 
 RING_FREE, RING_LIVE, RING_DRAINING = 0, 1, 2
 # The head of a record: pid, process start (clock ticks), start_pos, region

@@ -169,7 +169,7 @@ def test_watch_yields_rates_until_stopped(shm_name, layout):
 BRIDGE_CHILD = """
 import os, sys, time
 from kickmsg import SharedRegion
-from kickmsg.ops import owners
+from kickmsg import owners
 region = SharedRegion.open(sys.argv[1])
 entry = owners.BridgeEntry(region, "export", "host/key")
 entry.update(region, owners.BridgeRecord(messages_in=7, messages_out=6, bytes_out=60, lost_locally=1, epochs=1, matched=1))

@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import ROOT
 from kickmsg import Blackboard, BlackboardConfig, ChannelType, Config, SharedRegion, unlink_shm
-from kickmsg.ops import owners
+from kickmsg import owners
 from nativepeer import start_native9, start_ours
 from test_cli import assert_one_line_error, cli, poke
 from test_cli_boards import two_native_nodes

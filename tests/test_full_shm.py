@@ -20,7 +20,7 @@ import crashworkers
 import rawregion
 from conftest import on_layout4
 from kickmsg import ChannelType, Config, Publisher, SharedRegion, Subscriber, audit, cli
-from kickmsg.ops import owners
+from kickmsg import owners
 from kickmsg.protocol.v4 import layout
 from tinyshm import run_on_a_tiny_dev_shm
 

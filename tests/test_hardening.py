@@ -30,7 +30,7 @@ import rawregion
 from conftest import on_layout4
 from hardening_session import ChannelSession, Harness
 from kickmsg import ChannelType, Config, Publisher, SharedRegion, Subscriber, unlink_shm
-from kickmsg.ops import owners
+from kickmsg import owners
 from kickmsg.region import DeadSubscriberReport, HealthReport
 
 # These tests check layout 4's own: its byte offsets and its ring-owner sidecar.
@@ -443,7 +443,7 @@ def sidecar_records():
     )
 
 
-# The sidecar's record (kickmsg.ops.owners.OwnerRecord): pid, process start,
+# The sidecar's record (kickmsg.owners.OwnerRecord): pid, process start,
 # start_pos, region created_at_ns, read_pos, lost.
 SIDECAR_RECORD = struct.Struct("<QQQQQQ")
 assert SIDECAR_RECORD.size == owners.RECORD_SIZE

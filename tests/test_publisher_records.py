@@ -1,5 +1,5 @@
 """Publishers you can see: each Publisher of this package records itself in
-``/dev/shm/<name>.owners.owners`` (kickmsg.ops.owners) without touching the
+``/dev/shm/<name>.owners.owners`` (kickmsg.owners) without touching the
 region's bytes; tools show live ones, dead ones as "stall", and dead
 records are reclaimed. Real publisher processes, killed for real."""
 import os

@@ -1,4 +1,4 @@
-"""A record belongs to one instance of its region (kickmsg.ops.owners): a
+"""A record belongs to one instance of its region (kickmsg.owners): a
 record file can outlive its region (a native process removes a region
 without its sidecars, a publisher may be made on a region whose name was
 unlinked), and a region made later under the same name never shows the

@@ -17,7 +17,7 @@ import pytest
 
 import kickmsg
 from conftest import SESSION_PREFIX
-from kickmsg.ops import owners
+from kickmsg import owners
 from nativepeer import start_ours
 
 KICKMSG = Path(sys.executable).with_name("kickmsg")

@@ -10,7 +10,7 @@ import warnings
 import pytest
 
 from kickmsg import ChannelType, Config, Node, SharedRegion, shm
-from kickmsg.ops import owners
+from kickmsg import owners
 from nativepeer import start_native
 from test_cli import cli
 

@@ -41,7 +41,7 @@ import kickmsg.spark
 import rawregion
 from conftest import SESSION_PREFIX, on_layout4
 from kickmsg import ChannelType, Config, Node, Publisher, SharedRegion, Subscriber, typed
-from kickmsg.ops import owners
+from kickmsg import owners
 from kickmsg.spark.source import Receiver, StreamReader, Writer
 from kickmsg.spark.telemetry import TELEMETRY_CONFIG, DriverTelemetry
 from nativepeer import check_payload, make_payload, start_native, start_native9, start_ours, subscriber_joined

@@ -49,7 +49,7 @@ says whether the other side is there.
 
 Figures for other processes: one more thread writes each channel's figures
 every 0.5 s (never per message) into a record of the bridge's own beside
-the local channel (``kickmsg.ops.owners.BridgeEntry``, in
+the local channel (``kickmsg.owners.BridgeEntry``, in
 ``/dev/shm/<name>.owners.owners.owners``), locked for as long as the bridge
 lives, so ``kickmsg.ops.diagnostics``, ``kickmsg stats`` and ``kickmsg
 exporter`` show them and a killed bridge's record shows as dead. The
@@ -82,7 +82,7 @@ from kickmsg.config import ChannelType, Config
 from kickmsg.description import channel_config, describe, described_layout
 from kickmsg.errors import BridgeError, RegionNotFoundError
 from kickmsg.layouts import LAYOUT_9
-from kickmsg.ops import owners
+from kickmsg import owners
 from kickmsg.publisher import Publisher, send_retrying
 from kickmsg.region import SharedRegion
 from kickmsg.shm import object_size

@@ -20,7 +20,7 @@ exceeds what can release it (leaked) or falls short of the ring references
 (a later release would free it twice), slots on the free stack that are still
 referenced (double-free candidates), stuck entries, rings by state (a ring stays Draining only while its
 subscriber leaves; one left Draining lost its subscriber mid-teardown), Live
-rings whose recorded owner died (``kickmsg.ops.owners``), and a geometry that
+rings whose recorded owner died (``kickmsg.owners``), and a geometry that
 cannot work (``Geometry.hazards``: a pool no larger than a ring). It works on
 any layout-4 or layout-9 region, including those made by the native library,
 and never writes.
@@ -53,7 +53,7 @@ died holding views.
 import time
 from dataclasses import dataclass, field, replace
 
-from kickmsg.ops import owners
+from kickmsg import owners
 from kickmsg.protocol.v4 import layout
 from kickmsg.protocol.v4.layout import Geometry
 from kickmsg.protocol.v9 import layout as v9layout
@@ -82,7 +82,7 @@ class RingAudit:
     stale_entries: list[int] = field(default_factory=list)  # positions more than one wrap behind
     bad_entries: list[int] = field(default_factory=list)  # positions naming a slot outside the pool (layout 9: entry indices of bad claims)
     skip_entries: list[int] = field(default_factory=list)  # layout 9: positions consumed without a sample (not damage)
-    owner_pid: int | None = None  # a Live or Draining ring's owner: its record (kickmsg.ops.owners) on layout 4, the ring header on 9
+    owner_pid: int | None = None  # a Live or Draining ring's owner: its record (kickmsg.owners) on layout 4, the ring header on 9
     owner_alive: bool | None = None  # whether that owner still holds its record's lock (layout 9: is not provably dead)
 
     @property
@@ -317,7 +317,7 @@ def look(region: SharedRegion) -> AuditReport:
 def _rings4(region: SharedRegion, in_use: list[int]) -> tuple[list[RingAudit], dict[int, list[tuple[int, int]]]]:
     """Layout 4: each ring in use, and per slot the (ring, position) of the
     committed entries of the live windows naming it. A ring's owner is its
-    subscriber's record (``kickmsg.ops.owners``), if it keeps one."""
+    subscriber's record (``kickmsg.owners``), if it keeps one."""
     ops = region.atomics
     pool_size, capacity = region.geometry.pool_size, region.geometry.capacity
     holders: dict[int, list[tuple[int, int]]] = {}

@@ -10,7 +10,7 @@ they mean the same thing (``RegionInfo``, ``RingStats``, ``RegionStats``,
 Every function attaches read-only (``SharedRegion.inspect``) and works on
 regions of this package and of the native library. Subscribers and
 publishers of this package record themselves beside the region
-(``kickmsg.ops.owners``); native ones record nothing: their rings show without
+(``kickmsg.owners``); native ones record nothing: their rings show without
 an owner, and native publishers cannot be seen at all. Bridges
 (``kickmsg bridge``) record their figures per forwarded channel the same
 way (``BridgeFigures``, in ``RegionStats.bridges``).
@@ -38,7 +38,7 @@ from kickmsg import layouts, shm
 from kickmsg.atomics import HARDWARE
 from kickmsg.description import schema_to_json
 from kickmsg.errors import BoardBusyError, RegionError
-from kickmsg.ops import owners
+from kickmsg import owners
 from kickmsg.ops.audit import AuditReport, RingAudit, audit
 from kickmsg.protocol.v4 import layout
 from kickmsg.protocol.v9 import blackboard as board9
@@ -176,7 +176,7 @@ class RingStats:
 
 @dataclass
 class Participant:
-    """A publisher of this package, from its record (``kickmsg.ops.owners``)."""
+    """A publisher of this package, from its record (``kickmsg.owners``)."""
 
     pid: int
     pid_starttime: int  # clock ticks after boot
@@ -323,7 +323,7 @@ def shm_objects(prefix: str | None) -> Iterator[os.DirEntry[str]]:
 
 
 def is_sidecar(entry: os.DirEntry[str]) -> bool:
-    """A ring-owner or publisher record file (``kickmsg.ops.owners``)."""
+    """A ring-owner or publisher record file (``kickmsg.owners``)."""
     return entry.name.endswith(owners.SUFFIX)
 
 

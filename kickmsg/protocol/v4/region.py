@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from kickmsg import layouts, shm
 from kickmsg.atomics import HARDWARE, Atomics
 from kickmsg.config import MAX_POOL_SIZE, MAX_SUBSCRIBERS, ChannelType, Config, ConfigError, channel_type_of
-from kickmsg.ops import owners
+from kickmsg import owners
 from kickmsg.protocol.info import config_differences
 from kickmsg.protocol.v4 import layout
 from kickmsg.protocol.v4.layout import Geometry, Header

@@ -1,6 +1,6 @@
 """Operator calls on a layout-4 region (seed 000 "Crash recovery", "Garbage
 collection", "Schema"): health report, repair of locked entries, retired
-rings, rings of dead subscribers (beyond 0.1.0: ``kickmsg.ops.owners``
+rings, rings of dead subscribers (beyond 0.1.0: ``kickmsg.owners``
 records), orphaned slots, and the schema claim.
 
 ``kickmsg.SharedRegion`` refuses them on a read-only region, then runs
@@ -9,7 +9,7 @@ them here.
 import os
 from collections.abc import Iterator
 
-from kickmsg.ops import owners
+from kickmsg import owners
 from kickmsg.protocol import freestack
 from kickmsg.protocol.v4 import layout, rings
 from kickmsg.protocol.v4.region import Region, RingAddresses

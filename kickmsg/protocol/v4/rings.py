@@ -11,7 +11,7 @@ rings on behalf of dead subscribers through ``leave`` too.
 import os
 import time
 
-from kickmsg.ops import owners
+from kickmsg import owners
 from kickmsg.protocol import freestack
 from kickmsg.protocol.v4 import layout
 from kickmsg.protocol.v4.layout import RING_FREE, RING_LIVE
