@@ -22,7 +22,8 @@ from kickmsg import (
     Subscriber,
     unlink_shm,
 )
-from kickmsg.ops import diagnostics, owners
+from kickmsg import owners
+from kickmsg.ops import diagnostics
 from kickmsg.protocol.v9.registry import Kind, NodeRows, Role
 from test_cli import assert_one_line_error, cli, cli_json, poke
 

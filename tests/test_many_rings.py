@@ -14,7 +14,8 @@ import pytest
 
 import nativepeer
 from kickmsg import Publisher, SharedRegion, Subscriber, region as region_module
-from kickmsg.ops import diagnostics, exporter, owners
+from kickmsg import owners
+from kickmsg.ops import diagnostics, exporter
 from kickmsg.protocol.v4 import layout
 from kickmsg.protocol.v4 import region as region4
 

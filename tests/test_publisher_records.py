@@ -10,7 +10,8 @@ import pytest
 
 from conftest import on_layout4
 from kickmsg import ChannelType, Config, Node, Publisher, SharedRegion, unlink_shm
-from kickmsg.ops import diagnostics, owners
+from kickmsg import owners
+from kickmsg.ops import diagnostics
 from nativepeer import start_native, start_ours
 from test_cli import cli, cli_json
 

@@ -21,7 +21,8 @@ import pytest
 
 import kickmsg
 from kickmsg import typed
-from kickmsg.ops import diagnostics, owners
+from kickmsg import owners
+from kickmsg.ops import diagnostics
 from kickmsg.recording import mcap, record, stamp
 from kickmsg.recording.files import COLUMNS, SCHEMA_KEY, file_format, recording_files
 from kickmsg.recording.record import Recorder, play

@@ -14,7 +14,8 @@ import time
 import pytest
 
 from kickmsg import ChannelType, Config, Publisher, SharedRegion, Subscriber, shm
-from kickmsg.ops import diagnostics, owners
+from kickmsg import owners
+from kickmsg.ops import diagnostics
 from nativepeer import run_native9, start_ours
 from test_cli import cli, cli_json
 

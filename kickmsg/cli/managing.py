@@ -12,7 +12,8 @@ from typing import Any
 
 import kickmsg
 from kickmsg import layouts, shm
-from kickmsg.ops import audit, owners
+from kickmsg import owners
+from kickmsg.ops import audit
 from kickmsg.protocol.v4 import layout
 from kickmsg.cli.common import (
     EXIT_ERROR,
