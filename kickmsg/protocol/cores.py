@@ -12,6 +12,8 @@ explores these very methods.
 """
 from typing import Protocol
 
+__all__ = ["PublisherCore", "RegionCore", "SampleViewCore", "SubscriberCore"]
+
 
 class RegionCore(Protocol):
     """One mapped region of one layout: its geometry, its addresses, its
