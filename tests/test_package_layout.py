@@ -255,6 +255,56 @@ def test_old_import_statements_work_and_warn():
     assert result.stdout.startswith("kickmsg.record moved to kickmsg.recording.record: import Recorder from")
 
 
+ORDERS_OF_AUDIT = {
+    "function first": (
+        "import kickmsg\n"
+        "assert kickmsg.audit is kickmsg.ops.audit.audit\n"
+        "with pytest.warns(DeprecationWarning, match='kickmsg.audit moved to kickmsg.ops.audit'):\n"
+        "    from kickmsg.audit import audit\n"
+        "assert audit is kickmsg.audit is kickmsg.ops.audit.audit\n"
+    ),
+    "old path first": (
+        "with pytest.warns(DeprecationWarning, match='kickmsg.audit moved to kickmsg.ops.audit'):\n"
+        "    from kickmsg.audit import audit\n"
+        "import kickmsg\n"
+        "import kickmsg.audit\n"
+        "assert audit is kickmsg.audit is kickmsg.ops.audit.audit\n"
+    ),
+}
+
+
+@pytest.mark.parametrize("order", sorted(ORDERS_OF_AUDIT))
+def test_audit_stays_the_function_whatever_is_imported_first(order):
+    """``kickmsg.audit`` is the function and an old module path: a fresh
+    interpreter per order, since the first import decides."""
+    script = "import warnings, pytest\nwarnings.simplefilter('error')\n" + ORDERS_OF_AUDIT[order] + (
+        "region = kickmsg.SharedRegion.create('/kp35err_audit', kickmsg.ChannelType.PubSub, kickmsg.Config(), 'test')\n"
+        "try:\n"
+        "    assert kickmsg.audit(region).clean\n"
+        "finally:\n"
+        "    kickmsg.unlink_shm('/kp35err_audit')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+
+
+def test_an_old_path_is_an_attribute_of_its_package_once_imported():
+    """What the import system gives a module it loads, as with the old stub files."""
+    script = (
+        "import warnings, pytest\n"
+        "warnings.simplefilter('error')\n"
+        "import kickmsg.ops.owners, kickmsg.diagnostics, kickmsg.owners, kickmsg.ops.diagnostics\n"
+        "with pytest.warns(DeprecationWarning, match='kickmsg.ops.owners moved to kickmsg.owners'):\n"
+        "    assert kickmsg.ops.owners.read_owners is kickmsg.owners.read_owners\n"
+        "with pytest.warns(DeprecationWarning, match='kickmsg.diagnostics moved to kickmsg.ops.diagnostics'):\n"
+        "    assert kickmsg.diagnostics.info is kickmsg.ops.diagnostics.info\n"
+        "import kickmsg.diagnostics as again\n"
+        "assert again is kickmsg.diagnostics and again.__doc__.startswith('Moved to')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+
+
 def test_the_architecture_page_names_every_module_and_only_those():
     """Each module of the package, or its subpackage, has a row in the
     page's module table, and every path the table names exists."""
