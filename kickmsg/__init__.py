@@ -19,8 +19,11 @@ from kickmsg import _moved, errors, hash, schema
 from kickmsg.config import ChannelType, Config
 from kickmsg.errors import (
     BoardBusyError,
+    BoardKeyOwnedError,
     BridgeError,
+    CapacityError,
     ConfigError,
+    ConfigMismatchError,
     CorruptRegionError,
     EmptyObjectError,
     FileTooLarge,
@@ -28,6 +31,7 @@ from kickmsg.errors import (
     Layout4Only,
     NoRoomError,
     PoolEmptyError,
+    RecordingError,
     RegionError,
     RegionInitTimeout,
     RegionNotFoundError,

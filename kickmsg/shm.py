@@ -13,7 +13,7 @@ import stat
 import posix_ipc
 
 from kickmsg._atomics_cffi import ffi
-from kickmsg.errors import EmptyObjectError, NoRoomError, RegionNotFoundError, RegionPermissionError
+from kickmsg.errors import CorruptRegionError, EmptyObjectError, NoRoomError, RegionNotFoundError, RegionPermissionError
 
 __all__ = [
     "DEFAULT_MODE", "MADV_POPULATE_WRITE", "MODE_VARIABLE", "Mapping", "NAME_RULE", "SHM_DIRECTORY", "SIDECAR_SUFFIX",
@@ -293,7 +293,7 @@ def open_existing(name: str, writable: bool = True) -> Mapping:
     except OSError:
         mode = stat.S_IFREG  # shm_open says why
     if not stat.S_ISREG(mode):  # a FIFO planted there would block shm_open
-        raise RuntimeError(f"Invalid shared memory (bad magic): {name} is not a regular file")
+        raise CorruptRegionError(f"Invalid shared memory (bad magic): {name} is not a regular file")
     try:
         shared_memory = posix_ipc.SharedMemory(name, 0, read_only=not writable)
     except posix_ipc.ExistentialError:
