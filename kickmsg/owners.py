@@ -221,7 +221,8 @@ def sidecar_kind(file_name: str) -> str | None:
 def region_of_sidecar(file_name: str) -> str:
     """The region name (``/x``) a record file's name belongs to."""
     found = _suffix_of(file_name)
-    assert found is not None, f"{file_name} is not a record file"
+    if found is None:
+        raise ValueError(f"{file_name!r} is not the name of a record file (it ends in none of {shm.SIDECAR_SUFFIXES})")
     return "/" + file_name.removesuffix(found[0])
 
 

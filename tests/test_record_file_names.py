@@ -62,6 +62,9 @@ def test_the_files_are_named_for_what_they_hold(name):
     assert files_of(name) == [base, base + ".kickmsg-publishers", base + ".kickmsg-subscribers"]
     assert [owners.sidecar_kind(file) for file in files_of(name)[1:]] == ["publisher", "ring-owner"]
     assert {owners.region_of_sidecar(base + suffix) for suffix in [*NEW.values(), *OLD.values()]} == {name}
+    assert owners.sidecar_kind(base) is None
+    with pytest.raises(ValueError, match=f"'{base}' is not the name of a record file"):
+        owners.region_of_sidecar(base)
     publisher.close()
     subscriber.close()
 
