@@ -123,3 +123,14 @@ def test_a_dead_subscriber_recorded_under_the_previous_name_gives_its_ring_back(
     assert [ring.owner_alive for ring in diagnostics.stats(name).rings] == [False]
     assert region.reclaim_dead_subscribers().reclaimed == [(0, pid)]
     assert diagnostics.stats(name).live_rings == 0
+
+
+def test_clean_clears_dead_bridge_records_of_either_name_once(name):
+    SharedRegion.create(name, ChannelType.PubSub, SMALL, layout=4)
+    for suffix, pid in ((NEW["bridges"], 0x7FFFFFF0), (OLD["bridges"], 0x7FFFFFF1)):  # dead: nobody holds the record's lock
+        record = owners.BridgeRecord(pid=pid, started_at_ns=1, direction=1, key=b"kickmsg/k")
+        pathlib.Path(f"/dev/shm{name}{suffix}").write_bytes(bytes(record))
+    expected = [{"name": name, "pid": 0x7FFFFFF0}, {"name": name, "pid": 0x7FFFFFF1}]
+    assert cli_json("clean", "--prefix", name[1:], "--dry-run")["dead_bridges"] == expected
+    assert cli_json("clean", "--prefix", name[1:])["dead_bridges"] == expected
+    assert cli_json("clean", "--prefix", name[1:])["dead_bridges"] == []
