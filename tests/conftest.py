@@ -12,6 +12,7 @@ import crashworkers
 from kickmsg import shm
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+TESTS = ROOT / "tests"  # the helper modules: a test file run as a script finds them through $PYTHONPATH
 SESSION_PREFIX = f"kmtest_{os.getpid()}_{secrets.token_hex(3)}"
 _counter = itertools.count()
 

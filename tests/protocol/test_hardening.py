@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import rawregion
-from conftest import on_layout4
+from conftest import TESTS, on_layout4
 from hardening_session import ChannelSession, Harness
 from kickmsg import ChannelType, Config, Publisher, SharedRegion, Subscriber, unlink_shm
 from kickmsg import owners
@@ -57,7 +57,7 @@ def run_worker(mode, name, workdir):
         text=True,
         timeout=WORKER_TIMEOUT_S,
         cwd=workdir,  # hypothesis writes its cache into the working directory
-        env=dict(os.environ, OPENBLAS_NUM_THREADS="1"),  # no BLAS threads: the worker forks
+        env=dict(os.environ, OPENBLAS_NUM_THREADS="1", PYTHONPATH=str(TESTS)),  # no BLAS threads: the worker forks
     )
     assert result.returncode == 0, (
         f"fuzz worker exited with {result.returncode} (negative: killed by signal)\n"

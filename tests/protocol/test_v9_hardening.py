@@ -6,7 +6,7 @@ from a blackboard write) or counts a loss. The interpreter never crashes,
 no call loops forever, and no IndexError, struct.error, OverflowError,
 ZeroDivisionError or KeyError leaks out of the package.
 
-As tests/test_hardening.py does for layout 4: hypothesis property tests
+As tests/protocol/test_hardening.py does for layout 4: hypothesis property tests
 corrupt the shared words, then run the public calls in a random order, in a
 subprocess (this file run as a script), so that a segfault or a hang fails
 the test instead of killing pytest; a worker that hangs in one example dumps
@@ -56,6 +56,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from conftest import TESTS
 from hardening_session import ChannelSession, Harness, read_bytes
 from kickmsg import (
     Blackboard,
@@ -102,7 +103,7 @@ def run_worker(mode, name, workdir):
         text=True,
         timeout=WORKER_TIMEOUT_S,
         cwd=workdir,  # hypothesis writes its cache into the working directory
-        env=dict(os.environ, OPENBLAS_NUM_THREADS="1"),  # no BLAS threads: the worker forks
+        env=dict(os.environ, OPENBLAS_NUM_THREADS="1", PYTHONPATH=str(TESTS)),  # no BLAS threads: the worker forks
     )
     assert result.returncode == 0, (
         f"fuzz worker exited with {result.returncode} (negative: killed by signal)\n"
