@@ -36,7 +36,7 @@ test: $(INSTALLED) $(NATIVE_INSTALLED) $(NATIVE9_INSTALLED) check-java
 
 # The documentation site (mkdocs.yml, pages in docs/) into site/, in strict
 # mode: a broken link, anchor or API reference fails it. `make test` builds it
-# too (tests/test_docs.py); .github/workflows/docs.yml publishes it.
+# too (tests/docs/test_docs.py); .github/workflows/docs.yml publishes it.
 docs: $(INSTALLED)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 

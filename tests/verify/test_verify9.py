@@ -28,7 +28,7 @@ from kickmsg.verify.layout9 import MUTANT_SCENARIOS9
 from kickmsg.verify.memory import WeakMemory
 
 DEEP = pytest.mark.skipif(os.environ.get("KICKMSG_VERIFY_DEEP") != "1",
-                          reason="deep run: KICKMSG_VERIFY_DEEP=1 pytest tests/test_verify*.py (docs/explanation/verification.md, Tests and time)")
+                          reason="deep run: KICKMSG_VERIFY_DEEP=1 pytest tests/verify (docs/explanation/verification.md, Tests and time)")
 
 
 @pytest.mark.parametrize("scenario, model, stale", [

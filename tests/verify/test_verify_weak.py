@@ -30,7 +30,7 @@ NO_PREEMPTION = {"preemptions": 0, "stale": 2}
 # Deep runs (minutes each): skipped, with this reason in pytest's summary,
 # unless asked for (docs/explanation/verification.md, "Tests and time").
 DEEP = pytest.mark.skipif(os.environ.get("KICKMSG_VERIFY_DEEP") != "1",
-                          reason="deep run: KICKMSG_VERIFY_DEEP=1 pytest tests/test_verify*.py (docs/explanation/verification.md, Tests and time)")
+                          reason="deep run: KICKMSG_VERIFY_DEEP=1 pytest tests/verify (docs/explanation/verification.md, Tests and time)")
 
 
 @functools.cache
