@@ -19,11 +19,12 @@ demo: $(INSTALLED) check-java
 	$(PY) examples/demo.py
 
 # The type checker (settings: [tool.mypy] in pyproject.toml), then the tests.
-# The explorer's tests run on one core while the rest of the suite runs on
-# the other: the explorer computes in private memory (no shared-memory
-# object, no peer process), so the two cannot meet. Their report follows the
-# suite's; a failure of either fails `make test`, and a stop ends both.
-EXPLORER_TESTS := tests/test_verify.py tests/test_verify9.py tests/test_verify_weak.py tests/test_verify_memory.py
+# The explorer's tests (tests/verify/) run on one core while the rest of the
+# suite runs on the other: the explorer computes in private memory (no
+# shared-memory object, no peer process), so the two cannot meet. Their
+# report follows the suite's; a failure of either fails `make test`, and a
+# stop ends both.
+EXPLORER_TESTS := tests/verify
 test: $(INSTALLED) $(NATIVE_INSTALLED) $(NATIVE9_INSTALLED) check-java
 	@log=$$(mktemp); \
 	$(PY) -m pytest -p no:cacheprovider $(EXPLORER_TESTS) > $$log 2>&1 & beside=$$!; \
@@ -35,7 +36,7 @@ test: $(INSTALLED) $(NATIVE_INSTALLED) $(NATIVE9_INSTALLED) check-java
 
 # The documentation site (mkdocs.yml, pages in docs/) into site/, in strict
 # mode: a broken link, anchor or API reference fails it. `make test` builds it
-# too (tests/test_docs.py); .github/workflows/docs.yml publishes it.
+# too (tests/docs/test_docs.py); .github/workflows/docs.yml publishes it.
 docs: $(INSTALLED)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 

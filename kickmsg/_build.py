@@ -43,7 +43,7 @@ ATOMIC_DECLARATIONS = """
 # Placed after cffi's own definitions and before its call wrappers, which
 # bracket each call with Py_BEGIN/END_ALLOW_THREADS and an errno save and
 # restore: here they become an empty block (the GIL stays held; errno is
-# never set by an atomic). tests/test_atomics.py checks the generated code
+# never set by an atomic). tests/protocol/test_atomics.py checks the generated code
 # still has that shape.
 KEEP_THE_GIL = """
 #undef Py_BEGIN_ALLOW_THREADS

@@ -1,7 +1,7 @@
 """Write docs/reference/cli-options.md from the `kickmsg` command's parser.
 
 The page is generated, never edited by hand: run this script after changing
-an option (``tests/test_docs.py`` fails while the committed page differs
+an option (``tests/docs/test_docs.py`` fails while the committed page differs
 from what the parser gives). It reads the parser's actions itself instead of
 printing ``--help``, so the page does not depend on the terminal's width or
 on how a Python version formats usage lines.

@@ -9,9 +9,10 @@ import pytest
 
 import crashworkers
 
-from kickmsg import shm
+from kickmsg import owners, shm
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+TESTS = ROOT / "tests"  # the helper modules: a test file run as a script finds them through $PYTHONPATH
 SESSION_PREFIX = f"kmtest_{os.getpid()}_{secrets.token_hex(3)}"
 _counter = itertools.count()
 
@@ -23,10 +24,12 @@ def new_shm_name(label: str = "r") -> str:
 
 @pytest.fixture
 def shm_name(request):
-    """A unique shm name, unlinked after the test whatever its outcome."""
+    """A unique shm name; the region and its sidecar files are removed after
+    the test whatever its outcome."""
     name = new_shm_name(request.node.name[:40].replace("/", "_").replace("[", "_").replace("]", ""))
     yield name
     shm.unlink(name)
+    owners.unlink(name)
 
 
 @pytest.fixture

@@ -1,8 +1,8 @@
-"""What the hardening fuzzers of both layouts share (tests/test_hardening.py
-for layout 4, tests/test_v9_hardening.py for layout 9): the outcome counter
-and the channel session whose operations hypothesis runs in a random order
-on a corrupt region. Each layout's module subclasses ``ChannelSession`` with
-the operations that differ (allocate and publish, repairs, re-opening)."""
+"""What the hardening fuzzers of both layouts share
+(tests/protocol/test_hardening.py): the outcome counter and the channel
+session whose operations hypothesis runs in a random order on a corrupt
+region. Each layout subclasses ``ChannelSession`` there with the operations
+that differ (allocate and publish, repairs, re-opening)."""
 import itertools
 from collections import Counter
 

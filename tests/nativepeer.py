@@ -202,6 +202,17 @@ def wait_go():
 # The helpers, for the test process too (with our kickmsg).
 exec(HELPERS)
 
+# A peer that claims region P["name"]'s schema as P["who"] when told (a race
+# of claimants, of either implementation); done: whether it won.
+CLAIM_SCHEMA = """
+region = kickmsg.SharedRegion.open(P["name"])
+info = kickmsg.SchemaInfo()
+info.name = P["who"]
+ready()
+wait_go()
+done(region.try_claim_schema(info))
+"""
+
 
 def native_dir(version: str = "0.1.0") -> pathlib.Path:
     """A native wheel's directory (0.1.0 or 0.9.2); fail (never skip) when

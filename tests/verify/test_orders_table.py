@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "orders_table.py"
 SPEC = importlib.util.spec_from_file_location("orders_table", SCRIPT)
 orders_table = importlib.util.module_from_spec(SPEC)

@@ -32,12 +32,6 @@ pytestmark = pytest.mark.timeout(120)
 SMALL = Config(max_subscribers=3, sub_ring_capacity=8, pool_size=16, max_payload_size=64)
 
 
-@pytest.fixture
-def shm_name(shm_name):
-    yield shm_name
-    owners.unlink(shm_name)
-
-
 def make(name: str) -> SharedRegion:
     return SharedRegion.create(name, ChannelType.PubSub, SMALL, "diag-test")
 

@@ -20,7 +20,7 @@ pytest.importorskip("matplotlib")
 
 from kickmsg.spark import analysis  # noqa: E402
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 MODULE = ROOT / "kickmsg" / "spark" / "analysis.py"
 MS, US, S = 1_000_000, 1_000, 1_000_000_000
 

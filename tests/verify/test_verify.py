@@ -23,7 +23,7 @@ SC_MUTANTS = sorted(name for name, mutant in MUTANTS.items() if mutant.model == 
 # Deep runs (minutes each): skipped, with this reason in pytest's summary,
 # unless asked for (docs/explanation/verification.md, "Tests and time").
 DEEP = pytest.mark.skipif(os.environ.get("KICKMSG_VERIFY_DEEP") != "1",
-                          reason="deep run: KICKMSG_VERIFY_DEEP=1 pytest tests/test_verify*.py (docs/explanation/verification.md, Tests and time)")
+                          reason="deep run: KICKMSG_VERIFY_DEEP=1 pytest tests/verify (docs/explanation/verification.md, Tests and time)")
 
 
 def test_unmutated_code_passes_every_schedule_with_one_preemption():

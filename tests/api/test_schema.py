@@ -15,7 +15,7 @@ from kickmsg import ChannelType, Config, SchemaInfo, SharedRegion, hash, schema
 from kickmsg.schema import Diff
 import rawregion
 from conftest import new_shm_name
-from nativepeer import race, start_ours
+from nativepeer import CLAIM_SCHEMA, race, start_ours
 
 SCHEMA_STATE = 192  # u32: Unset 0, Claiming 1, Set 2
 SCHEMA_DATA = 256  # the 512-byte SchemaInfo
@@ -363,22 +363,12 @@ def test_unknown_schema_state_reads_as_no_schema(shm_name):
     assert region.reset_schema_claim() is False
 
 
-CLAIM = """
-region = kickmsg.SharedRegion.open(P["name"])
-info = kickmsg.SchemaInfo()
-info.name = P["who"]
-ready()
-wait_go()
-done(region.try_claim_schema(info))
-"""
-
-
 def test_claim_race_between_processes_has_one_winner():
     """Four processes claim at once: exactly one wins, and the region holds
     its descriptor."""
     name = new_shm_name("claimrace")
     SharedRegion.create(name, ChannelType.PubSub, small_config())
-    won = race([start_ours(CLAIM, name=name, who=f"claimant-{index}") for index in range(4)])
+    won = race([start_ours(CLAIM_SCHEMA, name=name, who=f"claimant-{index}") for index in range(4)])
     assert won.count(True) == 1
     winner = won.index(True)
     assert SharedRegion.open(name).schema().name == f"claimant-{winner}"

@@ -17,7 +17,7 @@ from test_cli import name  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.timeout(120)
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 EXTRA = "pip install 'kickmsg-py[spark]'"
 PARQUET_LOOKALIKE = b"PAR1" + bytes(16) + b"PAR1"  # the magic at both ends
 

@@ -281,9 +281,8 @@ def prefix():
 
 @pytest.fixture
 def name(shm_name):
-    """A fresh region name; the region and its sidecar are removed after."""
-    yield shm_name
-    owners.unlink(shm_name)
+    """A fresh region name (conftest's shm_name: removed with its sidecars after the test)."""
+    return shm_name
 
 
 @pytest.fixture(scope="module")

@@ -30,7 +30,7 @@ NO_PREEMPTION = {"preemptions": 0, "stale": 2}
 # Deep runs (minutes each): skipped, with this reason in pytest's summary,
 # unless asked for (docs/explanation/verification.md, "Tests and time").
 DEEP = pytest.mark.skipif(os.environ.get("KICKMSG_VERIFY_DEEP") != "1",
-                          reason="deep run: KICKMSG_VERIFY_DEEP=1 pytest tests/test_verify*.py (docs/explanation/verification.md, Tests and time)")
+                          reason="deep run: KICKMSG_VERIFY_DEEP=1 pytest tests/verify (docs/explanation/verification.md, Tests and time)")
 
 
 @functools.cache
@@ -247,7 +247,7 @@ def test_the_readme_orders_table_points_at_the_code_as_it_is():
     rows are the sites orders.sites() finds now (acq_rel ones twice, relaxed
     ones not at all), in order, and each line still holds that call. Code
     moved above a site makes this fail until the table follows it."""
-    readme = (Path(__file__).resolve().parent.parent / "docs/explanation/verification.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "docs/explanation/verification.md").read_text()
     readme = readme[: readme.index("## Layout 9 (`kickmsg verify --layout 9`)")]  # layout 9's table comes after
     rows = re.findall(r"^\| `(kickmsg/[a-z_0-9/]+\.py):(\d+)` \| `([^`]+)` \| `([a-z_0-9]+)` \|", readme, re.M)
     expected = []

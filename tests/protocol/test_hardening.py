@@ -1,42 +1,49 @@
-"""Hardening of layout 9 (native 0.9.2's regions): on a corrupt or hostile
-channel, registry or blackboard region every call works, raises a clear
-exception (the RuntimeError family, CorruptRegionError included, or
-BlockingIOError; ValueError only for a bad argument; OSError with an errno
-from a blackboard write) or counts a loss. The interpreter never crashes,
-no call loops forever, and no IndexError, struct.error, OverflowError,
-ZeroDivisionError or KeyError leaks out of the package.
+"""Hardening, on both layouts: on a corrupt or hostile region every call
+works, raises a clear exception (the RuntimeError family, CorruptRegionError
+included, or BlockingIOError; ValueError only for a bad argument; OSError
+with an errno from a blackboard write) or counts a loss. The interpreter
+never crashes, no call loops forever, and no IndexError, struct.error,
+OverflowError, ZeroDivisionError or KeyError leaks out of the package.
 
-As tests/test_hardening.py does for layout 4: hypothesis property tests
-corrupt the shared words, then run the public calls in a random order, in a
-subprocess (this file run as a script), so that a segfault or a hang fails
-the test instead of killing pytest; a worker that hangs in one example dumps
-its stacks (faulthandler) and dies.
+Hypothesis property tests corrupt the shared words, then run the public
+calls in a random order, in a subprocess (this file run as a script), so
+that a segfault or a hang fails the test instead of killing pytest; a worker
+that hangs in one example dumps its stacks (faulthandler) and dies.
 
-- channel: ring entries (sequence words: commits, position-tagged publisher
-  and repairer locks, skip markers; meta claim words: tags, slot fields out
-  of range), ring headers (state_flight, write_pos, owner pid and start
-  time, has_waiter, dropped/lost counters), free_top and free-stack chains
-  (cycles, out of range, generations), slot refcounts and payload lengths,
-  the schema state and steal count, under live subscribers, views, a
-  pending allocation and dead subscribers; then open, send, allocate,
-  publish, receive (also through a WaitSet), stats, info, diagnose, audit,
-  every repair, and the tools' kickmsg.ops.diagnostics reports;
-- the same channel calls while another process keeps storing hostile words
-  into the rings and the pool (timing-dependent: it can only fail on a real
-  bug, but not always on the same example);
-- registry: the header (version, capacity), rows (state, generation, pid,
-  start time, type/role/kind, names without NUL or not UTF-8); then open,
-  snapshot, list_topics, sweep_stale, register, deregister;
-- blackboard: the header (version, capacity, max_value_size, total_size,
-  change_seq, waiters, lock token), entries (state, publish, tenancy,
-  owner, key hash, key and node text), value cells (value_len beyond
-  max_value_size); then open, declare, write, release, observe/read,
-  snapshot, keys, read_all, sweep_stale, wait.
+- channel, both layouts: ring entries (layout 4: sequence words, slot
+  indexes, payload lengths; layout 9: sequence words with commits,
+  position-tagged publisher and repairer locks, skip markers, and meta claim
+  words with tags and slot fields out of range), ring headers (state_flight,
+  write_pos; layout 9: owner pid and start time, has_waiter, dropped/lost
+  counters), free_top and free-stack chains (cycles, out of range; layout
+  9: generations), slot refcounts (layout 9: payload lengths), the schema
+  state (layout 9: its steal count), header fields read at open, and
+  layout 4's ring-owner sidecar records, under live subscribers, views
+  (layout 9: a pending allocation) and dead subscribers; then open, send,
+  allocate, publish, receive, diagnose, audit and every repair call
+  (layout 9: receive through a WaitSet, stats, info, following a re-created
+  region, and the tools' kickmsg.ops.diagnostics reports);
+- layout 4's header alone: geometry, free_top, schema and creator fields
+  changed before or after open;
+- layout 9: the same channel calls while another process keeps storing
+  hostile words into the rings and the pool (timing-dependent: it can only
+  fail on a real bug, but not always on the same example);
+- layout 9's registry: the header (version, capacity), rows (state,
+  generation, pid, start time, type/role/kind, names without NUL or not
+  UTF-8); then open, snapshot, list_topics, sweep_stale, register,
+  deregister;
+- layout 9's blackboard: the header (version, capacity, max_value_size,
+  total_size, change_seq, waiters, lock token), entries (state, publish,
+  tenancy, owner, key hash, key and node text), value cells (value_len
+  beyond max_value_size); then open, declare, write, release,
+  observe/read, snapshot, keys, read_all, sweep_stale, wait.
 
-The offsets come from WIRE9.md (A.2-A.5, C.1-C.2, D.2-D.4) through the small
-decoder below, not from the package's layout constants.
+The offsets come from WIRE.md (through ``rawregion``) and WIRE9.md (A.2-A.5,
+C.1-C.2, D.2-D.4) through the small decoder below, not from the package's
+layout constants; a channel's geometry words sit at the same offsets on both
+layouts.
 
-Each property runs EXAMPLES examples (small, derandomized: reproducible in
+Each property runs DEFAULT_EXAMPLES examples (derandomized: reproducible in
 CI); ``KICKMSG_HARDENING_EXAMPLES=500`` runs that many per property instead.
 """
 import errno
@@ -56,6 +63,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import rawregion
+from conftest import TESTS, on_layout4
 from hardening_session import ChannelSession, Harness, read_bytes
 from kickmsg import (
     Blackboard,
@@ -67,22 +76,27 @@ from kickmsg import (
     SharedRegion,
     Subscriber,
     WaitSet,
+    owners,
     unlink_shm,
 )
 from kickmsg.ops import diagnostics
 from kickmsg.protocol.v9.registry import Kind, Role
+from kickmsg.region import DeadSubscriberReport, HealthReport
 
 INVALID_SLOT = 0xFFFFFFFF
 U32 = 2**32 - 1
 U64 = 2**64 - 1
-LOCK_BIT, REPAIR_BIT, VALUE_MASK = 1 << 63, 1 << 62, (1 << 62) - 1
+LOCKED = U64  # layout 4: an entry claimed and not committed
+LOCK_BIT, REPAIR_BIT, VALUE_MASK = 1 << 63, 1 << 62, (1 << 62) - 1  # layout 9's sequence words
 # commit_timeout 1 ms bounds every wait on a stuck entry or an in-flight publisher.
 SMALL = dict(max_subscribers=3, sub_ring_capacity=8, pool_size=16, max_payload_size=56, commit_timeout=0.001)
 EXAMPLES = int(os.environ.get("KICKMSG_HARDENING_EXAMPLES", 0)) or None
-DEFAULT_EXAMPLES = {"channel": 200, "noise": 15, "registry": 40, "blackboard": 40}
+# Per worker mode: layout 4's "header" and "state", layout 9's others.
+DEFAULT_EXAMPLES = {"header": 1000, "state": 700, "channel": 200, "noise": 15, "registry": 40, "blackboard": 40}
 EXAMPLE_WATCHDOG_S = 20
-# Whole-worker bounds: generous per example (a loaded machine), scaled with the count asked for.
-WORKER_TIMEOUT_S = 60 + 2 * (EXAMPLES or max(DEFAULT_EXAMPLES.values()))
+# Whole-worker bounds: generous per example (a loaded machine; layout 4's
+# examples are quicker: its 1000 take seconds), scaled with the count asked for.
+WORKER_TIMEOUT_S = 60 + 2 * (EXAMPLES or DEFAULT_EXAMPLES["channel"])
 TEST_TIMEOUT_S = WORKER_TIMEOUT_S + 30
 
 
@@ -102,7 +116,7 @@ def run_worker(mode, name, workdir):
         text=True,
         timeout=WORKER_TIMEOUT_S,
         cwd=workdir,  # hypothesis writes its cache into the working directory
-        env=dict(os.environ, OPENBLAS_NUM_THREADS="1"),  # no BLAS threads: the worker forks
+        env=dict(os.environ, OPENBLAS_NUM_THREADS="1", PYTHONPATH=str(TESTS)),  # no BLAS threads: the worker forks
     )
     assert result.returncode == 0, (
         f"fuzz worker exited with {result.returncode} (negative: killed by signal)\n"
@@ -113,13 +127,44 @@ def run_worker(mode, name, workdir):
     return summary
 
 
+# Per layout: the worker mode that fuzzes a channel's rings, pool and free
+# stack, and every call it must have seen succeed at least once.
+CHANNEL_FUZZ = {
+    4: ("state", (
+        "send send_too_large allocate publish join leave try_receive receive latest receive_latest iterate view "
+        "release_view diagnose audit repair reset reset_drain reclaim_orphaned reclaim_dead reopen schema "
+        "claim_schema reset_schema_claim").split()),
+    9: ("channel", (
+        "send allocate publish join try_receive view stats info diagnose audit repair reset_drain reclaim_orphaned "
+        "reclaim_dead_rings reopen tools_stats").split()),
+}
+
+
 @pytest.mark.timeout(TEST_TIMEOUT_S)
-def test_corrupt_channel_rings_pool_and_free_stack(shm_name, tmp_path):
-    summary = run_worker("channel", shm_name, tmp_path)
-    for call in ("send", "allocate", "publish", "join", "try_receive", "view", "stats", "info", "diagnose", "audit",
-                 "repair", "reset_drain", "reclaim_orphaned", "reclaim_dead_rings", "reopen", "tools_stats"):
+def test_corrupt_rings_pool_and_free_stack(layout, shm_name, tmp_path):
+    """Rings, entries, refcounts, free_top, free-stack chains (and layout 4's
+    sidecar records) corrupted under live subscribers, views and dead
+    subscribers: every call in any order behaves."""
+    mode, calls = CHANNEL_FUZZ[layout]
+    summary = run_worker(mode, shm_name, tmp_path)
+    for call in calls:
         assert summary[f"{call}:ok"] > 0, (call, summary)
-    assert summary["received"] > 0 and summary["lost"] > 0
+    assert summary["lost"] > 0 and summary["received"] > 0
+    assert summary["reclaimed dead rings"] > 0
+    errors = {key: count for key, count in summary.items() if key.endswith("Error")}
+    assert errors, "no corruption was ever detected"
+
+
+@on_layout4
+@pytest.mark.timeout(TEST_TIMEOUT_S)
+def test_corrupt_header(shm_name, tmp_path):
+    """Layout 4's header fields (geometry, free_top, schema, creator) changed
+    before or after open: open refuses with RuntimeError, or every call
+    behaves. (Layout 9's channel fuzz changes the header words read at open.)"""
+    summary = run_worker("header", shm_name, tmp_path)
+    assert summary["open:ok"] > 0 and summary["open:RuntimeError"] > 0
+    for call in CHANNEL_FUZZ[4][1]:
+        assert summary[f"{call}:ok"] > 0, call
 
 
 @pytest.mark.timeout(TEST_TIMEOUT_S)
@@ -145,7 +190,8 @@ def test_hostile_blackboard(prefix, tmp_path):
         assert summary[f"{call}:ok"] > 0, (call, summary)
 
 
-# -- directed cases: the smallest reproductions of what the properties found --------------------
+# -- directed cases: bad arguments are ValueError, also on a corrupt region, and the smallest
+# -- reproductions of what the properties found ------------------------------------------------
 
 
 def test_bad_arguments_are_value_errors_and_a_corrupt_head_an_empty_pool(shm_name):
@@ -156,7 +202,7 @@ def test_bad_arguments_are_value_errors_and_a_corrupt_head_an_empty_pool(shm_nam
     losses until repaired."""
     region = SharedRegion.create(shm_name, ChannelType.PubSub, Config(**SMALL), layout=9)
     subscriber = Subscriber(region)
-    memory = Channel9(shm_name)
+    memory = Channel(shm_name)
     memory.put(768, "<Q", (memory.get(768, "<Q") >> 32) << 32 | 16)  # A.2 free_top: index 16 of a 16-slot pool
     for position in range(5):
         memory.put(memory.entry(0, position), "<Q", LOCK_BIT | position)  # A.4: publisher lock at pos
@@ -213,6 +259,73 @@ def test_a_blackboard_write_after_taking_over_a_huge_publish_count_wraps(prefix)
     writer.release()
 
 
+@pytest.fixture
+def corrupt(shm_name):
+    """A layout-4 region whose free stack is a cycle and whose ring 0 is poked
+    full of LOCKED entries, with a subscriber on it."""
+    region = SharedRegion.create(shm_name, ChannelType.PubSub, Config(**SMALL))
+    subscriber = Subscriber(region)
+    h = rawregion.header(rawregion.read_bytes(shm_name))
+    with open(f"/dev/shm{shm_name}", "r+b") as file, mmap.mmap(file.fileno(), 0) as memory:
+        top = h["free_top"] & 0xFFFFFFFF
+        struct.pack_into("<I", memory, h["pool_offset"] + top * h["slot_stride"] + 4, top)
+        ring = h["sub_rings_offset"]
+        struct.pack_into("<Q", memory, ring + 64, 5)
+        for index in range(8):
+            struct.pack_into("<Q", memory, ring + 128 + 16 * index, LOCKED)
+    yield region, subscriber
+    subscriber.close()
+
+
+@on_layout4
+def test_bad_arguments_are_value_errors_on_a_corrupt_region(corrupt):
+    region, subscriber = corrupt
+    publisher = Publisher(region)
+    with pytest.raises(ValueError, match="max_payload_size"):
+        publisher.send(b"x" * 57)
+    with pytest.raises(ValueError):
+        publisher.allocate(-1)
+    assert publisher.allocate(57) is None
+    with pytest.raises(ValueError):
+        subscriber.receive(-1.0)
+    slot = publisher.allocate(3)
+    slot.publish()
+    with pytest.raises(ValueError, match="more than once"):
+        slot.publish()
+    assert subscriber.try_receive() is None  # LOCKED entries: not ready, not lost
+    assert region.repair_locked_entries() == 5
+    assert region.diagnose().locked_entries == 0
+
+
+@on_layout4
+def test_a_closed_subscriber_raises_value_error(corrupt):
+    _, subscriber = corrupt
+    subscriber.close()
+    for call in (subscriber.try_receive, subscriber.try_receive_view, subscriber.try_receive_latest):
+        with pytest.raises(ValueError, match="closed"):
+            call()
+
+
+SIDECAR_TRUNCATED = """
+import os, sys
+from kickmsg import ChannelType, Config, Publisher, SharedRegion, Subscriber
+name = sys.argv[1]
+region = SharedRegion.create(name, ChannelType.PubSub, Config(max_subscribers=2, sub_ring_capacity=8, pool_size=16))
+subscriber = Subscriber(region)
+Publisher(region).send(b"x")
+os.truncate("/dev/shm" + name + ".kickmsg-subscribers", 0)  # any process may write the sidecar (mode 0666)
+assert subscriber.try_receive() == b"x"
+subscriber.close()
+"""
+
+
+@on_layout4
+@pytest.mark.timeout(60)
+def test_a_truncated_sidecar_does_not_crash_a_subscriber(shm_name):
+    result = subprocess.run([sys.executable, "-c", SIDECAR_TRUNCATED, shm_name], capture_output=True, timeout=30)
+    assert result.returncode == 0, f"exit {result.returncode} (negative: killed by signal): {result.stderr[-2000:]!r}"
+
+
 # -- the worker side: everything below runs in the subprocess ---------------------------------------
 
 class Raw:
@@ -240,8 +353,10 @@ class Raw:
             self.memory[offset : offset + len(data)] = data
 
 
-class Channel9(Raw):
-    """Layout 9's channel bytes (WIRE9.md A.2-A.5), geometry read from the header."""
+class Channel(Raw):
+    """A channel's bytes, geometry read from the header: its words, rings and
+    entries, and slots lie at the same offsets on both layouts (WIRE.md;
+    WIRE9.md A.2-A.5)."""
 
     def __init__(self, name):
         super().__init__(name)
@@ -265,28 +380,6 @@ class Channel9(Raw):
 
     def write_pos(self, ring):
         return self.get(self.ring(ring) + 64, "<Q")
-
-
-RING_FIELDS = {  # A.3
-    "state_flight": (0, "<I"), "owner_pid": (8, "<Q"), "owner_starttime": (16, "<Q"), "write_pos": (64, "<Q"),
-    "has_waiter": (72, "<I"), "dropped_count": (80, "<Q"), "lost_count": (88, "<Q"),
-}
-SLOT_FIELDS = {"refcount": (0, "<I"), "next_free": (4, "<I"), "payload_len": (8, "<I")}  # A.5
-HEADER_WORDS = {  # A.2
-    "magic": (0, "<Q"), "version": (8, "<I"), "channel_type": (12, "<I"), "total_size": (16, "<Q"),
-    "sub_rings_offset": (24, "<Q"), "pool_offset": (32, "<Q"), "max_subs": (40, "<Q"), "sub_ring_capacity": (48, "<Q"),
-    "pool_size": (64, "<Q"), "slot_data_size": (72, "<Q"), "commit_timeout_us": (96, "<Q"), "creator_pid": (112, "<Q"),
-    "created_at_ns": (120, "<Q"), "creator_name_len": (128, "<H"), "schema_state": (192, "<I"), "free_top": (768, "<Q"),
-    "steal_count": (776, "<Q"), "identity_hash": (784, "<Q"),
-}
-# Header words read only at open: a new open (reopen) and following a region
-# that looks re-created (magic or created_at_ns changed) see them.
-OPEN_ONLY = sorted(set(HEADER_WORDS) - {"free_top", "steal_count", "schema_state"})
-
-
-def pack_meta(position, slot_field):
-    """A.4: [tag = (pos + 1) mod 2^40 : 40 | slot + 1 : 24]."""
-    return ((position + 1) & (2**40 - 1)) << 24 | (slot_field & 0xFFFFFF)
 
 
 def u64_words():
@@ -343,7 +436,343 @@ def fuzz_settings(count):
 # -- channels ----------------------------------------------------------------------------------------
 
 
-class Session(ChannelSession):
+def spawn_dead_subscribers(region, count):
+    """Subscribers in forked children that die without leaving: their rings
+    stay Live with a dead owner (layout 4: in its sidecar records; layout 9:
+    in the ring header)."""
+    for _ in range(count):
+        pid = os.fork()
+        if pid == 0:
+            try:
+                subscriber = Subscriber(region)  # noqa: F841 (kept until the exit)
+                Publisher(region).send(b"from a subscriber about to die")
+            finally:
+                os._exit(0)  # no teardown: finalizers do not run
+        os.waitpid(pid, 0)
+
+
+def free_chains(generations=st.one_of(st.none(), st.sampled_from([0, U32]))):
+    """A free stack to install: slots linked in list order (out-of-range
+    indexes allowed), ending in INVALID_SLOT or looping back (a cycle), and
+    the generation of the new top (None: keep the generation)."""
+    return st.tuples(
+        st.lists(st.one_of(st.integers(0, 15), st.sampled_from([16, 5000, INVALID_SLOT - 1])), min_size=1, max_size=20),
+        st.one_of(st.none(), st.integers(0, 19)),  # None: ends; k: last links back to element k
+        generations,
+    )
+
+
+def install_free_chain(memory, chain, loop_to, generation):
+    slots, pool = chain, memory.pool_size
+    ends = slots[loop_to % len(slots)] if loop_to is not None else INVALID_SLOT
+    for upper, lower in zip(slots, slots[1:] + [ends]):
+        if upper < pool:
+            memory.put(memory.slot(upper) + 4, "<I", lower)
+    if generation is None:
+        generation = memory.get(768, "<Q") >> 32
+    memory.put(768, "<Q", generation << 32 | slots[0])
+
+
+# -- layout 4's channel (WIRE.md) ----------------------------------------------------------------
+
+class Session4(ChannelSession):
+    """Layout 4's own operations beside the shared ones (hardening_session)."""
+
+    def op_allocate(self):
+        slot = self.harness.call("allocate", self.publisher.allocate, 5)
+        if slot is not None:
+            with memoryview(slot) as buffer:
+                buffer[:] = b"alloc"
+            self.pending = slot
+
+    def op_publish(self):
+        if self.pending is not None:
+            slot, self.pending = self.pending, None
+            delivered = self.harness.call("publish", slot.publish)
+            assert delivered is None or 0 <= delivered <= self.geometry.max_subs
+
+    def op_diagnose(self):
+        report = super().op_diagnose()
+        assert report is None or isinstance(report, HealthReport)
+
+    def op_audit(self):
+        report = super().op_audit()
+        if report is not None:
+            assert len(report.rings) + report.idle_rings == self.geometry.max_subs
+
+    def _entries_stuck_at_u64_limit(self):
+        """Window entries that read as stuck even when committed correctly:
+        within a ring's capacity of the u64 limit, sequence position + 1 is
+        LOCKED itself or wraps past 2**64 in 0.1.0's u64 test (read at the
+        offsets this region was opened with: the header may have changed)."""
+        data, g = rawregion.read_bytes(self.name), self.geometry
+        count = 0
+        for index in range(g.max_subs):
+            write_pos = struct.unpack_from("<Q", data, g.sub_rings_offset + index * g.ring_stride + 64)[0]
+            for position in range(max(0, write_pos - g.capacity), write_pos):
+                sequence = (position + 1) % 2**64
+                count += sequence == U64 or (sequence + g.capacity) % 2**64 < sequence
+        return count
+
+    def op_repair(self):
+        repaired = self.harness.call("repair", self.region.repair_locked_entries)
+        if repaired is not None:
+            g = self.geometry
+            assert 0 <= repaired <= g.max_subs * g.capacity
+            # Nothing stuck is left, except at the u64 limit.
+            assert self.region.diagnose().locked_entries <= self._entries_stuck_at_u64_limit()
+
+    def op_reclaim_dead(self):
+        report = self.harness.call("reclaim_dead", self.region.reclaim_dead_subscribers)
+        if report is not None:
+            assert isinstance(report, DeadSubscriberReport)
+            self.harness["reclaimed dead rings"] += len(report.reclaimed)
+
+    def op_reopen(self):
+        region = self.harness.call("reopen", SharedRegion.open, self.name)
+        if region is not None:
+            self.harness.call("diagnose", region.diagnose)
+
+
+OPERATIONS4 = Session4.operations()
+
+
+def fresh_region(harness, base, counter):
+    """A new small region under a fresh name (so that nothing left over from
+    an earlier example can touch it); errors from now on must name it."""
+    name = f"{base}_{next(counter)}"
+    harness.region_name = name
+    return name, SharedRegion.create(name, ChannelType.PubSub, Config(**SMALL), layout=4)
+
+
+def header_edits():
+    """One change to the header: a consistent shrink of the geometry (opens
+    fine), a small commit timeout, or any value in any field (usually
+    refused). commit_timeout_us stays small or beyond the 1-day limit: a
+    header may legitimately ask for long waits."""
+    any_field = st.sampled_from(sorted(set(rawregion.HEADER_OFFSETS) - {"commit_timeout_us"}))
+    geometry_field = st.sampled_from(
+        ["total_size", "sub_rings_offset", "pool_offset", "slot_stride", "sub_ring_stride", "pool_size", "max_subs",
+         "slot_data_size", "creator_name_len"]
+    )
+    return st.one_of(
+        st.tuples(st.just("relative"), st.tuples(geometry_field, st.sampled_from([-64, -8, -1, 1, 8, 64, 128]))),
+        st.tuples(st.just("capacity"), st.integers(0, 3)),
+        st.tuples(st.just("pool_size"), st.integers(1, 16)),
+        st.tuples(st.just("max_subs"), st.integers(1, 3)),
+        st.tuples(st.just("slot_data_size"), st.integers(1, 56)),
+        st.tuples(st.just("commit_timeout_us"), st.one_of(st.integers(0, 2000), st.integers(86_400_000_001, U64))),
+        st.tuples(st.just("free_top"), u64_words()),
+        st.tuples(st.just("schema_data"), st.binary(min_size=512, max_size=512)),
+        st.tuples(any_field, u64_words()),
+    )
+
+
+def apply_header_edit(memory, kind, value):
+    if kind == "capacity":
+        memory.put(48, "<Q", 2**value)
+        memory.put(56, "<Q", 2**value - 1)
+    elif kind == "relative":
+        field, delta = value
+        offset, fmt = rawregion.HEADER_OFFSETS[field]
+        memory.put(offset, fmt, memory.get(offset, fmt) + delta)
+    elif kind == "schema_data":
+        memory.put_bytes(256, value)
+        memory.put(192, "<I", 2)  # Set
+    else:
+        offset, fmt = rawregion.HEADER_OFFSETS[kind]
+        memory.put(offset, fmt, value)
+
+
+def fuzz_header(base, count):
+    harness = Harness()
+    counter = itertools.count()
+
+    @fuzz_settings(count)
+    @given(
+        edits=st.lists(header_edits(), min_size=1, max_size=3),
+        opened_before=st.booleans(),
+        traffic=st.integers(0, 12),
+        operations=st.lists(st.sampled_from(OPERATIONS4), max_size=25),
+    )
+    @watched
+    def example(edits, opened_before, traffic, operations):
+        harness["examples"] += 1
+        name, region = fresh_region(harness, base, counter)
+        session = None
+        try:
+            if opened_before:
+                session = Session4(harness, region, name)
+                session.op_join()
+                for _ in range(traffic):
+                    session.op_send()
+            memory = Channel(name)
+            for kind, value in edits:
+                apply_header_edit(memory, kind, value)
+            memory.close()
+            if not opened_before:
+                region = harness.call("open", SharedRegion.open, name)
+                if region is None:
+                    return
+                session = Session4(harness, region, name)
+            for operation in ["join", "send", "try_receive", "diagnose", "audit", "repair", "reset",
+                              "reclaim_orphaned"] + operations:
+                session.run(operation)
+        finally:
+            if session is not None:
+                session.close()
+            unlink_shm(name)
+
+    example()
+    return harness
+
+
+def state_patches():
+    """One word of the rings or the pool, or the header's free_top/schema_state:
+    (kind, where, value)."""
+    ring, slot = st.integers(0, 2), st.integers(0, 15)
+    # An entry by absolute position, or (negative) k entries back from write_pos:
+    # the latest entries, those a subscriber is about to read.
+    position = st.one_of(st.integers(0, 40), st.integers(-8, -1))
+    return st.one_of(
+        st.tuples(st.just("state_flight"), ring, st.one_of(st.integers(0, 15), u32_words())),
+        st.tuples(st.just("write_pos"), ring, st.one_of(st.integers(0, 40), u64_words())),
+        st.tuples(st.just("sequence"), st.tuples(ring, position), u64_words()),
+        st.tuples(st.just("slot_idx"), st.tuples(ring, position), st.one_of(slot, u32_words())),
+        st.tuples(st.just("payload_len"), st.tuples(ring, position), u32_words()),
+        st.tuples(st.just("refcount"), slot, st.one_of(st.integers(0, 4), u32_words())),
+        st.tuples(st.just("next_free"), slot, st.one_of(slot, u32_words())),
+        st.tuples(st.just("free_top"), st.just(0), u64_words()),
+        st.tuples(st.just("schema_state"), st.just(0), st.one_of(st.integers(0, 3), u32_words())),
+    )
+
+
+def apply_state_patch(memory, kind, where, value):
+    if kind in ("sequence", "slot_idx", "payload_len"):
+        ring, position = where
+        if position < 0:
+            position = max(0, memory.write_pos(ring) + position)
+        offset, fmt = memory.entry(ring, position) + {"sequence": 0, "slot_idx": 8, "payload_len": 12}[kind], {
+            "sequence": "<Q", "slot_idx": "<I", "payload_len": "<I"}[kind]
+    else:
+        offset, fmt = {
+            "state_flight": (memory.ring(where), "<I"),
+            "write_pos": (memory.ring(where) + 64, "<Q"),
+            "refcount": (memory.slot(where), "<I"),
+            "next_free": (memory.slot(where) + 4, "<I"),
+            "free_top": (768, "<Q"),
+            "schema_state": (192, "<I"),
+        }[kind]
+    memory.put(offset, fmt, value)
+
+
+def sidecar_records():
+    """Records to write into the ring-owner sidecar: (ring, pid, start_pos,
+    whether created_at_ns matches the region, read_pos, lost). A matching
+    record on a ring whose lock nobody holds names a dead owner."""
+    position = st.one_of(st.integers(0, 40), u64_words())
+    return st.lists(
+        st.tuples(st.integers(0, 2), st.integers(0, 2**63), position, st.booleans(), position, u64_words()),
+        max_size=3,
+    )
+
+
+# The sidecar's record (kickmsg.owners.OwnerRecord): pid, process start,
+# start_pos, region created_at_ns, read_pos, lost.
+SIDECAR_RECORD = struct.Struct("<QQQQQQ")
+assert SIDECAR_RECORD.size == owners.RECORD_SIZE
+
+
+def write_sidecar(name, created_at_ns, records):
+    """Overwrite records in place (the file never shrinks: live subscribers map it)."""
+    fd = os.open(owners.sidecar_path(name), os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        for ring, pid, start_pos, matches, read_pos, lost in records:
+            stamp = created_at_ns if matches else created_at_ns ^ 1
+            record = SIDECAR_RECORD.pack(pid, 1, start_pos, stamp, read_pos, lost)
+            os.pwrite(fd, record, ring * SIDECAR_RECORD.size)
+    finally:
+        os.close(fd)
+
+
+def fuzz_state(base, count):
+    harness = Harness()
+    counter = itertools.count()
+
+    @fuzz_settings(count)
+    @given(
+        subscribers=st.integers(0, 2),
+        dead=st.integers(0, 2),
+        traffic=st.integers(0, 20),
+        reads=st.integers(0, 10),
+        views=st.integers(0, 2),
+        patches=st.lists(state_patches(), max_size=10),
+        header=st.lists(header_edits(), max_size=1),  # seen only by a new open (reopen)
+        chain=st.one_of(st.none(), free_chains(generations=st.none())),
+        sidecar=sidecar_records(),
+        operations=st.lists(st.sampled_from(OPERATIONS4), min_size=1, max_size=30),
+    )
+    @watched
+    def example(subscribers, dead, traffic, reads, views, patches, header, chain, sidecar, operations):
+        name, region = fresh_region(harness, base, counter)
+        session = Session4(harness, region, name)
+        try:
+            # A region in use: dead subscribers, live ones, messages, views.
+            spawn_dead_subscribers(region, dead)
+            for _ in range(subscribers):
+                session.op_join()
+            for _ in range(traffic):
+                session.op_send()
+            for _ in range(reads):
+                session.op_try_receive()
+            for _ in range(views):
+                session.op_view()
+            # The damage.
+            memory = Channel(name)
+            if chain is not None:
+                install_free_chain(memory, *chain)
+            for kind, where, value in patches:
+                apply_state_patch(memory, kind, where, value)
+            for kind, value in header:
+                apply_header_edit(memory, kind, value)
+            memory.close()
+            write_sidecar(name, region.header.created_at_ns, sidecar)
+            for operation in operations:
+                session.run(operation)
+            harness["examples"] += 1
+        finally:
+            session.close()
+            unlink_shm(name)
+
+    example()
+    return harness
+
+
+# -- layout 9's channel (WIRE9.md A, B) -----------------------------------------------------------
+
+RING_FIELDS = {  # A.3
+    "state_flight": (0, "<I"), "owner_pid": (8, "<Q"), "owner_starttime": (16, "<Q"), "write_pos": (64, "<Q"),
+    "has_waiter": (72, "<I"), "dropped_count": (80, "<Q"), "lost_count": (88, "<Q"),
+}
+SLOT_FIELDS = {"refcount": (0, "<I"), "next_free": (4, "<I"), "payload_len": (8, "<I")}  # A.5
+HEADER_WORDS = {  # A.2
+    "magic": (0, "<Q"), "version": (8, "<I"), "channel_type": (12, "<I"), "total_size": (16, "<Q"),
+    "sub_rings_offset": (24, "<Q"), "pool_offset": (32, "<Q"), "max_subs": (40, "<Q"), "sub_ring_capacity": (48, "<Q"),
+    "pool_size": (64, "<Q"), "slot_data_size": (72, "<Q"), "commit_timeout_us": (96, "<Q"), "creator_pid": (112, "<Q"),
+    "created_at_ns": (120, "<Q"), "creator_name_len": (128, "<H"), "schema_state": (192, "<I"), "free_top": (768, "<Q"),
+    "steal_count": (776, "<Q"), "identity_hash": (784, "<Q"),
+}
+# Header words read only at open: a new open (reopen) and following a region
+# that looks re-created (magic or created_at_ns changed) see them.
+OPEN_ONLY = sorted(set(HEADER_WORDS) - {"free_top", "steal_count", "schema_state"})
+
+
+def pack_meta(position, slot_field):
+    """A.4: [tag = (pos + 1) mod 2^40 : 40 | slot + 1 : 24]."""
+    return ((position + 1) & (2**40 - 1)) << 24 | (slot_field & 0xFFFFFF)
+
+
+class Session9(ChannelSession):
     """Layout 9's own operations beside the shared ones (hardening_session)."""
 
     def op_allocate(self):
@@ -442,21 +871,7 @@ class Session(ChannelSession):
             self.harness.call("stats", region.stats)
 
 
-OPERATIONS = Session.operations()
-
-
-def spawn_dead_subscribers(region, count):
-    """Subscribers in forked children that die without leaving: their rings
-    stay Live with a dead owner in the ring header."""
-    for _ in range(count):
-        pid = os.fork()
-        if pid == 0:
-            try:
-                subscriber = Subscriber(region)  # noqa: F841 (kept until the exit)
-                Publisher(region).send(b"from a subscriber about to die")
-            finally:
-                os._exit(0)  # no teardown: finalizers do not run
-        os.waitpid(pid, 0)
+OPERATIONS9 = Session9.operations()
 
 
 def sequence_words(position):
@@ -539,28 +954,6 @@ def apply_channel_patch(memory, kind, where, value, data, dead):
         memory.put(offset, fmt, value)
 
 
-def free_chains():
-    """A free stack to install: slots linked in list order (out-of-range
-    indexes allowed), ending in INVALID_SLOT or looping back (a cycle), and
-    the generation of the new top."""
-    return st.tuples(
-        st.lists(st.one_of(st.integers(0, 15), st.sampled_from([16, 5000, INVALID_SLOT - 1])), min_size=1, max_size=20),
-        st.one_of(st.none(), st.integers(0, 19)),  # None: ends; k: last links back to element k
-        st.one_of(st.none(), st.sampled_from([0, U32])),  # None: keep the generation
-    )
-
-
-def install_free_chain(memory, chain, loop_to, generation):
-    slots, pool = chain, memory.pool_size
-    ends = slots[loop_to % len(slots)] if loop_to is not None else INVALID_SLOT
-    for upper, lower in zip(slots, slots[1:] + [ends]):
-        if upper < pool:
-            memory.put(memory.slot(upper) + 4, "<I", lower)
-    if generation is None:
-        generation = memory.get(768, "<Q") >> 32
-    memory.put(768, "<Q", generation << 32 | slots[0])
-
-
 def fuzz_channel(base, count):
     harness = Harness()
     counter = itertools.count()
@@ -577,7 +970,7 @@ def fuzz_channel(base, count):
         patches=st.lists(channel_patches(), max_size=10),
         header=st.lists(header_patches(), max_size=2),
         chain=st.one_of(st.none(), free_chains()),
-        operations=st.lists(st.sampled_from(OPERATIONS), min_size=1, max_size=30),
+        operations=st.lists(st.sampled_from(OPERATIONS9), min_size=1, max_size=30),
         data=st.data(),
     )
     @watched
@@ -585,7 +978,7 @@ def fuzz_channel(base, count):
         name = f"{base}_{next(counter)}"
         harness.region_name = name
         region = SharedRegion.create(name, ChannelType.PubSub, Config(**SMALL), layout=9)
-        session = Session(harness, region, name)
+        session = Session9(harness, region, name)
         try:
             # A region in use: dead subscribers, live ones, messages, views, a pending slot.
             spawn_dead_subscribers(region, dead_subscribers)
@@ -600,7 +993,7 @@ def fuzz_channel(base, count):
             if allocated:
                 session.op_allocate()
             # The damage.
-            memory = Channel9(name)
+            memory = Channel(name)
             if chain is not None:
                 install_free_chain(memory, *chain)
             for kind, where, value in patches + header:
@@ -641,7 +1034,7 @@ def start_noise(name, seed, seconds):
     try:
         import random
         rng = random.Random(seed)
-        memory = Channel9(name)
+        memory = Channel(name)
         end = time.monotonic() + seconds
         span = len(memory.memory) - memory.rings_offset
         while time.monotonic() < end:
@@ -669,14 +1062,14 @@ def fuzz_noise(base, count):
         seed=st.integers(0, 2**32),
         subscribers=st.integers(1, 2),
         traffic=st.integers(0, 20),
-        operations=st.lists(st.sampled_from(OPERATIONS), min_size=5, max_size=40),
+        operations=st.lists(st.sampled_from(OPERATIONS9), min_size=5, max_size=40),
     )
     @watched
     def example(seed, subscribers, traffic, operations):
         name = f"{base}_{next(counter)}"
         harness.region_name = name
         region = SharedRegion.create(name, ChannelType.PubSub, Config(**SMALL), layout=9)
-        session = Session(harness, region, name, noisy=True)
+        session = Session9(harness, region, name, noisy=True)
         noise = None
         try:
             for _ in range(subscribers):
@@ -1006,7 +1399,8 @@ if __name__ == "__main__":
     faulthandler.register(signal.SIGALRM, chain=True)
     mode, base_name, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
     started = time.monotonic()
-    fuzz = {"channel": fuzz_channel, "noise": fuzz_noise, "registry": fuzz_registry, "blackboard": fuzz_blackboard}
+    fuzz = {"header": fuzz_header, "state": fuzz_state,  # layout 4
+            "channel": fuzz_channel, "noise": fuzz_noise, "registry": fuzz_registry, "blackboard": fuzz_blackboard}
     summary = fuzz[mode](base_name, count)
     summary["seconds"] = round(time.monotonic() - started, 1)
     print(json.dumps(summary))

@@ -28,7 +28,7 @@ from kickmsg.verify.layout9 import MUTANT_SCENARIOS9
 from kickmsg.verify.memory import WeakMemory
 
 DEEP = pytest.mark.skipif(os.environ.get("KICKMSG_VERIFY_DEEP") != "1",
-                          reason="deep run: KICKMSG_VERIFY_DEEP=1 pytest tests/test_verify*.py (docs/explanation/verification.md, Tests and time)")
+                          reason="deep run: KICKMSG_VERIFY_DEEP=1 pytest tests/verify (docs/explanation/verification.md, Tests and time)")
 
 
 @pytest.mark.parametrize("scenario, model, stale", [
@@ -352,7 +352,7 @@ def test_the_readme_layout9_orders_table_points_at_the_code_as_it_is():
     """Each row of the layout-9 --orders table (verification.md) names a site by
     file:line: the rows are the sites orders.sites(FLOWS9) finds now
     (acq_rel ones twice, relaxed ones not at all), in order."""
-    readme = (Path(__file__).resolve().parent.parent / "docs/explanation/verification.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "docs/explanation/verification.md").read_text()
     readme = readme[readme.index(LAYOUT9_SECTION):]  # the layout-4 table comes before
     rows = re.findall(r"^\| `(kickmsg/protocol/(?:v9/)?[a-z_]+\.py):(\d+)` \| `([^`]+)` \| `([a-z_0-9]+)` \|", readme, re.M)
     expected = []

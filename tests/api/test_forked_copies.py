@@ -21,6 +21,7 @@ import pytest
 
 from kickmsg import ChannelType, Config, Publisher, SharedRegion, Subscriber, process
 import rawregion
+from conftest import TESTS
 
 CHILD_TIMEOUT_S = 20
 
@@ -47,7 +48,7 @@ def wait_for_child(pid: int) -> int:
 
 def test_copies_in_a_forked_child_leave_the_parents_pin_and_slot_alone(shm_name):
     done = subprocess.run([sys.executable, __file__, shm_name], capture_output=True, text=True,
-                          timeout=2 * CHILD_TIMEOUT_S + 30)
+                          timeout=2 * CHILD_TIMEOUT_S + 30, env=dict(os.environ, PYTHONPATH=str(TESTS)))
     assert done.returncode == 0, done.stdout + done.stderr
 
 

@@ -17,7 +17,7 @@ from kickmsg import ChannelType, Config, Node, SchemaInfo, SharedRegion, Subscri
 from kickmsg import typed
 import rawregion
 from conftest import new_shm_name
-from nativepeer import publish, race, start_native_of_layout, start_ours
+from nativepeer import CLAIM_SCHEMA, publish, race, start_native_of_layout, start_ours
 
 DIRECTIONS = [("native", "ours"), ("ours", "native")]
 CONFIG = {"max_subscribers": 4, "sub_ring_capacity": 128, "pool_size": 256, "max_payload_size": 256}
@@ -138,16 +138,6 @@ for message in P["messages"]:
     assert pub.send(bytes.fromhex(message)) == len(message) // 2
 done(None)
 """
-
-CLAIM_RACE = """
-region = kickmsg.SharedRegion.open(P["name"])
-info = kickmsg.SchemaInfo()
-info.name = P["who"]
-ready()
-wait_go()
-done(region.try_claim_schema(info))
-"""
-
 
 def start(impl, code, **params):
     return (start_native_of_layout if impl == "native" else start_ours)(code, **params)
@@ -367,7 +357,7 @@ def test_claim_race_between_native_and_our_processes():
     name = new_shm_name("claimrace")
     SharedRegion.create(name, ChannelType.PubSub, Config(**CONFIG))
     impls = ["native", "ours", "native", "ours"]
-    won = race([start(impl, CLAIM_RACE, name=name, who=f"{impl}-{index}") for index, impl in enumerate(impls)])
+    won = race([start(impl, CLAIM_SCHEMA, name=name, who=f"{impl}-{index}") for index, impl in enumerate(impls)])
     assert won.count(True) == 1
     winner = won.index(True)
     assert SharedRegion.open(name).schema().name == f"{impls[winner]}-{winner}"

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-EXAMPLES = sorted((pathlib.Path(__file__).resolve().parent.parent / "examples").glob("*.py"))
+EXAMPLES = sorted((pathlib.Path(__file__).resolve().parents[2] / "examples").glob("*.py"))
 
 
 DEMO = EXAMPLES[0].with_name("demo.py")

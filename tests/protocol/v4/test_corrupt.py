@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import rawregion
-from conftest import on_layout4
+from conftest import TESTS, on_layout4
 from kickmsg import ChannelType, Config, Publisher, SharedRegion, Subscriber, unlink_shm
 from kickmsg.protocol.v4.layout import CorruptRegionError
 
@@ -376,6 +376,7 @@ def run_fuzz(mode, name, workdir):
         text=True,
         timeout=120,
         cwd=workdir,  # hypothesis writes its cache into the working directory
+        env=dict(os.environ, PYTHONPATH=str(TESTS)),
     )
     assert result.returncode == 0, (
         f"fuzz worker exited with {result.returncode} (negative: killed by signal)\n"

@@ -47,13 +47,6 @@ done("ok")
 """
 
 
-@pytest.fixture
-def shm_name(shm_name):
-    """A fresh region name; the region and its sidecars are removed after."""
-    yield shm_name
-    owners.unlink(shm_name)
-
-
 def make(name: str) -> SharedRegion:
     return SharedRegion.create(name, ChannelType.PubSub, SMALL, "records-test")
 

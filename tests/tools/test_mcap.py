@@ -28,7 +28,7 @@ from nativepeer import subscriber_joined
 from test_record import drained, messages_on_disk, receiving_after, record_while, wait_until
 
 PYTHON = sys.executable
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 KICKMSG = [PYTHON, "-m", "kickmsg"]
 CONFIG = kickmsg.Config(max_subscribers=4, sub_ring_capacity=1024, pool_size=4096, max_payload_size=256)
 IMU_FIELDS = [stamp.FIELD, ("x", "<f4"), ("v", "<f4", (3,)), ("ok", "?"), ("tag", "S4")]

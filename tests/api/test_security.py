@@ -9,9 +9,7 @@ to ``nobody`` before it touches the region.
 """
 import contextlib
 import io
-import multiprocessing
 import os
-import pwd
 import stat
 
 import pytest
@@ -19,9 +17,9 @@ import pytest
 from conftest import on_layout4
 from kickmsg import ChannelType, Config, SharedRegion, Subscriber, cli, shm
 from kickmsg.ops import diagnostics
+from nobody import NOBODY, become_nobody, in_a_spawned_child
 
 SMALL = dict(max_subscribers=2, sub_ring_capacity=8, pool_size=16, max_payload_size=64)
-NOBODY = pwd.getpwnam("nobody")
 
 
 def mode_of(path: str) -> int:
@@ -38,16 +36,10 @@ def umask(value: int):
 
 
 def act_as_nobody(action: str, name: str, results) -> None:
-    """In a spawned child (single-threaded, root): become user nobody, then
-    do ``action`` on region ``name``; put its result, or the exception it
-    raised, on ``results``.
-
-    What the action imports is imported first, as root: the checkout (and
-    the virtualenv in it) may sit in a directory only root can read."""
-    cli.build_parser()  # imports what the commands import lazily
-    os.setgroups([])
-    os.setgid(NOBODY.pw_gid)
-    os.setuid(NOBODY.pw_uid)
+    """In a spawned child (root): become user nobody, then do ``action`` on
+    region ``name``; put its result, or the exception it raised, on
+    ``results``."""
+    become_nobody()
     try:
         if action == "open":
             outcome = {"result": SharedRegion.open(name).name}
@@ -71,16 +63,7 @@ def act_as_nobody(action: str, name: str, results) -> None:
 
 def as_nobody(action: str, name: str) -> dict:
     """``act_as_nobody`` in a spawned child; what it reported."""
-    context = multiprocessing.get_context("spawn")
-    results = context.Queue()
-    child = context.Process(target=act_as_nobody, args=(action, name, results))
-    child.start()
-    try:
-        return results.get(timeout=60)
-    finally:
-        child.join(10)
-        if child.is_alive():
-            child.kill()
+    return in_a_spawned_child(act_as_nobody, action, name)
 
 
 @on_layout4

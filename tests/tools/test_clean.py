@@ -2,13 +2,12 @@
 that no process has it open or mapped, whoever runs clean and whoever holds
 it; a region goes with its sidecars as a whole or not at all.
 
-Commands "as nobody" run in a spawned child that drops root first (as in
-test_security), with umask 0 so that ``--mode 0666`` gives 0666.
+Commands "as nobody" run in a spawned child that drops root first
+(``nobody``), with umask 0 so that ``--mode 0666`` gives 0666.
 """
 import contextlib
 import io
 import json
-import multiprocessing
 import os
 import pwd
 import shutil
@@ -20,11 +19,11 @@ import pytest
 from conftest import on_layout4
 from kickmsg import cli
 from nativepeer import run_ours, start_native, start_ours
+from nobody import become_nobody, in_a_spawned_child
 
 # These tests check layout 4's own: owner records in sidecar files and native 0.1.0 holders.
 pytestmark = on_layout4
 
-NOBODY = pwd.getpwnam("nobody")
 SUBSCRIBER = """
 subscriber = kickmsg.Subscriber(kickmsg.SharedRegion.open(P["name"]))
 ready()
@@ -53,13 +52,8 @@ done(os.getpid())
 
 def command_as_nobody(argv: list[str], results) -> None:
     """In a spawned child (root): become nobody with umask 0, run ``kickmsg
-    ARGV``; put its exit status, stdout and stderr on ``results``. The
-    commands are imported first, as root: the interpreter and the checkout
-    may sit in directories only root can read."""
-    cli.build_parser()
-    os.setgroups([])
-    os.setgid(NOBODY.pw_gid)
-    os.setuid(NOBODY.pw_uid)
+    ARGV``; put its exit status, stdout and stderr on ``results``."""
+    become_nobody()
     os.umask(0)
     stdout, stderr = io.StringIO(), io.StringIO()
     try:
@@ -72,16 +66,7 @@ def command_as_nobody(argv: list[str], results) -> None:
 
 def as_nobody(*argv: str) -> dict:
     """``kickmsg ARGV`` run by user nobody: {"status", "stdout", "stderr"}."""
-    context = multiprocessing.get_context("spawn")
-    results = context.Queue()
-    child = context.Process(target=command_as_nobody, args=(list(argv), results))
-    child.start()
-    try:
-        return results.get(timeout=60)
-    finally:
-        child.join(10)
-        if child.is_alive():
-            child.kill()
+    return in_a_spawned_child(command_as_nobody, list(argv))
 
 
 def as_root(*argv: str, drop_lease: bool = False) -> dict:
