@@ -48,7 +48,8 @@ from kickmsg.terminal import printable
 __all__ = ["LISTED_ORDER", "CommandLineParser", "build_parser", "main", "parse", "run"]
 
 # The order the commands are listed in (kickmsg --help), as it was before
-# each family added its own: the families interleave.
+# each family added its own: the families interleave. Every command is
+# here, a new one too (build_parser fails on one that is not).
 LISTED_ORDER = (
     "list", "info", "stats", "watch", "echo", "hz", "bw", "pub", "create", "rm", "schema", "schema-diff", "diagnose",
     "audit", "repair", "record", "convert", "play", "analyze", "bridge", "clean", "exporter", "crosscheck", "verify",
