@@ -8,6 +8,7 @@ result by their meaning (``LOCKED``, ``gen 2|slot 1``, ``Live+1``,
 on layout 9 the mishaps (a death, time passing) and the repairs at the end.
 """
 import collections
+import ctypes
 from typing import Protocol
 
 from kickmsg.protocol.common import INVALID_SLOT, RING_STATE_MASK, U32_MAX
@@ -79,15 +80,18 @@ def describe_address(region: SharedRegion | Region, address: int) -> str:
         if in_ring >= layout9.RING_HEADER_SIZE:
             index, in_entry = divmod(in_ring - layout9.RING_HEADER_SIZE, layout9.ENTRY_SIZE)
             return f"ring {ring} entry {index}.{'sequence' if in_entry == layout9.SEQUENCE_OFFSET else 'meta'}"
-        name = next(f[0] for f in layout9.SubRingHeader._fields_ if getattr(layout9.SubRingHeader, f[0]).offset == in_ring)
-        return f"ring {ring}.{name}"
+        return f"ring {ring}.{_field_at(layout9.SubRingHeader, in_ring)}"
     if offset >= g.pool_offset:
         slot, in_slot = divmod(offset - g.pool_offset, g.slot_stride)
         if in_slot >= layout9.SLOT_HEADER_SIZE:
             return f"slot {slot}.payload"
-        name = next(f[0] for f in layout9.SlotHeader._fields_ if getattr(layout9.SlotHeader, f[0]).offset == in_slot)
-        return f"slot {slot}.{name}"
+        return f"slot {slot}.{_field_at(layout9.SlotHeader, in_slot)}"
     return f"header+{offset}"
+
+
+def _field_at(structure: type[ctypes.Structure], offset: int) -> str:
+    """The name of the field of ``structure`` that begins at ``offset``."""
+    return next(name for name, *_ in structure._fields_ if getattr(structure, name).offset == offset)
 
 
 def describe_value(place: str, value: int | None, layout: int) -> str:
