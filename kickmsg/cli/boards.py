@@ -16,14 +16,25 @@ import sys
 from typing import Any
 
 from kickmsg import jsontext, shm
-from kickmsg.cli.common import EXIT_FOUND, EXIT_OK, CommandError, counted, emit, positive_int, stop_on_signals, table
+from kickmsg.cli.common import (
+    EXIT_FOUND,
+    EXIT_OK,
+    CommandError,
+    Commands,
+    add_command,
+    counted,
+    emit,
+    positive_int,
+    stop_on_signals,
+    table,
+)
 from kickmsg.ops import diagnostics
 from kickmsg.protocol.v9.blackboard import Blackboard
 from kickmsg.protocol.v9.registry import Registry
 from kickmsg.terminal import printable
 
 __all__ = [
-    "DEFAULT_NAMESPACE", "PREVIEW_BYTES", "WATCH_SLICE_S", "absent", "add_board_commands", "add_namespace_option",
+    "DEFAULT_NAMESPACE", "PREVIEW_BYTES", "WATCH_SLICE_S", "absent", "add_commands", "add_namespace_option",
     "board_text", "cmd_bbwatch", "cmd_blackboard", "cmd_registry", "namespace_of", "open_board", "people",
     "registry_text", "topic_table",
 ]
@@ -210,25 +221,26 @@ def _event_text(event: dict[str, Any]) -> str:
 # -- the parser ------------------------------------------------------------------------------
 
 
-def add_board_commands(command: Any) -> None:
-    """Add registry, blackboard (alias bb) and bbwatch through build_parser's ``command``."""
-    sub = command("registry", cmd_registry,
-                  "a namespace's topics with their producers and consumers, from its participant registry (layout 9)",
-                  "  kickmsg registry demo\n  kickmsg registry -n demo --json\n"
-                  "  kickmsg registry demo --sweep   # first free the rows of dead processes", channel=False)
+def add_commands(commands: Commands) -> None:
+    """registry, blackboard (alias bb), bbwatch: their options and examples."""
+    sub = add_command(commands, "registry", cmd_registry,
+                      "a namespace's topics with their producers and consumers, from its participant registry (layout 9)",
+                      "  kickmsg registry demo\n  kickmsg registry -n demo --json\n"
+                      "  kickmsg registry demo --sweep   # first free the rows of dead processes", channel=False)
     sub.add_argument("ns", nargs="?", metavar="NS", help="the namespace (same as -n)")
     add_namespace_option(sub)
     sub.add_argument("--sweep", action="store_true", help="first free the rows of processes that are gone")
     for name in ("blackboard", "bb"):
-        sub = command(name, cmd_blackboard, "a blackboard's keys: size, updates, age, owner, live or dead (layout 9)",
-                      f"  kickmsg {name} state demo\n  kickmsg {name} state -n demo --json\n"
-                      f"  kickmsg {name} state -n demo --sweep   # first free the keys of dead owners", channel=False)
+        sub = add_command(commands, name, cmd_blackboard,
+                          "a blackboard's keys: size, updates, age, owner, live or dead (layout 9)",
+                          f"  kickmsg {name} state demo\n  kickmsg {name} state -n demo --json\n"
+                          f"  kickmsg {name} state -n demo --sweep   # first free the keys of dead owners", channel=False)
         sub.add_argument("board", metavar="NAME", help="the board's name (its region is /NS_bb_NAME)")
         sub.add_argument("ns", nargs="?", metavar="NS", help="the namespace (same as -n)")
         add_namespace_option(sub)
         sub.add_argument("--sweep", action="store_true", help="first free the keys of owners that are gone")
-    sub = command("bbwatch", cmd_bbwatch, "a blackboard's keys, then its changes as they happen (Ctrl-C stops)",
-                  "  kickmsg bbwatch state demo\n  kickmsg bbwatch state -n demo --json --count 10", channel=False)
+    sub = add_command(commands, "bbwatch", cmd_bbwatch, "a blackboard's keys, then its changes as they happen (Ctrl-C stops)",
+                      "  kickmsg bbwatch state demo\n  kickmsg bbwatch state -n demo --json --count 10", channel=False)
     sub.add_argument("board", metavar="NAME", help="the board's name (its region is /NS_bb_NAME)")
     sub.add_argument("ns", nargs="?", metavar="NS", help="the namespace (same as -n)")
     add_namespace_option(sub)

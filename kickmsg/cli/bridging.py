@@ -4,9 +4,9 @@ import dataclasses
 
 from kickmsg.bridge import BridgeOptions, run
 from kickmsg.bridge.options import MODES, default_key_prefix, load_file, parse_import, shm_name
-from kickmsg.cli.common import stop_on_signals
+from kickmsg.cli.common import Commands, add_command, stop_on_signals
 
-__all__ = ["EXAMPLES", "SUMMARY", "add_arguments", "cmd_bridge", "options_from_args"]
+__all__ = ["EXAMPLES", "SUMMARY", "add_commands", "cmd_bridge", "options_from_args"]
 
 SUMMARY = "forward channels to and from other hosts over Zenoh (the bridge extra)"
 EXAMPLES = (
@@ -16,8 +16,9 @@ EXAMPLES = (
 )
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options of ``kickmsg bridge``."""
+def add_commands(commands: Commands) -> None:
+    """bridge: its options and examples."""
+    parser = add_command(commands, "bridge", cmd_bridge, SUMMARY, EXAMPLES, channel=False)
     parser.add_argument("--export", action="append", default=[], metavar="NAME",
                         help="forward local channel NAME to key PREFIX/NAME (repeatable)")
     parser.add_argument("--import", dest="imports", action="append", default=[], metavar="KEY=NAME",

@@ -3,11 +3,100 @@ import argparse
 import sys
 import time
 
-from kickmsg.cli.common import EXIT_FOUND, EXIT_OK, CommandError, emit
+from kickmsg.cli.common import EXIT_FOUND, EXIT_OK, CommandError, Commands, add_command, emit
 
-__all__ = ["PROGRESS_INTERVAL_S", "Progress", "cmd_crosscheck", "cmd_verify"]
+__all__ = ["PROGRESS_INTERVAL_S", "Progress", "add_commands", "cmd_crosscheck", "cmd_verify"]
 
 PROGRESS_INTERVAL_S = 5.0  # a longer exploration says how far it is on stderr, this often
+
+
+def add_commands(commands: Commands) -> None:
+    """crosscheck, verify: their options and examples."""
+    sub = add_command(commands, "crosscheck", cmd_crosscheck,
+                      "run random operations on this package and another implementation, compare results and region "
+                      "bytes (exit 1 at the first divergence, printing a sequence that reproduces it)",
+                      "  kickmsg crosscheck --other-python python3 --other-path .native/kickmsg-0.1.0\n"
+                      "  kickmsg crosscheck --other-python python3 --other-path .native/kickmsg-0.9.2 --layout 9\n"
+                      "  kickmsg crosscheck --other-python /opt/py/bin/python --ops 5000 --seed 7 --json\n"
+                      "  kickmsg crosscheck --other-python python3 --other-path .native/kickmsg-0.1.0 --replay repro.jsonl",
+                      channel=False)
+    sub.add_argument("--other-python", required=True, metavar="PY", help="interpreter of the other implementation")
+    sub.add_argument("--other-path", metavar="DIR", help="put DIR (or DIR:DIR...) first on its sys.path, run it with "
+                     "-I -S (default: -I and its own kickmsg)")
+    sub.add_argument("--ops", type=int, default=1000, help="number of random operations (default 1000; 1 to 1000000)")
+    sub.add_argument("--seed", type=int, default=0, help="seed of the random sequence (default 0)")
+    sub.add_argument("--replay", metavar="FILE", help="run the operations in FILE (one JSON list per line) instead")
+    sub.add_argument("--layout", type=int, choices=(4, 9), default=4,
+                     help="channel layout compared: 4 (native 0.1.0's API, the default) or 9 (native 0.9.2's)")
+
+    sub = add_command(commands, "verify", cmd_verify,
+                      "run the package's publish, receive, join and leave code under a controlled scheduler, checking "
+                      "the protocol's invariants after every atomic step (exit 1 at a violation, printing the trace)",
+                      "  kickmsg verify                                  # every schedule with <= 2 preemptions\n"
+                      "  kickmsg verify --mutant release-before-lock     # break a rule of the spec: a trace is printed\n"
+                      "  kickmsg verify --seed 7 --runs 5000             # seeded random schedules instead\n"
+                      "  kickmsg verify --publishers 3 --capacity 4 --preemptions 1\n"
+                      "  kickmsg verify --repair-pass --preemptions 1        # a repair pass racing live traffic\n"
+                      "  kickmsg verify --memory-model ra                # C11 release/acquire: <= 2 preemptions + stale reads\n"
+                      "  kickmsg verify --mutant spec-seqlock-orders     # the spec's seqlock orders: a stale re-check (ra)\n"
+                      "  kickmsg verify --mutant commit-relaxed          # a memory-order mutant (explored under ra)\n"
+                      "  kickmsg verify --orders                         # weaken each order one step: which are needed?\n"
+                      "  kickmsg verify --layout 9                       # layout 9 (0.9.2): stalls, steals, <= 1 preemption\n"
+                      "  kickmsg verify --layout 9 --deaths 1 --blocking # a publisher may die; subscribers sleep on the futex\n"
+                      "  kickmsg verify --layout 9 --repair-pass --publishers 1 --preemptions 2   # repair_locked_entries racing\n"
+                      "  kickmsg verify --layout 9 --subscriber-deaths 1 --reclaimers 1   # reclaim_dead_rings racing\n"
+                      "  kickmsg verify --layout 9 --mutant no-meta-tag-check   # 0.9's receive: the bug 0.9.2 fixed (ra)",
+                      channel=False)
+    from kickmsg.verify import BOUNDS, SIZES
+    from kickmsg.verify.mutants import MUTANTS, MUTANTS9
+
+    def within(name: str) -> str:  # the range a number is refused beyond
+        least, most = {**SIZES, **BOUNDS}[name]
+        return f"{least} to {most}"
+
+    sub.add_argument("--layout", type=int, choices=(4, 9), default=4,
+                     help="the flows explored: layout 4 (kickmsg 0.1.0, default) or layout 9 (kickmsg.protocol.v9)")
+    sub.add_argument("--mutant", choices=sorted({**MUTANTS, **MUTANTS9}),
+                     help="break one rule of the spec (default: none; layout 9's mutants need --layout 9)")
+    sub.add_argument("--preemptions", type=int, metavar="K",
+                     help="explore every schedule with at most K preemptions (default 2; 1 with --orders or "
+                          f"--layout 9, or the mutant's; {within('preemptions')})")
+    sub.add_argument("--memory-model", choices=("sc", "ra"),
+                     help="sc: sequential consistency; ra: the C11 release/acquire/relaxed model, with data races "
+                          "on payloads (default: sc, or ra for a memory-order mutant)")
+    sub.add_argument("--stale", type=int, metavar="W",
+                     help="under ra, at most W loads per schedule read an older store than the newest (default 2; "
+                          f"{within('stale')})")
+    sub.add_argument("--budget", type=int, metavar="B",
+                     help="at most B preemptions and stale reads together (default: 2 under ra, no limit under sc; "
+                          f"{within('budget')})")
+    sub.add_argument("--orders", action="store_true",
+                     help="weaken every memory order of the flows one step in turn and explore under ra (at most "
+                          "1 preemption); print which orders a counter-example shows necessary")
+    sub.add_argument("--max-schedules", type=int, default=1_000_000, metavar="N",
+                     help=f"stop an exhaustive exploration after N schedules (default 1000000; {within('max_schedules')})")
+    sub.add_argument("--seed", type=int, help="run seeded random schedules instead of the exhaustive exploration")
+    sub.add_argument("--runs", type=int, default=1000,
+                     help=f"random schedules to run with --seed (default 1000; {within('runs')})")
+    for field, meaning in (("publishers", "publishers"), ("messages", "messages per publisher"),
+                          ("subscribers", "subscribers (each with its own ring)"), ("capacity", "ring capacity"),
+                          ("pool", "pool slots")):
+        sub.add_argument(f"--{field}", type=int, metavar="N",
+                         help=f"{meaning} (default: the mutant's scenario; {within(field)})")
+    sub.add_argument("--rings", type=int, metavar="N",
+                     help="max_subscribers (default: one per subscriber; with fewer, a subscriber retries its join "
+                          f"on layout 9; 1 to {SIZES['rings'][1]})")
+    sub.add_argument("--repair-pass", action="store_true",
+                     help="add an actor that runs repair_locked_entries() once, concurrently")
+    sub.add_argument("--deaths", type=int, metavar="N",
+                     help="layout 9: at most N publishers die, each at any step (default 0; at most the publishers)")
+    sub.add_argument("--subscriber-deaths", type=int, metavar="N",
+                     help="layout 9: at most N subscribers die, each at any step (default 0; at most the subscribers)")
+    sub.add_argument("--reclaimers", type=int, metavar="N",
+                     help="layout 9: add N actors that each run reclaim_dead_rings() once, concurrently (default 0; "
+                          f"{within('reclaimers')})")
+    sub.add_argument("--blocking", action="store_true",
+                     help="layout 9: subscribers sleep on the futex (receive_view) instead of polling")
 
 
 def cmd_crosscheck(args: argparse.Namespace) -> int:

@@ -22,11 +22,11 @@ from kickmsg.region import SharedRegion
 from kickmsg.terminal import printable
 
 __all__ = [
-    "CommandError", "EXIT_ERROR", "EXIT_FOUND", "EXIT_OK", "GEOMETRY_OPTIONS", "NODE_NAMING", "NUMBER_RANGE",
-    "add_geometry_options", "channel_name", "config_of", "counted", "discard_stdout", "emit", "geometry_fields",
-    "geometry_options_given", "import_extra", "import_module_of_extra", "inspect", "octal_mode", "open_writable",
-    "port_number", "positive_int", "positive_number", "print_warnings_on_one_line", "remapping", "shm_name",
-    "stop_on_signals", "table",
+    "CommandError", "Commands", "EXIT_ERROR", "EXIT_FOUND", "EXIT_OK", "GEOMETRY_OPTIONS", "NODE_NAMING", "NUMBER_RANGE",
+    "add_command", "add_geometry_options", "channel_name", "config_of", "counted", "discard_stdout", "emit",
+    "geometry_fields", "geometry_options_given", "import_extra", "import_module_of_extra", "inspect", "octal_mode",
+    "open_writable", "port_number", "positive_int", "positive_number", "print_warnings_on_one_line", "remapping",
+    "shm_name", "stop_on_signals", "table",
 ]
 
 EXIT_OK, EXIT_FOUND, EXIT_ERROR = 0, 1, 2
@@ -34,8 +34,32 @@ NODE_NAMING = "NAME, --topic T, --broadcast CH or --mailbox OWNER TAG"
 GEOMETRY_OPTIONS = ("max_subscribers", "ring", "pool", "payload", "commit_timeout", "layout")  # of create and pub --create
 
 
+Commands = argparse._SubParsersAction  # the `kickmsg` parser's commands, to which each family adds its own
+
+
 class CommandError(KickmsgError):
     """Bad input: reported as one line, exit status 2."""
+
+
+def add_command(commands: Commands, name: str, function: Callable[[argparse.Namespace], int], summary: str,
+                examples: str, channel: bool = True, json_flag: bool = True) -> argparse.ArgumentParser:
+    """A command's parser, which runs ``function``: its summary, examples,
+    ``--json`` (with ``json_flag``) and the options naming a channel (with
+    ``channel``: NAME, --topic, --broadcast, --mailbox, --prefix)."""
+    sub = commands.add_parser(
+        name, help=summary, description=summary, epilog="examples:\n" + examples,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub.set_defaults(run=function, naming=NODE_NAMING)
+    if json_flag:
+        sub.add_argument("--json", action="store_true", help="machine-readable output")
+    if channel:
+        sub.add_argument("name", nargs="?", help="shm name, e.g. /kickmsg_imu")
+        sub.add_argument("--topic", help="PubSub topic (Node naming: /{prefix}_{topic})")
+        sub.add_argument("--broadcast", metavar="CH", help="broadcast channel (/{prefix}_broadcast_{CH})")
+        sub.add_argument("--mailbox", nargs=2, metavar=("OWNER", "TAG"), help="mailbox (/{prefix}_{OWNER}_mbx_{TAG})")
+        sub.add_argument("--prefix", default="kickmsg", help="Node prefix (default: kickmsg)")
+    return sub
 
 
 def shm_name(text: str) -> str:

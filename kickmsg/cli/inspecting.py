@@ -18,11 +18,16 @@ from kickmsg.cli.common import (
     EXIT_FOUND,
     EXIT_OK,
     CommandError,
+    Commands,
+    add_command,
     channel_name,
     counted,
     emit,
     import_module_of_extra,
     inspect,
+    port_number,
+    positive_int,
+    positive_number,
     stop_on_signals,
     table,
 )
@@ -32,8 +37,8 @@ from kickmsg.schema import Diff, diff
 from kickmsg.terminal import printable
 
 __all__ = [
-    "JSON_FIELDS", "LIST_COLUMNS", "TABLE_COLUMNS", "bridge_lines", "cmd_audit", "cmd_diagnose", "cmd_exporter",
-    "cmd_info", "cmd_list", "cmd_schema", "cmd_schema_diff", "cmd_stats", "cmd_watch", "json_list_row",
+    "JSON_FIELDS", "LIST_COLUMNS", "TABLE_COLUMNS", "add_commands", "bridge_lines", "cmd_audit", "cmd_diagnose",
+    "cmd_exporter", "cmd_info", "cmd_list", "cmd_schema", "cmd_schema_diff", "cmd_stats", "cmd_watch", "json_list_row",
     "namespace_lines", "object_type_of", "owner_cell", "publisher_lines", "text_list_row",
 ]
 
@@ -46,6 +51,48 @@ JSON_FIELDS = {  # list --json: numbers apart
     "subs": ("subs_live", "subs_max"), "pubs": ("pubs_live", "pubs_stall"), "pool": ("pool_free", "pool_size"),
     "bridges": ("bridges_live", "bridges_dead"),
 }
+
+
+def add_commands(commands: Commands) -> None:
+    """list, info, stats, watch, schema, schema-diff, diagnose, audit, exporter: their options and examples."""
+    sub = add_command(commands, "list", cmd_list, "list the Kickmsg regions in /dev/shm",
+                      "  kickmsg list\n  kickmsg list --prefix kickmsg -o name,subs,pool\n  kickmsg list --json\n"
+                      "  kickmsg list --all          # also orphan sidecars and objects of other programs", channel=False)
+    sub.add_argument("--prefix", help="only names starting with /PREFIX")
+    sub.add_argument("-o", dest="columns", metavar="COLUMNS", help=f"comma-separated columns of {','.join(LIST_COLUMNS)}")
+    sub.add_argument("--all", action="store_true", help="also list orphan sidecars and objects that are not Kickmsg regions")
+
+    add_command(commands, "info", cmd_info, "every header field, decoded",
+                "  kickmsg info /kickmsg_imu\n  kickmsg info --topic imu --json")
+    sub = add_command(commands, "stats", cmd_stats, "rings (state, in-flight, write position, pending, losses) and pool use",
+                      "  kickmsg stats --topic imu\n  kickmsg stats /kickmsg_imu --all-rings   # idle rings too, one line each")
+    sub.add_argument("--all-rings", action="store_true",
+                     help="a line for every ring (by default idle rings, Free and never written, are counted in one line)")
+
+    sub = add_command(commands, "watch", cmd_watch, "a live view: messages/s per ring, pool use, new losses (Ctrl-C stops)",
+                      "  kickmsg watch --topic imu\n  kickmsg watch /kickmsg_imu --interval 0.5 --count 10 --json")
+    sub.add_argument("--interval", type=positive_number, default=1.0, help="seconds between refreshes (default 1)")
+    sub.add_argument("--count", type=positive_int, help="stop after this many refreshes")
+
+    add_command(commands, "schema", cmd_schema, "the channel's schema descriptor", "  kickmsg schema --topic imu")
+    sub = add_command(commands, "schema-diff", cmd_schema_diff,
+                      "compare two channels' schema descriptors (exit 1 if they differ)",
+                      "  kickmsg schema-diff /kickmsg_imu /kickmsg_imu_replay", channel=False)
+    sub.add_argument("a")
+    sub.add_argument("b")
+
+    add_command(commands, "diagnose", cmd_diagnose, "health counts (read-only; exit 1 if damage is found)",
+                "  kickmsg diagnose --topic imu")
+    add_command(commands, "audit", cmd_audit, "check every invariant (read-only; exit 1 unless clean)",
+                "  kickmsg audit /kickmsg_imu --json")
+
+    sub = add_command(commands, "exporter", cmd_exporter, "serve Prometheus metrics of every channel on /metrics (read-only)",
+                      "  kickmsg exporter\n  kickmsg exporter --port 9464 --bind 127.0.0.1 --prefix kickmsg --interval 5",
+                      channel=False, json_flag=False)
+    sub.add_argument("--port", type=port_number, default=9464, help="TCP port (default 9464; 0: any free port)")
+    sub.add_argument("--bind", default="127.0.0.1", metavar="ADDRESS", help="address to listen on (default 127.0.0.1)")
+    sub.add_argument("--prefix", help="only channels whose name starts with /PREFIX")
+    sub.add_argument("--interval", type=positive_number, default=5.0, help="seconds between readings (default 5)")
 
 
 def cmd_list(args: argparse.Namespace) -> int:

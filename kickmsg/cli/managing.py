@@ -19,6 +19,9 @@ from kickmsg.cli.common import (
     EXIT_ERROR,
     EXIT_OK,
     CommandError,
+    Commands,
+    add_command,
+    add_geometry_options,
     channel_name,
     config_of,
     counted,
@@ -26,6 +29,8 @@ from kickmsg.cli.common import (
     geometry_fields,
     geometry_options_given,
     open_writable,
+    positive_int,
+    positive_number,
     shm_name,
     stop_on_signals,
 )
@@ -50,10 +55,64 @@ from kickmsg.terminal import printable
 from kickmsg.userfiles import FileTooLarge, read_at_most
 
 __all__ = [
-    "IN_USE", "SIDECARS", "candidate_type", "check_data_given", "clean_report", "cmd_clean", "cmd_create", "cmd_pub", "cmd_repair",
-    "cmd_rm", "confirm", "dead_bridge_records", "dead_subscriber_sentences", "given_back", "payload_of", "publishing_region",
-    "remove_each", "remove_file", "remove_region", "type_suffix", "why_not_unused",
+    "IN_USE", "SIDECARS", "add_commands", "candidate_type", "check_data_given", "clean_report", "cmd_clean", "cmd_create",
+    "cmd_pub", "cmd_repair", "cmd_rm", "confirm", "dead_bridge_records", "dead_subscriber_sentences", "given_back",
+    "payload_of", "publishing_region", "remove_each", "remove_file", "remove_region", "type_suffix", "why_not_unused",
 ]
+
+
+def add_commands(commands: Commands) -> None:
+    """pub, create, rm, repair, clean: their options and examples."""
+    sub = add_command(commands, "pub", cmd_pub, "publish from the shell: text, hex (--hex) or a file (@path)",
+                      "  kickmsg pub --topic cmd 'hello'\n  kickmsg pub /kickmsg_cmd --hex 01ff --rate 10 --count 50\n"
+                      "  kickmsg pub --topic blob @frame.bin\n  kickmsg pub /kickmsg_cmd 'hello' --create --pool 512")
+    sub.add_argument("data", help="text, hex digits with --hex, or @path")
+    sub.add_argument("--hex", action="store_true", help="DATA is hexadecimal")
+    sub.add_argument("--rate", type=positive_number, help="messages per second (default: as fast as possible)")
+    sub.add_argument("--count", type=positive_int, default=1, help="how many times to publish (default 1)")
+    sub.add_argument("--create", action="store_true",
+                     help="create the channel if it does not exist (a Broadcast one if named by --broadcast), "
+                          "with the options below; an existing channel is used as it is")
+    add_geometry_options(sub, creator="kickmsg-pub")
+
+    sub = add_command(commands, "create", cmd_create, "create a channel (refuses an existing name unless --replace)",
+                      "  kickmsg create /kickmsg_imu\n  kickmsg create --topic imu --ring 128 --pool 1024 --payload 256\n"
+                      "  kickmsg create /kickmsg_chat --broadcast --mode 0660 --json", channel=False)
+    sub.set_defaults(naming="NAME or --topic T", broadcast=None, mailbox=None)
+    sub.add_argument("name", nargs="?", help="shm name, e.g. /kickmsg_imu")
+    sub.add_argument("--topic", help="topic (Node naming: /{prefix}_{topic})")
+    sub.add_argument("--prefix", default="kickmsg", help="Node prefix (default: kickmsg)")
+    sub.add_argument("--broadcast", dest="broadcast_type", action="store_true",
+                     help="a Broadcast channel (default: PubSub)")
+    add_geometry_options(sub, creator="kickmsg-create")
+    sub.add_argument("--replace", action="store_true", help="replace an existing object of that name")
+
+    sub = add_command(commands, "rm", cmd_rm, "remove regions (and their owner sidecars)",
+                      "  kickmsg rm /kickmsg_imu /kickmsg_camera\n  kickmsg rm /not_a_region --force", channel=False)
+    sub.add_argument("names", nargs="+", metavar="NAME", help="shm names")
+    sub.add_argument("--force", action="store_true", help="also remove objects that are not Kickmsg regions")
+
+    sub = add_command(commands, "repair", cmd_repair, "repair a channel (without options: the repairs safe under traffic)",
+                      "  kickmsg repair --topic imu\n  kickmsg repair --topic imu --retired --orphans --yes\n"
+                      "  kickmsg repair --topic imu --ring 3 --force   # ring 3: no record says who holds it")
+    sub.add_argument("--locked", action="store_true", help="commit entries left locked by crashed publishers (safe)")
+    sub.add_argument("--dead-subscribers", action="store_true",
+                     help="free rings of subscribers that died, give back the slots Free rings still hold, and clear "
+                          "records of publishers that died (safe)")
+    sub.add_argument("--retired", action="store_true", help="reset and drain rings left by crashed publishers (unsafe)")
+    sub.add_argument("--orphans", action="store_true", help="reclaim unreferenced slots (needs quiescence)")
+    sub.add_argument("--ring", type=int, metavar="N",
+                     help="with --force: free ring N that no owner record accounts for (refused if a live process "
+                          "holds its record; only once no process reads it)")
+    sub.add_argument("--force", action="store_true", help="confirm --ring N")
+    sub.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+
+    sub = add_command(commands, "clean", cmd_clean, "remove regions whose creator is dead and that no process has open or mapped",
+                      "  kickmsg clean --dry-run\n  kickmsg clean --prefix kickmsg", channel=False)
+    sub.add_argument("--dry-run", action="store_true", help="only list what would be removed")
+    sub.add_argument("--force", action="store_true",
+                     help="also remove regions of dead creators that could not be proven unused (never one in use)")
+    sub.add_argument("--prefix", help="only names starting with /PREFIX")
 
 
 def payload_of(args: argparse.Namespace, region: SharedRegion) -> bytes:

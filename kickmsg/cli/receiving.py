@@ -17,16 +17,20 @@ from kickmsg.cli.common import (
     EXIT_FOUND,
     EXIT_OK,
     CommandError,
+    Commands,
+    add_command,
     channel_name,
     counted,
     emit,
     open_writable,
+    positive_int,
+    positive_number,
     stop_on_signals,
 )
 
 __all__ = [
-    "BINARY_FORMATS", "DEFAULT_SILENCE_S", "Describe", "FRAME_LENGTH_BYTES", "RECEIVE_SLICE_S", "cmd_bw", "cmd_echo",
-    "cmd_hz", "decode_records", "format_message", "measure", "receive_slice", "silence_note", "subscribed",
+    "BINARY_FORMATS", "DEFAULT_SILENCE_S", "Describe", "FRAME_LENGTH_BYTES", "RECEIVE_SLICE_S", "add_commands", "cmd_bw",
+    "cmd_echo", "cmd_hz", "decode_records", "format_message", "measure", "receive_slice", "silence_note", "subscribed",
     "tell_rejoined",
 ]
 
@@ -36,6 +40,35 @@ Describe = Callable[[list[float], list[int], int], tuple[dict[str, Any], str]]
 DEFAULT_SILENCE_S = 10.0  # hz/bw --count without --timeout give up after this long without a message
 BINARY_FORMATS = ("raw", "frames")  # echo's payload bytes as they are; frames put each one's length first
 FRAME_LENGTH_BYTES = 8  # echo --format frames: the payload's length, unsigned little-endian, then the payload
+
+
+def add_commands(commands: Commands) -> None:
+    """echo, hz, bw: their options and examples."""
+    sub = add_command(commands, "echo", cmd_echo, "subscribe and print messages (typed channels print their fields)",
+                      "  kickmsg echo --topic imu --count 5\n  kickmsg echo /kickmsg_imu --format hex\n"
+                      "  kickmsg echo --topic imu --format raw --count 1 > frame.bin\n"
+                      "  kickmsg echo --topic imu --format frames > dump.frames")
+    sub.add_argument("--count", type=positive_int, help="stop after this many messages")
+    sub.add_argument("--format", choices=("text", "hex", "json", "raw", "frames"), default="text",
+                     help="text (control characters escaped), hex, json (one object a line), raw (the payloads' bytes "
+                          "back to back: --count N takes N messages), frames (each payload after its length, 8 bytes "
+                          "unsigned little-endian)")
+    sub.add_argument("--timeout", type=positive_number, metavar="S",
+                     help="stop when nothing arrives for S seconds (exit 1 if --count was not reached; default: wait)")
+
+    for name, function, summary in (
+        ("hz", cmd_hz, "publish rate seen by a subscriber: mean, min/max/std of intervals"),
+        ("bw", cmd_bw, "bandwidth seen by a subscriber: bytes/s and message sizes"),
+    ):
+        sub = add_command(commands, name, function, summary,
+                          f"  kickmsg {name} --topic imu\n  kickmsg {name} /kickmsg_imu --count 100 --json")
+        sub.add_argument("--window", type=positive_int, default=1000, help="messages kept for the statistics (default 1000)")
+        sub.add_argument("--every", type=positive_number, default=1.0, help="seconds between reports (default 1)")
+        sub.add_argument("--count", type=positive_int, help="stop after this many messages")
+        sub.add_argument("--duration", type=positive_number, help="stop after this many seconds")
+        sub.add_argument("--timeout", type=positive_number, metavar="S",
+                         help=f"stop when nothing arrives for S seconds (default with --count: {DEFAULT_SILENCE_S:g}; "
+                              f"exit 1 if --count was not reached)")
 
 
 def decode_records(data: bytes, record_type: typed.RecordType | None) -> numpy.ndarray | None:

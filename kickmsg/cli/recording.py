@@ -9,13 +9,25 @@ import tempfile
 from types import ModuleType
 
 from kickmsg import jsontext, shm
-from kickmsg.cli.common import EXIT_OK, CommandError, emit, import_extra, open_writable, shm_name, stop_on_signals
+from kickmsg.cli.common import (
+    EXIT_OK,
+    CommandError,
+    Commands,
+    add_command,
+    emit,
+    import_extra,
+    open_writable,
+    positive_number,
+    remapping,
+    shm_name,
+    stop_on_signals,
+)
 from kickmsg.cli.receiving import tell_rejoined
 from kickmsg.subscriber import Subscriber
 from kickmsg.terminal import printable
 
 __all__ = [
-    "GLOB_CHARACTERS", "MCAP_MAGIC", "PARQUET_MAGIC", "URI_SCHEME", "cmd_analyze", "cmd_convert", "cmd_play",
+    "GLOB_CHARACTERS", "MCAP_MAGIC", "PARQUET_MAGIC", "URI_SCHEME", "add_commands", "cmd_analyze", "cmd_convert", "cmd_play",
     "cmd_record", "is_mcap", "is_parquet", "parquet_of_mcap", "recover_partial_files", "spark_paths",
 ]
 
@@ -23,6 +35,69 @@ URI_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")  # hdfs://, s3a://, file
 GLOB_CHARACTERS = "*?["
 PARQUET_MAGIC = b"PAR1"
 MCAP_MAGIC = b"\x89MCAP0\r\n"
+
+
+def add_commands(commands: Commands) -> None:
+    """record, convert, play, analyze: their options and examples."""
+    sub = add_command(commands, "record", cmd_record,
+                      "record channels to Parquet (or MCAP) files (SIGINT/SIGTERM/SIGHUP close them cleanly)",
+                      "  kickmsg record /kickmsg_imu /kickmsg_camera --out rec/ --duration 60\n"
+                      "  kickmsg record /kickmsg_camera --out rec/ --no-payload --rotate-mb 256\n"
+                      "  kickmsg record /kickmsg_imu --out rec/ --format mcap\n"
+                      "  kickmsg record --prefix kickmsg_robot --out rec/   # and the channels created later\n"
+                      "  kickmsg record --recover rec/     # the .partial files of a killed recorder", channel=False)
+    sub.add_argument("names", nargs="*", metavar="NAME", help="shm names of the channels")
+    discovering = sub.add_mutually_exclusive_group()
+    discovering.add_argument("--all", action="store_true",
+                             help="record every channel, those created while recording included")
+    discovering.add_argument("--prefix", metavar="P",
+                             help="record every channel named /P..., those created while recording included")
+    sub.add_argument("--out", metavar="DIR", help="directory for the recording's files")
+    sub.add_argument("--recover", metavar="PATH",
+                     help="instead of recording: turn the .partial files a killed recorder left (a file or a directory) "
+                          "into complete files")
+    sub.add_argument("--flush-interval", type=positive_number, default=1.0, metavar="S",
+                     help="seconds between writes to the file: what a killed recorder loses at most (default 1)")
+    sub.add_argument("--duration", type=positive_number, help="stop after this many seconds")
+    sub.add_argument("--rotate-mb", type=positive_number, default=64, help="start a new file past this size (default 64)")
+    sub.add_argument("--no-payload", action="store_true", help="keep sizes and stamps, not the payloads")
+    sub.add_argument("--format", choices=("parquet", "mcap"), default="parquet",
+                     help="parquet (default; for Spark) or mcap (for Foxglove; needs the payloads)")
+
+    sub = add_command(commands, "convert", cmd_convert, "convert a Parquet recording to one MCAP file (open it in Foxglove)",
+                      "  kickmsg convert rec/ rec.mcap\n  kickmsg convert rec/ rec.mcap --force   # overwrite rec.mcap",
+                      channel=False)
+    sub.add_argument("path", metavar="REC_DIR", help="a Parquet recording directory (or one .parquet file)")
+    sub.add_argument("out", metavar="OUT.mcap", help="the MCAP file to write (refused if it exists, unless --force)")
+    sub.add_argument("--force", action="store_true", help="overwrite OUT.mcap if it exists")
+
+    sub = add_command(commands, "play", cmd_play, "republish a recording with its original timing",
+                      "  kickmsg play rec/\n  kickmsg play rec/ --rate 2 --loop\n  kickmsg play rec.mcap\n"
+                      "  kickmsg play rec/ --only /kickmsg_imu --remap /kickmsg_imu=/kickmsg_imu_replay", channel=False)
+    sub.add_argument("path", metavar="PATH", help="a recording directory, or one .parquet or .mcap file")
+    sub.add_argument("--only", action="append", type=shm_name, metavar="NAME",
+                     help="play only this recorded channel (repeat for more; default: all)")
+    sub.add_argument("--remap", action="append", type=remapping, default=[], metavar="OLD=NEW",
+                     help="publish recorded channel OLD into channel NEW (repeat for more)")
+    sub.add_argument("--rate", type=positive_number, default=1.0, help="speed factor (default 1: real time)")
+    sub.add_argument("--loop", action="store_true", help="start over at the end, until interrupted")
+    sub.add_argument("--layout", type=int, choices=(4, 9),
+                     help="layout of the channels play creates (default: each as recorded)")
+
+    sub = add_command(commands, "analyze", cmd_analyze, "analyse recordings with Spark: rates, gaps, losses, sizes, latency",
+                      "  kickmsg analyze rec/ --html report.html\n"
+                      "  kickmsg analyze rec/ --json                # the figures as JSON on stdout\n"
+                      "  kickmsg analyze 'runs/*/' --master 'local[2]' --json out.json\n"
+                      "on a cluster, the same module unchanged:\n"
+                      "  spark-submit $(python -c 'import kickmsg.spark.analysis as a; print(a.__file__)') \\\n"
+                      "      'hdfs:///recordings/*/*.parquet' --json out.json --html report.html",
+                      channel=False, json_flag=False)
+    sub.add_argument("paths", nargs="*", metavar="DIR_OR_GLOB", help="recording directories, files or globs")
+    sub.add_argument("--master", default="local[*]", help="Spark master (default local[*])")
+    sub.add_argument("--json", dest="json_path", nargs="?", const="-", metavar="FILE",
+                     help="print the figures as JSON on stdout instead of the table; with FILE, write them to FILE "
+                          "and print the table")
+    sub.add_argument("--html", dest="html_path", metavar="FILE", help="write an HTML report with plots")
 
 
 def cmd_record(args: argparse.Namespace) -> int:

@@ -19,8 +19,9 @@ between any two steps and at the end (``kickmsg.verify.invariants``).
   may also read an older store, at most ``stale`` times per schedule, and
   every access to a payload is checked for data races.
 
-A violation comes with its counter-example: the numbered steps of each actor,
-which function of the package was at work, and where preemptions happened.
+A violation comes with its counter-example (``kickmsg.verify.traces``, on
+both layouts): the numbered steps of each actor, which function of the
+package was at work, and where preemptions happened.
 
 Beside the explorer are the other checks of the implementation itself:
 ``kickmsg.verify.crosscheck``, the differential cross-check against the
@@ -36,16 +37,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kickmsg import shm
-from kickmsg.protocol.v4 import layout, region as region4
+from kickmsg.protocol.v4 import region as region4
 from kickmsg.atomics import HARDWARE
 from kickmsg.config import ChannelType, Config
 from kickmsg.publisher import Publisher
 from kickmsg.subscriber import Subscriber
-from kickmsg.verify import invariants, layout9, mutants
+from kickmsg.verify import invariants, layout9, mutants, traces
 from kickmsg.verify.mutants import MUTANTS, MUTANTS9
 from kickmsg.verify.memory import PayloadBuffer
 from kickmsg.region import SharedRegion
-from kickmsg.verify.scheduler import Actor, Checker, Choice, Chooser, Execution, Outcome, ScheduledAtomics, Step
+from kickmsg.verify.scheduler import Actor, Checker, Choice, Chooser, Execution, Outcome, ScheduledAtomics
 from kickmsg.verify.layout9 import Scenario9
 
 __all__ = [
@@ -416,59 +417,5 @@ def _report(
                     memory_model=memory_model, stale=stale, budget=budget)
     if world is not None and outcome is not None:
         report.violation = outcome.violation
-        report.trace = layout9.format_trace(world, outcome) if isinstance(world, layout9.World9) else format_trace(
-            world, outcome)
+        report.trace = traces.format_trace(world, outcome, world.repaired if isinstance(world, layout9.World9) else "")
     return report
-
-
-# -- the counter-example, readable -------------------------------------------------------------
-
-
-def describe_address(region: SharedRegion, address: int) -> str:
-    """The region word at ``address``, by name: header.free_top, ring 0
-    entry 1.sequence, slot 3.refcount, ..."""
-    return layout.field_at(region.geometry, address - region.mapping.address).label
-
-
-def describe_value(place: str, value: int | None) -> str:
-    if value is None:
-        return "-"
-    if value == layout.LOCKED_SEQUENCE and place.endswith(".sequence"):
-        return "LOCKED"
-    if value == layout.INVALID_SLOT and place.endswith((".slot_idx", ".next_free")):
-        return "INVALID"
-    if place == "header.free_top":
-        slot = value & layout.U32_MAX
-        return f"gen {value >> 32}|{'INVALID' if slot == layout.INVALID_SLOT else f'slot {slot}'}"
-    if place.endswith(".state_flight"):
-        state = layout.RING_STATE_NAMES.get(value & layout.RING_STATE_MASK, "?")
-        return f"{state}+{value >> 2}"
-    return str(value)
-
-
-def format_step(region: SharedRegion, number: int, step: Step, preempted: str | None) -> str:
-    place = describe_address(region, step.address)
-    if step.operation.startswith("fetch_"):
-        operands = ", ".join(str(operand) for operand in step.operands)  # an amount, not a value of the word
-    elif step.operation.endswith("_payload"):
-        operands = f"{step.operands[0]} bytes"  # plain memory, not an atomic word
-    else:
-        operands = ", ".join(describe_value(place, operand) for operand in step.operands)
-    call = f"{step.operation}({place}{', ' + operands if operands else ''})"
-    line = f"{number:>4}. {step.actor:<6} {step.where:<28} {call:<62} -> {describe_value(place, step.result)}"
-    if step.stale:
-        value, stored_at = step.stale
-        origin = "the initial value" if stored_at is None else f"stored at step {stored_at + 1}"
-        line += f"   STALE: the newest is {describe_value(place, value)}, {origin}"
-    return line + (f"   << preempts {preempted}" if preempted else "")
-
-
-def format_trace(world: World, outcome: Outcome) -> str:
-    """Every step, numbered, with the preemptions and stale reads marked."""
-    preempting: dict[int, str | None] = {}  # step index -> the actor it preempted
-    for choice in outcome.choices:
-        if choice.preempts and choice.step < len(outcome.steps):
-            preempting[choice.step] = choice.previous
-    lines = [format_step(world.region, index + 1, step, preempting.get(index)) for index, step in enumerate(outcome.steps)]
-    lines.append(f"violation: {outcome.violation}")
-    return "\n".join(lines)

@@ -65,7 +65,6 @@ from kickmsg.protocol.v9.layout import (
     NEXT_FREE_OFFSET,
     REFCOUNT_OFFSET,
     RING_HEADER_SIZE,
-    SEQ_LOCK_BIT,
     SEQ_REPAIR_BIT,
     SEQUENCE_OFFSET,
     SLOT_HEADER_SIZE,
@@ -78,26 +77,22 @@ from kickmsg.protocol.v9.layout import (
     RING_LIVE,
     RING_STATE_MASK,
     U32_MAX,
-    SlotHeader,
-    SubRingHeader,
     meta_precedes,
     meta_slot_field,
     meta_tag,
     publisher_lock,
     seq_locked,
-    seq_pos,
     seq_skip,
 )
 from kickmsg.protocol.v9.publish import Publisher
 from kickmsg.protocol.v9.receive import Subscriber
 from kickmsg.protocol.v9.region import ChannelConfig, Region
 from kickmsg.verify import invariants
+from kickmsg.verify.traces import describe_address, describe_meta, describe_sequence, describe_value
 from kickmsg.verify.scheduler import Actor, Chooser, Execution, Mishaps, ModelledClock, Outcome, ScheduledAtomics, Step
 
 __all__ = [
-    "EVICTION", "MUTANT_SCENARIOS9", "RECEIVE_TIMEOUT_S", "Scenario9", "TIMEOUT_US", "World9", "describe_address",
-    "describe_meta", "describe_sequence", "describe_value", "format_step", "format_trace", "observed",
-    "run_schedule",
+    "EVICTION", "MUTANT_SCENARIOS9", "RECEIVE_TIMEOUT_S", "Scenario9", "TIMEOUT_US", "World9", "observed", "run_schedule",
 ]
 
 TIMEOUT_US = 1000  # the commit timeout of the explored regions (modelled time)
@@ -352,7 +347,7 @@ def _follow_owner(world: World9, step: Step, ring: int, offset: int) -> str | No
         if evicted:
             return f"{step.actor} clears the owner of ring {ring}: {owner}, alive (a live owner is never evicted)"
     elif evicted and value & RING_STATE_MASK == RING_FREE:
-        return (f"{step.actor} sets ring {ring} {describe_value('.state_flight', value)} while {owner} owns it, "
+        return (f"{step.actor} sets ring {ring} {describe_value('.state_flight', value, 9)} while {owner} owns it, "
                 f"alive (a live owner is never evicted)")
     return None
 
@@ -508,7 +503,7 @@ def _end_violation(world: World9, died: list[str]) -> str | None:
             # the owner and freeing the ring (B.12 3-4): pid 0 is never dead (B.16), so no repair reclaims
             # the ring. A leak the protocol allows, noted (docs: Layout 9), not a violation.
             world.unowned.append(ring)
-            world.repaired += (f"; ring {ring} stays {describe_value('.state_flight', state_flight)} with no owner "
+            world.repaired += (f"; ring {ring} stays {describe_value('.state_flight', state_flight, 9)} with no owner "
                                f"recorded (a subscriber died at its claim or its leave): no repair reclaims it")
             continue
         if state_flight:
@@ -573,106 +568,6 @@ def run_schedule(scenario: Scenario9, choose: Chooser, memory_model: str = "sc")
         publish_module.SPINS_PER_CLOCK_CHECK, publish_module.LOCK_ATTEMPTS = spins, attempts
         world.region.atomics = HARDWARE  # for finalizers that run later, outside any schedule
         _leave_idle(world)  # if a violation ended the run early (else done already)
-
-
-# -- the counter-example, readable ---------------------------------------------------------------
-
-
-def describe_sequence(value: int) -> str:
-    if value & SEQ_LOCK_BIT:
-        who = "repairer" if value & SEQ_REPAIR_BIT else "publisher"
-        return f"{who} lock of pos {seq_pos(value)}"
-    if seq_skip(value):
-        return f"skip marker of pos {seq_pos(value) - 1}"
-    return f"commit of pos {value - 1}" if value else "0 (never written)"
-
-
-def describe_meta(value: int) -> str:
-    if value == 0:
-        return "0 (never claimed)"
-    field = meta_slot_field(value)
-    return f"claim of pos {meta_tag(value) - 1}: {'no slot' if not field else f'slot {field - 1}'}"
-
-
-def describe_address(region: Region, address: int) -> str:
-    """The region word at ``address``, by name."""
-    g = region.geometry
-    if address == 0:
-        return ""
-    if address == region.free_top_address:
-        return "header.free_top"
-    if address == region.steal_count_address:
-        return "header.steal_count"
-    entry = _entry_word(region, address)
-    if entry is not None:
-        ring, index, offset = entry
-        return f"ring {ring} entry {index}.{'sequence' if offset == SEQUENCE_OFFSET else 'meta'}"
-    offset = address - region.base
-    if g.sub_rings_offset <= offset < g.pool_offset:
-        ring, in_ring = divmod(offset - g.sub_rings_offset, g.ring_stride)
-        name = next(f[0] for f in SubRingHeader._fields_ if getattr(SubRingHeader, f[0]).offset == in_ring)
-        return f"ring {ring}.{name}"
-    if offset >= g.pool_offset:
-        slot, in_slot = divmod(offset - g.pool_offset, g.slot_stride)
-        if in_slot >= SLOT_HEADER_SIZE:
-            return f"slot {slot}.payload"
-        name = next(f[0] for f in SlotHeader._fields_ if getattr(SlotHeader, f[0]).offset == in_slot)
-        return f"slot {slot}.{name}"
-    return f"header+{offset}"
-
-
-def describe_value(place: str, value: int | None) -> str:
-    if value is None:
-        return "-"
-    if place.endswith(".sequence"):
-        return describe_sequence(value)
-    if place.endswith(".meta"):
-        return describe_meta(value)
-    if place == "header.free_top":
-        slot = value & U32_MAX
-        return f"gen {value >> 32}|{'INVALID' if slot == INVALID_SLOT else f'slot {slot}'}"
-    if place.endswith(".state_flight"):
-        state = ("Free", "Live", "Draining", "Reclaiming")[value & 3]
-        return f"{state}+{value >> 2}"
-    return str(value)
-
-
-def format_step(region: Region, number: int, step: Step, preempted: str | None, width: int = 5) -> str:
-    place = describe_address(region, step.address)
-    if step.operation.startswith("fetch_") or step.operation.endswith("_payload"):
-        operands = ", ".join(str(operand) for operand in step.operands)
-    else:
-        operands = ", ".join(describe_value(place, operand) for operand in step.operands)
-    arguments = ", ".join(part for part in (place, operands) if part)
-    call = f"{step.operation}({arguments})"
-    line = f"{number:>4}. {step.actor:<{width}} {step.where:<28} {call:<70} -> {describe_value(place, step.result)}"
-    if step.stale:
-        value, stored_at = step.stale
-        origin = "the initial value" if stored_at is None else f"stored at step {stored_at + 1}"
-        line += f"   STALE: the newest is {describe_value(place, value)}, {origin}"
-    return line + (f"   << preempts {preempted}" if preempted else "")
-
-
-def format_trace(world: World9, outcome: Outcome) -> str:
-    """Every step, numbered, with the mishaps (deaths, time passing),
-    preemptions and stale reads marked."""
-    events: dict[int, list[str]] = collections.defaultdict(list)  # step index -> what happened before it
-    preempting: dict[int, str | None] = {}
-    for choice in outcome.choices:
-        if choice.kind == "turn" and isinstance(choice.chosen, str) and choice.chosen not in [a.name for a in world.actors]:
-            events[choice.step].append(f"      ({choice.chosen})")
-        elif choice.preempts and choice.step < len(outcome.steps):
-            preempting[choice.step] = choice.previous
-    width = max([5] + [len(actor.name) for actor in world.actors])  # the actors' names line up
-    lines = []
-    for index, step in enumerate(outcome.steps):
-        lines += events.get(index, [])
-        lines.append(format_step(world.region, index + 1, step, preempting.get(index), width))
-    lines += events.get(len(outcome.steps), [])
-    if world.repaired:
-        lines.append(world.repaired)
-    lines.append(f"violation: {outcome.violation}")
-    return "\n".join(lines)
 
 
 def observed(world: World9) -> dict[str, Any]:

@@ -1,11 +1,14 @@
 """The ``kickmsg`` command line: positionals wherever the options put them,
 every example of every ``--help`` accepted, and parser errors on one line."""
+import argparse
+import re
 import shlex
 
 import pytest
 
 from kickmsg import Subscriber
 from kickmsg import cli
+from kickmsg.cli import boards, bridging, checking, inspecting, managing, receiving, recording
 from test_cli import cli as run_cli, make
 from test_cli import name  # noqa: F401  (fixture)
 
@@ -63,6 +66,25 @@ def test_parser_errors_are_one_line(words, command, fault):
     assert result.code == 2 and result.out == b""
     [line] = result.error_lines
     assert line.startswith(f"{command}: error: {fault}") and line.endswith(f"(see {command} --help)"), line
+
+
+def test_the_families_add_every_command_once_listed_by_family(capsys):
+    """Each command comes from exactly one family's add_commands; --help and
+    the error naming an unknown command list them all, family by family."""
+    added = []
+    for family in (inspecting, receiving, managing, recording, bridging, checking, boards):
+        commands = argparse.ArgumentParser().add_subparsers()
+        family.add_commands(commands)
+        added += commands.choices
+    assert len(added) == len(set(added))
+    parser = cli.build_parser()
+    assert list(parser.commands) == added
+    text = parser.format_help()
+    listed = [re.search(rf"\n    {re.escape(name)}\s", text).start() for name in added]
+    assert listed == sorted(listed)
+    with pytest.raises(SystemExit):
+        cli.parse(["lst"])
+    assert f"(choose from {', '.join(map(repr, added))})" in capsys.readouterr().err
 
 
 def test_analyze_json_prints_like_every_command_and_still_takes_a_file(tmp_path):

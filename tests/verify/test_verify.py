@@ -18,6 +18,7 @@ from kickmsg.protocol import freestack
 from kickmsg.atomics import HARDWARE as ops
 from kickmsg.verify import MUTANT_SCENARIOS, MUTANTS, Scenario, _private_region, explore, explore_random, invariants
 from kickmsg.verify.mutants import Edit, Patch, build
+from kickmsg.verify.traces import describe_value
 
 SC_MUTANTS = sorted(name for name, mutant in MUTANTS.items() if mutant.model == "sc")  # the others: test_verify_weak
 # Deep runs (minutes each): skipped, with this reason in pytest's summary,
@@ -344,3 +345,21 @@ def test_cli_says_how_far_a_long_exploration_is_on_stderr(monkeypatch, capsys, a
     most = "at most 1000000" if "--runs" not in args else "20"
     assert all(line.startswith(f"kickmsg verify: {n} of {most} schedules run in ") and line.endswith(" a second)")
                for n, line in enumerate(lines, 1)), lines
+
+
+def test_a_trace_reads_the_words_of_both_layouts_by_their_meaning():
+    """One describe_value for both layouts: what the words share reads the
+    same, each layout's own words (and ring states) read as that layout's."""
+    for version in (4, 9):
+        assert describe_value("header.free_top", 2 << 32 | 1, version) == "gen 2|slot 1"
+        assert describe_value("header.free_top", 3 << 32 | 0xFFFFFFFF, version) == "gen 3|INVALID"
+        assert describe_value("ring 0.state_flight", 1 << 2 | 1, version) == "Live+1"
+        assert describe_value("slot 0.refcount", None, version) == "-"
+    assert describe_value("ring 0.state_flight", 3, 4) == "?+0"  # no Reclaiming on layout 4
+    assert describe_value("ring 0.state_flight", 3, 9) == "Reclaiming+0"
+    assert describe_value("ring 0 entry 1.sequence", layout.LOCKED_SEQUENCE, 4) == "LOCKED"
+    assert describe_value("ring 0 entry 1.slot_idx", 0xFFFFFFFF, 4) == "INVALID"
+    assert describe_value("ring 0 entry 1.sequence", 0x8000000000000004, 9) == "publisher lock of pos 4"
+    assert describe_value("ring 0 entry 1.sequence", 3, 9) == "commit of pos 2"
+    assert describe_value("ring 0 entry 0.meta", 0, 9) == "0 (never claimed)"
+    assert describe_value("slot 0.next_free", 0xFFFFFFFF, 9) == str(0xFFFFFFFF)

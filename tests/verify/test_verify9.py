@@ -23,7 +23,7 @@ from kickmsg import verify
 from kickmsg.protocol import freestack
 from kickmsg.protocol.v9 import publish as publish9
 from kickmsg.protocol.v9 import repair as repair9
-from kickmsg.verify import MUTANTS9, Scenario9, layout9, mutants, orders
+from kickmsg.verify import MUTANTS9, Scenario9, layout9, mutants, orders, traces
 from kickmsg.verify.layout9 import MUTANT_SCENARIOS9
 from kickmsg.verify.memory import WeakMemory
 
@@ -200,7 +200,7 @@ def test_a_subscriber_dying_before_it_records_its_pid_leaves_its_ring_for_good(d
     Live with owner_pid 0, which B.16 never calls dead: nothing reclaims it."""
     world, outcome = layout9.run_schedule(Scenario9(publishers=1, subscriber_deaths=1, reclaimers=1),
                                           _planned([(dies_after, "sub0 dies")]))
-    assert outcome.violation is None, layout9.format_trace(world, outcome)
+    assert outcome.violation is None, traces.format_trace(world, outcome, world.repaired)
     assert world.unowned == [0] and "ring 0 stays Live+0 with no owner recorded" in world.repaired
 
 
@@ -210,7 +210,7 @@ def test_a_join_with_no_free_ring_reclaims_a_dead_owners_ring():
     drain, Free), joins it and receives what pub0 sends after."""
     world, outcome = layout9.run_schedule(Scenario9(publishers=1, messages=3, subscribers=2, rings=1, capacity=2,
                                                     subscriber_deaths=1), _planned([(6, "sub0 dies")]))
-    trace = layout9.format_trace(world, outcome)
+    trace = traces.format_trace(world, outcome, world.repaired)
     assert outcome.violation is None, trace
     took = [step.actor for step in outcome.steps if step.where == "reclaim_dead_ring"
             and step.operation == "cas_acq_rel_u64" and step.result == step.operands[0]]
@@ -231,7 +231,7 @@ def test_two_0_9_2_reclaimers_evict_a_live_owner():
     sub1's owner and has_waiter."""
     with mutants.installed(RECLAIM_092):
         world, outcome = layout9.run_schedule(layout9.EVICTION, _planned(EVICTION_PLAN))
-    trace = layout9.format_trace(world, outcome)
+    trace = traces.format_trace(world, outcome, world.repaired)
     assert outcome.violation == "reclaim0 clears the owner of ring 0: sub1, alive (a live owner is never evicted)"
     lines = trace.splitlines()
     assert "cas_acq_rel_u32(ring 0.state_flight, Reclaiming+0, Reclaiming+0)" in lines[15], trace
@@ -247,7 +247,7 @@ def test_our_reclaimers_keep_the_live_owner(plan):
     and frees it, sub1 joins): the ring is taken by one CAS of owner_pid
     from the dead pid, which fails on sub1's pid."""
     world, outcome = layout9.run_schedule(layout9.EVICTION, _planned(plan))
-    trace = layout9.format_trace(world, outcome)
+    trace = traces.format_trace(world, outcome, world.repaired)
     assert outcome.violation is None, trace
     claims = [step.actor for step in outcome.steps
               if step.where == "reclaim_dead_ring" and step.operation == "cas_acq_rel_u64" and step.result == step.operands[0]]

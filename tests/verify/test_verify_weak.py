@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from kickmsg.protocol import freestack
-from kickmsg.verify import MUTANT_SCENARIOS, MUTANTS, Scenario, explore, format_trace, orders, run_schedule
+from kickmsg.verify import MUTANT_SCENARIOS, MUTANTS, Scenario, explore, orders, run_schedule
+from kickmsg.verify.traces import format_trace
 
 RA_MUTANTS = sorted(name for name, mutant in MUTANTS.items() if mutant.model == "ra")
 SC_MUTANTS = sorted(name for name, mutant in MUTANTS.items() if mutant.model == "sc")
