@@ -36,7 +36,8 @@ from kickmsg.verify import orders  # noqa: E402
 
 # Layout 4's flows before they moved into kickmsg/protocol/v4 (issue 25).
 RENAMED = {
-    "Publisher._publish": "publish",
+    "Publisher._publish": "Publisher._deliver",
+    "publish": "Publisher._deliver",  # into the layout-4 core's Publisher (issue 35)
     "_wait_and_capture_slot": "wait_and_capture_slot",
     "Subscriber._pin_next": "pin_next",
     "_join_ring": "join",

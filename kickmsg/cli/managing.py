@@ -175,7 +175,7 @@ def cmd_pub(args: argparse.Namespace) -> int:
         if not send_retrying(publisher, payload, 1.0):
             raise CommandError(
                 f"slot pool of {region.name} stayed empty for 1 s "
-                f"(after {published} of {args.count} message(s) published)"
+                f"(after {published} of {args.count} message(s) published): {audit.explain_empty_pool(publisher.region)}"
             )
         published += 1
     data = {"name": region.name, "published": published, "size": len(payload), "dropped": publisher.dropped}

@@ -22,7 +22,38 @@ class RegionCore(Protocol):
 
 class PublisherCore(Protocol):
     """allocate -> publish -> send on one region (``protocol/v4/publish.py``,
-    ``protocol/v9/publish.py``)."""
+    ``protocol/v9/publish.py``). It holds at most one reservation: the slot
+    ``allocate`` reserved and ``publish`` has not consumed."""
+
+    dropped: int  # deliveries abandoned: a ring entry not locked (layout 9: or its lock taken over)
+
+    def allocate(self) -> int:
+        """Reserve a free slot (a previous reservation goes back to the pool):
+        its index, or INVALID_SLOT when the pool is empty."""
+        ...
+
+    def payload(self, slot: int, length: int) -> memoryview:
+        """The first ``length`` payload bytes of a reserved slot, to write."""
+        ...
+
+    def publish(self, slot: int, length: int) -> int:
+        """Deliver the reserved ``slot`` holding ``length`` bytes to every Live
+        ring: how many rings received it."""
+        ...
+
+    def send(self, data: bytes | bytearray | memoryview) -> int:
+        """Copy ``data`` into a free slot and publish it: ``len(data)``.
+        ValueError if it is too long, PoolEmptyError if the pool is empty."""
+        ...
+
+    def give_back(self, slot: int) -> None:
+        """Return a reserved slot that will not be published to the pool."""
+        ...
+
+    def set_aside(self, slot: int) -> None:
+        """``slot`` stops being the reservation but stays out of the pool (a
+        buffer over it is still alive) until ``give_back(slot)``."""
+        ...
 
 
 class SubscriberCore(Protocol):

@@ -9,13 +9,18 @@ in layouts 4 and 9; one rule differs, and ``pop`` takes it explicitly: a
 head index outside the pool is corrupt, which 0.1.0 (layout 4) reports and
 0.9.2 (layout 9) reads as an empty pool.
 """
+import errno
 from collections.abc import Sequence
 from typing import Protocol
 
 from kickmsg.atomics import Atomics
+from kickmsg.errors import PoolEmptyError
 from kickmsg.protocol.common import INVALID_SLOT, U32_MAX, CorruptRegionError
 
-__all__ = ["NEXT_FREE_OFFSET", "Pool", "PoolGeometry", "REFCOUNT_OFFSET", "count_free", "pop", "push", "release_slot"]
+__all__ = [
+    "NEXT_FREE_OFFSET", "Pool", "PoolGeometry", "REFCOUNT_OFFSET", "count_free", "empty_pool_error", "pop", "push",
+    "release_slot",
+]
 
 # SlotHeader.next_free and .refcount: the same offsets in both layouts.
 REFCOUNT_OFFSET = 0
@@ -76,6 +81,17 @@ def pop(region: Pool, *, empty_on_corrupt_head: bool) -> int:
         if found == top:
             return head
         top = found
+
+
+def empty_pool_error(region: Pool) -> PoolEmptyError:
+    """The error of a ``send`` that found the pool empty (EAGAIN, as the
+    native bindings' BlockingIOError). Why it is empty takes a look at the
+    whole region, which the tool showing the error makes
+    (``kickmsg.ops.audit.explain_empty_pool``)."""
+    return PoolEmptyError(
+        errno.EAGAIN, f"slot pool of {region.name} exhausted: all {region.geometry.pool_size} slots in use; try "
+        f"again after subscribers drain (kickmsg audit {region.name} shows who holds them)"
+    )
 
 
 def push(region: Pool, slot: int) -> None:

@@ -249,7 +249,7 @@ def _world(scenario: Scenario9) -> World9:
                 world.sending[name] = data
                 world.held[name] = slot
                 payload_access("write", slot, len(data))
-                region.payload(slot, len(data))[:] = data
+                sender.payload(slot, len(data))[:] = data
                 sender.publish(slot, len(data))
                 del world.held[name]
         return publish

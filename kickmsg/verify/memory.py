@@ -279,8 +279,8 @@ class PayloadBuffer:
     Assigning to a payload slice is a write (``Publisher.send``). Taking a
     slice is a read made at once (``bytes(...)`` in ``try_receive``, a
     ``SampleView``'s buffer copied by its reader), except the slice that
-    ``AllocatedSlot.__buffer__`` hands out (taken by the region's
-    ``payload_view``): its caller fills it in place, a write.
+    the publisher core's ``payload`` hands out (to ``AllocatedSlot``): its
+    caller fills it in place, a write.
     """
 
     def __init__(self, region: SharedRegion, execution: AccessReporter) -> None:
@@ -296,7 +296,7 @@ class PayloadBuffer:
         caller = sys._getframe(1)
         if caller.f_code.co_qualname == "Region.payload_view" and caller.f_back is not None:
             caller = caller.f_back  # whoever asked the region for the slice
-        filled_in_place = caller.f_code.co_qualname == "AllocatedSlot.__buffer__"
+        filled_in_place = caller.f_code.co_qualname == "Publisher.payload"
         self._report(key, "write" if filled_in_place else "read")
         return self.view[key]
 

@@ -19,7 +19,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from kickmsg import publisher
 from kickmsg.protocol.v4 import publish as publish4
 from kickmsg.protocol.v4 import receive as receive4
 from kickmsg.protocol.v4 import rings as rings4
@@ -80,7 +79,7 @@ MUTANTS = {
         Mutant(
             "release-before-lock",
             "a publisher releases the evicted slot only after it has locked the entry",
-            (Patch(publish4, "publish", (
+            (Patch(publish4.Publisher, "_deliver", (
                 Edit(
                     ("evicted_slot = wait_and_capture_slot(ops, entry, previous_sequence, commit_timeout_ns)",),
                     ("evicted_slot = wait_and_capture_slot(ops, entry, previous_sequence, commit_timeout_ns)",
@@ -93,7 +92,7 @@ MUTANTS = {
         Mutant(
             "refcount-per-ring",
             "the refcount is pre-set to max_subs before the first ring is touched",
-            (Patch(publish4, "publish", (
+            (Patch(publish4.Publisher, "_deliver", (
                 Edit(
                     ("ops.store_release_u32(region.slot_addresses[slot] + REFCOUNT_OFFSET, geometry.max_subs)",),
                     ("ops.store_release_u32(region.slot_addresses[slot] + REFCOUNT_OFFSET, 0)  # MUTANT: no pre-set",),
@@ -129,7 +128,7 @@ MUTANTS = {
         Mutant(
             "commit-relaxed",
             "the commit store of the sequence releases the entry's fields and the payload written before it",
-            (Patch(publish4, "publish", (
+            (Patch(publish4.Publisher, "_deliver", (
                 Edit(
                     (COMMIT_COMMENT, COMMIT),
                     (COMMIT_COMMENT, "ops.store_relaxed_u64(entry + SEQUENCE_OFFSET, sequence)  # MUTANT: relaxed commit"),
@@ -151,7 +150,7 @@ MUTANTS = {
         Mutant(
             "inflight-release-relaxed",
             "a publisher leaves a ring (in_flight - 1) with release, so that the drain sees what it wrote there",
-            (Patch(publish4, "publish", (
+            (Patch(publish4.Publisher, "_deliver", (
                 Edit(
                     ("ops.fetch_sub_release_u32(ring.state_flight, IN_FLIGHT_ONE)",),
                     ("ops.fetch_sub_relaxed_u32(ring.state_flight, IN_FLIGHT_ONE)  # MUTANT: relaxed",),
@@ -163,27 +162,16 @@ MUTANTS = {
             "payload-after-commit",
             "the payload is written before the commit store that publishes it",
             (
-                Patch(publisher.Publisher, "_send_unless_pool_empty", (
+                Patch(publish4.Publisher, "send", (
                     Edit(
-                        ("region.mapping.buffer[start : start + size] = payload", "self._publish(slot, size)"),
-                        ("self._publish(slot, size, payload)  # MUTANT: the payload is written after the commit",),
+                        ("region.mapping.buffer[start : start + length] = data", "self._deliver(slot, length)"),
+                        ("self._deliver(slot, length, data)  # MUTANT: the payload is written after the commit",),
                     ),
                 )),
-                Patch(publisher.Publisher, "_publish", (
+                Patch(publish4.Publisher, "_deliver", (
                     Edit(
-                        ("def _publish(self, slot: int, payload_len: int) -> int:",),
-                        ("def _publish(self, slot: int, payload_len: int, late_payload=None) -> int:  # MUTANT",),
-                    ),
-                    Edit(
-                        ("delivered, dropped = publish4.publish(self._region, slot, payload_len)",),
-                        ("delivered, dropped = publish4.publish(self._region, slot, payload_len, late_payload)  # MUTANT",),
-                    ),
-                )),
-                Patch(publish4, "publish", (
-                    Edit(
-                        ("def publish(region: Region, slot: int, payload_len: int) -> tuple[int, int]:",),
-                        ("def publish(region: Region, slot: int, payload_len: int, late_payload=None) -> tuple[int, int]:"
-                         "  # MUTANT",),
+                        ("def _deliver(self, slot: int, payload_len: int) -> int:",),
+                        ("def _deliver(self, slot: int, payload_len: int, late_payload=None) -> int:  # MUTANT",),
                     ),
                     Edit(
                         (COMMIT_COMMENT, COMMIT),
@@ -202,7 +190,7 @@ MUTANTS = {
             "its re-check (the spec's orders: entry fields and the refcount pre-set stored relaxed, the fields "
             "loaded relaxed)",
             (
-                Patch(publish4, "publish", (
+                Patch(publish4.Publisher, "_deliver", (
                     Edit(
                         ("ops.store_release_u32(region.slot_addresses[slot] + REFCOUNT_OFFSET, geometry.max_subs)",),
                         ("ops.store_relaxed_u32(region.slot_addresses[slot] + REFCOUNT_OFFSET, geometry.max_subs)"

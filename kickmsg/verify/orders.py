@@ -43,7 +43,7 @@ __all__ = [
 
 # (flow, owner, function): every function of the flows that calls the door.
 FLOWS = (
-    ("publish", publish4, "publish"),
+    ("publish", publish4.Publisher, "_deliver"),
     ("publish", publish4, "wait_and_capture_slot"),
     ("receive", receive4, "pin_next"),
     ("join", rings4, "join"),

@@ -18,8 +18,11 @@ import nativepeer
 import rawregion
 import kickmsg
 from conftest import on_layout4
-from kickmsg import ChannelType, Config, ConfigError, Node, Publisher, SharedRegion, Subscriber, audit, shm, typed, unlink_shm
+from kickmsg import (
+    ChannelType, Config, ConfigError, Node, PoolEmptyError, Publisher, SharedRegion, Subscriber, audit, shm, typed, unlink_shm,
+)
 from kickmsg.config import MAX_POOL_SIZE, MAX_SUBSCRIBERS
+from kickmsg.ops.audit import explain_empty_pool
 from tinyshm import run_on_a_tiny_dev_shm
 
 # These tests check layout 4's own: its bounds and sidecars, and 0.1.0's config checks.
@@ -201,8 +204,8 @@ done(sent)
 def test_a_native_region_with_a_pool_no_larger_than_a_ring_is_flagged(shm_name):
     """The native library creates such a region (and it locks up: a reader
     of every message still cannot send after pool_size messages). Opening
-    it warns, diagnose() and audit() flag it, and a send here says why the
-    pool is empty."""
+    it warns, diagnose() and audit() flag it, and a send here fails with the
+    empty pool that the audit explains."""
     config = dict(max_subscribers=2, sub_ring_capacity=8, pool_size=8, max_payload_size=64)
     with nativepeer.start_native(NATIVE_DEADLOCKING_REGION, name=shm_name, config=config) as peer:
         peer.wait_ready()
@@ -212,10 +215,10 @@ def test_a_native_region_with_a_pool_no_larger_than_a_ring_is_flagged(shm_name):
         assert health.pool_too_small and not health.healthy
         report = audit(region)
         assert report.damage()["pools too small for their rings"] == 1 and not report.clean
-        with pytest.raises(BlockingIOError) as info:
+        with pytest.raises(PoolEmptyError, match=f"kickmsg audit {shm_name}"):
             Publisher(region).send(b"one more")
-        assert "8 held by ring entries" in str(info.value)
-        assert "re-create the channel with a larger pool_size" in str(info.value)
+        assert "8 held by ring entries" in explain_empty_pool(region)
+        assert "re-create the channel with a larger pool_size" in explain_empty_pool(region)
         peer.tell()
         assert peer.result() == 8  # native: every send after the 8th failed
     with warnings.catch_warnings():

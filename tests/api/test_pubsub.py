@@ -15,7 +15,8 @@ import pytest
 import rawregion
 from conftest import layout4_only
 from kickmsg.atomics import Atomics
-from kickmsg import AllocatedSlot, ChannelType, Config, Publisher, SampleView, SharedRegion, Subscriber
+from kickmsg import AllocatedSlot, ChannelType, Config, PoolEmptyError, Publisher, SampleView, SharedRegion, Subscriber
+from kickmsg.ops.audit import explain_empty_pool
 
 
 pytestmark = pytest.mark.usefixtures("layout")
@@ -182,7 +183,8 @@ def test_broadcast_channel(shm_name):
 @layout4_only
 def test_pool_exhaustion_by_views_says_so(shm_name):
     """A ring of 2 keeps 2 slots; views held pin the others until the pool
-    is empty. The error names the cause: slots pinned by views."""
+    is empty. send's error names the pool and where to look; the audit's
+    explanation names the cause: slots pinned by views."""
     region = make_region(shm_name, max_subscribers=1, sub_ring_capacity=2, pool_size=4)
     subscriber = Subscriber(region)
     publisher = Publisher(region)
@@ -191,10 +193,12 @@ def test_pool_exhaustion_by_views_says_so(shm_name):
         publisher.send(bytes([i]))
         views.append(subscriber.try_receive_view())
     assert free_slots(shm_name) == []
-    with pytest.raises(BlockingIOError) as info:
+    with pytest.raises(PoolEmptyError) as info:
         publisher.send(b"one too many")
-    assert info.value.errno == errno.EAGAIN
-    message = str(info.value)
+    assert isinstance(info.value, BlockingIOError) and info.value.errno == errno.EAGAIN
+    assert f"slot pool of {shm_name} exhausted: all 4 slots in use" in str(info.value)
+    assert f"kickmsg audit {shm_name}" in str(info.value)
+    message = explain_empty_pool(region)
     assert f"slot pool of {shm_name} exhausted: 0 of 4 slots free, 2 held by ring entries" in message
     assert "2 only pinned by views (or leaked)" in message and "release views sooner" in message
     assert "allocated and not yet published" not in message
@@ -213,10 +217,10 @@ def test_pool_exhaustion_by_unpublished_slots_says_so(shm_name):
     region = make_region(shm_name, max_subscribers=1, sub_ring_capacity=2, pool_size=4)
     publishers = [Publisher(region) for _ in range(4)]
     slots = [publisher.allocate(8) for publisher in publishers]
-    with pytest.raises(BlockingIOError) as info:
+    with pytest.raises(PoolEmptyError):
         Publisher(region).send(b"no room")
-    assert "4 allocated or being written" in str(info.value)
-    assert "publish or drop allocated slots" in str(info.value)
+    assert "4 allocated or being written" in explain_empty_pool(region)
+    assert "publish or drop allocated slots" in explain_empty_pool(region)
     del slots
     gc.collect()
     rawregion.assert_pool_whole(shm_name)
@@ -603,8 +607,8 @@ class CountingAtomics(Atomics):
 @layout4_only
 def test_send_retrying_reads_only_the_top_of_a_dry_pool(shm_name):
     """Each retry of send_retrying on an empty pool reads the free stack's
-    top and nothing else: the explanation of send's error (a look at every
-    slot and ring) was worked out on every retry, and thrown away."""
+    top and nothing else: the explanation of an empty pool (a look at every
+    slot and ring) was once worked out on every retry, and thrown away."""
     from kickmsg.publisher import send_retrying
 
     region = SharedRegion.create(shm_name, ChannelType.PubSub,
@@ -617,10 +621,10 @@ def test_send_retrying_reads_only_the_top_of_a_dry_pool(shm_name):
     region.atomics = counting
     assert not send_retrying(publisher, b"c", 0.05)
     assert counting.u32_loads == 0
-    # send itself still says why, from one look at the region.
-    with pytest.raises(BlockingIOError, match="exhausted: 0 of 2 slots free, 1 held by ring entries") as raised:
+    # send's error names the pool and the audit, still without a look at the slots.
+    with pytest.raises(PoolEmptyError, match="exhausted: all 2 slots in use") as raised:
         publisher.send(b"c")
     assert raised.value.errno == errno.EAGAIN
-    assert counting.u32_loads > 0
+    assert counting.u32_loads == 0
     view.release()
     subscriber.close()

@@ -61,7 +61,7 @@ def send_zero_copy(pub, payload):
     slot = pub.allocate()
     if slot == 0xFFFFFFFF:
         return False
-    pub.payload(slot)[:len(payload)] = payload
+    pub.payload(slot, len(payload))[:] = payload
     pub.publish(slot, len(payload))
     return True
 

@@ -617,12 +617,13 @@ def test_pub_without_data_says_the_data_is_missing(name):
 def test_pub_gives_up_when_the_pool_stays_empty(name):
     """This process holds 12 of the 16 slots allocated and a subscriber that
     never reads holds what it was sent: after 4 messages the pool is empty
-    for good, and pub reports it on one line."""
+    for good, and pub reports it on one line, saying who holds the slots."""
     region = make(name)
     with Subscriber(region):
         held = [Publisher(region).allocate(1) for _ in range(12)]
         result = cli("pub", name, "fill", "--count", "6")
-        assert_one_line_error(result, "pub", "slot pool", "stayed empty")
+        assert_one_line_error(result, "pub", "slot pool", "stayed empty", "4 held by ring entries",
+                              "12 allocated or being written")
         assert rawregion.ring(rawregion.read_bytes(name), 0).write_pos == 4
         assert None not in held
 

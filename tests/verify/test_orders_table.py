@@ -37,8 +37,8 @@ def tables_of_the_docs() -> str:
         elif tables[-1]:
             tables.append([])
     layout4, layout9 = tables[:2]
-    pre_set = site_of(layout4, "publish", "store_release_u32")
-    slot_idx_line = site_of(layout4, "publish", "store_release_u32", 1).rpartition(":")[2]
+    pre_set = site_of(layout4, "Publisher._deliver", "store_release_u32")
+    slot_idx_line = site_of(layout4, "Publisher._deliver", "store_release_u32", 1).rpartition(":")[2]
     pin = site_of(layout4, "pin_next", "cas_acq_rel_u32").removeprefix("kickmsg/")
     return "\n".join([
         "| site | function | operation | order → weakened | result | why |",
@@ -57,7 +57,7 @@ def stale(text: str) -> str:
     publish flow under its old name, the last two rows of each table swapped."""
     shifted = REFERENCE.sub(lambda found: f"`{found[1]}:{int(found[2]) + 7}`", text)
     shifted = re.sub(r"`:(\d+)`", lambda found: f"`:{int(found[1]) + 7}`", shifted)
-    shifted = shifted.replace("| `publish` |", "| `Publisher._publish` |")
+    shifted = shifted.replace("| `Publisher._deliver` |", "| `publish` |")
     lines = shifted.split("\n")
     for index in range(1, len(lines) - 1):
         if lines[index] == "" and orders_table.ROW.match(lines[index - 1]) and orders_table.ROW.match(lines[index - 2]):

@@ -105,15 +105,14 @@ def test_exploration_is_deterministic():
 
 
 def test_mutants_leave_the_package_untouched():
-    from kickmsg import publisher
     from kickmsg.protocol.v4 import publish
 
-    original, api = publish.publish, publisher.Publisher._publish
+    original, send = publish.Publisher._deliver, publish.Publisher.send
     with pytest.raises(ValueError, match="unknown mutant 'no-such-rule'"):
         explore(Scenario(), mutant="no-such-rule")  # unknown: refused before anything is installed
     explore(MUTANT_SCENARIOS["refcount-per-ring"], mutant="refcount-per-ring", preemptions=1)
     explore(MUTANT_SCENARIOS["payload-after-commit"], mutant="payload-after-commit", preemptions=0, memory_model="ra")
-    assert publish.publish is original and publisher.Publisher._publish is api
+    assert publish.Publisher._deliver is original and publish.Publisher.send is send
 
 
 def test_a_mutant_calls_the_functions_of_its_module_that_a_mutant_installed():
@@ -123,21 +122,21 @@ def test_a_mutant_calls_the_functions_of_its_module_that_a_mutant_installed():
     from kickmsg.protocol.v4 import publish
     from kickmsg.verify.mutants import Mutant, installed
 
-    original, flow = publish.wait_and_capture_slot, publish.publish
+    original, flow = publish.wait_and_capture_slot, publish.Publisher._deliver
     both = Mutant("both", "-", (
-        Patch(publish, "publish", (Edit(("delivered = 0",), ("delivered = 0  # edited",)),)),
+        Patch(publish.Publisher, "_deliver", (Edit(("delivered = 0",), ("delivered = 0  # edited",)),)),
         Patch(publish, "wait_and_capture_slot", (Edit(("spins = 0",), ("spins = 0  # edited",)),)),
     ))
     with installed(both):
-        assert publish.wait_and_capture_slot is not original and publish.publish is not flow
-        assert publish.publish.__globals__["wait_and_capture_slot"] is publish.wait_and_capture_slot
-    assert publish.wait_and_capture_slot is original and publish.publish is flow
+        assert publish.wait_and_capture_slot is not original and publish.Publisher._deliver is not flow
+        assert publish.Publisher._deliver.__globals__["wait_and_capture_slot"] is publish.wait_and_capture_slot
+    assert publish.wait_and_capture_slot is original and publish.Publisher._deliver is flow
 
 
 def test_a_stale_mutant_refuses_to_build():
     from kickmsg.protocol.v4 import publish
 
-    stale = Patch(publish, "publish", (Edit(("no such line",), ("pass",)),))
+    stale = Patch(publish.Publisher, "_deliver", (Edit(("no such line",), ("pass",)),))
     with pytest.raises(RuntimeError, match="found 0 times"):
         build(stale, "stale")
 
@@ -199,7 +198,7 @@ def test_the_ledger_takes_the_captured_slot_from_the_slot_index_in_any_order():
     region = _private_region(Scenario())
     ledger = invariants.Ledger(region)
     entry = region.rings[0].entries[0]
-    wait = ("wait_and_capture_slot", "publish", "Publisher._publish")
+    wait = ("wait_and_capture_slot", "Publisher._deliver", "Publisher.send")
     ledger.follow(Step("pub1", wait, "load_relaxed_u64", entry + layout.SEQUENCE_OFFSET, (), 1))
     assert ledger.held == {}
     ledger.follow(Step("pub1", wait, "load_acquire_u32", entry + layout.SLOT_IDX_OFFSET, (), 3))

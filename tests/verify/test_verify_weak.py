@@ -143,13 +143,13 @@ def test_a_stale_pre_check_that_skips_a_live_ring_is_no_violation():
     trace = format_trace(world, outcome)
     assert outcome.violation is None, trace
     stale = [line for line in trace.splitlines() if "STALE" in line]
-    assert len(stale) == 1 and stale[0].split()[1:3] == ["pub0", "publish"]
+    assert len(stale) == 1 and stale[0].split()[1:3] == ["pub0", "Publisher._deliver"]
     assert "load_relaxed_u32(ring 0.state_flight)" in stale[0] and "-> Free+0" in stale[0]
 
 
 def test_a_slot_filled_in_place_is_a_payload_write():
-    """pub1 fills its slots in place (allocate, through the region's
-    payload_view): writes of the payload, as pub0's copies (send) are."""
+    """pub1 fills its slots in place (allocate, through the publisher
+    core's payload): writes of the payload, as pub0's copies (send) are."""
     _, outcome = run_schedule(Scenario(), lambda index, choice: choice.default, "ra")
     writes = {(step.actor, step.operation) for step in outcome.steps if step.operation.endswith("_payload")
               and step.actor.startswith("pub")}
@@ -173,10 +173,10 @@ def test_a_weakening_edits_exactly_one_call():
     from kickmsg.verify import mutants
 
     commit, self_repair = [site for site in orders.sites() if site.operation == "store_release_u64"
-                           and site.function == "publish"]
+                           and site.function == "Publisher._deliver"]
     assert commit.source == self_repair.source  # the same text twice in one function
     with mutants.installed(orders.weakening(commit, "relaxed")):
-        names = publish.publish.__code__.co_names
+        names = publish.Publisher._deliver.__code__.co_names
     assert "store_relaxed_u64" in names and "store_release_u64" in names  # the self-repair's is untouched
 
 
@@ -195,7 +195,7 @@ def test_the_orders_table_of_the_free_stack_push(monkeypatch):
 def test_a_site_stronger_than_the_spec_says_so_in_the_orders_table(monkeypatch):
     stronger = [site for site in orders.sites() if orders.spec_order(site)]
     assert [(site.function, site.operation, orders.spec_order(site)) for site in stronger] == (
-        [("publish", "store_release_u32", "relaxed")] * 3
+        [("Publisher._deliver", "store_release_u32", "relaxed")] * 3
         + [("pin_next", "load_acquire_u32", "relaxed")] * 2)  # the sites spec-seqlock-orders gives back
     pre_set = stronger[0]
     assert "REFCOUNT_OFFSET" in pre_set.source

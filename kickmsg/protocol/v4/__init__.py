@@ -6,8 +6,8 @@ Each module reads beside its part of the layout-4 design (seed 000):
 - ``region``: ``Region`` (the mapping, its geometry, the addresses the
   flows use); create, create_or_open, attach checks, initialisation (in
   place too);
-- ``publish``: the publish flow, steps 3-5 (``publish``), and
-  ``wait_and_capture_slot``;
+- ``publish``: ``Publisher``, the publish flow whole (allocate, send,
+  publish), and ``wait_and_capture_slot``;
 - ``receive``: the receive flow, steps 1-3 (``pin_next``), over a
   subscriber's ``Cursor``;
 - ``rings``: a ring's lifecycle: ``join``, ``leave`` (the teardown),

@@ -73,7 +73,6 @@ class Publisher:
     def __init__(self, region: Region) -> None:
         self.region = region
         self.pending = INVALID_SLOT  # the slot allocate() reserved and publish() has not consumed
-        self.reservations = 0  # allocate() calls that reserved a slot
         self.dropped = 0  # deliveries abandoned (B.9)
 
     # -- B.5 Allocate ---------------------------------------------------------
@@ -84,29 +83,41 @@ class Publisher:
         yet published goes back to the pool."""
         # 1. give back the previous reservation
         if self.pending != INVALID_SLOT:
-            freestack.push(self.region, self.pending)
-            self.pending = INVALID_SLOT
+            self.give_back(self.pending)
         # 2. pop (an empty pool or a corrupt head reads as INVALID_SLOT)
-        slot = freestack.pop(self.region, empty_on_corrupt_head=True)
         # 3. remember it
-        if slot != INVALID_SLOT:
-            self.pending = slot
-            self.reservations += 1
-        return slot
+        self.pending = freestack.pop(self.region, empty_on_corrupt_head=True)
+        return self.pending
 
-    def payload(self, slot: int) -> memoryview:
-        """The writable payload area of a reserved slot."""
-        return self.region.payload(slot, self.region.geometry.slot_data_size)
+    def payload(self, slot: int, length: int) -> memoryview:
+        """The first ``length`` payload bytes of a reserved slot, for its
+        caller to write."""
+        return self.region.payload(slot, length)
+
+    def give_back(self, slot: int) -> None:
+        """Return a reserved slot that will not be published to the pool."""
+        if slot == self.pending:
+            self.pending = INVALID_SLOT
+        freestack.push(self.region, slot)
+
+    def set_aside(self, slot: int) -> None:
+        """``slot`` is no longer the reservation but stays out of the pool
+        (a buffer over it is still alive): ``give_back(slot)`` returns it."""
+        if slot == self.pending:
+            self.pending = INVALID_SLOT
 
     def send(self, data: bytes | bytearray | memoryview) -> int:
-        """Copy ``data`` into a slot and publish it: ``len(data)``."""
+        """Copy ``data`` into a slot and publish it (B.5, B.6): ``len(data)``.
+        Raises ``PoolEmptyError`` if the pool is empty."""
+        region = self.region
         length = len(data)
-        if length > self.region.geometry.slot_data_size:
-            raise ValueError("message too large: exceeds max_payload_size")
+        if length > region.geometry.slot_data_size:
+            raise ValueError(f"message too large: {length} bytes exceeds max_payload_size "
+                             f"{region.geometry.slot_data_size} of {region.name}")
         slot = self.allocate()
         if slot == INVALID_SLOT:
-            raise BlockingIOError("slot pool exhausted; try again after subscribers drain")
-        self.region.payload(slot, length)[:] = data
+            raise freestack.empty_pool_error(region)
+        region.payload(slot, length)[:] = data
         self.publish(slot, length)
         return length
 
@@ -122,9 +133,8 @@ class Publisher:
             raise ValueError(f"slot {slot} is not this publisher's reservation")
         # 1. too long: the slot goes back, nothing is delivered
         if length > g.slot_data_size:
-            self.pending = INVALID_SLOT
-            freestack.push(region, slot)
-            raise ValueError("publish(len) exceeds slot max_size")
+            self.give_back(slot)
+            raise ValueError(f"publish(len) exceeds slot max_size: {length} > {g.slot_data_size}")
         # 2. take the slot; one reference per ring, returned below when unused
         self.pending = INVALID_SLOT
         slot_address = region.slot_addresses[slot]
