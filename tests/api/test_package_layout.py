@@ -143,12 +143,6 @@ def test_a_cycle_through_a_function_counts_and_one_for_the_type_checker_does_not
 API_MODULES = {"kickmsg.region", "kickmsg.publisher", "kickmsg.subscriber", "kickmsg.waitset", "kickmsg.aio",
                "kickmsg.node", "kickmsg.typed"}
 TOOLS = {"kickmsg.ops", "kickmsg.cli", "kickmsg.recording", "kickmsg.bridge", "kickmsg.spark", "kickmsg.verify"}
-# Imports that break the rule today, being removed (issue 35); empty this set once they are gone.
-KNOWN_UPWARD_IMPORTS = {
-    ("kickmsg.publisher", "kickmsg.ops.audit"),  # explain_empty_pool: the empty-pool explanation moves to the tool that shows it
-}
-
-
 def in_any(module: str, packages: Collection[str]) -> bool:
     """Whether ``module`` is one of ``packages`` or inside one."""
     return any(module == package or module.startswith(package + ".") for package in packages)
@@ -169,7 +163,7 @@ def upward_imports(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
 def test_layers_import_only_downward():
     """Read from every module's import statements (those for the type checker too), nothing imported."""
     found = upward_imports(import_graph(for_the_type_checker=True))
-    assert found <= KNOWN_UPWARD_IMPORTS, f"upward imports: {sorted(found - KNOWN_UPWARD_IMPORTS)}"
+    assert not found, f"upward imports: {sorted(found)}"
 
 
 def test_an_upward_import_is_found_in_a_function_and_for_the_type_checker():
