@@ -26,6 +26,7 @@ from kickmsg.errors import (
     FileTooLarge,
     KickmsgError,
     Layout4Only,
+    LayoutError,
     NoRoomError,
     PoolEmptyError,
     RegionError,

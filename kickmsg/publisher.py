@@ -19,9 +19,10 @@ from kickmsg import owners
 from kickmsg.protocol import freestack
 from kickmsg.ops.audit import explain_empty_pool
 from kickmsg.protocol.v4 import publish as publish4
+from kickmsg.protocol.v4 import region as region4
 from kickmsg.protocol.v4.layout import INVALID_SLOT
 from kickmsg.protocol import v9
-from kickmsg.region import CHECK_IN_INTERVAL_NS, Layout9Region, SharedRegion
+from kickmsg.region import CHECK_IN_INTERVAL_NS, SharedRegion
 
 __all__ = ["AllocatedSlot", "Publisher", "Publisher9", "send_retrying"]
 
@@ -114,6 +115,7 @@ class Publisher:
         if time.monotonic_ns() >= self._next_check_in_ns:
             self._follow_if_recreated()
         region = self._region
+        core: region4.Region = region.core  # type: ignore[assignment]  # a layout-4 publisher's
         # Bytes are copied as they are; any other buffer as its raw bytes.
         payload = data if isinstance(data, (bytes, bytearray)) else memoryview(data).cast("B")
         size = len(payload)
@@ -123,11 +125,11 @@ class Publisher:
                 f"{region.geometry.slot_data_size} of {region.name}"
             )
         # 1. Pop a free slot.
-        slot = freestack.pop(region, empty_on_corrupt_head=False)
+        slot = freestack.pop(core, empty_on_corrupt_head=False)
         if slot == INVALID_SLOT:
             return None
         # 2. Write the payload into it.
-        start = region.payload_offsets[slot]
+        start = core.payload_offsets[slot]
         region.mapping.buffer[start : start + size] = payload
         self._publish(slot, size)
         return size
@@ -169,11 +171,11 @@ class Publisher:
 
     def _reserve_slot(self) -> int:
         """Publish flow step 1 for ``allocate``: pop a free slot (INVALID_SLOT: none)."""
-        return freestack.pop(self._region, empty_on_corrupt_head=False)
+        return freestack.pop(self._region.core, empty_on_corrupt_head=False)
 
     def _give_back(self, region: SharedRegion, slot: int) -> None:
         """Return an unpublished slot of ``region`` to its free stack."""
-        freestack.push(region, slot)
+        freestack.push(region.core, slot)
 
     def close(self) -> None:
         """Stop publishing: give back a slot allocated and not published
@@ -223,7 +225,7 @@ class Publisher:
         """Publish flow steps 3-5 for a written slot (``kickmsg.protocol.v4.
         publish``). Returns the number of rings it was committed to."""
         self._sent += 1
-        delivered, dropped = publish4.publish(self._region, slot, payload_len)
+        delivered, dropped = publish4.publish(self._region.core, slot, payload_len)  # type: ignore[arg-type]  # a layout-4 publisher's
         self._dropped += dropped
         return delivered
 
@@ -340,7 +342,8 @@ class AllocatedSlot:
         if self._published:
             raise BufferError("AllocatedSlot has already been published; its buffer is no longer writable")
         self._exports += 1
-        return self._region.payload_view(self._slot, self._length)
+        core = self._region.core
+        return core.payload_view(self._slot, self._length) if isinstance(core, region4.Region) else core.payload(self._slot, self._length)
 
     def __release_buffer__(self, view: memoryview) -> None:
         self._exports -= 1
@@ -378,7 +381,7 @@ class Publisher9(Publisher):
 
     @staticmethod
     def _core_of(region: SharedRegion) -> v9.Publisher:
-        if not isinstance(region, Layout9Region):
+        if not isinstance(region.core, v9.Region):
             raise TypeError(f"{region.name} is not a layout-9 region")  # the name now leads to a layout-4 one
         return v9.Publisher(region.core)
 
@@ -428,10 +431,6 @@ class Publisher9(Publisher):
         slot = self._core.allocate()  # B.5
         self._core.pending = INVALID_SLOT  # the reservation is the AllocatedSlot's from now on
         return slot
-
-    def _give_back(self, region: SharedRegion, slot: int) -> None:
-        assert isinstance(region, Layout9Region)
-        freestack.push(region.core, slot)
 
     def _publish(self, slot: int, payload_len: int) -> int:
         self._sent += 1

@@ -147,22 +147,23 @@ class World:
     """One execution's region, actors and what the subscribers received."""
 
     region: SharedRegion
+    core: region4.Region  # its core, which the invariants read
     actors: list[Actor]
     ledger: invariants.Ledger
     received: invariants.Received = field(default_factory=dict)  # subscription -> [(ring, position, bytes)]
     checked_steps: int = 0
 
 
-def _private_region(scenario: Scenario) -> SharedRegion:
+def _private_region(scenario: Scenario) -> region4.Region:
     """A region laid out exactly as in shared memory, in private memory."""
     geometry, creator = region4.new_geometry("/kickmsg_verify", ChannelType.PubSub, scenario.config(), "verify")
     mapping = shm.Mapping.private("/kickmsg_verify", geometry.total_size)
-    return SharedRegion._of(region4.initialise(mapping, geometry, creator, None, in_place=False))
+    return region4.initialise(mapping, geometry, creator, None, in_place=False)
 
 
 def _world(scenario: Scenario) -> World:
-    region = _private_region(scenario)
-    world = World(region, [], invariants.Ledger(region))
+    core = _private_region(scenario)
+    world = World(SharedRegion(core), core, [], invariants.Ledger(core))
     publishers: list[Actor] = []
 
     def publishers_done() -> bool:
@@ -236,10 +237,10 @@ def _check(world: World, scenario: Scenario) -> Checker:
         for actor in world.actors:
             if actor.state == "done":
                 world.ledger.finished(actor.name)
-        found = invariants.memory_violation(world.region, world.ledger) or invariants.delivery_violation(
+        found = invariants.memory_violation(world.core, world.ledger) or invariants.delivery_violation(
             world.received, world.ledger.committed)
         if found is None and all(actor.state == "done" for actor in world.actors):
-            found = invariants.end_violation(world.region)
+            found = invariants.end_violation(world.core)
         return found
     return check
 
@@ -247,8 +248,8 @@ def _check(world: World, scenario: Scenario) -> Checker:
 def run_schedule(scenario: Scenario, choose: Chooser, memory_model: str = "sc") -> tuple[World, Outcome]:
     """Run every actor once, under the choices ``choose`` makes."""
     world = _world(scenario)
-    region = world.region
-    execution = Execution(region, world.actors, choose, _check(world, scenario), memory_model)
+    region = world.core
+    execution = Execution(world.region, world.actors, choose, _check(world, scenario), memory_model)
     region.atomics = ScheduledAtomics(execution)
     plain_bytes = region.mapping.buffer
     if memory_model == "ra":
@@ -424,7 +425,7 @@ def _report(
 # -- the counter-example, readable -------------------------------------------------------------
 
 
-def describe_address(region: SharedRegion, address: int) -> str:
+def describe_address(region: region4.Region, address: int) -> str:
     """The region word at ``address``, by name: header.free_top, ring 0
     entry 1.sequence, slot 3.refcount, ..."""
     return layout.field_at(region.geometry, address - region.mapping.address).label
@@ -446,7 +447,7 @@ def describe_value(place: str, value: int | None) -> str:
     return str(value)
 
 
-def format_step(region: SharedRegion, number: int, step: Step, preempted: str | None) -> str:
+def format_step(region: region4.Region, number: int, step: Step, preempted: str | None) -> str:
     place = describe_address(region, step.address)
     if step.operation.startswith("fetch_"):
         operands = ", ".join(str(operand) for operand in step.operands)  # an amount, not a value of the word
@@ -469,6 +470,6 @@ def format_trace(world: World, outcome: Outcome) -> str:
     for choice in outcome.choices:
         if choice.preempts and choice.step < len(outcome.steps):
             preempting[choice.step] = choice.previous
-    lines = [format_step(world.region, index + 1, step, preempting.get(index)) for index, step in enumerate(outcome.steps)]
+    lines = [format_step(world.core, index + 1, step, preempting.get(index)) for index, step in enumerate(outcome.steps)]
     lines.append(f"violation: {outcome.violation}")
     return "\n".join(lines)

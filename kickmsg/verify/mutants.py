@@ -175,8 +175,9 @@ MUTANTS = {
                         ("def _publish(self, slot: int, payload_len: int, late_payload=None) -> int:  # MUTANT",),
                     ),
                     Edit(
-                        ("delivered, dropped = publish4.publish(self._region, slot, payload_len)",),
-                        ("delivered, dropped = publish4.publish(self._region, slot, payload_len, late_payload)  # MUTANT",),
+                        ("delivered, dropped = publish4.publish(self._region.core, slot, payload_len)"
+                         "  # type: ignore[arg-type]  # a layout-4 publisher's",),
+                        ("delivered, dropped = publish4.publish(self._region.core, slot, payload_len, late_payload)  # MUTANT",),
                     ),
                 )),
                 Patch(publish4, "publish", (
