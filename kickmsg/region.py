@@ -491,12 +491,12 @@ def warn_of_stranded_holders(name: str, new_layout: int) -> None:
     native one goes on in the old object, publishing to nobody or waiting
     for nothing, and says nothing."""
     try:
-        head = shm.read_head(shm.SHM_DIRECTORY + name, 12)
+        stamp = region4.file_stamp(shm.SHM_DIRECTORY + name)
     except (OSError, ValueError):  # no such object (or one we may not read): nothing is replaced unseen
         return
-    if len(head) < 12 or int.from_bytes(head[:8], "little") != layout.MAGIC:
+    if stamp is None or stamp[0] != layout.MAGIC:
         return
-    found = int.from_bytes(head[8:12], "little")
+    found = stamp[1]
     holders = shm.processes_mapping(name) if found != new_layout else []
     if holders:
         described = ", ".join(f"{pid} ({process.command_name(pid) or '?'})" for pid in holders)

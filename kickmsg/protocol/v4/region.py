@@ -29,8 +29,9 @@ from kickmsg.schema import SchemaInfo
 
 __all__ = [
     "CREATE_ATTEMPTS", "INIT_POLL_ATTEMPTS", "INIT_POLL_INTERVAL_S", "Region", "RingAddresses", "attach",
-    "bytes_text", "check_creatable", "create", "create_or_map", "create_or_open", "has_layout", "initialise",
-    "is_initialised", "new_geometry", "read_stamp", "refuse_identity_on_layout_4", "rings_of_live_subscribers", "stamped_version",
+    "bytes_text", "check_creatable", "create", "create_or_map", "create_or_open", "file_stamp", "has_layout",
+    "initialise", "is_initialised", "new_geometry", "read_stamp", "refuse_identity_on_layout_4",
+    "rings_of_live_subscribers", "stamped_version",
 ]
 
 INIT_POLL_ATTEMPTS = 200  # create_or_open waits up to 200 x 10 ms for the creator
@@ -414,6 +415,17 @@ def is_initialised(mapping: shm.Mapping) -> bool:
         return False
     magic = HARDWARE.load_acquire_u64(mapping.address + layout.MAGIC_OFFSET)
     return magic == layout.MAGIC and Header.from_address(mapping.address).version == layout.VERSION
+
+
+def file_stamp(path: str) -> tuple[int, int] | None:
+    """(magic, version word) read from the start of a region's file, without
+    mapping it (both layouts stamp them there); None if the file is shorter.
+    Raises what ``shm.read_head`` raises."""
+    size = layout.VERSION_OFFSET + 4
+    head = shm.read_head(path, size)
+    if len(head) < size:
+        return None
+    return int.from_bytes(head[: layout.VERSION_OFFSET], "little"), int.from_bytes(head[layout.VERSION_OFFSET : size], "little")
 
 
 def read_stamp(mapping: shm.Mapping) -> tuple[int, int | None]:
