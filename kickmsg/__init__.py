@@ -15,12 +15,15 @@ from kickmsg import stopsignals
 
 stopsignals.exit_while_the_command_starts()  # first: an interrupt while the `kickmsg` command imports exits 130
 
-from kickmsg import errors, hash, schema
+from kickmsg import _moved, errors, hash, schema
 from kickmsg.config import ChannelType, Config
 from kickmsg.errors import (
     BoardBusyError,
+    BoardKeyOwnedError,
     BridgeError,
+    CapacityError,
     ConfigError,
+    ConfigMismatchError,
     CorruptRegionError,
     EmptyObjectError,
     FileTooLarge,
@@ -29,6 +32,7 @@ from kickmsg.errors import (
     LayoutError,
     NoRoomError,
     PoolEmptyError,
+    RecordingError,
     RegionError,
     RegionInitTimeout,
     RegionNotFoundError,
@@ -37,7 +41,6 @@ from kickmsg.errors import (
     VersionMismatchError,
 )
 from kickmsg.node import BroadcastHandle, Node
-__import__("kickmsg.audit")  # the old path of the module kickmsg.ops.audit, loaded first: loaded later, it would take the function's name
 from kickmsg.ops.audit import audit
 from kickmsg.process import current_pid, process_exists
 from kickmsg.protocol.info import RegionInfo, RegionStats, RingStats
@@ -98,3 +101,5 @@ __all__ += [
     "Role",
     "TopicSummary",
 ]
+
+_moved.install()  # last: the old module paths (kickmsg.diagnostics...) warn and keep working for one release

@@ -8,13 +8,32 @@ a caller would try first (``ValueError``, ``FileNotFoundError``,
 for the same fault, from ``RuntimeError`` too, so code written for either
 implementation catches it. This module imports nothing of the package: the
 protocol cores, the API and the tools all raise from here.
+
+What a program catches while it runs (a region gone, damaged, busy or
+full, a peer that died, a file that is not a recording) is one of these.
+A bad argument (a wrong type, a value out of its range, a malformed
+name) stays a plain ``TypeError`` or ``ValueError`` naming the value at
+fault: it is a mistake to fix in the calling code rather than a condition
+to handle, an ``except KickmsgError`` around channel operations should not
+hide it, and the native binding raises the same built-ins for it. A config
+is the one argument that is a ``KickmsgError`` (``ConfigError``): it often
+comes from a file or a command line, as data to refuse.
+
+Two exceptions of the verification tools stand outside the root on
+purpose: ``kickmsg.verify.scheduler.Aborted`` is a ``BaseException`` so
+that no ``except Exception`` of the code under exploration swallows it,
+and ``kickmsg.verify.crossdriver.Absent`` lives in a file that also runs in
+the native library's interpreter and imports nothing of this package.
 """
 
 __all__ = [
     "KickmsgError",
     "BoardBusyError",
+    "BoardKeyOwnedError",
     "BridgeError",
+    "CapacityError",
     "ConfigError",
+    "ConfigMismatchError",
     "CorruptRegionError",
     "EmptyObjectError",
     "FileTooLarge",
@@ -22,6 +41,7 @@ __all__ = [
     "LayoutError",
     "NoRoomError",
     "PoolEmptyError",
+    "RecordingError",
     "RegionError",
     "RegionInitTimeout",
     "RegionNotFoundError",
@@ -43,6 +63,12 @@ class ConfigError(KickmsgError, ValueError, RuntimeError):
     A ``ValueError`` (what this package documents) that is also a
     ``RuntimeError`` (what the native 0.1.0 raises for the fields it
     checks), so code written for either catches it."""
+
+
+class ConfigMismatchError(KickmsgError, RuntimeError):
+    """An existing region or blackboard was made with another config (or
+    for another identity) than the one asked for; the message names what
+    differs (0.9.2 raises RuntimeError: this is one)."""
 
 
 # -- shared-memory objects (kickmsg.shm) --------------------------------------------------
@@ -68,6 +94,16 @@ class PoolEmptyError(KickmsgError, BlockingIOError):
     """``send`` found every slot of the pool in use (subscribers still hold
     them, or a publisher died holding some): try again later, or see
     ``kickmsg audit NAME`` for who holds them."""
+
+
+class CapacityError(KickmsgError, RuntimeError):
+    """Every entry of a fixed-size table is taken by a live owner: a
+    blackboard's keys (0.9.2 raises RuntimeError: this is one)."""
+
+
+class BoardKeyOwnedError(KickmsgError, RuntimeError):
+    """A blackboard key another live process owns (0.9.2 raises
+    RuntimeError: this is one)."""
 
 
 # -- a region's contents and layout -------------------------------------------------------
@@ -109,7 +145,8 @@ class RegionError(KickmsgError, RuntimeError):
 
 class BoardBusyError(RegionError):
     """A blackboard whose lock stayed taken by a live holder: its keys
-    could not be read this time (the board is not damaged for that)."""
+    could not be read, or a key declared, this time (the board is not
+    damaged for that)."""
 
 
 class BridgeError(KickmsgError, RuntimeError):
@@ -118,3 +155,9 @@ class BridgeError(KickmsgError, RuntimeError):
 
 class FileTooLarge(KickmsgError, ValueError):
     """A named file holds more than its use allows."""
+
+
+class RecordingError(KickmsgError, ValueError):
+    """A file that is not a usable recording: not one at all, damaged,
+    without the payloads to play, or a ``.partial`` file still being
+    written or left over beside its finished recording."""

@@ -3,7 +3,7 @@
 A subscriber killed with SIGKILL leaves its ring Live forever; after
 max_subscribers such deaths nobody can subscribe. The region has no room to
 say who owns a ring, so each subscriber of this package records itself in a
-sidecar file next to the region, ``/dev/shm/<name>.owners``: one
+sidecar file next to the region, ``/dev/shm/<name>.kickmsg-subscribers``: one
 ``OwnerRecord`` per ring, and an open-file-description lock
 (``F_OFD_SETLK``) on that record for as long as the subscriber lives. The
 kernel drops the lock when its holder dies, so a record whose lock can be
@@ -18,8 +18,13 @@ is only ever read and written with pread/pwrite, never mapped, so whatever
 another process does to it cannot fault a subscriber.
 
 Publishers of this package record themselves too, in a second file,
-``/dev/shm/<name>.owners.owners`` (no region can have that name, nor that
-sidecar: region names never end in ``.owners``): one ``PublisherRecord``
+``/dev/shm/<name>.kickmsg-publishers``, and bridges in a third,
+``/dev/shm/<name>.kickmsg-bridges``. The files are named for what they hold,
+and no region can have such a name: region names never end in these
+suffixes (``shm.NAME_RULE``), and the ``kickmsg-`` in them says whose files
+they are to anyone listing ``/dev/shm``. (A file name holds 255 bytes: a
+region name of more than 235 has no room for a record file beside it, and
+its users go unrecorded, as told below.) One ``PublisherRecord``
 per live ``Publisher``, locked the same way, with the messages it sent and
 the deliveries it dropped as of its last check-in (every 0.1 s while it
 sends, never per message). A record nobody holds the lock of is a dead
@@ -40,6 +45,15 @@ records itself only while the region's name leads to the object it uses
 follows its region to another instance. Publisher and bridge records
 written by an older version of this package carry no stamp (0): they count
 as the region's if their writer started after the region was created.
+
+The previous release named the files ``<name>.owners``,
+``<name>.owners.owners`` and ``<name>.owners.owners.owners``. For one
+release, since a process of that release may still write them beside ours,
+the tools read those too (``read_owners``, ``read_publishers``,
+``read_bridges``), a dead subscriber's ring recorded only there is
+reclaimed (``Sidecar.open``), and they are removed with ours (``unlink``,
+``sidecar_paths``: ``kickmsg rm`` and ``kickmsg clean``) and restarted with
+ours on a re-create in place. We write only the new names.
 
 The records are bookkeeping beyond the 0.1.0 layout: they never stop a
 publisher or subscriber from working on its (preallocated) region. A record
@@ -65,16 +79,20 @@ if TYPE_CHECKING:  # kickmsg.region imports this module
 __all__ = [
     "BRIDGES_SUFFIX", "BRIDGE_DIRECTIONS", "BRIDGE_KEY_SIZE", "BRIDGE_RECORD_SIZE", "BridgeEntry", "BridgeRecord",
     "CHECK_IN_OFFSET", "CLAIM_ATTEMPTS", "CLAIM_RETRY_S", "FLOCK", "MAX_BRIDGE_PEERS", "MAX_BRIDGE_RECORDS",
-    "MAX_PUBLISHER_RECORDS", "OwnerRecord", "PROGRESS_OFFSET", "PUBLISHERS_SUFFIX", "PUBLISHER_NAME_SIZE",
-    "PUBLISHER_RECORD_SIZE", "PublisherEntry", "PublisherRecord", "RECORD_SIZE", "RecordEntry", "SUFFIX", "Sidecar",
-    "UNRECORDED_CONSEQUENCES", "bridges_path", "is_of", "process_start_time", "program_name", "publishers_path", "read_bridges",
-    "read_owners", "read_publishers", "reclaim_dead_bridges", "reclaim_dead_publishers", "region_of_sidecar", "restart",
-    "sidecar_kind", "sidecar_path", "sidecar_paths", "unlink",
+    "MAX_PUBLISHER_RECORDS", "OLD_SUFFIX", "OLD_SUFFIXES", "OwnerRecord", "PROGRESS_OFFSET", "PUBLISHERS_SUFFIX",
+    "PUBLISHER_NAME_SIZE", "PUBLISHER_RECORD_SIZE", "PublisherEntry", "PublisherRecord", "RECORD_FILES", "RECORD_SIZE",
+    "RecordEntry", "SUBSCRIBERS_SUFFIX", "Sidecar", "UNRECORDED_CONSEQUENCES", "bridges_path", "is_of", "old_path",
+    "process_start_time", "program_name", "publishers_path", "read_bridges", "read_owners", "read_publishers",
+    "reclaim_dead_bridges", "reclaim_dead_publishers", "region_of_sidecar", "restart", "sidecar_kind", "sidecar_path",
+    "sidecar_paths", "unlink",
 ]
 
-SUFFIX = shm.SIDECAR_SUFFIX
-PUBLISHERS_SUFFIX = SUFFIX + SUFFIX  # stripped of one SUFFIX, still not a valid region name
-BRIDGES_SUFFIX = SUFFIX * 3  # stripped of one or two SUFFIXes, still not a valid region name
+SUBSCRIBERS_SUFFIX, PUBLISHERS_SUFFIX, BRIDGES_SUFFIX, OLD_SUFFIX = shm.SIDECAR_SUFFIXES
+OLD_SUFFIXES = {"ring-owner": OLD_SUFFIX, "publisher": OLD_SUFFIX * 2, "bridge": OLD_SUFFIX * 3}  # the previous release's names
+RECORD_FILES = (  # (suffix, kind) of every record file; the previous release's names end in one another: longest first
+    (SUBSCRIBERS_SUFFIX, "ring-owner"), (PUBLISHERS_SUFFIX, "publisher"), (BRIDGES_SUFFIX, "bridge"),
+    (OLD_SUFFIXES["bridge"], "bridge"), (OLD_SUFFIXES["publisher"], "publisher"), (OLD_SUFFIXES["ring-owner"], "ring-owner"),
+)
 MAX_PUBLISHER_RECORDS = 1024  # a publisher that finds no free record among these goes unrecorded
 MAX_BRIDGE_RECORDS = 64  # likewise for a bridge forwarding the channel
 PUBLISHER_NAME_SIZE = 24  # 32 before records were stamped: the stamp took the last 8 bytes (records kept their size)
@@ -170,7 +188,8 @@ def process_start_time(pid: int) -> int:
 
 
 def sidecar_path(region_name: str) -> str:
-    return shm.SHM_DIRECTORY + region_name + SUFFIX
+    """The file of the region's ring owners (its subscribers' records)."""
+    return shm.SHM_DIRECTORY + region_name + SUBSCRIBERS_SUFFIX
 
 
 def publishers_path(region_name: str) -> str:
@@ -181,18 +200,30 @@ def bridges_path(region_name: str) -> str:
     return shm.SHM_DIRECTORY + region_name + BRIDGES_SUFFIX
 
 
-def sidecar_kind(file_name: str) -> str:
-    """What a sidecar file (``x.owners``, ``x.owners.owners``,
-    ``x.owners.owners.owners``) holds: ring-owner, publisher or bridge records."""
-    if file_name.endswith(BRIDGES_SUFFIX):
-        return "bridge"
-    return "publisher" if file_name.endswith(PUBLISHERS_SUFFIX) else "ring-owner"
+def old_path(region_name: str, kind: str) -> str:
+    """The previous release's name of the region's file of ``kind`` records
+    (``x.owners``, ``x.owners.owners``, ``x.owners.owners.owners``)."""
+    return shm.SHM_DIRECTORY + region_name + OLD_SUFFIXES[kind]
+
+
+def _suffix_of(file_name: str) -> tuple[str, str] | None:
+    return next(((suffix, kind) for suffix, kind in RECORD_FILES if file_name.endswith(suffix)), None)
+
+
+def sidecar_kind(file_name: str) -> str | None:
+    """What a record file (``x.kickmsg-subscribers``, ``x.kickmsg-publishers``,
+    ``x.kickmsg-bridges``, or a previous release's name) holds: ring-owner,
+    publisher or bridge records; None for another file."""
+    found = _suffix_of(file_name)
+    return found[1] if found else None
 
 
 def region_of_sidecar(file_name: str) -> str:
-    """The region name (``/x``) a sidecar file name belongs to."""
-    suffix = {"bridge": BRIDGES_SUFFIX, "publisher": PUBLISHERS_SUFFIX}.get(sidecar_kind(file_name), SUFFIX)
-    return "/" + file_name.removesuffix(suffix)
+    """The region name (``/x``) a record file's name belongs to."""
+    found = _suffix_of(file_name)
+    if found is None:
+        raise ValueError(f"{file_name!r} is not the name of a record file (it ends in none of {shm.SIDECAR_SUFFIXES})")
+    return "/" + file_name.removesuffix(found[0])
 
 
 def _warn_unrecorded(path: str, error: OSError) -> None:
@@ -202,8 +233,9 @@ def _warn_unrecorded(path: str, error: OSError) -> None:
         return
     _warned_paths.add(path)
     file_name = os.path.basename(path)
-    region = region_of_sidecar(file_name)
-    consequence = UNRECORDED_CONSEQUENCES[sidecar_kind(file_name)].format(region=region)
+    region, kind = region_of_sidecar(file_name), sidecar_kind(file_name)
+    assert kind is not None  # one of our record files
+    consequence = UNRECORDED_CONSEQUENCES[kind].format(region=region)
     warnings.warn(f"{region}: cannot write records in {path}: {error.strerror or error}; {consequence}",
                   RuntimeWarning, stacklevel=3)
 
@@ -221,8 +253,10 @@ def _write_record(path: str, fd: int, data: bytes, offset: int) -> bool:
 
 
 def sidecar_paths(region_name: str) -> list[str]:
-    """The paths of the region's sidecars: ring owners, publishers, bridges."""
-    return [sidecar_path(region_name), publishers_path(region_name), bridges_path(region_name)]
+    """The paths of the region's sidecars: ring owners, publishers, bridges;
+    then the same under the previous release's names."""
+    return [sidecar_path(region_name), publishers_path(region_name), bridges_path(region_name),
+            *(old_path(region_name, kind) for kind in OLD_SUFFIXES)]
 
 
 def unlink(region_name: str) -> None:
@@ -294,9 +328,14 @@ class Sidecar:
         """Open the sidecar; None if it does not exist or cannot be opened.
         With ``create_with_mode`` (the region's permission bits), create it
         if it does not exist yet, with exactly those bits (whatever the
-        umask), so whoever may use the region may also record themselves."""
+        umask), so whoever may use the region may also record themselves.
+        Without, to judge owners: the previous release's file if ours does
+        not exist (its subscribers were the only ones recorded)."""
         path = sidecar_path(region_name)
         fd = _open_file(path, create_with_mode)
+        if fd is None and create_with_mode is None:
+            path = old_path(region_name, "ring-owner")
+            fd = _open_file(path, None)
         return None if fd is None else cls(fd, path)
 
     def _lock(self, ring: int, lock_type: int) -> bool:
@@ -358,29 +397,43 @@ class Sidecar:
 def restart(region_name: str, kept_rings: list[int], region_created_at_ns: int) -> None:
     """For a region re-created in place: move the records of ``kept_rings``
     to the new incarnation, clear every other record. The owners keep their
-    locks: the file stays."""
-    path = sidecar_path(region_name)
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
-    except OSError:
-        return
-    try:
-        for ring in range(os.fstat(fd).st_size // RECORD_SIZE):
-            record = _read_record(fd, ring) if ring in kept_rings else None
-            if record is not None:
-                record.region_created_at_ns = region_created_at_ns
-            _write_record(path, fd, bytes(record or OwnerRecord()), ring * RECORD_SIZE)
-    finally:
-        os.close(fd)
+    locks: the file stays. The previous release's file likewise."""
+    for path in (sidecar_path(region_name), old_path(region_name, "ring-owner")):
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            for ring in range(os.fstat(fd).st_size // RECORD_SIZE):
+                record = _read_record(fd, ring) if ring in kept_rings else None
+                if record is not None:
+                    record.region_created_at_ns = region_created_at_ns
+                _write_record(path, fd, bytes(record or OwnerRecord()), ring * RECORD_SIZE)
+        finally:
+            os.close(fd)
 
 
 def read_owners(region_name: str, rings: int) -> list[tuple[OwnerRecord | None, bool]] | None:
     """For tools, without writing anything: the record of each ring among
     the first ``rings`` that the sidecar holds (None where there is none)
     and whether a live process holds its lock; rings past the file's end
-    have none and are left out. None if the region has no sidecar."""
+    have none and are left out. None if the region has no sidecar. A ring
+    our file has no record of takes the previous release's file's."""
+    ours = _read_owners_file(sidecar_path(region_name), rings)
+    old = _read_owners_file(old_path(region_name, "ring-owner"), rings)
+    if ours is None or old is None:
+        return old if ours is None else ours
+    merged = []
+    for ring in range(max(len(ours), len(old))):
+        mine = ours[ring] if ring < len(ours) else (None, False)
+        merged.append(mine if mine[0] is not None or ring >= len(old) else old[ring])
+    return merged
+
+
+def _read_owners_file(path: str, rings: int) -> list[tuple[OwnerRecord | None, bool]] | None:
+    """``read_owners`` of one file."""
     try:
-        fd = os.open(sidecar_path(region_name), os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)  # a FIFO planted there: no hang
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)  # a FIFO planted there: no hang
     except OSError:
         return None
     try:
@@ -586,29 +639,34 @@ def _reclaim_dead_records[R: ctypes.Structure](path: str, record_type: type[R], 
 
 
 def read_publishers(region: "SharedRegion") -> list[tuple[PublisherRecord, bool]]:
-    """Each record of a publisher of this instance of the region and
-    whether its publisher lives (False: it died, a "stall")."""
-    return [(record, held) for record, held in _read_records(publishers_path(region.name), PublisherRecord, MAX_PUBLISHER_RECORDS)
+    """Each record of a publisher of this instance of the region (in our
+    file, then in the previous release's) and whether its publisher lives
+    (False: it died, a "stall")."""
+    return [(record, held) for path in (publishers_path(region.name), old_path(region.name, "publisher"))
+            for record, held in _read_records(path, PublisherRecord, MAX_PUBLISHER_RECORDS)
             if is_of(region, record.region_created_at_ns, record.started_at_ns)]
 
 
 def reclaim_dead_publishers(region: "SharedRegion") -> list[int]:
-    """Clear the records of this instance's publishers that died; returns their pids."""
-    return [record.pid for record in _reclaim_dead_records(publishers_path(region.name), PublisherRecord, MAX_PUBLISHER_RECORDS, region)]
+    """Clear the records of this instance's publishers that died (in both
+    files); returns their pids."""
+    return [record.pid for path in (publishers_path(region.name), old_path(region.name, "publisher"))
+            for record in _reclaim_dead_records(path, PublisherRecord, MAX_PUBLISHER_RECORDS, region)]
 
 
 def read_bridges(region: "SharedRegion") -> list[tuple[BridgeRecord, bool]]:
-    """Each record of a bridge forwarding this instance of the region and
-    whether its bridge lives."""
-    return [(record, held) for record, held in _read_records(bridges_path(region.name), BridgeRecord, MAX_BRIDGE_RECORDS)
+    """Each record of a bridge forwarding this instance of the region (in
+    our file, then in the previous release's) and whether its bridge lives."""
+    return [(record, held) for path in (bridges_path(region.name), old_path(region.name, "bridge"))
+            for record, held in _read_records(path, BridgeRecord, MAX_BRIDGE_RECORDS)
             if is_of(region, record.region_created_at_ns, record.started_at_ns)]
 
 
 def reclaim_dead_bridges(region_name: str, dry_run: bool = False) -> list[int]:
     """Clear the records of bridges that died, of any instance of the region
-    (``kickmsg clean``: a dead process's record serves nobody); with
-    ``dry_run``, only find them. Their pids."""
-    path = bridges_path(region_name)
+    (``kickmsg clean``: a dead process's record serves nobody), in both
+    files; with ``dry_run``, only find them. Their pids."""
+    paths = (bridges_path(region_name), old_path(region_name, "bridge"))
     if dry_run:
-        return [record.pid for record, held in _read_records(path, BridgeRecord, MAX_BRIDGE_RECORDS) if not held]
-    return [record.pid for record in _reclaim_dead_records(path, BridgeRecord, MAX_BRIDGE_RECORDS, None)]
+        return [record.pid for path in paths for record, held in _read_records(path, BridgeRecord, MAX_BRIDGE_RECORDS) if not held]
+    return [record.pid for path in paths for record in _reclaim_dead_records(path, BridgeRecord, MAX_BRIDGE_RECORDS, None)]

@@ -13,18 +13,21 @@ import stat
 import posix_ipc
 
 from kickmsg._atomics_cffi import ffi
-from kickmsg.errors import EmptyObjectError, NoRoomError, RegionNotFoundError, RegionPermissionError
+from kickmsg.errors import CorruptRegionError, EmptyObjectError, NoRoomError, RegionNotFoundError, RegionPermissionError
 
 __all__ = [
-    "DEFAULT_MODE", "MADV_POPULATE_WRITE", "MODE_VARIABLE", "Mapping", "NAME_RULE", "SHM_DIRECTORY", "SIDECAR_SUFFIX",
+    "DEFAULT_MODE", "MADV_POPULATE_WRITE", "MODE_VARIABLE", "Mapping", "NAME_RULE", "SHM_DIRECTORY", "SIDECAR_SUFFIXES",
     "allocated_bytes", "check_existing_name", "check_may_remove", "check_name", "create_exclusive", "create_or_map",
     "creation_mode", "object_size", "open_existing", "processes_mapping", "read_head", "room_for_new_object", "unlink",
 ]
 
-SIDECAR_SUFFIX = ".owners"  # the ring-owner sidecar of region /x is /x.owners (kickmsg.owners)
+# The record files beside region /x (kickmsg.owners) are /x + one of these: its subscribers, publishers,
+# bridges; ".owners" ends each name the release before gave them (x.owners, x.owners.owners, ...).
+SIDECAR_SUFFIXES = (".kickmsg-subscribers", ".kickmsg-publishers", ".kickmsg-bridges", ".owners")
 NAME_RULE = (
     "a shared-memory name is '/' followed by 1 to 254 bytes of UTF-8 text without '/' or control characters "
-    f"(NUL, newline, ...), other than '.' and '..', and not ending in '{SIDECAR_SUFFIX}' (the suffix of ring-owner sidecars)"
+    f"(NUL, newline, ...), other than '.' and '..', and not ending in '{"', '".join(SIDECAR_SUFFIXES)}' "
+    "(the suffixes of the record files beside a region)"
 )
 DEFAULT_MODE = 0o600  # only the creating user may map a new region (as native 0.9; 0.1.0 used 0666)
 MODE_VARIABLE = "KICKMSG_SHM_MODE"  # octal permission bits for new regions, as in native 0.9
@@ -66,8 +69,9 @@ def _shape_fault(name: str) -> str | None:
         return "a NUL character"
     if name in ("/.", "/.."):
         return f"'{name[1:]}' names a directory"
-    if name.endswith(SIDECAR_SUFFIX):
-        return f"it ends in '{SIDECAR_SUFFIX}'"
+    suffix = next((suffix for suffix in SIDECAR_SUFFIXES if name.endswith(suffix)), None)
+    if suffix:
+        return f"it ends in '{suffix}'"
     return None
 
 
@@ -293,7 +297,7 @@ def open_existing(name: str, writable: bool = True) -> Mapping:
     except OSError:
         mode = stat.S_IFREG  # shm_open says why
     if not stat.S_ISREG(mode):  # a FIFO planted there would block shm_open
-        raise RuntimeError(f"Invalid shared memory (bad magic): {name} is not a regular file")
+        raise CorruptRegionError(f"Invalid shared memory (bad magic): {name} is not a regular file")
     try:
         shared_memory = posix_ipc.SharedMemory(name, 0, read_only=not writable)
     except posix_ipc.ExistentialError:

@@ -97,7 +97,7 @@ def as_root(*argv: str, drop_lease: bool = False) -> dict:
 def files_of(name: str) -> list[str]:
     """Which of the region and its three sidecars exist, with their owners."""
     found = []
-    for suffix in ("", ".owners", ".owners.owners", ".owners.owners.owners"):
+    for suffix in ("", ".kickmsg-subscribers", ".kickmsg-publishers", ".kickmsg-bridges"):
         with contextlib.suppress(FileNotFoundError):
             found.append(f"{name}{suffix} {pwd.getpwuid(os.stat(f'/dev/shm{name}{suffix}').st_uid).pw_name}")
     return found
@@ -127,7 +127,7 @@ def test_clean_by_another_user_leaves_a_region_that_root_processes_hold(prefix):
             "removed": [], "in_use": [name], "failed": []}
         for force in ([], ["--force"]):
             assert as_nobody("clean", "--prefix", prefix, *force) == {"status": 0, "stdout": in_use, "stderr": ""}
-        assert files_of(name) == [f"{name} nobody", f"{name}.owners root"]
+        assert files_of(name) == [f"{name} nobody", f"{name}.kickmsg-subscribers root"]
         subscriber.tell()
         assert subscriber.result() == "ok"
     with start_ours(PUBLISHER, name=name) as publisher:
@@ -136,7 +136,7 @@ def test_clean_by_another_user_leaves_a_region_that_root_processes_hold(prefix):
         assert as_nobody("clean", "--prefix", prefix) == {"status": 0, "stdout": in_use, "stderr": ""}
         publisher.tell()
         assert publisher.result() == "ok"
-    assert files_of(name) == [f"{name} nobody", f"{name}.owners root", f"{name}.owners.owners root"]
+    assert files_of(name) == [f"{name} nobody", f"{name}.kickmsg-subscribers root", f"{name}.kickmsg-publishers root"]
 
 
 def test_a_native_holder_keeps_a_region_from_clean(prefix):
@@ -163,14 +163,14 @@ def test_a_region_goes_with_its_sidecars_or_not_at_all(prefix):
             peer.tell()
             assert peer.result() == "ok"
     before = files_of(name)
-    assert before == [f"{name} nobody", f"{name}.owners root", f"{name}.owners.owners root"]
+    assert before == [f"{name} nobody", f"{name}.kickmsg-subscribers root", f"{name}.kickmsg-publishers root"]
     refused = as_nobody("clean", "--prefix", prefix)
     assert refused == {"status": 2, "stderr": "", "stdout": (
-        f"cannot remove {name}: {name}.owners belongs to root, and in /dev/shm (sticky) only a file's owner may "
+        f"cannot remove {name}: {name}.kickmsg-subscribers belongs to root, and in /dev/shm (sticky) only a file's owner may "
         "remove it (this process runs as nobody); nothing was removed\n")}
     assert files_of(name) == before
     rm = as_nobody("rm", name)
-    assert rm["status"] == 2 and rm["stderr"].startswith(f"kickmsg rm: error: cannot remove {name}: {name}.owners belongs to root")
+    assert rm["status"] == 2 and rm["stderr"].startswith(f"kickmsg rm: error: cannot remove {name}: {name}.kickmsg-subscribers belongs to root")
     assert files_of(name) == before
     assert as_root("clean", "--prefix", prefix) == {"status": 0, "stdout": f"removed {name}\n", "stderr": ""}
     assert files_of(name) == []

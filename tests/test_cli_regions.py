@@ -135,7 +135,7 @@ def test_clean_removes_sidecars_left_by_native_unlink_and_rm(prefix):
         assert os.path.exists(owners.sidecar_path(region_name))
     assert run_native(UNLINK, name=native) == "ok"
     os.unlink(f"/dev/shm{ours}")
-    orphans = [f"{native}.owners", f"{ours}.owners"]
+    orphans = [f"{native}.kickmsg-subscribers", f"{ours}.kickmsg-subscribers"]
 
     listed = cli_json("list", "--prefix", prefix, "--all", "-o", "name,type")
     assert listed == [{"name": kept, "type": "PubSub"}] + [{"name": o, "type": "orphan sidecar"} for o in orphans]

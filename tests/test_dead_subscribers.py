@@ -3,7 +3,7 @@
 A subscriber killed with SIGKILL never runs its teardown: its ring stays Live
 forever, and after max_subscribers such deaths nobody can subscribe. Each
 subscriber of this package records itself in a sidecar beside the region,
-``/dev/shm/<name>.owners`` (pid, process start time, start position, the
+``/dev/shm/<name>.kickmsg-subscribers`` (pid, process start time, start position, the
 region's created_at_ns, ...), and holds an OFD lock on its record while it
 lives. ``reclaim_dead_subscribers()`` leaves, on their behalf, exactly the
 rings whose record's lock is free: Live rings, and Draining ones whose owner
@@ -68,7 +68,7 @@ def small_config(**fields) -> Config:
 
 
 def sidecar_path(name: str) -> str:
-    return f"/dev/shm{name}.owners"
+    return f"/dev/shm{name}.kickmsg-subscribers"
 
 
 def sidecar_records(name: str, max_subs: int) -> list[bytes]:

@@ -134,10 +134,10 @@ def test_a_full_dev_shm_does_not_stop_a_channel():
     assert results["filled"] == "No space left on device"
     assert results["recorded"] == [False] * 12 and results["free after joins"] == [0, 1, 2, 3]
     assert results["received"] == "still works"
-    owners_warning = ("/full: cannot write records in /dev/shm/full.owners: No space left on device; subscribers "
+    owners_warning = ("/full: cannot write records in /dev/shm/full.kickmsg-subscribers: No space left on device; subscribers "
                       "in this process go on without an owner record: tools do not show them, and the ring of one "
                       "that is killed stays taken until kickmsg repair /full --ring N --force frees it")
-    publishers_warning = ("/full: cannot write records in /dev/shm/full.owners.owners: No space left on device; "
+    publishers_warning = ("/full: cannot write records in /dev/shm/full.kickmsg-publishers: No space left on device; "
                           "publishers in this process go on unrecorded: kickmsg stats and list do not show them")
     assert results["warnings"] == [owners_warning, publishers_warning]
 
@@ -280,9 +280,9 @@ def test_records_files_we_may_not_write_only_warn(shm_name):
             child.kill()
     assert outcome["received"] == b"unrecorded" and outcome["recorded"] is False
     assert outcome["warnings"] == [
-        f"{shm_name}: cannot write records in /dev/shm{shm_name}.owners.owners: Permission denied; publishers in this "
+        f"{shm_name}: cannot write records in /dev/shm{shm_name}.kickmsg-publishers: Permission denied; publishers in this "
         f"process go on unrecorded: kickmsg stats and list do not show them",
-        f"{shm_name}: cannot write records in /dev/shm{shm_name}.owners: Permission denied; subscribers in this "
+        f"{shm_name}: cannot write records in /dev/shm{shm_name}.kickmsg-subscribers: Permission denied; subscribers in this "
         f"process go on without an owner record: tools do not show them, and the ring of one that is killed stays "
         f"taken until kickmsg repair {shm_name} --ring N --force frees it",
     ]

@@ -147,7 +147,7 @@ name = sys.argv[1]
 region = SharedRegion.create(name, ChannelType.PubSub, Config(max_subscribers=2, sub_ring_capacity=8, pool_size=16))
 subscriber = Subscriber(region)
 Publisher(region).send(b"x")
-os.truncate("/dev/shm" + name + ".owners", 0)  # any process may write the sidecar (mode 0666)
+os.truncate("/dev/shm" + name + ".kickmsg-subscribers", 0)  # any process may write the sidecar (mode 0666)
 assert subscriber.try_receive() == b"x"
 subscriber.close()
 """

@@ -32,7 +32,7 @@ HUGE = dict(pool_size=10**7, max_payload_size=10**6)  # 9.1 TiB: the config that
 def shm_entries(name: str) -> list[str]:
     """What /dev/shm holds under this name (the region and its sidecar)."""
     base = name.lstrip("/")
-    return sorted(entry for entry in os.listdir("/dev/shm") if entry in (base, base + ".owners"))
+    return sorted(entry for entry in os.listdir("/dev/shm") if entry in (base, base + ".kickmsg-subscribers"))
 
 
 # -- 1. a region larger than the machine can give it ---------------------------------------
@@ -123,7 +123,7 @@ def test_a_region_that_cannot_be_backed_fails_at_create_and_leaves_nothing():
     assert results["reserved leaves"] == []
     status, allocated, total = results["fits"]
     assert status == "created" and allocated >= total
-    assert results["fits leaves"] == ["fits", "fits.owners"]
+    assert results["fits leaves"] == ["fits", "fits.kickmsg-subscribers"]
 
 
 SPARSE_OBJECT_CHILD = r"""
@@ -226,12 +226,14 @@ def test_a_native_region_with_a_pool_no_larger_than_a_ring_is_flagged(shm_name):
 # -- 6. names that clash with sidecars, sidecars left behind -------------------------------------
 
 
+@pytest.mark.parametrize("suffix", [".kickmsg-subscribers", ".kickmsg-publishers", ".kickmsg-bridges", ".owners"])
 @pytest.mark.parametrize("call", ["create", "open", "create_or_open", "unlink_shm", "Node.advertise"])
-def test_a_name_ending_in_owners_is_refused(call):
-    """/x.owners is region /x's sidecar: such a region name is refused with
-    the rule, by every call that takes a name."""
-    name = "/kmtest_limits_x.owners"
-    with pytest.raises(ValueError, match=r"not ending in '\.owners'"):
+def test_a_name_ending_like_a_record_file_is_refused(call, suffix):
+    """/x.kickmsg-subscribers is region /x's sidecar (/x.owners the previous
+    release's name): such a region name is refused with the rule, by every
+    call that takes a name."""
+    name = "/kp35err_limits_x" + suffix
+    with pytest.raises(ValueError, match=f"it ends in '{re.escape(suffix)}'.*not ending in"):
         if call == "create":
             SharedRegion.create(name, ChannelType.PubSub, Config(**SMALL))
         elif call == "open":
@@ -241,7 +243,7 @@ def test_a_name_ending_in_owners_is_refused(call):
         elif call == "unlink_shm":
             unlink_shm(name)
         else:
-            Node("n", prefix="kmtest_limits").advertise("x.owners", Config(**SMALL))
+            Node("n", prefix="kp35err_limits").advertise("x" + suffix, Config(**SMALL))
 
 
 @pytest.mark.parametrize("create", [SharedRegion.create, SharedRegion.create_or_open])
@@ -251,7 +253,7 @@ def test_creating_a_region_discards_a_stale_sidecar(shm_name, create):
     region = SharedRegion.create(shm_name, ChannelType.PubSub, Config(**SMALL))
     Subscriber(region).close()
     os.unlink(f"/dev/shm{shm_name}")  # as `rm` or native unlink_shm would: the sidecar stays
-    assert shm_entries(shm_name) == [shm_name.lstrip("/") + ".owners"]
+    assert shm_entries(shm_name) == [shm_name.lstrip("/") + ".kickmsg-subscribers"]
     create(shm_name, ChannelType.PubSub, Config(**SMALL))
     assert shm_entries(shm_name) == [shm_name.lstrip("/")]
 

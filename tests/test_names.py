@@ -83,7 +83,8 @@ def test_dot_and_dot_dot_are_refused_by_the_rule(name, call):
 def test_the_rule_is_stated(prefix):
     assert shm.NAME_RULE == (
         "a shared-memory name is '/' followed by 1 to 254 bytes of UTF-8 text without '/' or control characters "
-        "(NUL, newline, ...), other than '.' and '..', and not ending in '.owners' (the suffix of ring-owner sidecars)")
+        "(NUL, newline, ...), other than '.' and '..', and not ending in '.kickmsg-subscribers', '.kickmsg-publishers', "
+        "'.kickmsg-bridges', '.owners' (the suffixes of the record files beside a region)")
 
 
 @pytest.mark.parametrize("label", BAD_TEXTS)
@@ -155,7 +156,7 @@ def region_renamed(prefix: str, raw_name: bytes) -> bytes:
     kickmsg.Subscriber(kickmsg.SharedRegion.open(made)).close()  # leaves its sidecar
     path = b"/dev/shm/" + raw_name
     os.rename(f"/dev/shm{made}", path)
-    os.rename(f"/dev/shm{made}.owners", path + b".owners")
+    os.rename(f"/dev/shm{made}.kickmsg-subscribers", path + b".kickmsg-subscribers")
     return path
 
 

@@ -1,5 +1,5 @@
 """Publishers you can see: each Publisher of this package records itself in
-``/dev/shm/<name>.owners.owners`` (kickmsg.owners) without touching the
+``/dev/shm/<name>.kickmsg-publishers`` (kickmsg.owners) without touching the
 region's bytes; tools show live ones, dead ones as "stall", and dead
 records are reclaimed. Real publisher processes, killed for real."""
 import os
@@ -190,10 +190,10 @@ def test_clean_removes_publisher_records_whose_region_is_gone(prefix):
     os.unlink(f"/dev/shm{name}")  # as a native unlink_shm would: the sidecars stay
     assert os.path.exists(owners.publishers_path(name))
     rows = cli_json("list", "--prefix", prefix, "--all", "-o", "name,type,problem")
-    assert {"name": name + ".owners.owners", "type": "orphan sidecar",
+    assert {"name": name + ".kickmsg-publishers", "type": "orphan sidecar",
             "problem": f"publisher records of {name}, which is gone (kickmsg clean removes it)"} in rows
     del publisher  # its record is cleared; the file stays
-    assert name + ".owners.owners" in cli_json("clean", "--prefix", prefix)["sidecars"]
+    assert name + ".kickmsg-publishers" in cli_json("clean", "--prefix", prefix)["sidecars"]
     assert not os.path.exists(owners.publishers_path(name))
 
 

@@ -90,7 +90,7 @@ def test_a_new_region_and_its_sidecar_are_0600_by_default(shm_name, monkeypatch)
         region = SharedRegion.create(shm_name, ChannelType.PubSub, Config(**SMALL))
         Subscriber(region).close()
     assert mode_of(f"/dev/shm{shm_name}") == 0o600
-    assert mode_of(f"/dev/shm{shm_name}.owners") == 0o600
+    assert mode_of(f"/dev/shm{shm_name}.kickmsg-subscribers") == 0o600
 
 
 @on_layout4
@@ -104,7 +104,7 @@ def test_the_environment_and_the_keyword_choose_the_mode(shm_name, monkeypatch):
     assert mode_of(f"/dev/shm{shm_name}") == 0o640
     with umask(0o077):
         Subscriber(region).close()
-    assert mode_of(f"/dev/shm{shm_name}.owners") == 0o640
+    assert mode_of(f"/dev/shm{shm_name}.kickmsg-subscribers") == 0o640
     with umask(0o022):
         SharedRegion.create(shm_name + "_k", ChannelType.PubSub, Config(**SMALL), mode=0o666)
     assert mode_of(f"/dev/shm{shm_name}_k") == 0o644  # the umask took the write bits of group and others
@@ -169,7 +169,7 @@ def test_another_user_may_subscribe_to_a_region_made_for_everyone(shm_name):
         region = SharedRegion.create(shm_name, ChannelType.PubSub, Config(**SMALL), mode=0o666)
 
     assert as_nobody("subscribe", shm_name) == {"result": True}
-    sidecar = os.stat(f"/dev/shm{shm_name}.owners")
+    sidecar = os.stat(f"/dev/shm{shm_name}.kickmsg-subscribers")
     assert (stat.S_IMODE(sidecar.st_mode), sidecar.st_uid) == (0o666, NOBODY.pw_uid)
     with Subscriber(region) as ours:
         assert ours._sidecar is not None  # root records itself in nobody's sidecar too

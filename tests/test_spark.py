@@ -684,7 +684,7 @@ def test_telemetry_reports_a_job_to_another_process(spark, prefix, impl, monkeyp
         with DriverTelemetry(spark, prefix=prefix, interval=30) as telemetry:
             assert run_small_job(spark) == 999_000
         events = viewer.result()
-    regions = {path.name for path in pathlib.Path("/dev/shm").glob(f"{prefix}_*") if path.suffix != ".owners"}
+    regions = {path.name for path in pathlib.Path("/dev/shm").glob(f"{prefix}_*") if owners.sidecar_kind(path.name) is None}
     registry = set() if impl == "native" else {f"{prefix}_registry"}  # layout 9's participant registry
     assert regions == {f"{prefix}_spark.telemetry"} | registry  # the viewer's channel, no other
     events = [event for event in events if not event["kind"].startswith("query_")]  # late ones of earlier tests

@@ -50,7 +50,7 @@ says whether the other side is there.
 Figures for other processes: one more thread writes each channel's figures
 every 0.5 s (never per message) into a record of the bridge's own beside
 the local channel (``kickmsg.owners.BridgeEntry``, in
-``/dev/shm/<name>.owners.owners.owners``), locked for as long as the bridge
+``/dev/shm/<name>.kickmsg-bridges``), locked for as long as the bridge
 lives, so ``kickmsg.ops.diagnostics``, ``kickmsg stats`` and ``kickmsg
 exporter`` show them and a killed bridge's record shows as dead. The
 region's bytes never change. A record apart from the publisher records

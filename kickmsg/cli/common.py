@@ -16,6 +16,7 @@ from typing import Any, TextIO
 from kickmsg import jsontext, layouts, shm
 from kickmsg.stopsignals import STOP_SIGNALS, exit_forced
 from kickmsg.config import MAX_POOL_SIZE, MAX_SUBSCRIBERS, Config
+from kickmsg.errors import KickmsgError
 from kickmsg.ops import diagnostics
 from kickmsg.region import SharedRegion
 from kickmsg.terminal import printable
@@ -33,7 +34,7 @@ NODE_NAMING = "NAME, --topic T, --broadcast CH or --mailbox OWNER TAG"
 GEOMETRY_OPTIONS = ("max_subscribers", "ring", "pool", "payload", "commit_timeout", "layout")  # of create and pub --create
 
 
-class CommandError(Exception):
+class CommandError(KickmsgError):
     """Bad input: reported as one line, exit status 2."""
 
 

@@ -255,7 +255,8 @@ def cmd_clean(args: argparse.Namespace) -> int:
     or mapped, and sidecars whose region is gone; clear the records of dead
     bridges. What it cannot judge or remove is reported, and the rest goes on."""
     signal.signal(signal.SIGIO, signal.SIG_IGN)  # see why_not_unused
-    stale, unproven, in_use, orphan_sidecars, dead_bridges, skipped = [], [], [], [], [], []
+    stale, unproven, in_use, orphan_sidecars, skipped = [], [], [], [], []
+    bridged: set[str] = set()  # channels with a file of bridge records (two, ours and the previous release's, count once)
     types: dict[str, str] = {}  # the type of each region judged
     for entry in shm_objects(args.prefix):
         name = "/" + entry.name
@@ -264,7 +265,7 @@ def cmd_clean(args: argparse.Namespace) -> int:
                 if is_orphan_sidecar(entry):
                     orphan_sidecars.append(name)
                 elif owners.sidecar_kind(entry.name) == "bridge":
-                    dead_bridges += dead_bridge_records(owners.region_of_sidecar(entry.name), args.dry_run)
+                    bridged.add(owners.region_of_sidecar(entry.name))
                 continue
             kind = candidate_type(entry.path)
             if kind is None:
@@ -281,6 +282,7 @@ def cmd_clean(args: argparse.Namespace) -> int:
             in_use.append(name)
         else:
             unproven.append({"name": name, "reason": reason})
+    dead_bridges = [record for name in sorted(bridged) for record in dead_bridge_records(name, args.dry_run)]
     to_remove = (stale + [found["name"] for found in unproven]) if args.force else stale
     removed, failed = ([*to_remove], []) if args.dry_run else remove_each(to_remove, kickmsg.unlink_shm)
     sidecars, failed_sidecars = ([*orphan_sidecars], []) if args.dry_run else remove_each(orphan_sidecars, remove_file)

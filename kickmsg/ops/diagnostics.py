@@ -323,8 +323,8 @@ def shm_objects(prefix: str | None) -> Iterator[os.DirEntry[str]]:
 
 
 def is_sidecar(entry: os.DirEntry[str]) -> bool:
-    """A ring-owner or publisher record file (``kickmsg.owners``)."""
-    return entry.name.endswith(owners.SUFFIX)
+    """A file of ring-owner, publisher or bridge records (``kickmsg.owners``)."""
+    return owners.sidecar_kind(entry.name) is not None
 
 
 def is_orphan_sidecar(entry: os.DirEntry[str]) -> bool:

@@ -17,6 +17,8 @@ from kickmsg.atomics import Atomics
 from kickmsg.protocol.info import ChannelGeometry, HeaderWords, RegionInfo, RegionStats, RingWords
 from kickmsg.schema import SchemaInfo
 
+__all__ = ["PublisherCore", "RegionCore", "SampleViewCore", "SubscriberCore"]
+
 
 class RegionCore(Protocol):
     """One mapped region of one layout: its geometry, its addresses, what it

@@ -7,6 +7,8 @@ import os
 
 import pyarrow
 
+from kickmsg.errors import RecordingError
+
 __all__ = [
     "CLOSING", "COLUMNS", "EARLIER_COLUMNS", "FORMATS", "MCAP_MAGIC", "PARQUET_MAGIC", "PARTIAL", "SCHEMA_KEY", "file_format",
     "recording_files",
@@ -54,4 +56,4 @@ def file_format(file: str) -> str:
         return "mcap"
     if magic[:4] == PARQUET_MAGIC:
         return "parquet"
-    raise ValueError(f"{file} is not a recording: neither a Parquet nor an MCAP file")
+    raise RecordingError(f"{file} is not a recording: neither a Parquet nor an MCAP file")

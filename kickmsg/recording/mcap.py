@@ -53,6 +53,7 @@ from mcap.writer import CompressionType, Writer
 import kickmsg
 from kickmsg import jsontext
 from kickmsg.description import schema_from_json
+from kickmsg.errors import RecordingError
 from kickmsg.recording.files import COLUMNS, SCHEMA_KEY, file_format, recording_files
 from kickmsg.typed import RecordType
 
@@ -356,7 +357,7 @@ def read_recording(path: str) -> McapRecording:
         losses={values.pop("channel"): values for name, values in found if name == "kickmsg.losses"},
     )
     if not recording.channels:
-        raise ValueError(f"{path} is an MCAP file but not a kickmsg recording (no kickmsg.channel metadata)")
+        raise RecordingError(f"{path} is an MCAP file but not a kickmsg recording (no kickmsg.channel metadata)")
     return recording
 
 
@@ -367,7 +368,7 @@ def _messages(path: str, recording: McapRecording) -> Iterator[tuple[str, Messag
         with open(path, "rb") as file:
             for _, channel, message in _reader(file, path).iter_messages(log_time_order=True):
                 if channel.topic not in recording.channels:
-                    raise ValueError(f"{path}: topic {channel.topic!r} has no kickmsg.channel metadata")
+                    raise RecordingError(f"{path}: topic {channel.topic!r} has no kickmsg.channel metadata")
                 data = json.loads(message.data)
                 record_type = record_types[channel.topic]
                 if channel.metadata.get(MAPPING_KEY) == "fields" and record_type is not None:
@@ -446,7 +447,7 @@ def partial_recording(partial: str) -> dict[str, Any]:
     for record in _flushed_records(partial):
         if isinstance(record, Metadata) and record.name == "kickmsg.recording":
             return _from_json_values(record.metadata)
-    raise ValueError(f"{partial} holds no kickmsg recording metadata (remove it: it holds no message either)")
+    raise RecordingError(f"{partial} holds no kickmsg recording metadata (remove it: it holds no message either)")
 
 
 def recover(partial: str, out: str) -> int:
@@ -470,7 +471,7 @@ def recover(partial: str, out: str) -> int:
         elif isinstance(record, Message) and topics.get(record.channel_id) in channels:
             messages.append((topics[record.channel_id], record))
     if not channels:
-        raise ValueError(f"{partial} holds no kickmsg channel metadata (remove it: it holds no message either)")
+        raise RecordingError(f"{partial} holds no kickmsg channel metadata (remove it: it holds no message either)")
     closing = out + ".closing"
     writer = McapRecordingWriter(closing, recordings, channels)
     previous: dict[str, int] = {}  # channel -> last sequence
@@ -517,9 +518,9 @@ def convert(source: str, out: str, overwrite: bool = False) -> ConvertSummary:
             raise ValueError(f"{file} is MCAP already: convert turns a Parquet recording into MCAP (play reads both)")
         schema = pyarrow.parquet.read_schema(file)
         if "payload" not in schema.names:
-            raise ValueError(f"{file} was recorded without payloads: nothing to put in MCAP messages")
+            raise RecordingError(f"{file} was recorded without payloads: nothing to put in MCAP messages")
         if schema.metadata is None or SCHEMA_KEY not in schema.metadata:
-            raise ValueError(f"{file} is not a kickmsg recording (no {SCHEMA_KEY.decode()} metadata)")
+            raise RecordingError(f"{file} is not a kickmsg recording (no {SCHEMA_KEY.decode()} metadata)")
         metadata = json.loads(schema.metadata[SCHEMA_KEY])
         recordings.setdefault(metadata["recording"], {key: metadata[key] for key in ("recording", "host", "started_wall_ns")})
         for name, description in metadata["channels"].items():

@@ -57,6 +57,7 @@ import pyarrow.parquet
 
 from kickmsg import jsontext, layouts, shm
 from kickmsg.description import channel_config, describe, described_layout
+from kickmsg.errors import RecordingError
 from kickmsg.ops import diagnostics
 from kickmsg.publisher import Publisher, send_retrying
 from kickmsg.recording import stamp
@@ -401,11 +402,11 @@ def _flushed_batches(partial: str) -> tuple[pyarrow.Schema, list[pyarrow.RecordB
     try:
         reader = pyarrow.ipc.open_stream(source)
     except (pyarrow.ArrowException, OSError) as error:
-        raise ValueError(f"{partial} holds no complete row (remove it): {error}") from None
+        raise RecordingError(f"{partial} holds no complete row (remove it): {error}") from None
     columns = reader.schema.remove_metadata()
     if not any(columns.equals(pyarrow.schema(recorded)) for recorded in (COLUMNS, COLUMNS[:-1], EARLIER_COLUMNS,
                                                                           EARLIER_COLUMNS[:-1])):
-        raise ValueError(f"{partial} does not have a recording's columns: {', '.join(columns.names)}")
+        raise RecordingError(f"{partial} does not have a recording's columns: {', '.join(columns.names)}")
     batches = []
     while True:
         try:
@@ -455,10 +456,10 @@ def _recover_file(partial: str) -> Recovered:
     """One ``.partial`` file made complete (see ``recover``)."""
     out = partial.removesuffix(PARTIAL)
     if os.path.exists(out):
-        raise ValueError(f"{out} exists already: {partial} is left over from it (remove one of them)")
+        raise RecordingError(f"{out} exists already: {partial} is left over from it (remove one of them)")
     writer = _writer_pid(partial)
     if writer is not None and diagnostics.pid_alive(writer[1]):
-        raise ValueError(f"{partial} is still being written by recorder {writer[0]} (pid {writer[1]} is alive)")
+        raise RecordingError(f"{partial} is still being written by recorder {writer[0]} (pid {writer[1]} is alive)")
     if out.endswith(".mcap"):
         return Recovered(out, mcap_module().recover(partial, out))
     return Recovered(out, _parquet_from_stream(partial, out))
@@ -476,7 +477,7 @@ def recover(path: str) -> list[Recovered]:
             raise ValueError(f"no .partial files in {path}: nothing to recover")
     elif os.path.isfile(path):
         if not path.endswith((".parquet" + PARTIAL, ".mcap" + PARTIAL)):
-            raise ValueError(f"{path} is not a recording being written (*.parquet.partial or *.mcap.partial)")
+            raise RecordingError(f"{path} is not a recording being written (*.parquet.partial or *.mcap.partial)")
         partials = [path]
     else:
         raise ValueError(f"no such file or directory: {path}")
@@ -489,7 +490,7 @@ def recover(path: str) -> list[Recovered]:
                 os.unlink(partial.removesuffix(PARTIAL) + CLOSING)
             if partial in str(error):
                 raise
-            raise ValueError(f"{partial} cannot be recovered (damaged?): {type(error).__name__}: {error}") from None
+            raise RecordingError(f"{partial} cannot be recovered (damaged?): {type(error).__name__}: {error}") from None
     return recovered
 
 
@@ -498,9 +499,9 @@ def _parquet_messages(file: str) -> tuple[dict, list[tuple[str, str, int, bytes]
     as (recording, channel, receive time ns, payload)."""
     table = pyarrow.parquet.read_table(file)
     if table.schema.metadata is None or SCHEMA_KEY not in table.schema.metadata:
-        raise ValueError(f"{file} is not a kickmsg recording (no {SCHEMA_KEY.decode()} metadata)")
+        raise RecordingError(f"{file} is not a kickmsg recording (no {SCHEMA_KEY.decode()} metadata)")
     if "payload" not in table.column_names:
-        raise ValueError(f"{file} was recorded without payloads: nothing to play")
+        raise RecordingError(f"{file} was recorded without payloads: nothing to play")
     metadata = json.loads(table.schema.metadata[SCHEMA_KEY])
     rows = table.sort_by([("recording", "ascending"), ("recv_mono_ns", "ascending")]).to_pydict()
     return metadata["channels"], list(zip(rows["recording"], rows["channel"], rows["recv_mono_ns"], rows["payload"]))
@@ -524,7 +525,7 @@ def recording_channels(path: str) -> dict[str, dict]:
         else:
             metadata = pyarrow.parquet.read_schema(file).metadata or {}
             if SCHEMA_KEY not in metadata:
-                raise ValueError(f"{file} is not a kickmsg recording (no {SCHEMA_KEY.decode()} metadata)")
+                raise RecordingError(f"{file} is not a kickmsg recording (no {SCHEMA_KEY.decode()} metadata)")
             found = json.loads(metadata[SCHEMA_KEY])["channels"]
         for name, description in found.items():
             channels.setdefault(name, description)

@@ -74,6 +74,7 @@ from pyspark.sql.types import (
 
 from kickmsg import jsontext
 from kickmsg.config import ChannelType, Config
+from kickmsg.errors import RegionNotFoundError
 from kickmsg.publisher import Publisher, send_retrying
 from kickmsg.layouts import check_layout
 from kickmsg.region import SharedRegion
@@ -212,7 +213,7 @@ def subscribe(options: Mapping[str, str]) -> Subscriber:
     try:
         return Subscriber(SharedRegion.open(name))
     except FileNotFoundError:
-        raise RuntimeError(f"kickmsg data source: no such channel {name}") from None
+        raise RegionNotFoundError(f"kickmsg data source: no such channel {name}") from None
 
 
 class BatchReader(DataSourceReader):

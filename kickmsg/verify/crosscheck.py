@@ -77,6 +77,7 @@ from typing import Any
 import kickmsg
 from kickmsg import jsontext
 from kickmsg.atomics import HARDWARE, Atomics
+from kickmsg.errors import KickmsgError
 from kickmsg.protocol import v9
 from kickmsg.protocol.common import SchemaInfoLayout
 from kickmsg.protocol.v4 import layout
@@ -167,7 +168,7 @@ Operation = list[Any]  # [kind, *args], JSON values
 Difference = dict[str, str | int]  # a region field that differs: field, offset, ours, other
 
 
-class SetupError(RuntimeError):
+class SetupError(KickmsgError, RuntimeError):
     """The cross-check could not run: bad input, or the other implementation
     does not start."""
 
@@ -388,7 +389,7 @@ class Replay:
 # -- the other implementation, in a subprocess ---------------------------------------
 
 
-class OtherFailed(Exception):
+class OtherFailed(KickmsgError):
     """The other side died or stopped answering during an operation."""
 
 
@@ -501,7 +502,7 @@ def poke(op: Operation, name: str, geometry: layout.Geometry) -> str | None:
 # -- layout 9: crashes, forged by this process in both regions ------------------------
 
 
-class Crashed(Exception):
+class Crashed(KickmsgError):
     """A forged crash: the process died here."""
 
 

@@ -29,6 +29,7 @@ from datetime import timedelta
 
 from kickmsg import shm
 from kickmsg.atomics import FUTEX_TIMED_OUT, HARDWARE, Atomics
+from kickmsg.errors import BoardBusyError, BoardKeyOwnedError, CapacityError, ConfigMismatchError
 from kickmsg.hash import fnv1a_64
 from kickmsg.protocol.v9.layout import (
     U32_MAX,
@@ -361,13 +362,13 @@ class Blackboard:
             )
         stamped_hash = atomics.load_relaxed_u64(base + CONFIG_HASH_OFFSET)
         if config_hash and stamped_hash != config_hash:
-            raise RuntimeError(
+            raise ConfigMismatchError(
                 f"Blackboard config mismatch on {name} (capacity {capacity}, max_value_size {max_value_size}; "
                 f"config_hash 0x{stamped_hash:016x}, ours 0x{config_hash:016x})"
             )
         stamped_identity = atomics.load_relaxed_u64(base + IDENTITY_OFFSET)
         if identity and stamped_identity and identity != stamped_identity:
-            raise RuntimeError(
+            raise ConfigMismatchError(
                 f"Blackboard identity mismatch on {name} (stamped 0x{stamped_identity:016x}, expected 0x{identity:016x})"
             )
         return geometry
@@ -434,7 +435,7 @@ class Blackboard:
         node = (self.owner_name if owner_node is None else owner_node).encode("utf-8")
         # 2. the board lock
         if not self._lock():
-            raise RuntimeError(f"Blackboard is busy: could not take the board lock ({self.name}, key {key!r})")
+            raise BoardBusyError(f"Blackboard is busy: could not take the board lock ({self.name}, key {key!r})")
         try:
             index = self._take_over(key, data, node)
             if index is None:
@@ -443,7 +444,7 @@ class Blackboard:
                 self._sweep_locked()  # 4. none free: sweep under the lock and retry once
                 index = self._claim_free(data, node)
             if index is None:
-                raise RuntimeError(f"Blackboard is at capacity ({self.capacity} keys) on {self.name}: cannot declare {key!r}")
+                raise CapacityError(f"Blackboard is at capacity ({self.capacity} keys) on {self.name}: cannot declare {key!r}")
             # the writer's tenancy, and its count continuing the kept value's
             entry = self.entry_address(index)
             writer = BlackboardWriter(
@@ -487,7 +488,7 @@ class Blackboard:
         entry = self.entry_address(index)
         pid = ops.load_acquire_u64(entry + OWNER_PID_OFFSET)
         if pid != 0 and not owner_is_dead(pid, ops.load_relaxed_u64(entry + OWNER_STARTTIME_OFFSET)):
-            raise RuntimeError(f"Blackboard key already owned by a live process: {key} (pid {pid}, board {self.name})")
+            raise BoardKeyOwnedError(f"Blackboard key already owned by a live process: {key} (pid {pid}, board {self.name})")
         # owner_node, owner_starttime (relaxed), owner_pid (release), tenancy + 1 (release); publish and value kept
         self._write_owner_node(index, node)
         pid, start_time = self.owner()
