@@ -86,11 +86,11 @@ def measure(repeats: int, fastest: bool, only: list[str]) -> dict:
         (``between``, if given, runs uncounted after each)."""
         counting = CountingAtomics()
         for _ in range(COUNTED_OPERATIONS):
-            region.atomics = counting
+            region.core.atomics = counting
             try:
                 operation()
             finally:
-                region.atomics = HARDWARE
+                region.core.atomics = HARDWARE
             if between:
                 between()
         calls[figure] = counting.calls / COUNTED_OPERATIONS
@@ -149,15 +149,16 @@ def measure(repeats: int, fastest: bool, only: list[str]) -> dict:
         return statistics.median(spans)
 
     def pop_push(region, publisher, subscribers):
-        result = timed(lambda: freestack.push(region, freestack.pop(region, empty_on_corrupt_head=False)))
-        counted("pop + push", region, lambda: freestack.push(region, freestack.pop(region, empty_on_corrupt_head=False)))
+        core = region.core
+        result = timed(lambda: freestack.push(core, freestack.pop(core, empty_on_corrupt_head=False)))
+        counted("pop + push", region, lambda: freestack.push(core, freestack.pop(core, empty_on_corrupt_head=False)))
         return result
 
     def shim_calls(region, publisher, subscribers):
         # Loads and a CAS that changes nothing on free_top; stores of 0 into
         # the refcount of a free slot (already 0).
-        ops, word = region.atomics, region.free_top_address
-        refcount = region.pool_address + layout.REFCOUNT_OFFSET  # slot 0
+        ops, word = region.core.atomics, region.core.free_top_address
+        refcount = region.core.slot_address(0) + layout.REFCOUNT_OFFSET
         top = ops.load_relaxed_u64(word)
         empty = timed(lambda: None)
         return {

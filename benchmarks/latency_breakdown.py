@@ -53,7 +53,7 @@ class ClockedFutex(Atomics):
 
 def subscribe(name: str, messages: int, link) -> None:
     region = kickmsg.SharedRegion.open(name)
-    clocked = region.atomics = ClockedFutex()
+    clocked = region.core.atomics = ClockedFutex()
     subscriber = kickmsg.Subscriber(region)
     link.send("ready")
     woke, in_hand = [], []  # ns after the stamp
@@ -84,7 +84,7 @@ def main() -> int:
         child.start()
         if not ours.poll(30) or ours.recv() != "ready":
             sys.exit("latency_breakdown: the subscriber did not start")
-        clocked = region.atomics = ClockedFutex()
+        clocked = region.core.atomics = ClockedFutex()
         publisher = kickmsg.Publisher(region)
         padding = bytes(arguments.size - STAMP.size)
         wake_starts, wake_spans, wake_ends = [], [], []

@@ -29,6 +29,7 @@ from kickmsg.errors import (
     FileTooLarge,
     KickmsgError,
     Layout4Only,
+    LayoutError,
     NoRoomError,
     PoolEmptyError,
     RecordingError,

@@ -38,6 +38,7 @@ __all__ = [
     "EmptyObjectError",
     "FileTooLarge",
     "Layout4Only",
+    "LayoutError",
     "NoRoomError",
     "PoolEmptyError",
     "RecordingError",
@@ -120,9 +121,13 @@ class RegionInitTimeout(KickmsgError, TimeoutError, RuntimeError):
     (0.9.2 raises RuntimeError: this is one)."""
 
 
-class Layout4Only(KickmsgError, AttributeError, RuntimeError):
-    """A layout-4 internal asked of a layout-9 region (a RuntimeError, as the
-    tools report them)."""
+class LayoutError(KickmsgError, AttributeError, RuntimeError):
+    """A method only one layout has, asked of a region of the other; the
+    message names the region's layout (an ``AttributeError``: the method is
+    not there for that layout; a ``RuntimeError``, as the tools report them)."""
+
+
+Layout4Only = LayoutError  # its old name (a layout-4 internal asked of a layout-9 region)
 
 
 # -- typed channels (kickmsg.typed) --------------------------------------------------------

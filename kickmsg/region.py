@@ -1,39 +1,34 @@
 """SharedRegion: create, open and describe one channel's shared memory.
 
-On a layout-4 region, ``SharedRegion`` is the layout-4 core's ``Region``
-(``kickmsg.protocol.v4.region``) with the version-agnostic API above it:
-its constructors, ring lifecycle and repairs run the core's flows
-(``kickmsg.protocol.v4``: ``region``, ``rings``, ``repair``). A layout-9
-region is a ``Layout9Region``: the same API, each call handed to the
-layout-9 core (``kickmsg.protocol.v9``). The constructors read the version
-word and return the one the region's layout needs.
+One ``SharedRegion`` for both layouts: it holds its layout's core
+(``kickmsg.protocol.v4.region.Region`` or ``kickmsg.protocol.v9.region.Region``,
+the shape ``kickmsg.protocol.cores.RegionCore`` describes), chosen once by
+the constructors from the version word, and runs that layout's repairs
+(``kickmsg.protocol.v4.repair``, ``kickmsg.protocol.v9.repair``) over it.
+What it adds is policy: read-only attachment, following a re-created
+region, the reports of the repairs, errors. A method only one layout has
+raises ``LayoutError`` on the other.
 """
 import os
 import time
 import warnings
 from dataclasses import dataclass, field
-from typing import NoReturn
 
 from kickmsg import layouts, process, shm
 from kickmsg import owners
 from kickmsg.protocol.v4 import layout
 from kickmsg.protocol.v4 import region as region4
 from kickmsg.protocol.v4 import repair as repair4
-from kickmsg.protocol.v4 import rings as rings4
-from kickmsg.protocol.v4.region import RingAddresses, check_creatable
-from kickmsg.protocol import freestack
-from kickmsg.protocol.info import DrainedRing, HealthCounts, RegionInfo, RegionStats, RingStats, region_info
-from kickmsg.atomics import HARDWARE, Atomics
+from kickmsg.protocol.v4.region import check_creatable
+from kickmsg.protocol.info import DrainedRing, HealthCounts, RegionInfo, RegionStats
 from kickmsg.config import ChannelType, Config, ConfigError, channel_type_of
-from kickmsg.errors import Layout4Only
+from kickmsg.errors import LayoutError
 from kickmsg.protocol import v9
-from kickmsg.protocol.v9 import layout as layout9
-from kickmsg.protocol.v9 import liveness as liveness9
 from kickmsg.protocol.v9 import repair as repair9
 from kickmsg.protocol.v9.layout import VersionMismatchError
 from kickmsg.schema import SchemaInfo
 
-__all__ = ["CHECK_IN_INTERVAL_NS", "DeadSubscriberReport", "HealthReport", "Layout9Region", "NEVER", "SharedRegion", "unlink_shm",
+__all__ = ["CHECK_IN_INTERVAL_NS", "DeadSubscriberReport", "HealthReport", "NEVER", "SharedRegion", "unlink_shm",
            "warn_of_stranded_holders"]
 
 CHECK_IN_INTERVAL_NS = 100_000_000  # how often publishers and subscribers look whether their region was re-created
@@ -110,24 +105,28 @@ class DeadSubscriberReport:
         )
 
 
-class SharedRegion(region4.Region):
+class SharedRegion:
     """One channel: a mapped Kickmsg region and its geometry.
 
-    Build one with ``create``, ``open`` or ``create_or_open``. Publishers,
-    subscribers, views and slots keep the mapping alive on their own, so a
-    region object may be dropped while they are in use.
+    Build one with ``create``, ``open``, ``inspect`` or ``create_or_open``.
+    It holds its layout's core (``core``: a ``kickmsg.protocol.v4.region.Region``
+    or a ``kickmsg.protocol.v9.region.Region``, chosen once when it is
+    created or opened) and adds policy: read-only attachment, following a
+    re-created region, the reports of its repairs. A method only one layout
+    has raises ``LayoutError`` on the other. Publishers, subscribers, views
+    and slots keep the mapping alive on their own, so a region object may
+    be dropped while they are in use.
     """
 
-    @property
-    def core(self) -> region4.Region:
-        """The per-layout core this region's flows run on (layout 4: itself, until
-        the API holds its core by composition)."""
-        return self
-
-    @classmethod
-    def _of(cls, region: region4.Region) -> "SharedRegion":
-        """The region the layout-4 core made or checked, with this API."""
-        return cls(region.mapping, region.geometry)
+    def __init__(self, core: region4.Region | v9.Region) -> None:
+        """Wrap the core a constructor made or checked (internal)."""
+        self.core = core
+        self.mapping = core.mapping
+        self.layout = core.layout  # the region's layout version: 4 or 9
+        self.created_at_ns = core.created_at_ns  # which incarnation of the name this object is
+        # Layout 9's geometry in the terms of layout 4's (the same thirteen
+        # fields, with the same meanings): what the tools describe.
+        self.geometry = core.geometry if isinstance(core, region4.Region) else _described_geometry9(core.geometry)
 
     # -- constructors -----------------------------------------------------
 
@@ -171,7 +170,7 @@ class SharedRegion(region4.Region):
         warn_of_stranded_holders(name, layouts.chosen_layout(layout))
         if layouts.chosen_layout(layout) == layouts.LAYOUT_9:
             return _create9(name, type, cfg, creator, mode, create_or_open=False)
-        return SharedRegion._of(region4.create(name, type, cfg, creator, mode))
+        return SharedRegion(region4.create(name, type, cfg, creator, mode))
 
     @staticmethod
     def open(name: str, expected_identity: int = 0) -> "SharedRegion":
@@ -214,9 +213,13 @@ class SharedRegion(region4.Region):
         check_creator(creator)
         if layouts.chosen_layout(layout) == layouts.LAYOUT_9:
             return _create9(name, type, cfg, creator, mode, create_or_open=True)
-        return SharedRegion._of(region4.create_or_open(name, type, cfg, creator, mode))
+        return SharedRegion(region4.create_or_open(name, type, cfg, creator, mode))
 
     # -- description ------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        return self.mapping.name
 
     @property
     def channel_type(self) -> ChannelType:
@@ -225,21 +228,14 @@ class SharedRegion(region4.Region):
     def incarnation(self) -> tuple[int, int]:
         """(creator_pid, created_at_ns): changes when the region is
         re-created in place."""
-        return self.header.creator_pid, self.header.created_at_ns
+        return self.core.incarnation()
 
     def replaced(self) -> bool:
         """Whether this region was re-created since this object attached to
         it (beyond 0.1.0): re-initialised in place (magic or creation stamp
         changed), or unlinked and another object made under its name. A
         name merely unlinked is not. Never, for a region in private memory."""
-        if not self.mapping.shared:
-            return False
-        ops = self.atomics
-        if ops.load_acquire_u64(self.magic_address) != layout.MAGIC:
-            return True  # being re-initialised in place
-        if ops.load_relaxed_u64(self.created_at_address) != self.created_at_ns:
-            return True
-        return self.mapping.is_replaced()
+        return self.mapping.shared and self.core.replaced()
 
     def next_check_in_ns(self) -> int:
         """When (time.monotonic_ns) a user of this region should next look
@@ -275,40 +271,27 @@ class SharedRegion(region4.Region):
         """Remove the region's name; attached processes keep their mapping."""
         unlink_shm(self.name)
 
+    def rings_in_use(self) -> list[int]:
+        """The indices of the rings that are not idle. An idle ring is Free,
+        with no publisher in flight, never written (``state_flight`` and
+        ``write_pos`` both 0): it holds nothing and has nothing to show."""
+        return self.core.rings_in_use()
+
     def info(self) -> RegionInfo:
         """0.9.2's ``RegionInfo``: what the header says (both layouts)."""
-        creator = bytes(self.mapping.buffer[layout.HEADER_SIZE : layout.HEADER_SIZE + self.geometry.creator_name_len])
-        return region_info(self.name, self.geometry, self.layout, self.header, creator)
+        return self.core.info()
 
     def stats(self) -> RegionStats:
         """0.9.2's ``RegionStats`` (lock-free, racy by nature). Layout 4 has
         no counters in shared memory: drops, losses and steals read 0 (the
         rings' lost counts of our subscribers are in ``kickmsg.owners``)."""
-        ops = self.atomics
-        rings = []
-        for ring in self.rings:
-            state_flight = ops.load_acquire_u32(ring.state_flight)
-            rings.append(
-                RingStats(
-                    state=v9.layout.RING_STATE_NAMES[state_flight & layout.RING_STATE_MASK],
-                    in_flight=state_flight >> 2,
-                    write_pos=ops.load_acquire_u64(ring.write_pos),
-                    dropped_count=0,
-                    lost_count=0,
-                )
-            )
-        return RegionStats(
-            rings=rings,
-            total_writes=max((r.write_pos for r in rings), default=0),
-            live_rings=sum(r.state == "Live" for r in rings),
-            pool_free=freestack.count_free(self),
-            pool_size=self.geometry.pool_size,
-        )
+        return self.core.stats()
 
     def __repr__(self) -> str:
         g = self.geometry
+        shown = ", layout=9" if self.layout == layouts.LAYOUT_9 else ""
         return (
-            f"SharedRegion(name={self.name!r}, type={self.channel_type.name}, max_subscribers={g.max_subs}, "
+            f"SharedRegion(name={self.name!r}{shown}, type={self.channel_type.name}, max_subscribers={g.max_subs}, "
             f"sub_ring_capacity={g.capacity}, pool_size={g.pool_size}, max_payload_size={g.slot_data_size})"
         )
 
@@ -316,9 +299,7 @@ class SharedRegion(region4.Region):
 
     def schema(self) -> SchemaInfo | None:
         """The published descriptor, or None while it is Unset or Claiming."""
-        if self.atomics.load_acquire_u32(self.schema_state_address) != layout.SCHEMA_SET:
-            return None
-        return SchemaInfo.read_from(self.header.schema_data)
+        return self.core.schema()
 
     def try_claim_schema(self, info: SchemaInfo) -> bool:
         """Publish ``info`` if no descriptor is set yet.
@@ -330,7 +311,8 @@ class SharedRegion(region4.Region):
         self.require_writable("claim the schema")
         if not isinstance(info, SchemaInfo):
             raise TypeError(f"try_claim_schema needs a SchemaInfo, got {info!r}")
-        return repair4.try_claim_schema(self, info)
+        core = self.core
+        return repair4.try_claim_schema(core, info) if isinstance(core, region4.Region) else repair9.try_claim_schema(core, info)
 
     def reset_schema_claim(self) -> bool:
         """Claiming -> Unset, to recover from a claimant that died mid-claim.
@@ -339,21 +321,26 @@ class SharedRegion(region4.Region):
         to be gone, or a slow claimant could still finish into a new claim.
         """
         self.require_writable("reset the schema claim")
-        return repair4.reset_schema_claim(self)
+        core = self.core
+        return repair4.reset_schema_claim(core) if isinstance(core, region4.Region) else repair9.reset_schema_claim(core)
 
     # -- health and repair --------------------------------------------------
 
     def diagnose(self) -> HealthReport:
         """Read-only health scan; safe under live traffic. Idle rings (see
         ``rings_in_use``) have nothing to count."""
-        return HealthReport.from_counts(repair4.diagnose(self), self.geometry)
+        core = self.core
+        found = repair4.diagnose(core) if isinstance(core, region4.Region) else repair9.diagnose(core)
+        return HealthReport.from_counts(found, self.geometry)
 
     def dead_subscriber_rings(self) -> list[tuple[int, int]]:
         """(ring, pid) of each ring whose recorded owner died while it held
-        it: Live, or Draining (died leaving). Read-only, beyond 0.1.0;
-        ``reclaim_dead_subscribers`` frees them. Rings of subscribers that
-        record no owner (native ones) are not counted."""
-        return repair4.dead_subscriber_rings(self)
+        it: Live, or Draining (died leaving); on layout 9 also Reclaiming,
+        the owner being the one its ring header records. Read-only, beyond
+        0.1.0; ``reclaim_dead_subscribers`` frees them. On layout 4, rings
+        of subscribers that record no owner (native ones) are not counted."""
+        core = self.core
+        return repair4.dead_subscriber_rings(core) if isinstance(core, region4.Region) else repair9.dead_subscriber_rings(core)
 
     def repair_locked_entries(self) -> int:
         """Commit every stuck entry as empty (INVALID_SLOT, length 0, sequence
@@ -364,9 +351,11 @@ class SharedRegion(region4.Region):
         is lost for that ring and one reference to its slot leaks
         (``reclaim_orphaned_slots`` recovers it at quiescence; the spec calls
         this race benign, ``kickmsg verify --repair-pass`` shows it is not).
-        Returns the number of entries repaired."""
+        On layout 9, each lock that stays the same for a commit timeout is
+        stolen into a skip marker (B.13). Returns the number of entries repaired."""
         self.require_writable("repair entries")
-        return repair4.repair_locked_entries(self)
+        core = self.core
+        return repair4.repair_locked_entries(core) if isinstance(core, region4.Region) else repair9.repair_locked_entries(core)
 
     def reset_retired_rings(self, drain: bool = False) -> int:
         """Free | in_flight > 0 -> Free | 0, so new subscribers can claim those
@@ -374,49 +363,56 @@ class SharedRegion(region4.Region):
         a slow but alive one would later decrement in_flight into the state
         bits. Returns the number of rings reset.
 
-        ``drain=True`` (beyond 0.1.0) also does the drain that the timed-out
-        teardown skipped: it releases the references the ring's entries still
-        hold, which otherwise stay taken until publishers wrap over them.
+        ``drain=True`` (beyond 0.1.0 and 0.9.2) also does the drain that the
+        timed-out teardown skipped: it releases the references (layout 9:
+        claims) the ring's entries still hold, which otherwise stay taken
+        until publishers wrap over them.
         """
         self.require_writable("reset rings")
-        return repair4.reset_retired_rings(self, drain)
+        core = self.core
+        return repair4.reset_retired_rings(core, drain) if isinstance(core, region4.Region) else repair9.reset_retired_rings(core, drain)
 
     def drain_free_rings(self, retired: bool = False) -> list[DrainedRing]:
-        """Release the references Free rings' entries still hold (beyond
-        0.1.0; left by a reset without drain): each ring drained, with the
-        slots given back to the pool. Safe under traffic; ``retired`` also resets
+        """Release the references (layout 9: claims) Free rings' entries
+        still hold (beyond 0.1.0 and 0.9.2; left by a reset without drain,
+        or by 0.9.2's reclaim_dead_rings): each ring drained, with the slots
+        given back to the pool. Safe under traffic; ``retired`` also resets
         and drains retired rings, only once the crashed publisher is gone."""
         self.require_writable("drain rings")
-        return repair4.drain_free_rings(self, retired)
-
-    def leave_ring(self, ring: RingAddresses, start_pos: int, sidecar: owners.Sidecar | None = None) -> bool:
-        """Subscriber teardown: stop admissions, wait for in-flight publishers,
-        drain the ring's references, free the ring. Returns False if the
-        publishers in flight did not finish within commit_timeout: the drain
-        is then skipped and the ring left retired.
-
-        ``sidecar`` (beyond 0.1.0) holds the ring's owner record; it is
-        cleared before the ring is freed, so that it never outlives the
-        ownership it records.
-        """
-        return rings4.leave(self, ring, start_pos, sidecar)
-
-    def set_ring_state(self, ring: RingAddresses, state: int) -> None:
-        """Replace the state bits of ``state_flight``, keeping in_flight (CAS seq_cst)."""
-        rings4.set_state(self, ring, state)
+        core = self.core
+        return repair4.drain_free_rings(core, retired) if isinstance(core, region4.Region) else repair9.drain_free_rings(core, retired)
 
     def reclaim_dead_subscribers(self) -> DeadSubscriberReport:
         """Leave, on their behalf, the rings whose subscriber died (beyond
-        0.1.0; see ``kickmsg.owners``): Live rings, and Draining ones whose
-        owner died during its own teardown. Each is drained and freed exactly
-        as its owner's teardown would have done it, so this is safe with
-        publishers in flight. Rings without an owner record (native
-        subscribers) are left alone and reported. Pins of the dead owner's
-        views stay: reclaim them with ``reclaim_orphaned_slots()`` at
-        quiescence.
+        0.1.0): Live rings, and Draining ones whose owner died during its
+        own teardown. Each is drained and freed exactly as its owner's
+        teardown would have done it, so this is safe with publishers in
+        flight; one whose publishers stayed in flight past the commit
+        timeout is left retired (timed out).
+
+        Layout 4 reads the owner records of ``kickmsg.owners``: rings
+        without one (native subscribers) are left alone and reported
+        unrecorded, and pins of the dead owner's views stay (reclaim them
+        with ``reclaim_orphaned_slots()`` at quiescence). Layout 9 uses its
+        own mechanism (``kickmsg.protocol.v9.repair.reclaim_dead_ring``):
+        every subscriber, native or ours, records itself in its ring's
+        header, so none is unrecorded.
         """
         self.require_writable("reclaim rings")
-        return DeadSubscriberReport(*repair4.reclaim_dead_subscribers(self))
+        core = self.core
+        if isinstance(core, region4.Region):
+            return DeadSubscriberReport(*repair4.reclaim_dead_subscribers(core))
+        return DeadSubscriberReport(*repair9.reclaim_dead_subscribers(core))
+
+    def reclaim_dead_rings(self) -> int:
+        """Layout 9: leave, on their behalf, the rings whose owner is provably
+        dead (B.13, done as the owner's leave: their claims go back to the
+        pool; ``kickmsg.protocol.v9.repair.reclaim_dead_ring``). Returns how
+        many. ``LayoutError`` on layout 4 (``reclaim_dead_subscribers``)."""
+        if not isinstance(self.core, v9.Region):
+            raise LayoutError(f"{self.name} is a layout-4 region: reclaim_dead_rings is layout 9's (reclaim_dead_subscribers is its own)")
+        self.require_writable("reclaim dead rings")
+        return repair9.reclaim_dead_rings(self.core)
 
     def free_ring(self, index: int) -> bool:
         """Free ring ``index`` although no record shows its owner dead (beyond
@@ -429,27 +425,32 @@ class SharedRegion(region4.Region):
         Drained and freed as its owner's teardown would have done it (with
         no record, over the ring's whole window: drained entries are marked
         INVALID_SLOT, so none is released twice). Returns False if the ring
-        was Free already; a retired ring is ``reset_retired_rings``'s."""
+        was Free already; a retired ring is ``reset_retired_rings``'s.
+
+        Layout 4 only: on layout 9 every ring records its owner in its
+        header, and ``reclaim_dead_subscribers`` frees it once that owner is
+        dead (``LayoutError``)."""
+        if not isinstance(self.core, region4.Region):
+            raise LayoutError(
+                f"ring {index} of {self.name}: not freed by force on a layout-9 region, whose rings record their owner "
+                f"(kickmsg repair --dead-subscribers frees a ring once its owner is dead)"
+            )
         self.require_writable("free rings")
-        return repair4.free_ring(self, index)
-
-    def drain_ring(self, ring: RingAddresses, start_pos: int) -> None:
-        """Drain: release the ring's reference to every committed entry of
-        [max(write_pos - capacity, start_pos), write_pos) and mark each
-        INVALID_SLOT, so a later eviction does not release it again.
-
-        Only while no publisher is admitted to the ring (its state is not Live
-        and in_flight is 0): write_pos is then final.
-        """
-        rings4.drain(self, ring, start_pos)
+        return repair4.free_ring(self.core, index)
 
     def referenced_slots(self) -> set[int]:
-        """The slot indices that committed entries in the rings' live windows
-        name (read-only; the set ``reclaim_orphaned_slots`` keeps)."""
-        return repair4.referenced_slots(self)
+        """Layout 4: the slot indices that committed entries in the rings'
+        live windows name (read-only; the set ``reclaim_orphaned_slots``
+        keeps). ``LayoutError`` on layout 9, whose slots are held by claims
+        (``kickmsg audit`` lists them)."""
+        if not isinstance(self.core, region4.Region):
+            raise LayoutError(f"{self.name} is a layout-9 region: referenced_slots is layout 4's (kickmsg audit lists claims)")
+        return repair4.referenced_slots(self.core)
 
     def reclaim_orphaned_slots(self) -> int:
-        """Give back every slot with a refcount that no ring entry references.
+        """Give back every slot with a refcount that no ring entry references
+        (layout 9: that no entry claims; every claimed slot's refcount is set
+        to its claims, 0.9.2's claim counting).
 
         NOT safe under live traffic: every publisher must be paused (one
         between its refcount pre-set and its ring pushes holds such a slot
@@ -457,9 +458,8 @@ class SharedRegion(region4.Region):
         reference no ring shows). Returns the number of slots reclaimed.
         """
         self.require_writable("reclaim slots")
-        return repair4.reclaim_orphaned_slots(self)
-
-    layout: int = layouts.LAYOUT_4  # the region's layout version (last in the class: ``layout`` above is the module)
+        core = self.core
+        return repair4.reclaim_orphaned_slots(core) if isinstance(core, region4.Region) else repair9.reclaim_orphaned_slots(core)
 
 
 def _described_geometry9(geometry: v9.Geometry) -> layout.Geometry:
@@ -482,189 +482,6 @@ def _described_geometry9(geometry: v9.Geometry) -> layout.Geometry:
     )
 
 
-class Layout9Region(SharedRegion):
-    """A mapped layout-9 region (built by ``SharedRegion``'s constructors)."""
-
-    layout = 9
-
-    def __init__(self, core: v9.Region) -> None:  # no super().__init__: it lays out layout 4
-        self._core9 = core
-        self.mapping = core.mapping
-        self.geometry = _described_geometry9(core.geometry)
-        self.created_at_ns = core.info().created_at_ns  # which incarnation of the name this object is
-        # The words both layouts have, under the names the tools use (the
-        # slot headers start with refcount and next_free in both).
-        # Layout 9's header (A.2) has every field of layout 4's under the same name.
-        self.header = layout9.Header.from_address(core.base)  # type: ignore[assignment]  # the mapping outlives it: we hold both
-        self.free_top_address = core.free_top_address
-        self.schema_state_address = core.base + layout9.SCHEMA_STATE_OFFSET
-        pool_address, slot_stride = core.base + core.geometry.pool_offset, core.geometry.slot_stride
-        self.slot_addresses = range(pool_address, pool_address + core.geometry.pool_size * slot_stride, slot_stride)
-
-    @property
-    def core(self) -> v9.Region:  # type: ignore[override]  # until the API holds its core by composition
-        """The layout-9 core this region's flows run on."""
-        return self._core9
-
-    def __getattr__(self, attribute: str) -> NoReturn:
-        """Only for attributes this object lacks: layout 4's internals (ring
-        and slot addresses, its header view, ...), which a tool that does not
-        handle layout 9 yet reaches for. A clear error instead of a crash."""
-        mapping = self.__dict__.get("mapping")
-        name = mapping.name if mapping is not None else "this region"
-        raise Layout4Only(f"{name} is a layout-9 region: {attribute} is layout 4's (this tool does not handle layout 9 yet)")
-
-    @property
-    def atomics(self) -> Atomics:
-        """The core's atomics door (replaced here, it is replaced for every flow)."""
-        return self.core.atomics
-
-    @atomics.setter
-    def atomics(self, atomics: Atomics) -> None:
-        self.core.atomics = atomics
-
-    # -- description ----------------------------------------------------------
-
-    def incarnation(self) -> tuple[int, int]:
-        info = self.core.info()
-        return info.creator_pid, info.created_at_ns
-
-    def replaced(self) -> bool:
-        """Whether another region was made under this one's name since we
-        attached (layout 9 always creates a new object: unlink, then
-        exclusive create). Never, for a region in private memory."""
-        if not self.mapping.shared:
-            return False
-        ops = self.atomics
-        if ops.load_acquire_u64(self.core.base + layout9.MAGIC_OFFSET) != layout9.MAGIC:
-            return True
-        if ops.load_relaxed_u64(self.core.base + layout9.CREATED_AT_OFFSET) != self.created_at_ns:
-            return True
-        return self.mapping.is_replaced()
-
-    def rings_in_use(self) -> list[int]:
-        """The indices of the rings that are not idle (Free, no publisher in
-        flight, never written: both words 0), as on layout 4."""
-        ops = self.atomics
-        return [
-            index
-            for index in range(self.geometry.max_subs)
-            if ops.load_acquire_u32((ring := self.core.ring_address(index)) + layout9.STATE_FLIGHT_OFFSET)
-            or ops.load_acquire_u64(ring + layout9.WRITE_POS_OFFSET)
-        ]
-
-    def payload_view(self, slot: int, length: int) -> memoryview:
-        return self.core.payload(slot, length)
-
-    def info(self) -> v9.RegionInfo:
-        return self.core.info()
-
-    def stats(self) -> v9.RegionStats:
-        return self.core.stats()
-
-    def __repr__(self) -> str:
-        g = self.geometry
-        return (
-            f"SharedRegion(name={self.name!r}, layout=9, type={self.channel_type.name}, max_subscribers={g.max_subs}, "
-            f"sub_ring_capacity={g.capacity}, pool_size={g.pool_size}, max_payload_size={g.slot_data_size})"
-        )
-
-    # -- schema descriptor (B.17) --------------------------------------------------
-
-    def schema(self) -> SchemaInfo | None:
-        return self.core.schema()
-
-    def try_claim_schema(self, info: SchemaInfo) -> bool:
-        self.require_writable("claim the schema")
-        if not isinstance(info, SchemaInfo):
-            raise TypeError(f"try_claim_schema needs a SchemaInfo, got {info!r}")
-        return repair9.try_claim_schema(self.core, info)
-
-    def reset_schema_claim(self) -> bool:
-        self.require_writable("reset the schema claim")
-        return repair9.reset_schema_claim(self.core)
-
-    # -- health and repair (B.13) ------------------------------------------------------
-
-    def diagnose(self) -> HealthReport:
-        return HealthReport.from_counts(repair9.diagnose(self.core), self.geometry)
-
-    def dead_subscriber_rings(self) -> list[tuple[int, int]]:
-        """(ring, pid) of each Live, Draining or Reclaiming ring whose
-        recorded owner (the ring header's pid and start time) is dead."""
-        ops = self.atomics
-        dead = []
-        for index in range(self.geometry.max_subs):
-            ring = self.core.ring_address(index)
-            state = ops.load_acquire_u32(ring + layout9.STATE_FLIGHT_OFFSET) & layout9.RING_STATE_MASK
-            if state in (layout9.RING_LIVE, layout9.RING_DRAINING, layout9.RING_RECLAIMING) and liveness9.owner_is_dead(ops.load_acquire_u64(ring + layout9.OWNER_PID_OFFSET), ops.load_relaxed_u64(ring + layout9.OWNER_STARTTIME_OFFSET)):
-                dead.append((index, ops.load_acquire_u64(ring + layout9.OWNER_PID_OFFSET)))
-        return dead
-
-    def repair_locked_entries(self) -> int:
-        self.require_writable("repair entries")
-        return repair9.repair_locked_entries(self.core)
-
-    def reset_retired_rings(self, drain: bool = False) -> int:
-        """As 0.9.2: the rings become Free; their claims stay until
-        publishers replace them. ``drain=True`` (our extension, as on
-        layout 4) gives those claims back to the pool at once."""
-        self.require_writable("reset rings")
-        return repair9.reset_retired_rings(self.core, drain)
-
-    def drain_free_rings(self, retired: bool = False) -> list[DrainedRing]:
-        """Give back the claims Free rings still hold (our extension; left by
-        0.9.2's reclaim_dead_rings and reset_retired_rings): each ring
-        drained, with the slots given back to the pool. Safe under traffic;
-        ``retired`` also resets and drains retired rings, only once the
-        crashed publisher is gone."""
-        self.require_writable("drain rings")
-        return repair9.drain_free_rings(self.core, retired)
-
-    def reclaim_dead_rings(self) -> int:
-        """Leave, on their behalf, the rings whose owner is provably dead
-        (B.13, done as the owner's leave: their claims go back to the pool;
-        ``kickmsg.protocol.v9.repair.reclaim_dead_ring``). Returns how many."""
-        self.require_writable("reclaim dead rings")
-        return repair9.reclaim_dead_rings(self.core)
-
-    def reclaim_dead_subscribers(self) -> DeadSubscriberReport:
-        """``SharedRegion.reclaim_dead_subscribers`` by layout 9's own
-        mechanism (``reclaim_dead_ring``): each ring whose owner in the ring
-        header is provably dead is left on its behalf, its claims drained
-        back to the pool. Every layout-9 subscriber, native or ours, records
-        itself there: none is unrecorded. A ring whose publishers stayed in
-        flight past the commit timeout is left retired (timed out)."""
-        self.require_writable("reclaim rings")
-        reclaimed: list[tuple[int, int]] = []
-        timed_out: list[int] = []
-        claims_given_back: dict[int, int] = {}
-        for index, pid in self.dead_subscriber_rings():
-            left = repair9.reclaim_dead_ring(self.core, index)
-            if left is None:
-                continue  # taken by another reclaimer meanwhile
-            quiesced, claims_given_back[index] = left
-            if quiesced:
-                reclaimed.append((index, pid))
-            else:
-                timed_out.append(index)
-        return DeadSubscriberReport(reclaimed, [], timed_out, claims_given_back)
-
-    def free_ring(self, index: int) -> bool:
-        """Refused: layout 4's way out for a ring no owner record accounts
-        for. On layout 9 every ring records its owner in its header, and
-        ``reclaim_dead_subscribers`` frees it once that owner is dead."""
-        raise RuntimeError(
-            f"ring {index} of {self.name}: not freed by force on a layout-9 region, whose rings record their owner "
-            f"(kickmsg repair --dead-subscribers frees a ring once its owner is dead)"
-        )
-
-    def reclaim_orphaned_slots(self) -> int:
-        """0.9.2's claim counting: NOT safe under live traffic."""
-        self.require_writable("reclaim slots")
-        return repair9.reclaim_orphaned_slots(self.core)
-
-
 def warn_of_stranded_holders(name: str, new_layout: int) -> None:
     """Before a create replaces a channel of another layout than
     ``new_layout`` (0.9.2's "create replaces", kept): a ``RuntimeWarning``
@@ -674,12 +491,12 @@ def warn_of_stranded_holders(name: str, new_layout: int) -> None:
     native one goes on in the old object, publishing to nobody or waiting
     for nothing, and says nothing."""
     try:
-        head = shm.read_head(shm.SHM_DIRECTORY + name, 12)
+        stamp = region4.file_stamp(shm.SHM_DIRECTORY + name)
     except (OSError, ValueError):  # no such object (or one we may not read): nothing is replaced unseen
         return
-    if len(head) < 12 or int.from_bytes(head[:8], "little") != layout.MAGIC:
+    if stamp is None or stamp[0] != layout.MAGIC:
         return
-    found = int.from_bytes(head[8:12], "little")
+    found = stamp[1]
     holders = shm.processes_mapping(name) if found != new_layout else []
     if holders:
         described = ", ".join(f"{pid} ({process.command_name(pid) or '?'})" for pid in holders)
@@ -711,26 +528,26 @@ def _open_if_ready(name: str) -> SharedRegion | None:
         mapping = shm.open_existing(name)
     except (shm.RegionNotFoundError, shm.EmptyObjectError):
         return None
-    if mapping.size < 8 or HARDWARE.load_acquire_u64(mapping.address + layout.MAGIC_OFFSET) != layout.MAGIC:
+    if region4.read_stamp(mapping)[0] != layout.MAGIC:
         return None
     return _attach(mapping, 0)
 
 
 def _attach(mapping: shm.Mapping, expected_identity: int) -> SharedRegion:
-    """Check an initialised-looking mapping and wrap it as the layout its
-    version word (offset 8, after magic) names; flag a layout-4 geometry
-    that cannot work (when attached to use it, not to inspect it)."""
+    """Check an initialised-looking mapping and wrap the core of the layout
+    its version word (after magic) names; flag a layout-4 geometry that
+    cannot work (when attached to use it, not to inspect it)."""
     name = mapping.name
-    if mapping.size < 8 or HARDWARE.load_acquire_u64(mapping.address + layout.MAGIC_OFFSET) != layout.MAGIC:
+    magic, version = region4.read_stamp(mapping)
+    if magic != layout.MAGIC:
         raise RuntimeError(f"Invalid shared memory (bad magic): {name}")
-    version = HARDWARE.load_relaxed_u32(mapping.address + layout.VERSION_OFFSET) if mapping.size >= 12 else None
     if version == layouts.LAYOUT_9:
-        return _attach9(mapping, expected_identity)
+        return SharedRegion(v9.Region.attach(mapping, expected_identity))
     if version not in layouts.SUPPORTED_LAYOUTS:
         raise RuntimeError(
             f"Version mismatch: {name} has layout version {version}, this library reads layouts 4 and 9"
         )
-    return SharedRegion._of(region4.attach(mapping, expected_identity))
+    return SharedRegion(region4.attach(mapping, expected_identity))
 
 
 def check_creator(creator: object) -> None:
@@ -769,25 +586,14 @@ def _create9(
     if create_or_open:
         return _create_or_open9(name, channel_type, config, creator, permissions)
     owners.unlink(name)  # sidecars of a layout-4 region of that name
-    return _create_new9(name, channel_type, config, creator, permissions)
+    return SharedRegion(v9.Region.create(name, channel_type, config, creator, mode=permissions))
 
 
-def _attach9(mapping: shm.Mapping, expected_identity: int) -> Layout9Region:
-    """Validate a mapped layout-9 region (A.10) and wrap it."""
-    magic = HARDWARE.load_acquire_u64(mapping.address + layout9.MAGIC_OFFSET) if mapping.size >= 8 else 0
-    geometry = layout9.validate(mapping.name, bytes(mapping.buffer[:layout9.HEADER_SIZE]), mapping.size, magic, expected_identity)
-    return Layout9Region(v9.Region(mapping, geometry))
-
-
-def _create_new9(name: str, channel_type: int, config: v9.ChannelConfig, creator: str, mode: int | None) -> Layout9Region:
-    return Layout9Region(v9.Region.create(name, channel_type, config, creator, mode=mode))
-
-
-def _create_or_open9(name: str, channel_type: int, config: v9.ChannelConfig, creator: str, mode: int | None) -> Layout9Region:
+def _create_or_open9(name: str, channel_type: int, config: v9.ChannelConfig, creator: str, mode: int | None) -> SharedRegion:
     """0.9.2's create_or_open; a layout-4 channel of that name is refused
     saying how this package joins it (0.9.2's words advise unlinking it)."""
     try:
-        return Layout9Region(v9.Region.create_or_open(name, channel_type, config, creator, mode=mode))
+        return SharedRegion(v9.Region.create_or_open(name, channel_type, config, creator, mode=mode))
     except VersionMismatchError:
         try:
             found = region4.stamped_version(shm.open_existing(name, writable=False))

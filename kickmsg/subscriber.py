@@ -22,6 +22,7 @@ from kickmsg.atomics import FUTEX_TIMED_OUT
 from kickmsg.config import to_microseconds
 from kickmsg.protocol.v4 import receive as receive4
 from kickmsg.protocol.v4 import rings as rings4
+from kickmsg.protocol.v4 import region as region4
 from kickmsg.protocol.v4.layout import (
     LOCKED_SEQUENCE,
     RING_FREE,
@@ -41,7 +42,7 @@ from kickmsg.protocol.v9.layout import (
     seq_pos,
 )
 from kickmsg.protocol.v4.region import RingAddresses
-from kickmsg.region import Layout9Region, SharedRegion
+from kickmsg.region import SharedRegion
 
 __all__ = ["DEFAULT_SPIN_S", "SampleView", "SampleView9", "Subscriber", "Subscriber9", "UNCOMMITTED_POLL_NS"]
 
@@ -157,7 +158,7 @@ class Subscriber:
     def try_receive(self) -> bytes | None:
         """The next message as a copy, or None if none is ready."""
         self._check_open()
-        region = self._region  # the slot is pinned in this region, even if the check-in follows a new one
+        region: region4.Region = self._region.core  # type: ignore[assignment]  # a layout-4 subscriber's  (the slot is pinned in this region, even if the check-in follows a new one)
         pinned = receive4.pin_next(region, self._ring, self._cursor)
         if time.monotonic_ns() >= self._next_check_in_ns:
             self._check_in()
@@ -176,7 +177,7 @@ class Subscriber:
         view is released), or None if none is ready."""
         self._check_open()
         region = self._region  # the slot is pinned in this region, even if the check-in follows a new one
-        pinned = receive4.pin_next(region, self._ring, self._cursor)
+        pinned = receive4.pin_next(region.core, self._ring, self._cursor)  # type: ignore[arg-type]  # a layout-4 subscriber's
         if time.monotonic_ns() >= self._next_check_in_ns:
             self._check_in()
         if pinned is None:
@@ -222,7 +223,7 @@ class Subscriber:
         references are still released by eviction and drain."""
         self._check_open()
         region, cursor = self._region, self._cursor
-        ops = region.atomics
+        ops = region.core.atomics
         capacity = region.geometry.capacity
         write_pos = ops.load_acquire_u64(self._ring.write_pos)
         if write_pos - cursor.read_pos > capacity:  # already overwritten: lost, as in receive
@@ -270,12 +271,13 @@ class Subscriber:
         in_place = new_region.mapping.identity == region.mapping.identity
         if in_place and self._sidecar and self._sidecar.records_us(ring.index, new_region.created_at_ns):
             self._teardown.detach()  # our ring and record live on in the new incarnation
-            self._take_ring(new_region, new_region.rings[ring.index], self._start_pos, self._sidecar, self._cursor.read_pos)
+            ring_there = new_region.core.ring(ring.index)  # type: ignore[union-attr]  # a layout-4 subscriber's
+            self._take_ring(new_region, ring_there, self._start_pos, self._sidecar, self._cursor.read_pos)
         else:
             if in_place:
                 write_pos = self._cursor.write_pos_seen  # the old ring's contents are gone: what we last saw
             else:
-                write_pos = region.atomics.load_acquire_u64(ring.write_pos)  # the old object, orphaned
+                write_pos = region.core.atomics.load_acquire_u64(ring.write_pos)  # the old object, orphaned
             unread = min(max(0, write_pos - self._cursor.read_pos), region.geometry.capacity)
             # A new object's rings all began at 0: what its rings hold was published before we join.
             published_before = 0 if in_place else new_region.stats().total_writes
@@ -321,7 +323,7 @@ class Subscriber:
         remaining_ns = -1 if deadline_ns is None else deadline_ns - time.monotonic_ns()
         if deadline_ns is not None and remaining_ns <= 0:
             return
-        ops = self._region.atomics
+        ops = self._region.core.atomics
         ring = self._ring
         ops.store_relaxed_u32(ring.has_waiter, 1)
         write_pos = ops.load_acquire_u64(ring.write_pos)
@@ -359,7 +361,7 @@ class Subscriber:
             self._end_wait()  # checking in may take us to another ring
             self._check_in()
         region, ring = self._region, self._ring
-        ops = region.atomics
+        ops = region.core.atomics
         ops.store_relaxed_u32(ring.has_waiter, 1)
         self._waiting_on = (region, ring)
         write_pos = ops.load_acquire_u64(ring.write_pos)
@@ -374,7 +376,7 @@ class Subscriber:
         """Whether a receive has something to do now, looked at without
         announcing a wait (a WaitSet's spin: publishers make no wake-up call)."""
         self._check_open()
-        return bool(self._ready_at(self._region.atomics.load_acquire_u64(self._ring.write_pos)))
+        return bool(self._ready_at(self._region.core.atomics.load_acquire_u64(self._ring.write_pos)))
 
     def _ready_at(self, write_pos: int) -> bool | None:
         """Given our ring's write_pos (just loaded, acquire): True if a
@@ -390,14 +392,14 @@ class Subscriber:
         if write_pos - read_pos > region.geometry.capacity:
             return True  # lapped: the oldest entry is there to read
         entry = self._ring.entries[read_pos & region.geometry.mask]
-        sequence = region.atomics.load_acquire_u64(entry + SEQUENCE_OFFSET)
+        sequence = region.core.atomics.load_acquire_u64(entry + SEQUENCE_OFFSET)
         return sequence != LOCKED_SEQUENCE and sequence > read_pos  # committed (or overwritten since)
 
     def _end_wait(self) -> None:
         """After the sleep: has_waiter = 0 on the ring ``_announce_wait`` set it on."""
         if self._waiting_on is not None:
             region, ring = self._waiting_on
-            region.atomics.store_relaxed_u32(ring.has_waiter, 0)
+            region.core.atomics.store_relaxed_u32(ring.has_waiter, 0)
             self._waiting_on = None
 
     # -- leaving --------------------------------------------------------------
@@ -438,9 +440,10 @@ def _deadline_ns(timeout: datetime.timedelta | float | None) -> int | None:
 def _join_or_reclaim(region: SharedRegion) -> tuple[RingAddresses, int]:
     """Join a ring; with none Free, first reclaim the rings whose recorded
     owner died (beyond 0.1.0: a channel heals itself) and try once more."""
-    joined = rings4.join(region)
+    core: region4.Region = region.core  # type: ignore[assignment]  # a layout-4 subscriber's
+    joined = rings4.join(core)
     if joined is None and region.mapping.shared and region.reclaim_dead_subscribers().reclaimed:
-        joined = rings4.join(region)
+        joined = rings4.join(core)
     if joined is None:
         raise RuntimeError(
             f"No free subscriber slots in {region.name}: all {region.geometry.max_subs} rings are taken or "
@@ -458,7 +461,7 @@ def _join_and_record(region: SharedRegion) -> tuple[RingAddresses, int, owners.S
     try:
         return ring, start_pos, _record_ownership(region, ring, start_pos)
     except BaseException:
-        region.leave_ring(ring, start_pos)
+        rings4.leave(region.core, ring, start_pos)  # type: ignore[arg-type]  # a layout-4 subscriber's
         raise
 
 
@@ -466,8 +469,9 @@ def _ring_holders(region: SharedRegion) -> str:
     """Who holds the rings, for the error of a join that found none free."""
     records = owners.read_owners(region.name, region.geometry.max_subs) or []
     recorded = sum(held for _, held in records)
+    core: region4.Region = region.core  # type: ignore[assignment]  # a layout-4 subscriber's
     retired = sum(
-        region.atomics.load_acquire_u32(ring.state_flight) & RING_STATE_MASK == RING_FREE for ring in region.rings
+        core.atomics.load_acquire_u32(ring.state_flight) & RING_STATE_MASK == RING_FREE for ring in core.rings
     )
     held = region.geometry.max_subs - retired
     return (
@@ -490,7 +494,7 @@ def _record_ownership(region: SharedRegion, ring: RingAddresses, start_pos: int)
         return None
     claimed = False
     try:
-        claimed = sidecar.claim(ring.index, start_pos, region.header.created_at_ns)
+        claimed = sidecar.claim(ring.index, start_pos, region.incarnation()[1])
     finally:
         if not claimed:
             sidecar.close()  # and with it our lock on the record
@@ -513,9 +517,9 @@ def _leave_ring(
     # Re-created since we joined, the ring is not ours, unless the re-create
     # kept it for us (in place, our record moved to the new incarnation).
     if region.incarnation() == incarnation or (
-        sidecar is not None and sidecar.records_us(ring.index, region.header.created_at_ns)
+        sidecar is not None and sidecar.records_us(ring.index, region.incarnation()[1])
     ):
-        left = region.leave_ring(ring, start_pos, sidecar)
+        left = rings4.leave(region.core, ring, start_pos, sidecar)  # type: ignore[arg-type]  # a layout-4 subscriber's
     if sidecar:
         sidecar.close()
     return left
@@ -561,7 +565,7 @@ class SampleView:
         if self._released:
             raise BufferError("SampleView is no longer valid (pin already released)")
         self._exports += 1
-        start = self._region.payload_offsets[self._slot]
+        start = self._region.core.payload_offsets[self._slot]  # type: ignore[union-attr]  # a layout-4 view's
         return self._region.mapping.buffer[start : start + self._length].toreadonly()
 
     def __release_buffer__(self, view: memoryview) -> None:
@@ -571,7 +575,7 @@ class SampleView:
     def _unpin_if_done(self) -> None:
         if self._released and self._pinned and self._exports == 0:
             self._pinned = False
-            freestack.release_slot(self._region, self._slot)
+            freestack.release_slot(self._region.core, self._slot)
 
     def __enter__(self) -> Self:
         return self
@@ -644,7 +648,7 @@ class Subscriber9(Subscriber):
         self._closed = False
 
     def _take(self, region: SharedRegion) -> None:
-        if not isinstance(region, Layout9Region):
+        if not isinstance(region.core, v9.Region):
             raise TypeError(f"{region.name} is not a layout-9 region")  # the name now leads to a layout-4 one
         core = v9.Subscriber(region.core)  # B.4 join; none free: raise, still on the region we had
         self._region, self._core = region, core

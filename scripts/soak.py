@@ -84,6 +84,7 @@ sys.path.insert(0, str(ROOT))  # this repository's kickmsg (the supervisor never
 import kickmsg
 from kickmsg import layouts
 from kickmsg.ops.audit import audit
+from kickmsg.protocol.v4 import rings
 
 # Per layout: the native wheel's directory and the module file that shows it is installed.
 NATIVE = {
@@ -462,7 +463,7 @@ class Soak:
                 self.fail(f"{how} did not reclaim the ring of {worker}: reclaimed {reclaimed}, timed out {timed_out}")
                 return
         else:
-            left = region.leave_ring(region.rings[worker.ring], worker.start_pos)
+            left = rings.leave(region.core, region.core.ring(worker.ring), worker.start_pos)
         key = "killed_rings_reclaimed_under_traffic" if left else "killed_rings_reclaim_timeouts"
         self.events[key][worker.impl] += 1
 
@@ -506,7 +507,7 @@ class Soak:
         dead = region.reclaim_dead_subscribers()
         on_behalf = on_behalf_timeouts = 0
         for worker in dead_native:  # 0.1.0's rings have no owner record: leave them on their behalf
-            if region.leave_ring(region.rings[worker.ring], worker.start_pos):
+            if rings.leave(region.core, region.core.ring(worker.ring), worker.start_pos):
                 on_behalf += 1
             else:
                 on_behalf_timeouts += 1

@@ -139,12 +139,14 @@ def closing_subscriber(report, name, go):
 
 def subscriber_stopping_after_leaving(report, name, go, stopped):
     """Subscribe; once ``go`` is set, close, but stop (SIGSTOP, to be killed)
-    as soon as the region's ``leave_ring`` has freed the ring, before the
+    as soon as layout 4's ``rings.leave`` has freed the ring, before the
     rest of the teardown. (Fault injection from outside: the teardown calls
-    the region's ``leave_ring``, replaced here on this process's region.)"""
+    ``kickmsg.protocol.v4.rings.leave``, replaced here in this process.)"""
+    from kickmsg.protocol.v4 import rings
+
     region = SharedRegion.open(name)
     sub = Subscriber(region)
-    leave_ring = region.leave_ring
+    leave_ring = rings.leave
 
     def leave_then_stop(*args, **kwargs):
         left = leave_ring(*args, **kwargs)
@@ -152,11 +154,11 @@ def subscriber_stopping_after_leaving(report, name, go, stopped):
         os.kill(os.getpid(), signal.SIGSTOP)
         return left
 
-    region.leave_ring = leave_then_stop
+    rings.leave = leave_then_stop
     report("ready", os.getpid())
     _wait_for_event(go, "close")
     sub.close()
-    raise RuntimeError("the teardown did not go through region.leave_ring: the fault was not injected")
+    raise RuntimeError("the teardown did not go through rings.leave: the fault was not injected")
 
 
 def publish_until_stopped(report, name, publisher_id, go, stop, published):

@@ -438,7 +438,7 @@ def cmd_create(args: argparse.Namespace) -> int:
     channel_type = ChannelType.Broadcast if args.broadcast_type else ChannelType.PubSub
     make = SharedRegion.create if args.replace else SharedRegion.create_or_open  # the latter never replaces
     region = make(name, channel_type, config_of(args), args.creator, mode=args.mode, layout=args.layout)
-    if region.header.creator_pid != os.getpid():
+    if region.incarnation()[0] != os.getpid():
         raise CommandError(f"{name} already exists (--replace would replace it)")  # made by another process meanwhile
     data = dict(
         {"name": name}, **geometry_fields(region), total_size=region.geometry.total_size,

@@ -54,11 +54,13 @@ import time
 from dataclasses import dataclass, field, replace
 
 from kickmsg import owners
+from kickmsg.protocol import freestack
+from kickmsg.protocol.info import RingWords
 from kickmsg.protocol.v4 import layout
 from kickmsg.protocol.v4.layout import Geometry
 from kickmsg.protocol.v9 import layout as v9layout
 from kickmsg.protocol.v9.liveness import owner_is_dead
-from kickmsg.region import Layout9Region, SharedRegion
+from kickmsg.region import SharedRegion
 
 __all__ = [
     "AuditReport", "FIRST_PAUSE_S", "LONGEST_SETTLE_S", "RingAudit", "SCHEMA_STATE_NAMES", "SHORTEST_SETTLE_S",
@@ -237,26 +239,17 @@ def settle_time_s(geometry: Geometry) -> float:
 def look(region: SharedRegion) -> AuditReport:
     """One pass over ``region``: what it shows right now, transient states
     of flows in progress included."""
-    ops = region.atomics
+    core = region.core
     pool_size = region.geometry.pool_size
-    capacity = region.geometry.capacity
 
     # The free stack, bounded by the pool size, stopping at a cycle.
-    free, problems = set(), []
-    slot = ops.load_acquire_u64(region.free_top_address) & layout.U32_MAX
-    while slot != layout.INVALID_SLOT:
-        if slot >= pool_size:
-            problems.append(f"link to slot {slot}, outside the pool of {pool_size}")
-            break
-        if slot in free:
-            problems.append(f"cycle: slot {slot} is reached twice")
-            break
-        free.add(slot)
-        slot = ops.load_acquire_u32(region.slot_addresses[slot] + layout.NEXT_FREE_OFFSET)
+    free_slots, problem = freestack.walk(core)
+    free, problems = set(free_slots), [] if problem is None else [problem]
 
     # Ring references, per layout: the entries that hold a slot.
-    in_use = region.rings_in_use()
-    rings, holders = _rings9(region, in_use) if isinstance(region, Layout9Region) else _rings4(region, in_use)
+    in_use = core.rings_in_use()
+    snapshots = [core.ring_words(index) for index in in_use]
+    rings, holders = _rings9(region, snapshots) if region.layout == 9 else _rings4(region, snapshots)
 
     # Each slot against its state.
     references = [len(holders.get(slot, ())) for slot in range(pool_size)]
@@ -266,10 +259,8 @@ def look(region: SharedRegion) -> AuditReport:
         if slot not in free and holders.get(slot) and not any(ring in live_rings for ring, _ in holders[slot])
     ]
     being_written, leaked, under_referenced, double_free = [], [], [], []
-    refcounts = []
-    for slot in range(pool_size):
-        refcount = ops.load_acquire_u32(region.slot_addresses[slot] + layout.REFCOUNT_OFFSET)
-        refcounts.append(refcount)
+    refcounts = freestack.refcounts(core)
+    for slot, refcount in enumerate(refcounts):
         if slot in free:
             if refcount or references[slot]:
                 double_free.append(slot)
@@ -284,7 +275,7 @@ def look(region: SharedRegion) -> AuditReport:
         for slot in leaked + under_referenced + double_free + being_written + stranded
     }
 
-    schema_state = ops.load_acquire_u32(region.schema_state_address)
+    schema_state = core.header_words().schema_state
     return AuditReport(
         region=region.name,
         pool_size=pool_size,
@@ -314,35 +305,29 @@ def look(region: SharedRegion) -> AuditReport:
     )
 
 
-def _rings4(region: SharedRegion, in_use: list[int]) -> tuple[list[RingAudit], dict[int, list[tuple[int, int]]]]:
+def _rings4(region: SharedRegion, snapshots: list[RingWords]) -> tuple[list[RingAudit], dict[int, list[tuple[int, int]]]]:
     """Layout 4: each ring in use, and per slot the (ring, position) of the
     committed entries of the live windows naming it. A ring's owner is its
     subscriber's record (``kickmsg.owners``), if it keeps one."""
-    ops = region.atomics
     pool_size, capacity = region.geometry.pool_size, region.geometry.capacity
     holders: dict[int, list[tuple[int, int]]] = {}
     rings = []
     records = (owners.read_owners(region.name, region.geometry.max_subs) if region.mapping.shared else None) or []
-    for ring in map(region.ring, in_use):
-        state_flight = ops.load_acquire_u32(ring.state_flight)
-        state = state_flight & layout.RING_STATE_MASK
-        write_pos = ops.load_acquire_u64(ring.write_pos)
+    for ring in snapshots:
+        state = ring.state_flight & layout.RING_STATE_MASK
         ring_audit = RingAudit(
             index=ring.index,
             state=layout.RING_STATE_NAMES.get(state, f"invalid ({state})"),
-            in_flight=state_flight >> 2,
-            write_pos=write_pos,
+            in_flight=ring.state_flight >> 2,
+            write_pos=ring.write_pos,
             references=0,
         )
-        for position in range(max(0, write_pos - capacity), write_pos):
-            entry = ring.entries[position & region.geometry.mask]
-            sequence = ops.load_acquire_u64(entry + layout.SEQUENCE_OFFSET)
+        for position, sequence, held in ring.window:
             if sequence == layout.LOCKED_SEQUENCE:
                 ring_audit.locked_entries.append(position)
             elif layout.entry_is_stuck(sequence, position, capacity):
                 ring_audit.stale_entries.append(position)
             elif sequence == position + 1:
-                held = ops.load_acquire_u32(entry + layout.SLOT_IDX_OFFSET)
                 if held < pool_size:
                     holders.setdefault(held, []).append((ring.index, position))
                     ring_audit.references += 1
@@ -355,7 +340,7 @@ def _rings4(region: SharedRegion, in_use: list[int]) -> tuple[list[RingAudit], d
     return rings, holders
 
 
-def _rings9(region: Layout9Region, in_use: list[int]) -> tuple[list[RingAudit], dict[int, list[tuple[int, int]]]]:
+def _rings9(region: SharedRegion, snapshots: list[RingWords]) -> tuple[list[RingAudit], dict[int, list[tuple[int, int]]]]:
     """Layout 9 (WIRE9.md A.3, A.4): each ring in use, and per slot the
     (ring, entry index) of the claims naming it. In the live window an
     entry is locked (publisher or repairer lock), more than one wrap stale,
@@ -364,44 +349,35 @@ def _rings9(region: Layout9Region, in_use: list[int]) -> tuple[list[RingAudit], 
     claim naming a slot outside the pool, or tagged for a position that
     does not map to its entry, is bad. A ring's owner is the pid and start
     time in its header."""
-    ops = region.atomics
     g = region.geometry
-    core = region.core
     holders: dict[int, list[tuple[int, int]]] = {}
     rings = []
-    for index in in_use:
-        ring = core.ring_address(index)
-        state_flight = ops.load_acquire_u32(ring + v9layout.STATE_FLIGHT_OFFSET)
-        write_pos = ops.load_acquire_u64(ring + v9layout.WRITE_POS_OFFSET)
+    for ring in snapshots:
         ring_audit = RingAudit(
-            index=index,
-            state=v9layout.RING_STATE_NAMES[state_flight & v9layout.RING_STATE_MASK],
-            in_flight=state_flight >> 2,
-            write_pos=write_pos,
+            index=ring.index,
+            state=v9layout.RING_STATE_NAMES[ring.state_flight & v9layout.RING_STATE_MASK],
+            in_flight=ring.state_flight >> 2,
+            write_pos=ring.write_pos,
             references=0,
         )
-        for position in range(max(0, write_pos - g.capacity), write_pos):
-            sequence = ops.load_acquire_u64(core.entry_address(index, position) + v9layout.SEQUENCE_OFFSET)
+        for position, sequence, _ in ring.window:
             if v9layout.seq_locked(sequence):
                 ring_audit.locked_entries.append(position)
             elif v9layout.seq_pos(sequence) + g.capacity < position + 1:
                 ring_audit.stale_entries.append(position)
             elif v9layout.seq_skip(sequence):
                 ring_audit.skip_entries.append(position)
-        for entry_index in range(g.capacity):
-            meta = ops.load_acquire_u64(core.entry_address(index, entry_index) + v9layout.META_OFFSET)
+        for entry_index, meta in enumerate(ring.metas):
             field_value = v9layout.meta_slot_field(meta)
             if not field_value:
                 continue
             if field_value - 1 >= g.pool_size or (v9layout.meta_tag(meta) - 1) & g.mask != entry_index:
                 ring_audit.bad_entries.append(entry_index)
                 continue
-            holders.setdefault(field_value - 1, []).append((index, entry_index))
+            holders.setdefault(field_value - 1, []).append((ring.index, entry_index))
             ring_audit.references += 1
-        pid = ops.load_acquire_u64(ring + v9layout.OWNER_PID_OFFSET)
-        if ring_audit.state != "Free" and pid:
-            start = ops.load_relaxed_u64(ring + v9layout.OWNER_STARTTIME_OFFSET)
-            ring_audit.owner_pid, ring_audit.owner_alive = pid, not owner_is_dead(pid, start)
+        if ring_audit.state != "Free" and ring.owner_pid:
+            ring_audit.owner_pid, ring_audit.owner_alive = ring.owner_pid, not owner_is_dead(ring.owner_pid, ring.owner_starttime)
         rings.append(ring_audit)
     return rings, holders
 

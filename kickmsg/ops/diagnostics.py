@@ -394,7 +394,8 @@ def summarize(entry: os.DirEntry[str], everything: bool) -> RegionSummary | None
         region = SharedRegion.inspect(row.name)
     except (RuntimeError, ValueError) as error:
         return dataclasses.replace(row, type="damaged", problem=str(error).splitlines()[0])
-    g, h = region.geometry, region.header
+    g = region.geometry
+    creator_pid, _ = region.incarnation()
     report = audit(region)
     schema = region.schema()
     publishers = read_participants(region)
@@ -403,8 +404,8 @@ def summarize(entry: os.DirEntry[str], everything: bool) -> RegionSummary | None
         row,
         type=region.channel_type.name,
         creator=creator_name(region),
-        pid=h.creator_pid,
-        alive=pid_alive(h.creator_pid),
+        pid=creator_pid,
+        alive=pid_alive(creator_pid),
         subs_live=sum(r.state == "Live" for r in report.rings),
         subs_max=g.max_subs,
         pubs_live=sum(p.alive for p in publishers),
@@ -486,7 +487,7 @@ def age_s(region: SharedRegion) -> float:
     """Seconds since the region was created: its ``created_at_ns`` is
     CLOCK_MONOTONIC on layout 4, CLOCK_REALTIME on layout 9."""
     now_ns = time.time_ns() if region.layout == layouts.LAYOUT_9 else time.monotonic_ns()
-    return round((now_ns - region.header.created_at_ns) / 1e9, 3)
+    return round((now_ns - region.incarnation()[1]) / 1e9, 3)
 
 
 def info(name: str) -> RegionInfo:
@@ -536,13 +537,12 @@ def damaged_info(name: str, fault: str) -> DamagedInfo | None:
 
 
 def region_info(region: SharedRegion) -> RegionInfo:
-    h = region.header
-    ops = region.atomics
-    free_top = ops.load_acquire_u64(region.free_top_address)
-    schema_state = ops.load_acquire_u32(region.schema_state_address)
+    h = region.core.header
+    words = region.core.header_words()
+    free_top, schema_state = words.free_top, words.schema_state
     return RegionInfo(
         name=region.name,
-        magic=f"0x{ops.load_acquire_u64(region.mapping.address):016x}",
+        magic=f"0x{words.magic:016x}",
         version=h.version,
         channel_type=CHANNEL_TYPES.get(h.channel_type, h.channel_type),
         total_size=h.total_size,
@@ -641,7 +641,7 @@ def owned_ring_stats4(region: SharedRegion, audited: dict[int, RingAudit], rows:
     """Layout 4: a Live ring's owner, read position, pending messages and
     losses from its subscriber's record, if it keeps one (ours)."""
     records = (owners.read_owners(region.name, region.geometry.max_subs) if region.mapping.shared else None) or []
-    created = region.header.created_at_ns
+    _, created = region.incarnation()
     for row in rows:
         record, held = records[row.ring] if row.ring < len(records) else (None, False)
         if row.state == "Live" and record is not None and record.region_created_at_ns == created:
@@ -935,7 +935,7 @@ def board_info(board: board9.Blackboard) -> BoardInfo:
         name=board.name,
         capacity=board.capacity,
         max_value_size=board.max_value_size,
-        creator_pid=board.atomics.load_relaxed_u64(board.base + board9.CREATOR_PID_OFFSET),
+        creator_pid=board.creator_pid(),
         keys=keys,
         updates=sum(key.updates for key in keys),
         dead_owners=sum(key.state == "dead" for key in keys),

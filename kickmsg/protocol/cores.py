@@ -12,12 +12,55 @@ explores these very methods.
 """
 from typing import Protocol
 
+from kickmsg import shm
+from kickmsg.atomics import Atomics
+from kickmsg.protocol.info import ChannelGeometry, HeaderWords, RegionInfo, RegionStats, RingWords
+from kickmsg.schema import SchemaInfo
+
 __all__ = ["PublisherCore", "RegionCore", "SampleViewCore", "SubscriberCore"]
 
 
 class RegionCore(Protocol):
-    """One mapped region of one layout: its geometry, its addresses, its
-    repairs (``protocol/v4/region.py``, ``protocol/v9/region.py``)."""
+    """One mapped region of one layout: its geometry, its addresses, what it
+    reports (``protocol/v4/region.py``, ``protocol/v9/region.py``). Its
+    repairs are functions of the same names over it in each layout's
+    ``repair.py``."""
+
+    layout: int  # 4 or 9: the version word
+    mapping: shm.Mapping
+    atomics: Atomics  # the door every flow's atomic access goes through
+    created_at_ns: int  # which incarnation of the name this object is
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def geometry(self) -> ChannelGeometry: ...
+
+    def incarnation(self) -> tuple[int, int]:
+        """(creator_pid, created_at_ns) of the header."""
+
+    def replaced(self) -> bool:
+        """Re-created since this object attached: magic or creation stamp
+        changed, or the name leads to another object."""
+
+    def rings_in_use(self) -> list[int]:
+        """The rings that are not idle (state_flight or write_pos nonzero)."""
+
+    def info(self) -> RegionInfo:
+        """0.9.2's ``RegionInfo``."""
+
+    def stats(self) -> RegionStats:
+        """0.9.2's ``RegionStats`` (racy by nature)."""
+
+    def schema(self) -> SchemaInfo | None:
+        """The descriptor once Set, else None."""
+
+    def header_words(self) -> HeaderWords:
+        """The header's atomic words, for the tools."""
+
+    def ring_words(self, index: int) -> RingWords:
+        """A snapshot of ring ``index``'s words, for the tools."""
 
 
 class PublisherCore(Protocol):

@@ -19,7 +19,7 @@ from kickmsg.protocol.common import INVALID_SLOT, U32_MAX, CorruptRegionError
 
 __all__ = [
     "NEXT_FREE_OFFSET", "Pool", "PoolGeometry", "REFCOUNT_OFFSET", "count_free", "empty_pool_error", "pop", "push",
-    "release_slot",
+    "refcounts", "release_slot", "walk",
 ]
 
 # SlotHeader.next_free and .refcount: the same offsets in both layouts.
@@ -125,3 +125,29 @@ def count_free(region: Pool) -> int:
         count += 1
         slot = ops.load_relaxed_u32(region.slot_addresses[slot] + NEXT_FREE_OFFSET)
     return count
+
+
+def walk(region: Pool) -> tuple[list[int], str | None]:
+    """The slots on the stack now, top first (acquire, racy; for the tools),
+    and what stopped the walk short: a link out of the pool, or a slot
+    reached twice (a cycle); None when it reached INVALID_SLOT."""
+    ops = region.atomics
+    pool_size = region.geometry.pool_size
+    free: list[int] = []
+    seen: set[int] = set()
+    slot = ops.load_acquire_u64(region.free_top_address) & U32_MAX
+    while slot != INVALID_SLOT:
+        if slot >= pool_size:
+            return free, f"link to slot {slot}, outside the pool of {pool_size}"
+        if slot in seen:
+            return free, f"cycle: slot {slot} is reached twice"
+        free.append(slot)
+        seen.add(slot)
+        slot = ops.load_acquire_u32(region.slot_addresses[slot] + NEXT_FREE_OFFSET)
+    return free, None
+
+
+def refcounts(region: Pool) -> list[int]:
+    """Every slot's refcount (acquire, racy; for the tools), in slot order."""
+    ops = region.atomics
+    return [ops.load_acquire_u32(address + REFCOUNT_OFFSET) for address in region.slot_addresses]

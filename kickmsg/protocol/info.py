@@ -1,18 +1,23 @@
-"""What 0.9.2's ``SharedRegion.info()`` and ``stats()`` report, for both
-layouts (WIRE9.md B.18; layout 4 reports the same, with no counters).
+"""What both layouts' headers say: 0.9.2's ``SharedRegion.info()`` and
+``stats()`` (WIRE9.md B.18; layout 4 reports the same, with no counters),
+the snapshots the tools read, and the header fields region creation writes.
 
 ``region_info`` builds ``RegionInfo`` from a region's geometry and header
-(``config_differences`` says how two geometries' configs differ):
-the header words it reads (creator_pid, created_at_ns) are at the same
-offsets in both layouts.
+(``config_differences`` says how two geometries' configs differ);
+``write_header`` stores the geometry's fields in a new header. The two
+layouts' headers have these fields under the same names.
 """
 import ctypes
+import os
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from kickmsg.config import ChannelType
 
-__all__ = ["ChannelGeometry", "DrainedRing", "HealthCounts", "RegionInfo", "RegionStats", "RingStats", "config_differences", "region_info"]
+__all__ = [
+    "ChannelGeometry", "DrainedRing", "HeaderGeometry", "HeaderWords", "HealthCounts", "RegionInfo", "RegionStats", "RingStats", "RingWords",
+    "config_differences", "region_info", "write_header",
+]
 
 
 @dataclass(frozen=True)
@@ -85,6 +90,35 @@ class RegionStats:
     pool_size: int = 0
 
 
+@dataclass(frozen=True)
+class HeaderWords:
+    """The header's atomic words, each read once with acquire, for the tools
+    (a snapshot: racy under traffic)."""
+
+    magic: int
+    free_top: int  # generation << 32 | slot
+    schema_state: int
+
+
+@dataclass(frozen=True)
+class RingWords:
+    """One ring's words, each read once with acquire, for the tools (a
+    snapshot: racy under traffic). ``window`` holds (position, sequence,
+    slot) for each position of the live window [max(0, write_pos -
+    capacity), write_pos), oldest first: the slot is layout 4's slot_idx
+    (read after the sequence), 0 on layout 9. Layout 9 only: ``metas``, the
+    meta word of every entry in entry order, and the owner in the ring's
+    header."""
+
+    index: int
+    state_flight: int
+    write_pos: int
+    window: list[tuple[int, int, int]]
+    metas: list[int] = field(default_factory=list)
+    owner_pid: int = 0
+    owner_starttime: int = 0
+
+
 class ChannelGeometry(Protocol):
     """What both layouts' ``Geometry`` say of the config that made a region."""
 
@@ -111,6 +145,28 @@ class ChannelGeometry(Protocol):
 
     @property
     def commit_timeout_us(self) -> int: ...
+
+
+class HeaderGeometry(ChannelGeometry, Protocol):
+    """What both layouts' ``Geometry`` say of a region's layout."""
+
+    @property
+    def creator_name_len(self) -> int: ...
+
+    @property
+    def sub_rings_offset(self) -> int: ...
+
+    @property
+    def pool_offset(self) -> int: ...
+
+    @property
+    def mask(self) -> int: ...
+
+    @property
+    def slot_stride(self) -> int: ...
+
+    @property
+    def ring_stride(self) -> int: ...
 
 
 def config_differences(existing: ChannelGeometry, wanted: ChannelGeometry) -> str:
@@ -149,3 +205,27 @@ def region_info(name: str, geometry: ChannelGeometry, version: int, header: ctyp
         creator_name=creator.decode("utf-8", errors="replace"),
         created_at_ns=header.created_at_ns,
     )
+
+
+def write_header(header: ctypes.Structure, geometry: HeaderGeometry, version: int, created_at_ns: int) -> None:
+    """Region creation's header step, both layouts: plain stores of the
+    version, the geometry's fields, this process as the creator, the
+    creation time and the creator name's length (nobody reads them before
+    magic is stored, with release)."""
+    header.version = version
+    header.channel_type = geometry.channel_type
+    header.total_size = geometry.total_size
+    header.sub_rings_offset = geometry.sub_rings_offset
+    header.pool_offset = geometry.pool_offset
+    header.max_subs = geometry.max_subs
+    header.sub_ring_capacity = geometry.capacity
+    header.sub_ring_mask = geometry.mask
+    header.pool_size = geometry.pool_size
+    header.slot_data_size = geometry.slot_data_size
+    header.slot_stride = geometry.slot_stride
+    header.sub_ring_stride = geometry.ring_stride
+    header.commit_timeout_us = geometry.commit_timeout_us
+    header.config_hash = geometry.config_hash
+    header.creator_pid = os.getpid()
+    header.created_at_ns = created_at_ns
+    header.creator_name_len = geometry.creator_name_len

@@ -148,22 +148,23 @@ class World:
     """One execution's region, actors and what the subscribers received."""
 
     region: SharedRegion
+    core: region4.Region  # its core, which the invariants read
     actors: list[Actor]
     ledger: invariants.Ledger
     received: invariants.Received = field(default_factory=dict)  # subscription -> [(ring, position, bytes)]
     checked_steps: int = 0
 
 
-def _private_region(scenario: Scenario) -> SharedRegion:
+def _private_region(scenario: Scenario) -> region4.Region:
     """A region laid out exactly as in shared memory, in private memory."""
     geometry, creator = region4.new_geometry("/kickmsg_verify", ChannelType.PubSub, scenario.config(), "verify")
     mapping = shm.Mapping.private("/kickmsg_verify", geometry.total_size)
-    return SharedRegion._of(region4.initialise(mapping, geometry, creator, None, in_place=False))
+    return region4.initialise(mapping, geometry, creator, None, in_place=False)
 
 
 def _world(scenario: Scenario) -> World:
-    region = _private_region(scenario)
-    world = World(region, [], invariants.Ledger(region))
+    core = _private_region(scenario)
+    world = World(SharedRegion(core), core, [], invariants.Ledger(core))
     publishers: list[Actor] = []
 
     def publishers_done() -> bool:
@@ -237,10 +238,10 @@ def _check(world: World, scenario: Scenario) -> Checker:
         for actor in world.actors:
             if actor.state == "done":
                 world.ledger.finished(actor.name)
-        found = invariants.memory_violation(world.region, world.ledger) or invariants.delivery_violation(
+        found = invariants.memory_violation(world.core, world.ledger) or invariants.delivery_violation(
             world.received, world.ledger.committed)
         if found is None and all(actor.state == "done" for actor in world.actors):
-            found = invariants.end_violation(world.region)
+            found = invariants.end_violation(world.core)
         return found
     return check
 
@@ -248,8 +249,8 @@ def _check(world: World, scenario: Scenario) -> Checker:
 def run_schedule(scenario: Scenario, choose: Chooser, memory_model: str = "sc") -> tuple[World, Outcome]:
     """Run every actor once, under the choices ``choose`` makes."""
     world = _world(scenario)
-    region = world.region
-    execution = Execution(region, world.actors, choose, _check(world, scenario), memory_model)
+    region = world.core
+    execution = Execution(world.region, world.actors, choose, _check(world, scenario), memory_model)
     region.atomics = ScheduledAtomics(execution)
     plain_bytes = region.mapping.buffer
     if memory_model == "ra":

@@ -26,6 +26,7 @@ from collections.abc import Callable
 
 from kickmsg.atomics import Atomics
 from kickmsg.protocol.v4 import layout
+from kickmsg.protocol.v4.region import Region
 from kickmsg.region import SharedRegion
 
 __all__ = ["CRASH_POINTS", "CrashingAtomics", "crash_at"]
@@ -41,7 +42,7 @@ class CrashingAtomics(Atomics):
     """Hardware atomics that stop the process at one crash point."""
 
     def __init__(
-        self, region: SharedRegion, point: str, skip: int = 0, notify: Callable[[str], object] = _print_to_stderr
+        self, region: Region, point: str, skip: int = 0, notify: Callable[[str], object] = _print_to_stderr
     ) -> None:
         if point not in CRASH_POINTS:
             raise ValueError(f"unknown crash point {point!r}; choose one of {', '.join(CRASH_POINTS)}")
@@ -93,5 +94,7 @@ class CrashingAtomics(Atomics):
 def crash_at(
     region: SharedRegion, point: str, skip: int = 0, notify: Callable[[str], object] = _print_to_stderr
 ) -> None:
-    """Arm ``point`` on ``region`` (test-only; see the module docstring)."""
-    region.atomics = CrashingAtomics(region, point, skip, notify)
+    """Arm ``point`` on ``region``, a layout-4 one (test-only; see the module docstring)."""
+    if not isinstance(region.core, Region):
+        raise ValueError(f"crash points are layout 4's: {region.name} is a layout-{region.layout} region")
+    region.core.atomics = CrashingAtomics(region.core, point, skip, notify)

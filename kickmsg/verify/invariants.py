@@ -31,7 +31,7 @@ import struct
 
 from kickmsg.protocol.v4 import layout
 from kickmsg.atomics import HARDWARE as ops
-from kickmsg.region import SharedRegion
+from kickmsg.protocol.v4.region import Region
 from kickmsg.verify.scheduler import Step
 
 __all__ = [
@@ -53,7 +53,7 @@ def message(publisher: int, sequence: int) -> bytes:
     return MESSAGE.pack(publisher, sequence, check).ljust(size, bytes([sequence & 0xFF]))
 
 
-def _free_stack(region: SharedRegion) -> tuple[list[int], str | None]:
+def _free_stack(region: Region) -> tuple[list[int], str | None]:
     slots: list[int] = []
     seen: set[int] = set()
     slot = ops.load_acquire_u64(region.free_top_address) & layout.U32_MAX
@@ -68,14 +68,14 @@ def _free_stack(region: SharedRegion) -> tuple[list[int], str | None]:
     return slots, None
 
 
-def _refcount(region: SharedRegion, slot: int) -> int:
+def _refcount(region: Region, slot: int) -> int:
     return ops.load_acquire_u32(region.slot_addresses[slot] + layout.REFCOUNT_OFFSET)
 
 
 class Ledger:
     """Pins, slots held by publishers and commits, followed step by step."""
 
-    def __init__(self, region: SharedRegion) -> None:
+    def __init__(self, region: Region) -> None:
         self.region = region
         self.pins: collections.Counter[int] = collections.Counter()  # slot -> pins subscribers hold
         self.held: dict[str, set[int]] = {}  # publisher -> slots it is writing or captured from an evicted entry
@@ -113,7 +113,7 @@ class Ledger:
         self.held.pop(actor, None)
 
 
-def _entries_naming(region: SharedRegion, state: int) -> collections.Counter[int]:
+def _entries_naming(region: Region, state: int) -> collections.Counter[int]:
     """Slot -> committed entries naming it, over the rings in ``state``."""
     named: collections.Counter[int] = collections.Counter()
     for ring in region.rings:
@@ -127,7 +127,7 @@ def _entries_naming(region: SharedRegion, state: int) -> collections.Counter[int
     return named
 
 
-def memory_violation(region: SharedRegion, ledger: Ledger) -> str | None:
+def memory_violation(region: Region, ledger: Ledger) -> str | None:
     """Invariants 1 and 2, between any two steps."""
     free, problem = _free_stack(region)
     if problem:
@@ -150,7 +150,7 @@ def memory_violation(region: SharedRegion, ledger: Ledger) -> str | None:
     return None
 
 
-def committed_message(region: SharedRegion, address: int, value: int) -> tuple[tuple[int, int], bytes | None] | None:
+def committed_message(region: Region, address: int, value: int) -> tuple[tuple[int, int], bytes | None] | None:
     """If a store of ``value`` at ``address`` committed an entry, its (ring,
     position) and the message then in its slot (None for an empty commit)."""
     g = region.geometry
@@ -204,7 +204,7 @@ def delivery_violation(received: Received, committed: Committed) -> str | None:
     return None
 
 
-def end_violation(region: SharedRegion) -> str | None:
+def end_violation(region: Region) -> str | None:
     """Invariant 4, once every actor is done."""
     for ring in region.rings:
         state_flight = ops.load_acquire_u32(ring.state_flight)

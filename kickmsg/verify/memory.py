@@ -55,7 +55,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from kickmsg.atomics import HARDWARE
-from kickmsg.region import SharedRegion
+from kickmsg.protocol.v4.region import Region
 
 __all__ = [
     "ACQUIRING", "AccessReporter", "HARDWARE_OPERATIONS", "HISTORY", "MASKS", "OPERATIONS", "ORDERS", "Operation",
@@ -283,7 +283,7 @@ class PayloadBuffer:
     caller fills it in place, a write.
     """
 
-    def __init__(self, region: SharedRegion, execution: AccessReporter) -> None:
+    def __init__(self, region: Region, execution: AccessReporter) -> None:
         self.view = region.mapping.buffer
         self.base = region.mapping.address
         self.execution = execution

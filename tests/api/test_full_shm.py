@@ -33,7 +33,7 @@ NOBODY = pwd.getpwnam("nobody")
 
 def free_rings(region: SharedRegion) -> list[int]:
     """The rings a subscriber may join: Free, nobody in flight."""
-    return [ring.index for ring in region.rings if region.atomics.load_acquire_u32(ring.state_flight) == layout.RING_FREE]
+    return [ring.index for ring in region.core.rings if region.core.atomics.load_acquire_u32(ring.state_flight) == layout.RING_FREE]
 
 
 FULL_SHM_CHILD = r"""
@@ -52,7 +52,7 @@ region = SharedRegion.create(NAME, ChannelType.PubSub, Config(max_subscribers=MA
                                                               pool_size=32, max_payload_size=64))
 
 def free_rings():
-    return [ring.index for ring in region.rings if region.atomics.load_acquire_u32(ring.state_flight) == layout.RING_FREE]
+    return [ring.index for ring in region.core.rings if region.core.atomics.load_acquire_u32(ring.state_flight) == layout.RING_FREE]
 
 def kickmsg(*args):
     done = subprocess.run([sys.executable, "-m", "kickmsg", *args], capture_output=True, text=True, timeout=60, env=ENV)
@@ -230,7 +230,7 @@ def test_free_ring_of_a_free_or_retired_ring(shm_name):
     publisher in flight) is refused: reset_retired_rings is for it."""
     region = SharedRegion.create(shm_name, ChannelType.PubSub, Config(**SMALL))
     assert region.free_ring(2) is False
-    region.atomics.store_release_u32(region.rings[2].state_flight, layout.RING_FREE | 4)  # one publisher in flight
+    region.core.atomics.store_release_u32(region.core.rings[2].state_flight, layout.RING_FREE | 4)  # one publisher in flight
     with pytest.raises(RuntimeError, match=rf"ring 2 of {shm_name} is retired \(Free, 1 publisher\(s\) in flight\): "
                                            r"reset_retired_rings \(kickmsg repair --retired\)"):
         region.free_ring(2)

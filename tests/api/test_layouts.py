@@ -15,6 +15,7 @@ import rawregion
 from nativepeer import run_native, run_native9, run_ours
 from kickmsg import ChannelType, Config, Node, Publisher, SharedRegion, Subscriber, layouts, shm
 from kickmsg.protocol.v9 import layout as layout9
+from kickmsg.protocol.common import MAGIC
 
 SMALL = dict(max_subscribers=2, sub_ring_capacity=8, pool_size=16, max_payload_size=32)
 
@@ -196,7 +197,7 @@ def test_reset_with_drain_gives_a_retired_layout_9_rings_claims_back(shm_name):
         publisher.send(bytes([i]))
     assert len(list(subscriber)) == 5  # consumed: the entries' claims remain until a drain
     state_flight = region.core.ring_address(0) + layout9.STATE_FLIGHT_OFFSET
-    region.atomics.fetch_add_relaxed_u32(state_flight, layout9.IN_FLIGHT_ONE)  # a publisher died admitted
+    region.core.atomics.fetch_add_relaxed_u32(state_flight, layout9.IN_FLIGHT_ONE)  # a publisher died admitted
     subscriber.close()
     assert subscriber.drain_timeouts == 1
     assert (region.stats().rings[0].state, region.stats().rings[0].in_flight) == ("Free", 1)  # retired
@@ -415,14 +416,45 @@ def test_node_keeps_0_1_0s_names_on_layout_4(prefix):
     assert version_word(f"/{prefix}_a:b") == 4
 
 
-def test_layout_4_internals_asked_of_a_layout_9_region_are_a_clear_error(shm_name):
-    """What a tool that does not handle layout 9 yet reaches for: a
-    RuntimeError naming the region (the tools report those), not a crash."""
-    region = SharedRegion.create(shm_name, ChannelType.PubSub, Config(**SMALL), layout=9)
-    for internal in ("rings", "rings_address", "payload_offsets"):
-        with pytest.raises(RuntimeError, match=f"{shm_name} is a layout-9 region: {internal} is layout 4's"):
-            getattr(region, internal)
-    assert not hasattr(region, "payload_offsets")  # still an AttributeError
+def test_a_method_only_one_layout_has_is_a_layout_error_naming_the_layout(shm_name):
+    """One SharedRegion for both layouts: a method only the other layout has
+    raises LayoutError (a RuntimeError, as the tools report them) naming
+    the region's layout, not a crash; Layout4Only is its old name."""
+    assert kickmsg.Layout4Only is kickmsg.LayoutError
+    assert issubclass(kickmsg.LayoutError, kickmsg.KickmsgError) and issubclass(kickmsg.LayoutError, RuntimeError)
+    region9 = SharedRegion.create(shm_name, ChannelType.PubSub, Config(**SMALL), layout=9)
+    with pytest.raises(kickmsg.LayoutError, match=f"{shm_name} is a layout-9 region: referenced_slots is layout 4's"):
+        region9.referenced_slots()
+    with pytest.raises(kickmsg.LayoutError, match="not freed by force on a layout-9 region"):
+        region9.free_ring(0)
+    assert not hasattr(region9, "rings") and not hasattr(region9, "payload_offsets")  # the core's: region.core
+    region4 = SharedRegion.create(shm_name, ChannelType.PubSub, Config(**SMALL), layout=4)
+    with pytest.raises(kickmsg.LayoutError, match=f"{shm_name} is a layout-4 region: reclaim_dead_rings is layout 9's"):
+        region4.reclaim_dead_rings()
+    assert type(region4) is type(region9) is SharedRegion
+    assert (region4.layout, region9.layout) == (4, 9)
+
+
+def test_both_layouts_region_cores_have_the_shape_the_api_asks_of_them(shm_name):
+    """SharedRegion holds its layout's core by composition; each core has
+    every member ``RegionCore`` names, and they report alike."""
+    from kickmsg.protocol.cores import RegionCore
+
+    members = {name for name in vars(RegionCore) if not name.startswith("_")} | set(RegionCore.__annotations__)
+    assert {"replaced", "rings_in_use", "info", "stats", "schema", "ring_words", "header_words"} <= members
+    for chosen in (4, 9):
+        region = SharedRegion.create(shm_name, ChannelType.PubSub, Config(**SMALL), layout=chosen)
+        core = region.core
+        assert type(core).__module__ == f"kickmsg.protocol.v{chosen}.region" and core.layout == chosen
+        assert [name for name in sorted(members) if not hasattr(core, name)] == []
+        assert core.rings_in_use() == [] and not core.replaced() and core.info() == region.info()
+        with Subscriber(region) as subscriber:
+            Publisher(region).send(b"x")
+            assert core.rings_in_use() == [0] and region.stats().total_writes == 1
+            words = core.ring_words(0)
+            assert (words.index, words.write_pos, [position for position, _, _ in words.window]) == (0, 1, [0])
+            assert subscriber.try_receive() == b"x"
+        assert core.header_words().magic == MAGIC and core.incarnation() == region.incarnation()
 
 
 SLOT_ERRORS = r"""

@@ -618,7 +618,7 @@ def test_send_retrying_reads_only_the_top_of_a_dry_pool(shm_name):
     view = subscriber.try_receive_view()  # pins a's slot
     publisher.send(b"b")  # the ring holds b's slot: no slot is free
     counting = CountingAtomics()
-    region.atomics = counting
+    region.core.atomics = counting
     assert not send_retrying(publisher, b"c", 0.05)
     assert counting.u32_loads == 0
     # send's error names the pool and the audit, still without a look at the slots.

@@ -150,7 +150,7 @@ def test_a_writable_mapping_has_its_pages_mapped_already(shm_name):
     cfg = kickmsg.Config(sub_ring_capacity=8, pool_size=64, max_payload_size=65536)
     created = kickmsg.SharedRegion.create(shm_name, kickmsg.ChannelType.PubSub, cfg, "t")
     pages = created.mapping.size // mmap.PAGESIZE
-    start = created.payload_offsets[0]
+    start = created.core.payload_offsets[0]
     assert minor_faults_touching(created.mapping.buffer, start, created.mapping.size) < pages // 10
     opened = kickmsg.SharedRegion.open(shm_name)
     assert opened.mapping is not created.mapping

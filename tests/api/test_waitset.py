@@ -203,8 +203,8 @@ def check_announced_before_every_sleep(trace: list, write_pos: int) -> None:
 def test_a_wait_announces_itself_on_each_ring_as_a_blocking_receive_does(channels, monkeypatch):
     (region,) = channels(1)
     subscriber = Subscriber(region)
-    ring = region.rings[0]
-    region.atomics = recording = RecordingAtomics(ring, monkeypatch)
+    ring = region.core.rings[0]
+    region.core.atomics = recording = RecordingAtomics(ring, monkeypatch)
     assert subscriber.receive(0.01) is None
     check_announced_before_every_sleep(recording.trace, ring.write_pos)
     Publisher(region).send(b"x")  # write_pos 1: the value slept on follows it
@@ -224,12 +224,12 @@ def test_an_entry_claimed_but_not_committed_is_not_ready(channels):
     (region,) = channels(1)
     subscriber = Subscriber(region)
     Publisher(region).send(b"x")
-    sequence_address = region.rings[0].entries[0] + SEQUENCE_OFFSET
-    region.atomics.store_release_u64(sequence_address, LOCKED_SEQUENCE)  # looks mid-commit
+    sequence_address = region.core.rings[0].entries[0] + SEQUENCE_OFFSET
+    region.core.atomics.store_release_u64(sequence_address, LOCKED_SEQUENCE)  # looks mid-commit
     waitset = WaitSet()
     waitset.add(subscriber)
     assert waitset.wait(0.1) == []
-    region.atomics.store_release_u64(sequence_address, 1)  # committed, with no wake-up
+    region.core.atomics.store_release_u64(sequence_address, 1)  # committed, with no wake-up
     assert waitset.wait(10) == [subscriber]
     assert subscriber.try_receive() == b"x"
 
@@ -367,14 +367,14 @@ if P["count_wakes"]:
             self.woken += woken
             return woken
 
-    region.atomics = CountingWakes()
+    region.core.atomics = CountingWakes()
 publisher = kickmsg.Publisher(region)
 ready()
 deadline = time.monotonic() + 20
 while not announced_and_asleep() and time.monotonic() < deadline:
     time.sleep(0.001)
 publisher.send(P["message"].encode())
-done({"woken": region.atomics.woken if P["count_wakes"] else None})
+done({"woken": region.core.atomics.woken if P["count_wakes"] else None})
 """
 
 

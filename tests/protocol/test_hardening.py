@@ -736,7 +736,7 @@ def fuzz_state(base, count):
             for kind, value in header:
                 apply_header_edit(memory, kind, value)
             memory.close()
-            write_sidecar(name, region.header.created_at_ns, sidecar)
+            write_sidecar(name, region.created_at_ns, sidecar)
             for operation in operations:
                 session.run(operation)
             harness["examples"] += 1

@@ -13,7 +13,8 @@ import sys
 import pytest
 
 import nativepeer
-from kickmsg import Publisher, SharedRegion, Subscriber, region as region_module
+from kickmsg import Publisher, SharedRegion, Subscriber
+from kickmsg.atomics import HARDWARE
 from kickmsg import owners
 from kickmsg.ops import diagnostics, exporter
 from kickmsg.protocol.v4 import layout
@@ -68,7 +69,7 @@ def counts(monkeypatch):
             self.region = region
 
         def __getattr__(self, name):
-            operation = getattr(region_module.HARDWARE, name)
+            operation = getattr(HARDWARE, name)
             g, base = self.region.geometry, self.region.mapping.address
 
             def counted(address, *arguments):
@@ -83,7 +84,7 @@ def counts(monkeypatch):
 
     def counting_inspect(name):
         found = hardware(name)
-        found.atomics = CountingAtomics(found)
+        found.core.atomics = CountingAtomics(found)
         return found
 
     def counting_ring_addresses(**fields):

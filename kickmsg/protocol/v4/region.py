@@ -1,14 +1,15 @@
 """A layout-4 region: the mapped ``Region`` and its ring addresses; create,
 open and create_or_open checks, initialisation (seed 000 "Region
-creation", "Opening a region").
+creation", "Opening a region"); what it reports (info, stats, the schema,
+read-only snapshots for the tools).
 
-``kickmsg.SharedRegion`` is a ``Region`` with the version-agnostic API
-above it: it runs these for a layout-4 region and hands the flows
-(``publish``, ``receive``, ``rings``, ``repair``) itself.
+``kickmsg.SharedRegion`` holds a ``Region`` as its core on a layout-4
+region (``kickmsg.protocol.cores.RegionCore`` is the shape both layouts'
+cores share) and hands it to the flows (``publish``, ``receive``,
+``rings``, ``repair``).
 """
 import ctypes
 import functools
-import os
 import time
 import warnings
 from collections.abc import Sequence
@@ -18,15 +19,19 @@ from kickmsg import layouts, shm
 from kickmsg.atomics import HARDWARE, Atomics
 from kickmsg.config import MAX_POOL_SIZE, MAX_SUBSCRIBERS, ChannelType, Config, ConfigError, channel_type_of
 from kickmsg import owners
-from kickmsg.protocol.info import config_differences
+from kickmsg.protocol import freestack
+from kickmsg.protocol.info import (
+    HeaderWords, RegionInfo, RegionStats, RingStats, RingWords, config_differences, region_info, write_header,
+)
 from kickmsg.protocol.v4 import layout
 from kickmsg.protocol.v4.layout import Geometry, Header
 from kickmsg.schema import SchemaInfo
 
 __all__ = [
     "CREATE_ATTEMPTS", "INIT_POLL_ATTEMPTS", "INIT_POLL_INTERVAL_S", "Region", "RingAddresses", "attach",
-    "bytes_text", "check_creatable", "create", "create_or_map", "create_or_open", "has_layout", "initialise",
-    "is_initialised", "new_geometry", "refuse_identity_on_layout_4", "rings_of_live_subscribers", "stamped_version",
+    "bytes_text", "check_creatable", "create", "create_or_map", "create_or_open", "file_stamp", "has_layout",
+    "initialise", "is_initialised", "new_geometry", "read_stamp", "refuse_identity_on_layout_4",
+    "rings_of_live_subscribers", "stamped_version",
 ]
 
 INIT_POLL_ATTEMPTS = 200  # create_or_open waits up to 200 x 10 ms for the creator
@@ -50,6 +55,8 @@ class RingAddresses:
 class Region:
     """A mapped layout-4 region, its geometry and the atomics door; the
     addresses the flows use, computed once from the geometry."""
+
+    layout = layouts.LAYOUT_4
 
     def __init__(self, mapping: shm.Mapping, geometry: Geometry, atomics: Atomics = HARDWARE) -> None:
         """Wrap a mapping whose geometry is already known to fit (internal)."""
@@ -122,6 +129,81 @@ class Region:
         """The first ``length`` payload bytes of ``slot`` (both in range)."""
         start = self.payload_offsets[slot]
         return self.mapping.buffer[start : start + length]
+
+    # -- what the region reports ----------------------------------------------
+
+    def incarnation(self) -> tuple[int, int]:
+        """(creator_pid, created_at_ns): changes when the region is re-created in place."""
+        return self.header.creator_pid, self.header.created_at_ns
+
+    def replaced(self) -> bool:
+        """Re-initialised in place since this object attached (magic or
+        creation stamp changed), or another object made under its name."""
+        ops = self.atomics
+        if ops.load_acquire_u64(self.magic_address) != layout.MAGIC:
+            return True  # being re-initialised in place
+        if ops.load_relaxed_u64(self.created_at_address) != self.created_at_ns:
+            return True
+        return self.mapping.is_replaced()
+
+    def info(self) -> RegionInfo:
+        """0.9.2's ``RegionInfo``: what the header says."""
+        creator = bytes(self.mapping.buffer[layout.HEADER_SIZE : layout.HEADER_SIZE + self.geometry.creator_name_len])
+        return region_info(self.name, self.geometry, self.layout, self.header, creator)
+
+    def stats(self) -> RegionStats:
+        """0.9.2's ``RegionStats`` (lock-free, racy by nature). Layout 4 has
+        no counters in shared memory: drops, losses and steals read 0."""
+        ops = self.atomics
+        rings = []
+        for ring in self.rings:
+            state_flight = ops.load_acquire_u32(ring.state_flight)
+            state = state_flight & layout.RING_STATE_MASK
+            rings.append(
+                RingStats(
+                    state=layout.RING_STATE_NAMES.get(state, f"invalid ({state})"),
+                    in_flight=state_flight >> 2,
+                    write_pos=ops.load_acquire_u64(ring.write_pos),
+                    dropped_count=0,
+                    lost_count=0,
+                )
+            )
+        return RegionStats(
+            rings=rings,
+            total_writes=max((r.write_pos for r in rings), default=0),
+            live_rings=sum(r.state == "Live" for r in rings),
+            pool_free=freestack.count_free(self),
+            pool_size=self.geometry.pool_size,
+        )
+
+    def schema(self) -> SchemaInfo | None:
+        """The published descriptor, or None while it is Unset or Claiming."""
+        if self.atomics.load_acquire_u32(self.schema_state_address) != layout.SCHEMA_SET:
+            return None
+        return SchemaInfo.read_from(self.header.schema_data)
+
+    def header_words(self) -> HeaderWords:
+        """magic, free_top and schema_state (acquire), for the tools."""
+        ops = self.atomics
+        return HeaderWords(
+            ops.load_acquire_u64(self.magic_address),
+            ops.load_acquire_u64(self.free_top_address),
+            ops.load_acquire_u32(self.schema_state_address),
+        )
+
+    def ring_words(self, index: int) -> RingWords:
+        """Ring ``index``'s state_flight, write_pos and live window (each
+        position's sequence, then its slot_idx; acquire), for the tools."""
+        ops = self.atomics
+        ring = self.ring(index)
+        state_flight = ops.load_acquire_u32(ring.state_flight)
+        write_pos = ops.load_acquire_u64(ring.write_pos)
+        window = []
+        for position in range(max(0, write_pos - self.geometry.capacity), write_pos):
+            entry = ring.entries[position & self.geometry.mask]
+            sequence = ops.load_acquire_u64(entry + layout.SEQUENCE_OFFSET)
+            window.append((position, sequence, ops.load_acquire_u32(entry + layout.SLOT_IDX_OFFSET)))
+        return RingWords(index, state_flight, write_pos, window)
 
 
 def create(name: str, type: ChannelType, cfg: Config, creator: str, mode: int | None) -> Region:
@@ -290,24 +372,8 @@ def initialise(
     if in_place:
         ops.store_release_u64(mapping.address + layout.MAGIC_OFFSET, 0)
         ctypes.memset(mapping.address, 0, mapping.size)
-    # 1. Header fields.
-    header.version = layout.VERSION
-    header.channel_type = geometry.channel_type
-    header.total_size = geometry.total_size
-    header.sub_rings_offset = geometry.sub_rings_offset
-    header.pool_offset = geometry.pool_offset
-    header.max_subs = geometry.max_subs
-    header.sub_ring_capacity = geometry.capacity
-    header.sub_ring_mask = geometry.mask
-    header.pool_size = geometry.pool_size
-    header.slot_data_size = geometry.slot_data_size
-    header.slot_stride = geometry.slot_stride
-    header.sub_ring_stride = geometry.ring_stride
-    header.commit_timeout_us = geometry.commit_timeout_us
-    header.config_hash = geometry.config_hash
-    header.creator_pid = os.getpid()
-    header.created_at_ns = time.monotonic_ns()
-    header.creator_name_len = len(creator)
+    # 1. Header fields (created_at_ns: CLOCK_MONOTONIC in layout 4).
+    write_header(header, geometry, layout.VERSION, time.monotonic_ns())
     region.created_at_ns = header.created_at_ns
     mapping.buffer[layout.HEADER_SIZE : layout.HEADER_SIZE + len(creator)] = creator
     # 2. Schema: nobody can see the region yet, so a relaxed Set suffices.
@@ -349,6 +415,26 @@ def is_initialised(mapping: shm.Mapping) -> bool:
         return False
     magic = HARDWARE.load_acquire_u64(mapping.address + layout.MAGIC_OFFSET)
     return magic == layout.MAGIC and Header.from_address(mapping.address).version == layout.VERSION
+
+
+def file_stamp(path: str) -> tuple[int, int] | None:
+    """(magic, version word) read from the start of a region's file, without
+    mapping it (both layouts stamp them there); None if the file is shorter.
+    Raises what ``shm.read_head`` raises."""
+    size = layout.VERSION_OFFSET + 4
+    head = shm.read_head(path, size)
+    if len(head) < size:
+        return None
+    return int.from_bytes(head[: layout.VERSION_OFFSET], "little"), int.from_bytes(head[layout.VERSION_OFFSET : size], "little")
+
+
+def read_stamp(mapping: shm.Mapping) -> tuple[int, int | None]:
+    """(magic, version word) of any mapping: magic read with acquire (0 if
+    the mapping is smaller than it), then the version word, relaxed (None if
+    the mapping ends before it). Both layouts stamp them at these offsets."""
+    magic = HARDWARE.load_acquire_u64(mapping.address + layout.MAGIC_OFFSET) if mapping.size >= 8 else 0
+    version = HARDWARE.load_relaxed_u32(mapping.address + layout.VERSION_OFFSET) if mapping.size >= 12 else None
+    return magic, version
 
 
 def stamped_version(mapping: shm.Mapping) -> int | None:

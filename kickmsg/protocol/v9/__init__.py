@@ -14,7 +14,7 @@ Each module reads beside its section of WIRE9.md:
 The slot pool's free stack (B.14) and the words both layouts share are
 beside it: ``kickmsg.protocol.freestack``, ``kickmsg.protocol.common``.
 ``kickmsg.SharedRegion`` and the API classes hand layout-9 regions to this
-core (``kickmsg.region.Layout9Region``, ``Publisher9``, ``Subscriber9``, ``SampleView9``).
+core (``SharedRegion.core`` is a ``Region``; ``Publisher9``, ``Subscriber9``, ``SampleView9``).
 """
 from kickmsg.protocol.v9.publish import Publisher
 from kickmsg.protocol.v9.receive import SampleView, Subscriber

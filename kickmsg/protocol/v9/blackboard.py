@@ -242,6 +242,10 @@ class Blackboard:
     def max_value_size(self) -> int:
         return self.geometry.max_value_size
 
+    def creator_pid(self) -> int:
+        """The header's creator pid (relaxed: written before MAGIC's release), for the tools."""
+        return self.atomics.load_relaxed_u64(self.base + CREATOR_PID_OFFSET)
+
     @staticmethod
     def shm_name(namespace: str, name: str) -> str:
         return blackboard_shm_name(namespace, name)

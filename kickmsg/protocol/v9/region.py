@@ -1,33 +1,41 @@
 """A layout-9 channel region: create, open, create_or_open (WIRE9.md B.1-B.3),
-info and stats (B.18).
+info and stats (B.18), the schema (B.17), read-only snapshots for the tools.
 
 ``Region`` holds the mapping, the validated geometry snapshot and the atomics
 door; every address it hands out is computed from the snapshot.
+``kickmsg.SharedRegion`` holds one as its core on a layout-9 region
+(``kickmsg.protocol.cores.RegionCore`` is the shape both layouts' cores share).
 """
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kickmsg import shm
+from kickmsg import layouts, shm
 from kickmsg.atomics import HARDWARE, Atomics
 from kickmsg.protocol import freestack
-from kickmsg.protocol.info import RegionInfo, RegionStats, RingStats, config_differences, region_info
+from kickmsg.protocol.info import (
+    HeaderWords, RegionInfo, RegionStats, RingStats, RingWords, config_differences, region_info, write_header,
+)
 from kickmsg.protocol.v9 import liveness
 from kickmsg.protocol.v9.layout import (
     DEFAULT_COMMIT_TIMEOUT_US,
+    CREATED_AT_OFFSET,
     ENTRY_SIZE,
     FREE_TOP_OFFSET,
     HEADER_SIZE,
     INVALID_SLOT,
     MAGIC,
     MAGIC_OFFSET,
+    META_OFFSET,
+    OWNER_PID_OFFSET,
+    OWNER_STARTTIME_OFFSET,
     RING_HEADER_SIZE,
     RING_STATE_MASK,
     RING_STATE_NAMES,
     SCHEMA_DATA_OFFSET,
     SCHEMA_SET,
     SCHEMA_STATE_OFFSET,
+    SEQUENCE_OFFSET,
     SLOT_HEADER_SIZE,
     STATE_FLIGHT_OFFSET,
     STEAL_COUNT_OFFSET,
@@ -94,6 +102,8 @@ def sleep_ns(ns: int) -> None:
 class Region:
     """One mapped layout-9 region and its validated geometry."""
 
+    layout = layouts.LAYOUT_9
+
     def __init__(self, mapping: shm.Mapping, geometry: Geometry, atomics: Atomics = HARDWARE) -> None:
         if mapping.size < geometry.total_size:  # validate() saw to it; a private mapping must too
             raise CorruptRegionError(f"{mapping.name}: mapping of {mapping.size} bytes < total_size {geometry.total_size}")
@@ -109,6 +119,8 @@ class Region:
         self.process_identity: Callable[[], tuple[int, int]] = liveness.process_identity
         self.owner_is_dead: Callable[[int, int], bool] = liveness.owner_is_dead
         self.base = mapping.address
+        self.header = Header.from_address(self.base)  # the mapping outlives it: we hold both
+        self.created_at_ns = self.header.created_at_ns  # which incarnation of the name this object is (0 until initialised)
         self.free_top_address = self.base + FREE_TOP_OFFSET
         self.steal_count_address = self.base + STEAL_COUNT_OFFSET
         # Every ring's, entry's and slot's address, computed once: the flows
@@ -151,23 +163,8 @@ class Region:
         buffer = self.mapping.buffer
         # 3. (a new object is all zeros already) plain stores of the header fields and the name
         header = Header.from_buffer(buffer)
-        header.version = VERSION
-        header.channel_type = g.channel_type
-        header.total_size = g.total_size
-        header.sub_rings_offset = g.sub_rings_offset
-        header.pool_offset = g.pool_offset
-        header.max_subs = g.max_subs
-        header.sub_ring_capacity = g.capacity
-        header.sub_ring_mask = g.mask
-        header.pool_size = g.pool_size
-        header.slot_data_size = g.slot_data_size
-        header.slot_stride = g.slot_stride
-        header.sub_ring_stride = g.ring_stride
-        header.commit_timeout_us = g.commit_timeout_us
-        header.config_hash = g.config_hash
-        header.creator_pid = os.getpid()
-        header.created_at_ns = realtime_ns()
-        header.creator_name_len = len(creator_bytes)
+        write_header(header, g, VERSION, realtime_ns())
+        self.created_at_ns = header.created_at_ns
         buffer[HEADER_SIZE : HEADER_SIZE + len(creator_bytes)] = creator_bytes
         # 4. the schema, if given (MAGIC's release publishes it)
         if config.schema is not None:
@@ -195,6 +192,11 @@ class Region:
             mapping = shm.open_existing(name)
         except shm.EmptyObjectError:
             raise shm.RegionNotFoundError(f"no shared memory named {name} (the object is empty)") from None
+        return cls.attach(mapping, expected_identity, atomics)
+
+    @classmethod
+    def attach(cls, mapping: shm.Mapping, expected_identity: int = 0, atomics: Atomics = HARDWARE) -> "Region":
+        """Validate a mapped region (A.10) and wrap it; no write to it."""
         return cls(mapping, cls._validate(mapping, expected_identity, atomics), atomics)
 
     @staticmethod
@@ -303,6 +305,60 @@ class Region:
             pool_free=freestack.count_free(self),
             pool_size=self.geometry.pool_size,
         )
+
+    def incarnation(self) -> tuple[int, int]:
+        """(creator_pid, created_at_ns) of the header."""
+        return self.header.creator_pid, self.header.created_at_ns
+
+    def replaced(self) -> bool:
+        """Whether another region was made under this one's name since we
+        attached (layout 9 always creates a new object: unlink, then
+        exclusive create): magic or creation stamp changed, or the name
+        leads to another object."""
+        ops = self.atomics
+        if ops.load_acquire_u64(self.base + MAGIC_OFFSET) != MAGIC:
+            return True
+        if ops.load_relaxed_u64(self.base + CREATED_AT_OFFSET) != self.created_at_ns:
+            return True
+        return self.mapping.is_replaced()
+
+    def rings_in_use(self) -> list[int]:
+        """The indices of the rings that are not idle (Free, no publisher in
+        flight, never written: both words 0), as on layout 4."""
+        ops = self.atomics
+        return [
+            index
+            for index, ring in enumerate(self.ring_addresses)
+            if ops.load_acquire_u32(ring + STATE_FLIGHT_OFFSET) or ops.load_acquire_u64(ring + WRITE_POS_OFFSET)
+        ]
+
+    def header_words(self) -> HeaderWords:
+        """magic, free_top and schema_state (acquire), for the tools."""
+        ops = self.atomics
+        return HeaderWords(
+            ops.load_acquire_u64(self.base + MAGIC_OFFSET),
+            ops.load_acquire_u64(self.free_top_address),
+            ops.load_acquire_u32(self.base + SCHEMA_STATE_OFFSET),
+        )
+
+    def ring_words(self, index: int) -> RingWords:
+        """Ring ``index``'s state_flight, write_pos, the sequence of each
+        position of its live window, the meta word of every entry and its
+        owner (acquire; the owner's start time relaxed, after its pid), for
+        the tools."""
+        ops = self.atomics
+        ring = self.ring_addresses[index]
+        entries = self.ring_entries[index]
+        mask = self.geometry.mask
+        state_flight = ops.load_acquire_u32(ring + STATE_FLIGHT_OFFSET)
+        write_pos = ops.load_acquire_u64(ring + WRITE_POS_OFFSET)
+        window = [
+            (position, ops.load_acquire_u64(entries[position & mask] + SEQUENCE_OFFSET), 0)
+            for position in range(max(0, write_pos - self.geometry.capacity), write_pos)
+        ]
+        metas = [ops.load_acquire_u64(entry + META_OFFSET) for entry in entries]
+        owner_pid = ops.load_acquire_u64(ring + OWNER_PID_OFFSET)
+        return RingWords(index, state_flight, write_pos, window, metas, owner_pid, ops.load_relaxed_u64(ring + OWNER_STARTTIME_OFFSET))
 
     def schema(self) -> SchemaInfo | None:
         """B.17 read: the descriptor once Set, else None."""

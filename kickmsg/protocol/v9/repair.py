@@ -1,6 +1,9 @@
 """Operator calls on a layout-9 region (WIRE9.md B.13, B.16, B.17): health
 report, repair of locked entries, retired and dead rings, orphaned slots,
 and the schema claim. All of them walk the validated geometry snapshot.
+
+``kickmsg.SharedRegion`` refuses them on a read-only region, then runs
+them here.
 """
 import os
 
@@ -39,8 +42,8 @@ from kickmsg.protocol.info import DrainedRing, HealthCounts
 from kickmsg.schema import SchemaInfo
 
 __all__ = [
-    "SCHEMA_WAIT_YIELDS", "diagnose", "drain_free_rings", "drain_window", "held_slots",
-    "reclaim_dead_ring", "reclaim_dead_rings", "reclaim_orphaned_slots", "repair_locked_entries", "reset_retired_rings",
+    "SCHEMA_WAIT_YIELDS", "dead_subscriber_rings", "diagnose", "drain_free_rings", "drain_window", "held_slots",
+    "reclaim_dead_ring", "reclaim_dead_rings", "reclaim_dead_subscribers", "reclaim_orphaned_slots", "repair_locked_entries", "reset_retired_rings",
     "reset_schema_claim", "try_claim_schema",
 ]
 
@@ -119,6 +122,18 @@ def held_slots(region: Region) -> tuple[set[int], set[int]]:
         state = region.atomics.load_acquire_u32(region.ring_address(index) + STATE_FLIGHT_OFFSET) & RING_STATE_MASK
         (in_live if state == RING_LIVE else elsewhere).update(_claimed_slots(region, index))
     return in_live, elsewhere - in_live
+
+
+def dead_subscriber_rings(region: Region) -> list[tuple[int, int]]:
+    """(ring, pid) of each Live, Draining or Reclaiming ring whose recorded
+    owner (the ring header's pid and start time, B.16) is dead."""
+    ops = region.atomics
+    dead = []
+    for index, ring in enumerate(region.ring_addresses):
+        state = ops.load_acquire_u32(ring + STATE_FLIGHT_OFFSET) & RING_STATE_MASK
+        if state in (RING_LIVE, RING_DRAINING, RING_RECLAIMING) and _ring_is_dead(region, ring):
+            dead.append((index, ops.load_acquire_u64(ring + OWNER_PID_OFFSET)))
+    return dead
 
 
 # -- B.13 repair_locked_entries -------------------------------------------------------
@@ -262,6 +277,28 @@ def reclaim_dead_rings(region: Region) -> int:
     for index in range(region.geometry.max_subs):
         reclaimed += reclaim_dead_ring(region, index) is not None
     return reclaimed
+
+
+def reclaim_dead_subscribers(
+    region: Region,
+) -> tuple[list[tuple[int, int]], list[int], list[int], dict[int, int]]:
+    """``reclaim_dead_ring`` on each ring ``dead_subscriber_rings`` names:
+    (ring, pid) of those reclaimed, the unrecorded rings (none: every
+    subscriber records itself in its ring's header), those whose publishers
+    stayed in flight (left retired), and the claims each ring gave back."""
+    reclaimed: list[tuple[int, int]] = []
+    timed_out: list[int] = []
+    claims_given_back: dict[int, int] = {}
+    for index, pid in dead_subscriber_rings(region):
+        left = reclaim_dead_ring(region, index)
+        if left is None:
+            continue  # taken by another reclaimer meanwhile
+        quiesced, claims_given_back[index] = left
+        if quiesced:
+            reclaimed.append((index, pid))
+        else:
+            timed_out.append(index)
+    return reclaimed, [], timed_out, claims_given_back
 
 
 def reclaim_dead_ring(region: Region, index: int) -> tuple[bool, int] | None:

@@ -115,9 +115,9 @@ def stop(peers: list[Peer]) -> list:
 
 def wait_for_a_new_message(region: SharedRegion) -> None:
     """Return once ring 0 (a Live ring) has been written to again."""
-    written = region.atomics.load_acquire_u64(region.rings[0].write_pos)
+    written = region.core.atomics.load_acquire_u64(region.core.rings[0].write_pos)
     deadline = time.monotonic() + 30
-    while region.atomics.load_acquire_u64(region.rings[0].write_pos) == written:
+    while region.core.atomics.load_acquire_u64(region.core.rings[0].write_pos) == written:
         assert time.monotonic() < deadline, "the traffic stopped"
         os.sched_yield()
 
@@ -220,9 +220,9 @@ def test_a_state_gone_at_the_next_look_is_not_reported(shm_name):
     Publisher(region).send(b"x")
     slot = raw.read_ring(0).entries[0][1]
     raw.set_refcount(slot, 2)
-    region.atomics = ChangingAfterFirstLook(region.schema_state_address, lambda: raw.set_refcount(slot, 1))
+    region.core.atomics = ChangingAfterFirstLook(region.core.schema_state_address, lambda: raw.set_refcount(slot, 1))
     assert audit(region).verdict == "clean: 15 of 16 slots free, 1 live rings"
-    assert region.atomics.change is None  # the first look did see it
+    assert region.core.atomics.change is None  # the first look did see it
     raw.set_refcount(slot, 2)
     report = audit(region)
     assert report.leaked_slots == [slot]

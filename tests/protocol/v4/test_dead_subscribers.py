@@ -106,7 +106,7 @@ def as_tuple(report):
 
 def assert_recovered(name, region):
     """Every ring Free, the pool whole, the audit clean."""
-    assert ring_states(name) == [(RING_FREE, 0)] * len(region.rings)
+    assert ring_states(name) == [(RING_FREE, 0)] * region.geometry.max_subs
     rawregion.assert_pool_whole(name)
     report = audit(region)
     assert report.clean and not report.being_written, report.verdict

@@ -1110,13 +1110,14 @@ def test_sequences_near_the_u64_limit_count_as_stuck_like_native(shm_name):
 
 KILLED_WHILE_LEAVING = r"""
 import os
+from kickmsg.protocol.v4 import rings
 region = kickmsg.SharedRegion.open(P["name"])
 subscriber = kickmsg.Subscriber(region)
 kickmsg.Publisher(region).send(b"held by the ring")
 if P["at"] == "draining":  # teardown step 1 done (state -> Draining), then SIGKILL
-    region.set_ring_state(subscriber._ring, 2)
+    rings.set_state(region.core, subscriber._ring, 2)
 else:  # the subscriber's own teardown done (ring Free), SIGKILL before anything else
-    region.leave_ring(subscriber._ring, subscriber._start_pos, subscriber._sidecar)
+    rings.leave(region.core, subscriber._ring, subscriber._start_pos, subscriber._sidecar)
 done(os.getpid())
 os._exit(0)  # no finalizer runs: as if killed
 """

@@ -120,7 +120,7 @@ done(sub.receive(datetime.timedelta(seconds=20)).decode())
         with Subscriber(region) as subscriber:
             assert ring_states(region) == [("Live", 0), ("Live", 0)]
             ring0 = region.core.ring_address(0)
-            assert region.atomics.load_acquire_u64(ring0 + layout.OWNER_PID_OFFSET) == live.proc.pid
+            assert region.core.atomics.load_acquire_u64(ring0 + layout.OWNER_PID_OFFSET) == live.proc.pid
             with pytest.raises(RuntimeError) as raised:
                 Subscriber(region)
             message = str(raised.value)
@@ -143,7 +143,7 @@ def test_a_full_channel_names_a_dead_holder_it_could_not_free(name, by):
     peer = start_subscriber("ours", name)
     kill(peer, signal.SIGKILL)
     ring = region.core.ring_address(0)
-    region.atomics.fetch_add_relaxed_u32(ring + layout.STATE_FLIGHT_OFFSET, layout.IN_FLIGHT_ONE)  # a publisher died in flight
+    region.core.atomics.fetch_add_relaxed_u32(ring + layout.STATE_FLIGHT_OFFSET, layout.IN_FLIGHT_ONE)  # a publisher died in flight
     if by == "reclaim_dead_subscribers":
         report = region.reclaim_dead_subscribers()
         assert (report.reclaimed, report.unrecorded, report.timed_out) == ([], [], [0])
@@ -207,7 +207,7 @@ def test_an_echo_killed_with_sigkill_starts_again_on_a_channel_with_one_ring(nam
                              stdin=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 60
-        while region.atomics.load_acquire_u64(ring + layout.OWNER_PID_OFFSET) != first.pid:
+        while region.core.atomics.load_acquire_u64(ring + layout.OWNER_PID_OFFSET) != first.pid:
             assert first.poll() is None and time.monotonic() < deadline, first.stderr.read() if first.stderr else ""
             time.sleep(0.05)
     finally:
