@@ -37,6 +37,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from kickmsg import layouts
+from kickmsg.errors import LayoutError
 from kickmsg.config import ChannelType, Config
 from kickmsg.protocol.v9 import layout as layout9
 from kickmsg.protocol.v9.blackboard import Blackboard, BlackboardConfig
@@ -254,7 +255,7 @@ class Node:
         """Open or create the namespace's board ``name`` (this node's name is
         its default key owner) and register it (Blackboard, Both)."""
         if self._rows is None:
-            raise RuntimeError(f"Node {self._name!r} is on layout {self._layout}: a Blackboard needs a layout-9 node")
+            raise LayoutError(f"Node {self._name!r} is on layout {self._layout}: a Blackboard needs a layout-9 node")
         board = Blackboard.open_or_create(self._prefix, name, cfg, owner_name=self._name)
         return self._registered(board, board.name, name, Kind.Blackboard, Role.Both)
 

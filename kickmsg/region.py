@@ -22,7 +22,7 @@ from kickmsg.protocol.v4 import repair as repair4
 from kickmsg.protocol.v4.region import check_creatable
 from kickmsg.protocol.info import DrainedRing, HealthCounts, RegionInfo, RegionStats
 from kickmsg.config import ChannelType, Config, ConfigError, channel_type_of
-from kickmsg.errors import LayoutError
+from kickmsg.errors import CorruptRegionError, EmptyObjectError, LayoutError, VersionMismatchError
 from kickmsg.protocol import v9
 from kickmsg.protocol.v9 import repair as repair9
 from kickmsg.protocol.v9.layout import VersionMismatchError
@@ -186,7 +186,7 @@ class SharedRegion:
         try:
             mapping = shm.open_existing(name)
         except shm.EmptyObjectError:
-            raise RuntimeError(f"Invalid shared memory (bad magic): {name} is empty (0 bytes)") from None
+            raise EmptyObjectError(f"Invalid shared memory (bad magic): {name} is empty (0 bytes)") from None
         return _attach(mapping, expected_identity)
 
     @staticmethod
@@ -197,7 +197,7 @@ class SharedRegion:
         try:
             mapping = shm.open_existing(name, writable=False)
         except shm.EmptyObjectError:
-            raise RuntimeError(f"Invalid shared memory (bad magic): {name} is empty (0 bytes)") from None
+            raise EmptyObjectError(f"Invalid shared memory (bad magic): {name} is empty (0 bytes)") from None
         return _attach(mapping, 0)
 
     @staticmethod
@@ -251,7 +251,7 @@ class SharedRegion:
         layout cannot go on in the other: make a new one)."""
         new_region = _open_if_ready(self.name) if self.replaced() else None
         if new_region is not None and new_region.layout != self.layout:
-            raise RuntimeError(
+            raise VersionMismatchError(
                 f"{self.name} was re-created with layout {new_region.layout}; users of its layout-{self.layout} "
                 f"region cannot follow it: open it anew"
             )
@@ -540,11 +540,11 @@ def _attach(mapping: shm.Mapping, expected_identity: int) -> SharedRegion:
     name = mapping.name
     magic, version = region4.read_stamp(mapping)
     if magic != layout.MAGIC:
-        raise RuntimeError(f"Invalid shared memory (bad magic): {name}")
+        raise CorruptRegionError(f"Invalid shared memory (bad magic): {name}")
     if version == layouts.LAYOUT_9:
         return SharedRegion(v9.Region.attach(mapping, expected_identity))
     if version not in layouts.SUPPORTED_LAYOUTS:
-        raise RuntimeError(
+        raise VersionMismatchError(
             f"Version mismatch: {name} has layout version {version}, this library reads layouts 4 and 9"
         )
     return SharedRegion(region4.attach(mapping, expected_identity))

@@ -59,3 +59,25 @@ def test_a_bad_argument_stays_a_plain_value_error():
     with pytest.raises(ValueError, match="seed must be an unsigned 64-bit integer, got -1") as refused:
         kickmsg.hash.fnv1a_64(b"", seed=-1)
     assert not isinstance(refused.value, kickmsg.KickmsgError)
+
+
+@pytest.mark.parametrize("layout", [4, 9])
+def test_a_channel_of_another_config_or_a_damaged_one_is_named(prefix, layout):
+    """create_or_open on another geometry: ConfigMismatchError; an object
+    that is not a region: CorruptRegionError; an empty one: EmptyObjectError
+    — each still the RuntimeError the native bindings raise."""
+    name = f"/{prefix}_{layout}"
+    region = kickmsg.SharedRegion.create(name, kickmsg.ChannelType.PubSub, kickmsg.Config(sub_ring_capacity=8, pool_size=16), layout=layout)
+    with pytest.raises(kickmsg.ConfigMismatchError, match="Config mismatch on existing region") as mismatch:
+        kickmsg.SharedRegion.create_or_open(name, kickmsg.ChannelType.PubSub, kickmsg.Config(sub_ring_capacity=8, pool_size=32), layout=layout)
+    assert isinstance(mismatch.value, RuntimeError)
+    del region
+    with open(shm.SHM_DIRECTORY + name, "r+b") as object_file:
+        object_file.write(b"\0" * 8)  # the magic word gone
+    with pytest.raises(kickmsg.CorruptRegionError, match="bad magic") as corrupt:
+        kickmsg.SharedRegion.open(name)
+    assert isinstance(corrupt.value, RuntimeError)
+    os.truncate(shm.SHM_DIRECTORY + name, 0)
+    with pytest.raises(kickmsg.EmptyObjectError, match="is empty") as empty:
+        kickmsg.SharedRegion.open(name)
+    assert isinstance(empty.value, RuntimeError)

@@ -19,6 +19,7 @@ from kickmsg import layouts, shm
 from kickmsg.atomics import HARDWARE, Atomics
 from kickmsg.config import MAX_POOL_SIZE, MAX_SUBSCRIBERS, ChannelType, Config, ConfigError, channel_type_of
 from kickmsg import owners
+from kickmsg.errors import ConfigMismatchError, CorruptRegionError, RegionInitTimeout, VersionMismatchError
 from kickmsg.protocol import freestack
 from kickmsg.protocol.info import (
     HeaderWords, RegionInfo, RegionStats, RingStats, RingWords, config_differences, region_info, write_header,
@@ -223,7 +224,7 @@ def create(name: str, type: ChannelType, cfg: Config, creator: str, mode: int | 
             return initialise(mapping, geometry, creator_bytes, cfg.schema, in_place=True, kept_rings=kept)
         owners.unlink(name)
         shm.unlink(name)
-    raise RuntimeError(f"could not create {name}: other processes keep re-creating it")
+    raise RegionInitTimeout(f"could not create {name}: other processes keep re-creating it")
 
 
 def create_or_open(name: str, type: ChannelType, cfg: Config, creator: str, mode: int | None) -> Region:
@@ -243,16 +244,16 @@ def create_or_open(name: str, type: ChannelType, cfg: Config, creator: str, mode
         if mapping is not None and stamped_version(mapping) not in (None, layouts.LAYOUT_4):
             found = stamped_version(mapping)
             hint = " (layout=9 or KICKMSG_LAYOUT=9 joins it)" if found == layouts.LAYOUT_9 else ""
-            raise RuntimeError(f"Region version mismatch on {name}: it has layout {found}, create_or_open was asked for layout 4{hint}")
+            raise VersionMismatchError(f"Region version mismatch on {name}: it has layout {found}, create_or_open was asked for layout 4{hint}")
         if mapping is not None and is_initialised(mapping):
             region = attach(mapping, 0)
             if region.geometry.config_hash != geometry.config_hash:
-                raise RuntimeError(
+                raise ConfigMismatchError(
                     f"Config mismatch on existing region: {name} ({config_differences(region.geometry, geometry)})"
                 )
             return region
         time.sleep(INIT_POLL_INTERVAL_S)
-    raise RuntimeError(f"Timed out waiting for region init: {name}")
+    raise RegionInitTimeout(f"Timed out waiting for region init: {name}")
 
 
 def attach(mapping: shm.Mapping, expected_identity: int) -> Region:
@@ -260,19 +261,19 @@ def attach(mapping: shm.Mapping, expected_identity: int) -> Region:
     geometry that cannot work (when attached to use it, not to inspect it)."""
     name = mapping.name
     if expected_identity:
-        raise RuntimeError(
+        raise ConfigMismatchError(
             f"Identity mismatch on {name}: it is a layout-4 region, which stamps no identity "
             f"(expected 0x{expected_identity:016x})"
         )
     if mapping.size < layout.HEADER_SIZE:
-        raise RuntimeError(
+        raise CorruptRegionError(
             f"Region {name} is truncated: {mapping.size} bytes, smaller than the {layout.HEADER_SIZE}-byte header"
         )
     header = Header.from_address(mapping.address)
     geometry = Geometry.from_header(header)
     problems = geometry.problems(mapping.size, header.sub_ring_mask)
     if problems:
-        raise RuntimeError(f"Region {name} does not fit its mapping: " + "; ".join(problems))
+        raise CorruptRegionError(f"Region {name} does not fit its mapping: " + "; ".join(problems))
     if mapping.writable:
         for hazard in geometry.hazards():
             warnings.warn(f"{name}: {hazard}", RuntimeWarning, stacklevel=4)  # the caller of SharedRegion.open or create_or_open

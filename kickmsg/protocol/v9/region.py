@@ -54,7 +54,7 @@ from kickmsg.protocol.v9.layout import (
     validate,
 )
 from kickmsg.schema import SchemaInfo
-from kickmsg.errors import RegionInitTimeout
+from kickmsg.errors import ConfigMismatchError, RegionInitTimeout
 
 __all__ = ["ChannelConfig", "OPEN_ATTEMPTS", "OPEN_RETRY_S", "Region", "RegionInitTimeout", "sleep_ns"]
 
@@ -242,7 +242,7 @@ class Region:
                             f"(version {header.version}, this layout speaks {VERSION}); stop its users and unlink it"
                         )
                     if header.config_hash != geometry.config_hash:
-                        raise RuntimeError(f"Config mismatch on existing region: {name} ({_mismatch(header, geometry)})")
+                        raise ConfigMismatchError(f"Config mismatch on existing region: {name} ({_mismatch(header, geometry)})")
                     return cls(opened, cls._validate(opened, config.identity, atomics), atomics)
             time.sleep(OPEN_RETRY_S)  # the protocol's own poll (B.3 step 3)
         # 4. never initialised
