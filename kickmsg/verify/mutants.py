@@ -230,9 +230,21 @@ MUTANTS = {
             ),
             model="ra",
         ),
+        Mutant(
+            "park-without-waiter",
+            "a subscriber sets has_waiter before it reads write_pos and sleeps on it, so that a publisher "
+            "committing after that read wakes it",
+            (Patch(receive4.Subscriber, "park", (
+                Edit(
+                    ("ops.store_relaxed_u32(ring.has_waiter, 1)",
+                     "write_pos = ops.load_acquire_u64(ring.write_pos)"),
+                    ("pass  # MUTANT: asleep without has_waiter, no publisher wakes it",
+                     "write_pos = ops.load_acquire_u64(ring.write_pos)"),
+                ),
+            )),),
+        ),
     )
 }
-
 
 # Layout 9's (kickmsg.protocol.v9), explored by kickmsg.verify.layout9.
 MUTANTS9 = {
@@ -295,7 +307,7 @@ MUTANTS9 = {
         Mutant(
             "no-subscriber-fence",
             "a subscriber fences (seq_cst) between its has_waiter store and the futex's compare of write_pos",
-            (Patch(receive9.Subscriber, "receive_view", (
+            (Patch(receive9.Subscriber, "park", (
                 Edit(
                     ("ops.store_relaxed_u32(ring + HAS_WAITER_OFFSET, WAITER_FUTEX)", "ops.fence_seq_cst()"),
                     ("ops.store_relaxed_u32(ring + HAS_WAITER_OFFSET, WAITER_FUTEX)",
