@@ -48,6 +48,7 @@ RENAMED = {
     # Layout 9's blocking receive and drain, once each (issue 35).
     "Subscriber.receive_view": "Subscriber.park",
     "Subscriber._drain": "drain_window",
+    "Subscriber.try_receive_view": "Subscriber.pin_next",
 }
 
 ROW = re.compile(r"^\| `(kickmsg/[a-z_0-9/]+\.py):(\d+)` \| `([^`]+)` \| `([a-z_0-9]+)` \|(.*)$")

@@ -254,7 +254,7 @@ MUTANTS9 = {
             "no-meta-tag-check",
             "a subscriber rejects a claim tagged for another position (0.9.2's fix; the 0.9 sources before it "
             "read whatever claim the entry holds)",
-            (Patch(receive9.Subscriber, "try_receive_view", (
+            (Patch(receive9.Subscriber, "pin_next", (
                 Edit(
                     ("if meta_tag(meta) != meta_tag_of(self.read_pos) or field == 0 or field - 1 >= g.pool_size:",),
                     ("if field == 0 or field - 1 >= g.pool_size:  # MUTANT: 0.9's receive, no tag check",),
@@ -319,7 +319,7 @@ MUTANTS9 = {
         Mutant(
             "pin-fetch-add",
             "a subscriber pins by CAS, never from refcount 0 (a slot already freed)",
-            (Patch(receive9.Subscriber, "try_receive_view", (
+            (Patch(receive9.Subscriber, "pin_next", (
                 Edit(
                     ("refcount = ops.load_acquire_u32(slot_address + REFCOUNT_OFFSET)",
                      "pinned = False",

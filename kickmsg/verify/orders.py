@@ -69,7 +69,7 @@ FLOWS9 = (
     ("steal", publish9.Publisher, "_self_repair"),
     ("steal", publish9, "steal_and_skip"),
     ("wake", publish9, "wake_ring"),
-    ("receive", receive9.Subscriber, "try_receive_view"),
+    ("receive", receive9.Subscriber, "pin_next"),
     ("receive", receive9.Subscriber, "lose"),
     ("blocking receive", receive9.Subscriber, "park"),
     ("join", receive9.Subscriber, "_try_join"),

@@ -196,8 +196,9 @@ class Subscriber:
     def _unpin(self, slot: int) -> None:
         freestack.release_slot(self.region, slot)
 
-    def try_receive_view(self) -> SampleView | None:
-        """The next message in place, or None (nothing committed yet)."""
+    def pin_next(self) -> tuple[int, int, int] | None:
+        """B.10, steps 1-8: find the next committed entry and pin its slot.
+        Returns (slot, length, ring position), or None (nothing committed yet)."""
         if self.ring_index < 0:
             raise RuntimeError("Subscriber was closed")
         region = self.region
@@ -264,18 +265,27 @@ class Subscriber:
                 self.read_pos += 1
                 continue
             # 9. success
-            view = SampleView(region, slot, length, self.read_pos)
+            position = self.read_pos
             self.read_pos += 1
-            return view
+            return slot, length, position
         return None
 
-    def try_receive(self) -> bytes | None:
-        """The next message copied out (under the pin), or None."""
-        view = self.try_receive_view()
-        if view is None:
+    def try_receive_view(self) -> SampleView | None:
+        """The next message in place (its slot pinned until the view is released), or None."""
+        pinned = self.pin_next()
+        if pinned is None:
             return None
-        with view:
-            return bytes(view)
+        return SampleView(self.region, *pinned)
+
+    def try_receive(self) -> bytes | None:
+        """The next message copied out (under the pin, then unpinned), or None."""
+        pinned = self.pin_next()
+        if pinned is None:
+            return None
+        slot, length, _ = pinned
+        data = bytes(self.region.payload(slot, length))
+        freestack.release_slot(self.region, slot)  # unpin
+        return data
 
     def skip_to_newest(self) -> None:
         """Read-latest: move read_pos to the newest entry committed at its
