@@ -379,7 +379,7 @@ def build_parser() -> CommandLineParser:
                      help="layout 9: add N actors that each run reclaim_dead_rings() once, concurrently (default 0; "
                           f"{within('reclaimers')})")
     sub.add_argument("--blocking", action="store_true",
-                     help="layout 9: subscribers sleep on the futex (receive_view) instead of polling")
+                     help="subscribers receive with the core's blocking receive, asleep on the futex, instead of polling")
     from kickmsg.cli.boards import add_board_commands
 
     add_board_commands(command)

@@ -216,6 +216,8 @@ def _world(scenario: Scenario) -> World:
                             if core_view is not None:
                                 with SampleView(core_view) as received_view:
                                     received.append((core.ring_index, received_view.ring_pos, bytes(received_view)))
+                                if session == "first":
+                                    break  # leave after one message, then join again
                             elif over:
                                 break
                             continue
