@@ -125,10 +125,12 @@ class Subscriber:
         """The next message as a copy, or None if none is ready."""
         if self._closed:
             self._check_open()
-        if time.monotonic_ns() >= self._next_check_in_ns:
-            self._check_in()
+        checking_in = time.monotonic_ns() >= self._next_check_in_ns
+        if checking_in:
+            self._check_in(report=False)  # follow a re-created region before receiving
         data = self._core.try_receive()
-        if data is None and not self._blocking:  # a poll found nothing: going idle, leave the record current
+        # The record, after this receive: at a check-in, or when a poll found nothing (going idle).
+        if checking_in or (data is None and not self._blocking):
             self._report_if_stale()
         return data
 
@@ -137,14 +139,14 @@ class Subscriber:
         view is released), or None if none is ready."""
         if self._closed:
             self._check_open()
-        if time.monotonic_ns() >= self._next_check_in_ns:
-            self._check_in()
+        checking_in = time.monotonic_ns() >= self._next_check_in_ns
+        if checking_in:
+            self._check_in(report=False)  # follow a re-created region before receiving
         view = self._core.try_receive_view()
-        if view is None:
-            if not self._blocking:  # a poll found nothing: going idle, leave the record current
-                self._report_if_stale()
-            return None
-        return SampleView(view)
+        # The record, after this receive: at a check-in, or when a poll found nothing (going idle).
+        if checking_in or (view is None and not self._blocking):
+            self._report_if_stale()
+        return None if view is None else SampleView(view)
 
     def receive(self, timeout: datetime.timedelta | float | None = None) -> bytes | None:
         """Like ``try_receive``, but sleeps (without the GIL) up to ``timeout``
@@ -203,7 +205,9 @@ class Subscriber:
                 return message
             began_ns = time.monotonic_ns()
             if self._idle_gap_ns is not None and self._idle_gap_ns < self._spin_ns:
-                spin_until_ns = began_ns + self._spin_ns if deadline_ns is None else min(began_ns + self._spin_ns, deadline_ns)
+                spin_until_ns = began_ns + self._spin_ns
+                if deadline_ns is not None:
+                    spin_until_ns = min(spin_until_ns, deadline_ns)
                 while message is None and time.monotonic_ns() < spin_until_ns:
                     message = attempt()
             while message is None:
@@ -224,13 +228,15 @@ class Subscriber:
         finally:
             self._blocking = False
 
-    def _check_in(self) -> None:
+    def _check_in(self, report: bool = True) -> None:
         """Every CHECK_IN_INTERVAL_NS while receiving or waiting: follow the
         region's name if it was re-created, and bring our owner record up
-        to date."""
+        to date (unless ``report`` is False: the caller does, after its
+        receive)."""
         self._next_check_in_ns = self._region.next_check_in_ns()
         self._follow_if_recreated()
-        self._report_if_stale()
+        if report:
+            self._report_if_stale()
 
     def _report_if_stale(self) -> None:
         """Write read_pos and lost into our owner record (layout 4, for
@@ -411,12 +417,11 @@ class SampleView:
     even past ``release()``; new buffers are refused after it.
     """
 
-    __slots__ = ("_core", "_exports", "_owner_pid", "_pinned", "_released")
+    __slots__ = ("_core", "_exports", "_owner_pid", "_released")
 
     def __init__(self, core: SampleViewCore):
-        self._core = core  # the layout's view, holding the pin
+        self._core = core  # the layout's view, holding the pin until its release()
         self._released = False
-        self._pinned = True
         self._exports = 0  # buffers handed out and not yet released
         self._owner_pid = process.pid
 
@@ -435,7 +440,8 @@ class SampleView:
     def release(self) -> None:
         """End the view (idempotent); the pin goes once no buffer of it is alive."""
         self._released = True
-        self._unpin_if_done()
+        if not self._exports:
+            self._core.release()  # idempotent
 
     def __buffer__(self, flags: int) -> memoryview:
         if self._released:
@@ -446,11 +452,7 @@ class SampleView:
     def __release_buffer__(self, view: memoryview) -> None:
         view.release()  # the core's own buffer
         self._exports -= 1
-        self._unpin_if_done()
-
-    def _unpin_if_done(self) -> None:
-        if self._released and self._pinned and self._exports == 0:
-            self._pinned = False
+        if self._released and not self._exports:
             self._core.release()
 
     def __enter__(self) -> Self:

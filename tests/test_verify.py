@@ -57,7 +57,8 @@ def test_the_blocking_receive_is_explored_a_parked_subscriber_woken_by_a_publish
 
     def observe(outcome):
         steps = outcome.steps
-        parked = [i for i, step in enumerate(steps) if step.where == "Subscriber.park" and step.operation == "load_relaxed_u32"]
+        parked = [i for i, step in enumerate(steps)
+                  if step.where == "Subscriber.park" and step.operation == "load_relaxed_u32"]
         wakes = [i for i, step in enumerate(steps) if step.operation == "futex_wake_all"]
         if parked and wakes and parked[0] < wakes[-1]:
             woken.append(outcome)

@@ -98,7 +98,7 @@ class Subscriber:
         self.skipped = 0  # committed messages passed over by skip_to_newest
         self.drain_timeouts = 0
         self.rewound = False  # the ring's write_pos was seen behind read_pos: re-created in place
-        self.monotonic_ns: Callable[[], int] = time.monotonic_ns  # the blocking receive's clock (the explorer models it)
+        self.monotonic_ns: Callable[[], int] = time.monotonic_ns  # the blocking receive's clock (modelled: verify)
 
     def in_region(self, region: Region) -> "Subscriber":
         """This ring in ``region``, which re-created ours in place keeping

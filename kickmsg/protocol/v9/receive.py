@@ -137,7 +137,7 @@ class Subscriber:
         self.skipped = 0  # committed messages passed over by skip_to_newest
         self.drain_timeouts = 0
         self.rewound = False  # never: a layout-9 region is re-created as a new object, not in place
-        self._claimed_head = (-1, 0)  # B.11: the head position seen claimed, not committed, and the yields on it in a row
+        self._claimed_head = (-1, 0)  # B.11: the head seen claimed, not committed, and the yields on it in a row
         self.ring_index = -1
         self.ring = 0
         self.owner_pid = os.getpid()
