@@ -16,7 +16,7 @@ import weakref
 from collections.abc import Callable
 from typing import Self, TypeVar, cast
 
-from kickmsg import layouts, owners, process
+from kickmsg import layouts, owners
 from kickmsg.config import to_microseconds
 from kickmsg.protocol import v9
 from kickmsg.protocol.cores import SampleViewCore, SubscriberCore
@@ -78,6 +78,7 @@ class Subscriber:
         """Make a joined ring ours: leave it (and close ``sidecar``, which
         holds our owner record) when closed or collected."""
         self._region, self._core, self._sidecar = region, core, sidecar
+        self._core_try_receive, self._core_try_receive_view = core.try_receive, core.try_receive_view  # bound once
         self._reported = (core.read_pos, self.lost)  # (read_pos, lost) last written to the owner record
         self._next_check_in_ns = region.next_check_in_ns()
         self._teardown = weakref.finalize(self, _leave, core, region, os.getpid(), region.incarnation(), sidecar)
@@ -128,7 +129,7 @@ class Subscriber:
         checking_in = time.monotonic_ns() >= self._next_check_in_ns
         if checking_in:
             self._check_in(report=False)  # follow a re-created region before receiving
-        data = self._core.try_receive()
+        data = self._core_try_receive()
         # The record, after this receive: at a check-in, or when a poll found nothing (going idle).
         if checking_in or (data is None and not self._blocking):
             self._report_if_stale()
@@ -142,7 +143,7 @@ class Subscriber:
         checking_in = time.monotonic_ns() >= self._next_check_in_ns
         if checking_in:
             self._check_in(report=False)  # follow a re-created region before receiving
-        view = self._core.try_receive_view()
+        view = self._core_try_receive_view()
         # The record, after this receive: at a check-in, or when a poll found nothing (going idle).
         if checking_in or (view is None and not self._blocking):
             self._report_if_stale()
@@ -417,13 +418,12 @@ class SampleView:
     even past ``release()``; new buffers are refused after it.
     """
 
-    __slots__ = ("_core", "_exports", "_owner_pid", "_released")
+    __slots__ = ("_core", "_exports", "_released")
 
     def __init__(self, core: SampleViewCore):
-        self._core = core  # the layout's view, holding the pin until its release()
+        self._core = core  # the layout's view: its pin goes at its release(), or with it when collected
         self._released = False
         self._exports = 0  # buffers handed out and not yet released
-        self._owner_pid = process.pid
 
     def __len__(self) -> int:
         return 0 if self._released else len(self._core)
@@ -439,9 +439,10 @@ class SampleView:
 
     def release(self) -> None:
         """End the view (idempotent); the pin goes once no buffer of it is alive."""
-        self._released = True
-        if not self._exports:
-            self._core.release()  # idempotent
+        if not self._released:
+            self._released = True
+            if not self._exports:
+                self._core.release()
 
     def __buffer__(self, flags: int) -> memoryview:
         if self._released:
@@ -460,10 +461,6 @@ class SampleView:
 
     def __exit__(self, *exc_info: object) -> None:
         self.release()
-
-    def __del__(self) -> None:
-        if process.pid == self._owner_pid:  # not a forked child's copy
-            self.release()
 
     def __repr__(self) -> str:
         return f"SampleView(len={len(self)}, ring_pos={self.ring_pos}, valid={self.valid})"

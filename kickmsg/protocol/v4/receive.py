@@ -15,7 +15,7 @@ import copy
 import time
 from collections.abc import Callable
 
-from kickmsg import owners
+from kickmsg import owners, process
 from kickmsg.protocol import freestack
 from kickmsg.protocol.v4 import repair, rings
 from kickmsg.protocol.v4.layout import (
@@ -38,10 +38,10 @@ UNCOMMITTED_POLL_NS = 1_000_000  # the nap while a claimed entry is not committe
 
 class SampleView:
     """A received message in place: one pinned reference to its slot,
-    released by ``release()``. Read-only ``memoryview(view)`` works until
-    then."""
+    released by ``release()`` (or when collected). Read-only
+    ``memoryview(view)`` works until then."""
 
-    __slots__ = ("_exports", "_length", "_region", "ring_pos", "slot", "valid")
+    __slots__ = ("_exports", "_length", "_owner_pid", "_region", "ring_pos", "slot", "valid")
 
     def __init__(self, region: Region, slot: int, length: int, ring_pos: int) -> None:
         self._region = region
@@ -50,6 +50,7 @@ class SampleView:
         self.ring_pos = ring_pos
         self._exports = 0
         self.valid = True
+        self._owner_pid = process.pid
 
     def __len__(self) -> int:
         return self._length
@@ -72,6 +73,10 @@ class SampleView:
             raise BufferError(f"SampleView still has {self._exports} memoryview(s) open")
         self.valid = False
         freestack.release_slot(self._region, self.slot)
+
+    def __del__(self) -> None:
+        if self.valid and process.pid == self._owner_pid:  # dropped unreleased, and not a forked child's copy
+            self.release()
 
 
 class Subscriber:

@@ -10,7 +10,7 @@ B.12). Every atomic goes through the region's ``kickmsg.atomics`` door.
 import os
 import time
 
-from kickmsg import owners
+from kickmsg import owners, process
 from kickmsg.atomics import FUTEX_TIMED_OUT
 from kickmsg.protocol import freestack
 from kickmsg.protocol.v9.layout import (
@@ -83,7 +83,7 @@ def ring_holders(region: Region) -> str:
 
 class SampleView:
     """A received message in place: one pinned reference to its slot,
-    released by ``release()`` (or leaving a ``with`` block). Read-only
+    released by ``release()`` (leaving a ``with`` block, or when collected). Read-only
     ``memoryview(view)`` works until then."""
 
     def __init__(self, region: Region, slot: int, length: int, ring_pos: int) -> None:
@@ -93,6 +93,7 @@ class SampleView:
         self.ring_pos = ring_pos
         self._exports = 0
         self.valid = True
+        self._owner_pid = process.pid
 
     def __len__(self) -> int:
         return self._length
@@ -120,6 +121,10 @@ class SampleView:
             raise BufferError(f"SampleView still has {self._exports} memoryview(s) open")
         self.valid = False
         freestack.release_slot(self._region, self.slot)
+
+    def __del__(self) -> None:
+        if self.valid and process.pid == self._owner_pid:  # dropped unreleased, and not a forked child's copy
+            self.release()
 
     def __enter__(self) -> "SampleView":
         return self
