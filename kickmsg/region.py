@@ -25,7 +25,6 @@ from kickmsg.config import ChannelType, Config, ConfigError, channel_type_of
 from kickmsg.errors import CorruptRegionError, EmptyObjectError, LayoutError, VersionMismatchError
 from kickmsg.protocol import v9
 from kickmsg.protocol.v9 import repair as repair9
-from kickmsg.protocol.v9.layout import VersionMismatchError
 from kickmsg.schema import SchemaInfo
 
 __all__ = ["CHECK_IN_INTERVAL_NS", "DeadSubscriberReport", "HealthReport", "NEVER", "SharedRegion", "unlink_shm",

@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))  # this checkout's kickmsg
 
 from kickmsg.verify import orders  # noqa: E402
 
-# Layout 4's flows before they moved into kickmsg/protocol/v4 (issue 25).
+# Flows that moved: layout 4's into kickmsg/protocol/v4 (issue 25), and as noted.
 RENAMED = {
     "Publisher._publish": "Publisher._deliver",
     "publish": "Publisher._deliver",  # into the layout-4 core's Publisher (issue 35)
@@ -46,6 +46,10 @@ RENAMED = {
     "SharedRegion.drain_ring": "drain",
     "SharedRegion._live_window": "live_window",
     "SharedRegion.repair_locked_entries": "repair_locked_entries",
+    # Layout 9's blocking receive and drain, once each (issue 35).
+    "Subscriber.receive_view": "Subscriber.park",
+    "Subscriber._drain": "drain_window",
+    "Subscriber.try_receive_view": "Subscriber.pin_next",
 }
 
 ROW = re.compile(r"^\| `(kickmsg/[a-z_0-9/]+\.py):(\d+)` \| `([^`]+)` \| `([a-z_0-9]+)` \|(.*)$")

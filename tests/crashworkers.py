@@ -139,26 +139,24 @@ def closing_subscriber(report, name, go):
 
 def subscriber_stopping_after_leaving(report, name, go, stopped):
     """Subscribe; once ``go`` is set, close, but stop (SIGSTOP, to be killed)
-    as soon as layout 4's ``rings.leave`` has freed the ring, before the
+    as soon as the subscriber's core has left (freed) the ring, before the
     rest of the teardown. (Fault injection from outside: the teardown calls
-    ``kickmsg.protocol.v4.rings.leave``, replaced here in this process.)"""
-    from kickmsg.protocol.v4 import rings
-
+    the core's ``close``, replaced here on this subscriber's core.)"""
     region = SharedRegion.open(name)
     sub = Subscriber(region)
-    leave_ring = rings.leave
+    close = sub.core.close
 
-    def leave_then_stop(*args, **kwargs):
-        left = leave_ring(*args, **kwargs)
+    def close_then_stop(*args, **kwargs):
+        left = close(*args, **kwargs)
         stopped.value = 1
         os.kill(os.getpid(), signal.SIGSTOP)
         return left
 
-    rings.leave = leave_then_stop
+    sub.core.close = close_then_stop
     report("ready", os.getpid())
     _wait_for_event(go, "close")
     sub.close()
-    raise RuntimeError("the teardown did not go through rings.leave: the fault was not injected")
+    raise RuntimeError("the teardown did not go through the core's close: the fault was not injected")
 
 
 def publish_until_stopped(report, name, publisher_id, go, stop, published):

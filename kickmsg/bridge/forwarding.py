@@ -60,7 +60,6 @@ publisher; an import is recorded once its channel exists.
 import dataclasses
 import json
 import queue
-import re
 import secrets
 import struct
 import sys

@@ -96,7 +96,7 @@ def add_commands(commands: Commands) -> None:
                      help="layout 9: add N actors that each run reclaim_dead_rings() once, concurrently (default 0; "
                           f"{within('reclaimers')})")
     sub.add_argument("--blocking", action="store_true",
-                     help="layout 9: subscribers sleep on the futex (receive_view) instead of polling")
+                     help="subscribers receive with the core's blocking receive, asleep on the futex, instead of polling")
 
 
 def cmd_crosscheck(args: argparse.Namespace) -> int:
@@ -131,8 +131,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
         return _verify_layout9(args)
     if args.mutant in verify.MUTANTS9:
         raise CommandError(f"mutant {args.mutant} breaks layout 9's flows: add --layout 9")
-    if args.deaths or args.blocking or args.subscriber_deaths or args.reclaimers:
-        raise CommandError("--deaths, --blocking, --subscriber-deaths and --reclaimers explore layout 9: add --layout 9")
+    if args.deaths or args.subscriber_deaths or args.reclaimers:
+        raise CommandError("--deaths, --subscriber-deaths and --reclaimers explore layout 9: add --layout 9")
     preemptions = args.preemptions if args.preemptions is not None else (1 if args.orders else 2)
     mutant = verify.MUTANTS.get(args.mutant)
     model = args.memory_model or ("ra" if args.orders else mutant.model if mutant else "sc")  # memory orders: ra
@@ -148,6 +148,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     changes = {field: getattr(args, field) for field in ("publishers", "messages", "subscribers", "capacity", "pool",
                                                          "rings")}
     changes["repairer"] = True if args.repair_pass else None
+    changes["blocking"] = True if args.blocking else None
     scenario = dataclasses.replace(scenario, **{k: v for k, v in changes.items() if v is not None})
     return _explore(args, scenario, model, preemptions, stale, budget)
 

@@ -12,7 +12,7 @@ explores these very methods.
 """
 from typing import Protocol
 
-from kickmsg import shm
+from kickmsg import owners, shm
 from kickmsg.atomics import Atomics
 from kickmsg.protocol.info import ChannelGeometry, HeaderWords, RegionInfo, RegionStats, RingWords
 from kickmsg.schema import SchemaInfo
@@ -99,10 +99,75 @@ class PublisherCore(Protocol):
         ...
 
 
-class SubscriberCore(Protocol):
-    """One joined ring: receive, skip to newest, wait, leave
+class SampleViewCore(Protocol):
+    """One received message in place, its slot pinned until ``release()``;
+    read-only ``memoryview(view)`` works until then
     (``protocol/v4/receive.py``, ``protocol/v9/receive.py``)."""
 
+    slot: int  # the pinned slot
+    ring_pos: int  # the ring position it was read at
+    valid: bool  # not released yet
 
-class SampleViewCore(Protocol):
-    """One received message in place, pinned until released."""
+    def __len__(self) -> int: ...
+
+    def __buffer__(self, flags: int) -> memoryview: ...
+
+    def release(self) -> None:
+        """Drop the pin (idempotent); BufferError while a memoryview of it is open."""
+
+
+class SubscriberCore(Protocol):
+    """One joined ring, joined when made (``protocol/v4/receive.py``,
+    ``protocol/v9/receive.py``): receive (copied and in place), skip to
+    newest, the blocking receive (park on the ring's futex), the words a
+    WaitSet sleeps on, leave and drain."""
+
+    ring_index: int
+    start_pos: int  # where reading began: the drain's floor
+    read_pos: int  # the next position to read (process-private)
+    lost: int  # messages missed in this ring: overwritten, skipped or unreadable
+    skipped: int  # committed messages passed over by skip_to_newest
+    drain_timeouts: int  # leaves that gave up waiting for a publisher in flight
+    rewound: bool  # write_pos was last seen behind read_pos: the region was re-created in place (layout 4)
+
+    def try_receive(self) -> bytes | None:
+        """The next message copied out, or None."""
+
+    def try_receive_view(self) -> SampleViewCore | None:
+        """The next message in place, or None."""
+
+    def skip_to_newest(self) -> None:
+        """Read-latest: read_pos to the newest committed entry."""
+
+    def receive_view_until(self, deadline_ns: int | None, latest: bool = False) -> SampleViewCore | None:
+        """The blocking receive: try, park, try again until a message or
+        ``deadline_ns`` (None: no deadline; None returned then, or once
+        ``rewound``)."""
+
+    def receive_view(self, timeout_s: float) -> SampleViewCore | None:
+        """``receive_view_until`` ``timeout_s`` seconds from now (0.9.2's shape)."""
+
+    def receive(self, timeout_s: float) -> bytes | None:
+        """The same, copied out."""
+
+    def park(self, deadline_ns: int | None) -> bool:
+        """One wait on the ring's futex (or a nap while the head is claimed,
+        not committed); False once the deadline passed (or ``rewound``)."""
+
+    def announce_wait(self) -> tuple[int, int, int] | None:
+        """has_waiter = 1, then write_pos: None if a receive has something
+        to do, else (futex word, value seen, longest sleep in ns, -1: none)."""
+
+    def has_message_ready(self) -> bool:
+        """Whether a receive has something to do, without announcing."""
+
+    def end_wait(self) -> None:
+        """has_waiter = 0 after a WaitSet's sleep."""
+
+    def unread(self, ring_reset: bool = False) -> int:
+        """Messages in the ring not read yet, at most a ring's worth."""
+
+    def close(self, record: owners.Sidecar | None = None) -> bool:
+        """Leave and drain the ring, clearing ``record`` (an owner record kept
+        beside the region) just before it is Free; False if a publisher
+        stayed in flight (the ring is left retired)."""

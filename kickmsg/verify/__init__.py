@@ -41,12 +41,15 @@ from kickmsg.protocol.v4 import region as region4
 from kickmsg.atomics import HARDWARE
 from kickmsg.config import ChannelType, Config
 from kickmsg.publisher import Publisher
-from kickmsg.subscriber import Subscriber
+from kickmsg.protocol.v4 import receive as receive4
+from kickmsg.subscriber import SampleView, Subscriber
 from kickmsg.verify import invariants, layout9, mutants, traces
 from kickmsg.verify.mutants import MUTANTS, MUTANTS9
 from kickmsg.verify.memory import PayloadBuffer
 from kickmsg.region import SharedRegion
-from kickmsg.verify.scheduler import Actor, Checker, Choice, Chooser, Execution, Outcome, ScheduledAtomics
+from kickmsg.verify.scheduler import (
+    Actor, Checker, Choice, Chooser, Execution, Mishaps, ModelledClock, Outcome, ScheduledAtomics,
+)
 from kickmsg.verify.layout9 import Scenario9
 
 __all__ = [
@@ -82,6 +85,7 @@ class Scenario:
     payload: int = max(invariants.MESSAGE_SIZES)
     rejoin: bool = True  # subscribers leave after their first message and join again
     repairer: bool = False  # an actor that runs repair_locked_entries() once, concurrently
+    blocking: bool = False  # subscribers receive with the core's blocking receive (parked on the futex), not polling
 
     def config(self) -> Config:
         return Config(
@@ -98,6 +102,7 @@ class Scenario:
             f"({'join, leave, join again' if self.rejoin else 'join, read, leave'}), "
             f"{self.config().max_subscribers} ring(s) of {self.capacity}, "
             f"pool {self.pool}" + (", a concurrent repair pass" if self.repairer else "")
+            + (", subscribers sleep on the futex" if self.blocking else "")
         )
 
 
@@ -115,7 +120,9 @@ MUTANT_SCENARIOS = {
     "inflight-release-relaxed": Scenario(),
     "payload-after-commit": Scenario(),
     "spec-seqlock-orders": Scenario(),
+    "park-without-waiter": Scenario(publishers=1, messages=1, rejoin=False, blocking=True),
 }
+RECEIVE_TIMEOUT_NS = 1_000_000_000  # a blocking subscriber's receive timeout (modelled time)
 
 
 @dataclass
@@ -153,6 +160,7 @@ class World:
     ledger: invariants.Ledger
     received: invariants.Received = field(default_factory=dict)  # subscription -> [(ring, position, bytes)]
     checked_steps: int = 0
+    clock: ModelledClock = field(default_factory=ModelledClock)  # what a blocking receive's deadline is in
 
 
 def _private_region(scenario: Scenario) -> region4.Region:
@@ -199,19 +207,34 @@ def _world(scenario: Scenario) -> World:
                 # again (maybe on another ring), it may receive one it had.
                 received = world.received[name if session != "second" else f"{name} (joined again)"]
                 with Subscriber(region) as receiver:
+                    core = receiver.core
+                    assert isinstance(core, receive4.Subscriber)  # a layout-4 region's
+                    core.monotonic_ns = world.clock.monotonic_ns
                     while True:
+                        if scenario.blocking:
+                            # The core's blocking receive, which Subscriber.receive calls.
+                            over = publishers_done()  # before the last look: nothing is published after it
+                            core_view = core.receive_view_until(world.clock.monotonic_ns() + RECEIVE_TIMEOUT_NS)
+                            if core_view is not None:
+                                with SampleView(core_view) as received_view:
+                                    received.append((core.ring_index, received_view.ring_pos, bytes(received_view)))
+                                if session == "first":
+                                    break  # leave after one message, then join again
+                            elif over:
+                                break
+                            continue
                         if session == "first":
                             view = receiver.try_receive_view()
                             got = view is not None
                             if view is not None:
                                 with view:
-                                    received.append((receiver._ring.index, view.ring_pos, bytes(view)))
+                                    received.append((receiver.core.ring_index, view.ring_pos, bytes(view)))
                                 break  # leave after one message, then join again
                         else:
                             data = receiver.try_receive()
                             got = data is not None
                             if data is not None:
-                                received.append((receiver._ring.index, receiver._cursor.read_pos - 1, data))
+                                received.append((receiver.core.ring_index, receiver.core.read_pos - 1, data))
                         if not got and publishers_done():
                             break
         return subscribe
@@ -250,7 +273,11 @@ def run_schedule(scenario: Scenario, choose: Chooser, memory_model: str = "sc") 
     """Run every actor once, under the choices ``choose`` makes."""
     world = _world(scenario)
     region = world.core
-    execution = Execution(world.region, world.actors, choose, _check(world, scenario), memory_model)
+    mishaps = None
+    if scenario.blocking:  # a futex sleep is modelled (no death: layout 4's actors do not die here)
+        mishaps = Mishaps(world.clock, receive4.UNCOMMITTED_POLL_NS, (), 0,
+                          lambda address: traces.describe_address(world.region, address) + " (low 32 bits)")
+    execution = Execution(world.region, world.actors, choose, _check(world, scenario), memory_model, mishaps=mishaps)
     region.atomics = ScheduledAtomics(execution)
     plain_bytes = region.mapping.buffer
     if memory_model == "ra":

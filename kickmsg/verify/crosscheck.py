@@ -926,7 +926,7 @@ def _run(source: Generator | Replay, other_python: str, other_path: str | None, 
                 else:
                     ours_result, other_result = crash(op, names[0]), crash(op, names[1])
             else:
-                # kill_subscriber: its ring, as our Subscriber9 knows it (the twin's is the same ring, or the
+                # kill_subscriber: its ring, as our Subscriber's core knows it (the twin's is the same ring, or the
                 # regions already differ)
                 killed = ours.subscribers.get(op[1]) if op[0] == "kill_subscriber" and layout_version == 9 else None
                 if op[0] == "join" and layout_version == 9 and ours.region is not None and names is not None:

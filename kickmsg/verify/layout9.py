@@ -92,12 +92,12 @@ from kickmsg.verify.traces import describe_address, describe_meta, describe_sequ
 from kickmsg.verify.scheduler import Actor, Chooser, Execution, Mishaps, ModelledClock, Outcome, ScheduledAtomics, Step
 
 __all__ = [
-    "EVICTION", "MUTANT_SCENARIOS9", "RECEIVE_TIMEOUT_S", "Scenario9", "TIMEOUT_US", "World9", "observed", "run_schedule",
+    "EVICTION", "MUTANT_SCENARIOS9", "RECEIVE_TIMEOUT_NS", "Scenario9", "TIMEOUT_US", "World9", "observed", "run_schedule",
 ]
 
 TIMEOUT_US = 1000  # the commit timeout of the explored regions (modelled time)
 OWNER_PIDS = 1000  # the pid an actor owns rings under: this plus its index
-RECEIVE_TIMEOUT_S = 1.0  # a blocking subscriber's receive timeout (modelled time)
+RECEIVE_TIMEOUT_NS = 1_000_000_000  # a blocking subscriber's receive timeout (modelled time)
 
 
 @dataclass(frozen=True)
@@ -270,7 +270,7 @@ def _world(scenario: Scenario9) -> World9:
             while True:
                 over = publishers_over()  # before the last look: nothing is published after it
                 if scenario.blocking:
-                    view = receiver.receive_view(RECEIVE_TIMEOUT_S)
+                    view = receiver.receive_view_until(region.monotonic_ns() + RECEIVE_TIMEOUT_NS)
                 else:
                     view = receiver.try_receive_view()
                 if view is None:

@@ -218,9 +218,21 @@ MUTANTS = {
             ),
             model="ra",
         ),
+        Mutant(
+            "park-without-waiter",
+            "a subscriber sets has_waiter before it reads write_pos and sleeps on it, so that a publisher "
+            "committing after that read wakes it",
+            (Patch(receive4.Subscriber, "park", (
+                Edit(
+                    ("ops.store_relaxed_u32(ring.has_waiter, 1)",
+                     "write_pos = ops.load_acquire_u64(ring.write_pos)"),
+                    ("pass  # MUTANT: asleep without has_waiter, no publisher wakes it",
+                     "write_pos = ops.load_acquire_u64(ring.write_pos)"),
+                ),
+            )),),
+        ),
     )
 }
-
 
 # Layout 9's (kickmsg.protocol.v9), explored by kickmsg.verify.layout9.
 MUTANTS9 = {
@@ -230,7 +242,7 @@ MUTANTS9 = {
             "no-meta-tag-check",
             "a subscriber rejects a claim tagged for another position (0.9.2's fix; the 0.9 sources before it "
             "read whatever claim the entry holds)",
-            (Patch(receive9.Subscriber, "try_receive_view", (
+            (Patch(receive9.Subscriber, "pin_next", (
                 Edit(
                     ("if meta_tag(meta) != meta_tag_of(self.read_pos) or field == 0 or field - 1 >= g.pool_size:",),
                     ("if field == 0 or field - 1 >= g.pool_size:  # MUTANT: 0.9's receive, no tag check",),
@@ -283,7 +295,7 @@ MUTANTS9 = {
         Mutant(
             "no-subscriber-fence",
             "a subscriber fences (seq_cst) between its has_waiter store and the futex's compare of write_pos",
-            (Patch(receive9.Subscriber, "receive_view", (
+            (Patch(receive9.Subscriber, "park", (
                 Edit(
                     ("ops.store_relaxed_u32(ring + HAS_WAITER_OFFSET, WAITER_FUTEX)", "ops.fence_seq_cst()"),
                     ("ops.store_relaxed_u32(ring + HAS_WAITER_OFFSET, WAITER_FUTEX)",
@@ -295,7 +307,7 @@ MUTANTS9 = {
         Mutant(
             "pin-fetch-add",
             "a subscriber pins by CAS, never from refcount 0 (a slot already freed)",
-            (Patch(receive9.Subscriber, "try_receive_view", (
+            (Patch(receive9.Subscriber, "pin_next", (
                 Edit(
                     ("refcount = ops.load_acquire_u32(slot_address + REFCOUNT_OFFSET)",
                      "pinned = False",

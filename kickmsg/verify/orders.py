@@ -30,6 +30,7 @@ from kickmsg.protocol.v4 import repair as repair4
 from kickmsg.protocol.v4 import rings as rings4
 from kickmsg.protocol.v9 import publish as publish9
 from kickmsg.protocol.v9 import receive as receive9
+from kickmsg.protocol.v9 import repair as repair9
 from kickmsg.verify import Report, Scenario, Scenario9, explore
 from kickmsg.verify.scheduler import Outcome
 from kickmsg.verify.memory import OPERATIONS
@@ -68,12 +69,12 @@ FLOWS9 = (
     ("steal", publish9.Publisher, "_self_repair"),
     ("steal", publish9, "steal_and_skip"),
     ("wake", publish9, "wake_ring"),
-    ("receive", receive9.Subscriber, "try_receive_view"),
+    ("receive", receive9.Subscriber, "pin_next"),
     ("receive", receive9.Subscriber, "lose"),
-    ("blocking receive", receive9.Subscriber, "receive_view"),
+    ("blocking receive", receive9.Subscriber, "park"),
     ("join", receive9.Subscriber, "_try_join"),
     ("leave/drain", receive9.Subscriber, "close"),
-    ("leave/drain", receive9.Subscriber, "_drain"),
+    ("leave/drain", repair9, "drain_window"),
     ("free stack", freestack, "pop"),
     ("free stack", freestack, "push"),
     ("free stack", freestack, "release_slot"),

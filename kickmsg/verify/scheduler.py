@@ -34,7 +34,6 @@ import greenlet
 
 from kickmsg import atomics
 from kickmsg.atomics import Atomics
-from kickmsg.region import SharedRegion
 from kickmsg.verify.memory import SequentialMemory, Stale, WeakMemory
 
 __all__ = [

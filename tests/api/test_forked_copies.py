@@ -61,7 +61,7 @@ def forked_copies(shm_name: str) -> None:
     pub.send(b"received by the child")
     view = sub.try_receive_view()
     slot = pub.allocate(8)
-    held, allocated = view._slot, slot._slot
+    held, allocated = view._core.slot, slot._slot
     child = os.fork()
     if child == 0:  # the child: drop the copies, receive and drop a view of its own
         status = 1

@@ -105,15 +105,15 @@ results["repair"] = kickmsg("repair", NAME)
 os.close(filler)
 os.unlink("/dev/shm/filler")
 holder = Subscriber(region)
-results["holder"] = [holder._sidecar is not None, diagnostics.stats(NAME).rings[holder._ring.index].owner_pid == os.getpid()]
-results["force held"] = kickmsg("repair", NAME, "--ring", str(holder._ring.index), "--force")
+results["holder"] = [holder._sidecar is not None, diagnostics.stats(NAME).rings[holder.core.ring_index].owner_pid == os.getpid()]
+results["force held"] = kickmsg("repair", NAME, "--ring", str(holder.core.ring_index), "--force")
 results["force unrecorded"] = kickmsg("repair", NAME, "--ring", "0", "--force")
 results["free after force"] = free_rings()
 holder.close()
 with Subscriber(region) as subscriber:
     recorded_publisher = Publisher(region, name="after")
     recorded_publisher.send(b"after")
-    results["after"] = [subscriber._ring.index, subscriber.receive(5.0).decode(),
+    results["after"] = [subscriber.core.ring_index, subscriber.receive(5.0).decode(),
                         [p.node_name for p in diagnostics.stats(NAME).publishers]]
 results["audit"] = audit(region).verdict
 print(json.dumps(results))
@@ -209,7 +209,7 @@ def test_a_join_interrupted_while_recording_leaves_its_ring_free(shm_name, monke
                 Subscriber(region)
     assert free_rings(region) == [0, 1, 2, 3]
     with Subscriber(region) as subscriber:
-        assert subscriber._ring.index == 0 and subscriber._sidecar is not None
+        assert subscriber.core.ring_index == 0 and subscriber._sidecar is not None
 
 
 @pytest.mark.parametrize("args, error", [

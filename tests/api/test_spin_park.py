@@ -19,8 +19,8 @@ def subscriber_counting_waits(region, spin):
     """A subscriber whose futex sleeps are counted."""
     subscriber = kickmsg.Subscriber(region, spin=spin)
     sleeps = []
-    sleep_until_written = subscriber._sleep_until_written
-    subscriber._sleep_until_written = lambda deadline_ns: sleeps.append(1) or sleep_until_written(deadline_ns)
+    park = subscriber.core.park
+    subscriber.core.park = lambda deadline_ns: sleeps.append(1) or park(deadline_ns)
     return subscriber, sleeps
 
 

@@ -50,6 +50,26 @@ def test_unmutated_code_passes_three_publishers_on_a_ring_of_one(preemptions):
     assert report.complete
 
 
+def test_the_blocking_receive_is_explored_a_parked_subscriber_woken_by_a_publisher():
+    """Layout 4's blocking receive, the core's that ``Subscriber.receive``
+    runs: in some schedule the subscriber sleeps on the futex (modelled) and
+    the publisher's wake-up ends that sleep; no schedule loses a wake-up."""
+    woken = []
+
+    def observe(outcome):
+        steps = outcome.steps
+        parked = [i for i, step in enumerate(steps)
+                  if step.where == "Subscriber.park" and step.operation == "load_relaxed_u32"]
+        wakes = [i for i, step in enumerate(steps) if step.operation == "futex_wake_all"]
+        if parked and wakes and parked[0] < wakes[-1]:
+            woken.append(outcome)
+
+    report = explore(Scenario(publishers=1, messages=1, blocking=True), preemptions=2, observe=observe)
+    assert report.violation is None, report.trace
+    assert report.complete
+    assert woken
+
+
 @pytest.mark.parametrize("mutant", SC_MUTANTS)
 def test_unmutated_code_passes_random_schedules_of_each_mutant_scenario(mutant):
     for switch in (0.05, 0.5):

@@ -8,8 +8,9 @@ Each module reads beside its part of the layout-4 design (seed 000):
   place too);
 - ``publish``: ``Publisher``, the publish flow whole (allocate, send,
   publish), and ``wait_and_capture_slot``;
-- ``receive``: the receive flow, steps 1-3 (``pin_next``), over a
-  subscriber's ``Cursor``;
+- ``receive``: the subscriber core, ``Subscriber`` (join, receive: steps
+  1-3 in ``pin_next``, skip to newest, the blocking receive and a
+  WaitSet's words, leave) and its ``SampleView``;
 - ``rings``: a ring's lifecycle: ``join``, ``leave`` (the teardown),
   ``set_state``, ``drain`` (drain_unconsumed);
 - ``repair``: diagnose, repair_locked_entries, reset_retired_rings,

@@ -5,7 +5,8 @@ Each module reads beside its section of WIRE9.md:
 - ``layout``: constants, byte layout, sizes, hashes, validation, naming (A);
 - ``region``: create, open, create_or_open, info, stats (B.1-B.3, B.18);
 - ``publish``: ``Publisher``: allocate and publish with lock, steal, takeover, wake (B.5-B.9, B.15);
-- ``receive``: ``Subscriber``, ``SampleView``: join, receive, blocking receive, leave and drain (B.4, B.10-B.12);
+- ``receive``: ``Subscriber``, ``SampleView``: join, receive, skip to newest, blocking receive, a WaitSet's words,
+  leave and drain (B.4, B.10-B.12; the drain is ``repair.drain_window``);
 - ``repair``: diagnose, repair_locked_entries, reset_retired_rings, reclaim_dead_rings,
   reclaim_orphaned_slots, owner liveness, the schema claim (B.13, B.16, B.17);
 - ``registry``: ``Registry``, ``NodeRows``: the participant registry, version 4 (C);

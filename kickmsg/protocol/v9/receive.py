@@ -10,6 +10,7 @@ B.12). Every atomic goes through the region's ``kickmsg.atomics`` door.
 import os
 import time
 
+from kickmsg import owners, process
 from kickmsg.atomics import FUTEX_TIMED_OUT
 from kickmsg.protocol import freestack
 from kickmsg.protocol.v9.layout import (
@@ -30,7 +31,6 @@ from kickmsg.protocol.v9.layout import (
     WAITER_FUTEX,
     WAITER_NONE,
     WRITE_POS_OFFSET,
-    META_SLOT_MASK,
     meta_slot_field,
     meta_tag,
     meta_tag_of,
@@ -42,13 +42,15 @@ from kickmsg.protocol.v9 import repair
 from kickmsg.protocol.v9.region import Region
 
 __all__ = [
-    "POLL_SLEEP_S", "RECEIVE_ITERATIONS", "RINGS_NAMED", "SampleView", "Subscriber", "YIELDS_BEFORE_SLEEP",
+    "POLL_SLEEP_S", "RECEIVE_ITERATIONS", "RINGS_NAMED", "SampleView", "Subscriber", "UNCOMMITTED_POLL_NS",
+    "YIELDS_BEFORE_SLEEP",
     "ring_holders",
 ]
 
 RECEIVE_ITERATIONS = 64  # B.10
 YIELDS_BEFORE_SLEEP = 64  # B.11
 POLL_SLEEP_S = 0.0001  # B.11: 100 us naps while the head is claimed but not committed
+UNCOMMITTED_POLL_NS = 1_000_000  # a WaitSet's nap while the head is claimed but not committed
 
 
 RINGS_NAMED = 8  # a join's error names the holders of at most this many rings
@@ -81,7 +83,7 @@ def ring_holders(region: Region) -> str:
 
 class SampleView:
     """A received message in place: one pinned reference to its slot,
-    released by ``release()`` (or leaving a ``with`` block). Read-only
+    released by ``release()`` (leaving a ``with`` block, or when collected). Read-only
     ``memoryview(view)`` works until then."""
 
     def __init__(self, region: Region, slot: int, length: int, ring_pos: int) -> None:
@@ -91,6 +93,7 @@ class SampleView:
         self.ring_pos = ring_pos
         self._exports = 0
         self.valid = True
+        self._owner_pid = process.pid
 
     def __len__(self) -> int:
         return self._length
@@ -119,6 +122,10 @@ class SampleView:
         self.valid = False
         freestack.release_slot(self._region, self.slot)
 
+    def __del__(self) -> None:
+        if self.valid and process.pid == self._owner_pid:  # dropped unreleased, and not a forked child's copy
+            self.release()
+
     def __enter__(self) -> "SampleView":
         return self
 
@@ -132,7 +139,10 @@ class Subscriber:
     def __init__(self, region: Region) -> None:
         self.region = region
         self.lost = 0
+        self.skipped = 0  # committed messages passed over by skip_to_newest
         self.drain_timeouts = 0
+        self.rewound = False  # never: a layout-9 region is re-created as a new object, not in place
+        self._claimed_head = (-1, 0)  # B.11: the head seen claimed, not committed, and the yields on it in a row
         self.ring_index = -1
         self.ring = 0
         self.owner_pid = os.getpid()
@@ -175,6 +185,14 @@ class Subscriber:
 
     # -- B.10 Receive ---------------------------------------------------------------
 
+    def unread(self, ring_reset: bool = False) -> int:
+        """Messages written to our ring that we had not read, at most a
+        ring's worth (what following a re-created region counts as lost).
+        ``ring_reset`` (a re-create in place) never happens on layout 9: a
+        re-created region is a new object."""
+        write_pos = self.region.atomics.load_acquire_u64(self.ring + WRITE_POS_OFFSET)
+        return min(max(0, write_pos - self.read_pos), self.region.geometry.capacity)
+
     def lose(self, count: int = 1) -> None:
         """Count ``count`` messages lost, here and in the ring header's lost_count."""
         self.lost += count
@@ -183,8 +201,9 @@ class Subscriber:
     def _unpin(self, slot: int) -> None:
         freestack.release_slot(self.region, slot)
 
-    def try_receive_view(self) -> SampleView | None:
-        """The next message in place, or None (nothing committed yet)."""
+    def pin_next(self) -> tuple[int, int, int] | None:
+        """B.10, steps 1-8: find the next committed entry and pin its slot.
+        Returns (slot, length, ring position), or None (nothing committed yet)."""
         if self.ring_index < 0:
             raise RuntimeError("Subscriber was closed")
         region = self.region
@@ -251,67 +270,149 @@ class Subscriber:
                 self.read_pos += 1
                 continue
             # 9. success
-            view = SampleView(region, slot, length, self.read_pos)
+            position = self.read_pos
             self.read_pos += 1
-            return view
+            return slot, length, position
         return None
 
-    def try_receive(self) -> bytes | None:
-        """The next message copied out (under the pin), or None."""
-        view = self.try_receive_view()
-        if view is None:
+    def try_receive_view(self) -> SampleView | None:
+        """The next message in place (its slot pinned until the view is released), or None."""
+        pinned = self.pin_next()
+        if pinned is None:
             return None
-        with view:
-            return bytes(view)
+        return SampleView(self.region, *pinned)
+
+    def try_receive(self) -> bytes | None:
+        """The next message copied out (under the pin, then unpinned), or None."""
+        pinned = self.pin_next()
+        if pinned is None:
+            return None
+        slot, length, _ = pinned
+        data = bytes(self.region.payload(slot, length))
+        freestack.release_slot(self.region, slot)  # unpin
+        return data
+
+    def skip_to_newest(self) -> None:
+        """Read-latest: move read_pos to the newest entry committed at its
+        own position (a skip marker or lock is passed by); those passed
+        over count in ``skipped``, what was overwritten in ``lost``."""
+        region = self.region
+        ops = region.atomics
+        write_pos = ops.load_acquire_u64(self.ring + WRITE_POS_OFFSET)
+        if write_pos - self.read_pos > region.geometry.capacity:  # overwritten: lost, as in receive
+            skipped_to = write_pos - region.geometry.capacity
+            self.lose(skipped_to - self.read_pos)
+            self.read_pos = skipped_to
+        for position in range(write_pos - 1, self.read_pos, -1):
+            sequence = ops.load_acquire_u64(region.entry_address(self.ring_index, position) + SEQUENCE_OFFSET)
+            if sequence == position + 1:
+                self.skipped += position - self.read_pos
+                self.read_pos = position
+                return
 
     # -- B.11 Blocking receive ---------------------------------------------------------
 
     def receive_view(self, timeout_s: float) -> SampleView | None:
         """Wait up to ``timeout_s`` seconds for the next message in place."""
-        ops = self.region.atomics
-        ring = self.ring
-        deadline = self.region.monotonic_ns() + int(timeout_s * 1e9)
-        idle = 0
-        while True:
-            view = self.try_receive_view()
-            if view is not None:
-                return view
-            remaining = deadline - self.region.monotonic_ns()
-            if remaining <= 0:
-                return None
-            current = ops.load_relaxed_u64(ring + WRITE_POS_OFFSET)
-            if current <= self.read_pos:
-                # nothing claimed: park on the low 32 bits of write_pos
-                idle = 0
-                ops.store_relaxed_u32(ring + HAS_WAITER_OFFSET, WAITER_FUTEX)
-                ops.fence_seq_cst()
-                outcome = ops.futex_wait(ring + WRITE_POS_OFFSET, current & U32_MAX, remaining)
-                ops.store_relaxed_u32(ring + HAS_WAITER_OFFSET, WAITER_NONE)
-                if outcome < 0:
-                    raise OSError(-outcome, f"futex_wait: {os.strerror(-outcome)}")
-                if outcome == FUTEX_TIMED_OUT:
-                    continue  # one last try above, then the deadline ends it
-            else:
-                # head claimed, not committed: no wake will come for its commit
-                idle += 1
-                if idle <= YIELDS_BEFORE_SLEEP:
-                    os.sched_yield()
-                else:
-                    time.sleep(min(POLL_SLEEP_S, remaining / 1e9))
+        return self.receive_view_until(self.region.monotonic_ns() + int(timeout_s * 1e9))
 
     def receive(self, timeout_s: float) -> bytes | None:
+        """Wait up to ``timeout_s`` seconds for the next message, copied out."""
         view = self.receive_view(timeout_s)
         if view is None:
             return None
         with view:
             return bytes(view)
 
+    def receive_view_until(self, deadline_ns: int | None, latest: bool = False) -> SampleView | None:
+        """The blocking receive: the next message in place (``latest``: the
+        newest, as ``skip_to_newest``), parking until one is committed or
+        ``deadline_ns`` (``region.monotonic_ns``; None: none) passes. None then."""
+        while True:
+            if latest:
+                self.skip_to_newest()
+            view = self.try_receive_view()
+            if view is not None or not self.park(deadline_ns):
+                return view
+
+    def park(self, deadline_ns: int | None) -> bool:
+        """B.11's wait, once: nothing claimed, park on the low 32 bits of
+        write_pos (has_waiter = 1, seq_cst fence); the head claimed but not
+        committed (its commit brings no wake-up), yield, and nap after
+        YIELDS_BEFORE_SLEEP yields in a row on it. False (not waiting) once
+        the deadline has passed; else True, to try a receive again."""
+        remaining = -1 if deadline_ns is None else deadline_ns - self.region.monotonic_ns()
+        if deadline_ns is not None and remaining <= 0:
+            return False
+        ops = self.region.atomics
+        ring = self.ring
+        current = ops.load_relaxed_u64(ring + WRITE_POS_OFFSET)
+        if current <= self.read_pos:
+            # nothing claimed: park on the low 32 bits of write_pos
+            ops.store_relaxed_u32(ring + HAS_WAITER_OFFSET, WAITER_FUTEX)
+            ops.fence_seq_cst()
+            outcome = ops.futex_wait(ring + WRITE_POS_OFFSET, current & U32_MAX, remaining)
+            ops.store_relaxed_u32(ring + HAS_WAITER_OFFSET, WAITER_NONE)
+            if outcome < 0 and outcome != FUTEX_TIMED_OUT:
+                raise OSError(-outcome, f"futex_wait on {self.region.name}: {os.strerror(-outcome)}")
+            return True
+        # head claimed, not committed: no wake will come for its commit
+        position, yields = self._claimed_head
+        yields = yields + 1 if position == self.read_pos else 1
+        self._claimed_head = (self.read_pos, yields)
+        if yields <= YIELDS_BEFORE_SLEEP:
+            os.sched_yield()
+        else:
+            time.sleep(POLL_SLEEP_S if remaining < 0 else min(POLL_SLEEP_S, remaining / 1e9))
+        return True
+
+    # -- waiting on many rings at once (a WaitSet's words, B.11's steps before the sleep) ------
+
+    def announce_wait(self) -> tuple[int, int, int] | None:
+        """has_waiter = 1, seq_cst fence, write_pos (acquire). None if a
+        receive has something to do now (``ready_at``); else the futex word,
+        the value seen there and the longest sleep in ns (-1: no limit; a nap
+        while the head is claimed but not committed). has_waiter stays set
+        until ``end_wait``."""
+        ops = self.region.atomics
+        ops.store_relaxed_u32(self.ring + HAS_WAITER_OFFSET, WAITER_FUTEX)
+        ops.fence_seq_cst()
+        write_pos = ops.load_acquire_u64(self.ring + WRITE_POS_OFFSET)
+        ready = self.ready_at(write_pos)
+        if ready:
+            return None
+        return self.ring + WRITE_POS_OFFSET, write_pos & U32_MAX, -1 if ready is None else UNCOMMITTED_POLL_NS
+
+    def has_message_ready(self) -> bool:
+        """Whether a receive has something to do now, looked at without
+        announcing a wait (a WaitSet's spin)."""
+        return bool(self.ready_at(self.region.atomics.load_acquire_u64(self.ring + WRITE_POS_OFFSET)))
+
+    def ready_at(self, write_pos: int) -> bool | None:
+        """Given the ring's write_pos (just loaded, acquire): True if a
+        receive has something to do (a committed entry, a skip marker, or
+        the ring lapped us), None if the ring is empty, False while the next
+        entry is claimed but not committed."""
+        if write_pos <= self.read_pos:
+            return None
+        if write_pos - self.read_pos > self.region.geometry.capacity:
+            return True
+        entry = self.region.entry_address(self.ring_index, self.read_pos)
+        sequence = self.region.atomics.load_acquire_u64(entry + SEQUENCE_OFFSET)
+        return not seq_locked(sequence) and seq_pos(sequence) > self.read_pos
+
+    def end_wait(self) -> None:
+        """After a WaitSet's sleep: has_waiter = 0."""
+        self.region.atomics.store_relaxed_u32(self.ring + HAS_WAITER_OFFSET, WAITER_NONE)
+
     # -- B.12 Leave and drain --------------------------------------------------------
 
-    def close(self) -> bool:
+    def close(self, record: owners.Sidecar | None = None) -> bool:
         """Give the ring back: Draining, wait for admitted publishers, drain
         every claim in the window, Free. Returns whether it quiesced (else
-        the ring is left retired: Free with publishers still counted)."""
+        the ring is left retired: Free with publishers still counted).
+        ``record``: an owner record kept beside the region, cleared with the
+        owner (layout 9 records its owner in the ring header: none)."""
         if self.ring_index < 0:
             return True
         region = self.region
@@ -337,9 +438,11 @@ class Subscriber:
         ops.store_relaxed_u32(self.ring + HAS_WAITER_OFFSET, WAITER_NONE)
         ops.store_relaxed_u64(self.ring + OWNER_PID_OFFSET, 0)
         ops.store_relaxed_u64(self.ring + OWNER_STARTTIME_OFFSET, 0)
+        if record:
+            record.release(self.ring_index)
         # 4. drain and free, or leave it retired
         if quiesced:
-            self._drain()
+            repair.drain_window(region, self.ring_index, self.start_pos)
             ops.store_release_u32(address, RING_FREE)
         else:
             state_flight = ops.load_acquire_u32(address)
@@ -351,24 +454,6 @@ class Subscriber:
                 state_flight = found
         self.ring_index = -1
         return quiesced
-
-    def _drain(self) -> None:
-        """Give back every valid claim in [max(wp - capacity, start_pos), wp),
-        whatever the sequence or tag says; the tag stays."""
-        region = self.region
-        g = region.geometry
-        ops = region.atomics
-        write_pos = ops.load_acquire_u64(self.ring + WRITE_POS_OFFSET)
-        if write_pos == 0:
-            return
-        for pos in range(max(write_pos - g.capacity, self.start_pos), write_pos):
-            entry = region.entry_address(self.ring_index, pos)
-            meta = ops.load_acquire_u64(entry + META_OFFSET)
-            field = meta_slot_field(meta)
-            if field == 0 or field - 1 >= g.pool_size:
-                continue
-            if ops.cas_acq_rel_u64(entry + META_OFFSET, meta, meta & ~META_SLOT_MASK) == meta:
-                freestack.release_slot(region, field - 1)
 
     def __del__(self) -> None:
         # As the native Subscriber's destructor: leave when dropped (not a forked child's copy).

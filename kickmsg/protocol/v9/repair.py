@@ -213,17 +213,18 @@ def _drain_free_ring(region: Region, index: int, state_flight: int) -> list[int]
     return claimed
 
 
-def drain_window(region: Region, index: int) -> int:
-    """B.12's drain over the whole window of ring ``index`` (no owner's
-    start_pos to begin at): give back every valid claim in
-    [max(0, wp - capacity), wp), whatever the sequence or tag says; the
-    tag stays. Returns how many claims it gave back."""
+def drain_window(region: Region, index: int, start_pos: int = 0) -> int:
+    """B.12's drain of ring ``index``: give back every valid claim in
+    [max(wp - capacity, start_pos), wp), whatever the sequence or tag
+    says; the tag stays. ``start_pos``: the leaving owner's (0: the whole
+    window, for a ring left on another's behalf). Returns how many claims
+    it gave back."""
     ops = region.atomics
     released = 0
     g = region.geometry
     # wp = write_pos (acq) (0: an empty window)
     write_pos = ops.load_acquire_u64(region.ring_address(index) + WRITE_POS_OFFSET)
-    for pos in range(max(0, write_pos - g.capacity), write_pos):
+    for pos in range(max(write_pos - g.capacity, start_pos), write_pos):
         entry = region.entry_address(index, pos)
         # m = meta (acq); skip if the slot field is 0 or out of range
         meta = ops.load_acquire_u64(entry + META_OFFSET)

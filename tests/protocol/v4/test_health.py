@@ -1115,9 +1115,9 @@ region = kickmsg.SharedRegion.open(P["name"])
 subscriber = kickmsg.Subscriber(region)
 kickmsg.Publisher(region).send(b"held by the ring")
 if P["at"] == "draining":  # teardown step 1 done (state -> Draining), then SIGKILL
-    rings.set_state(region.core, subscriber._ring, 2)
+    rings.set_state(region.core, subscriber.core.ring, 2)
 else:  # the subscriber's own teardown done (ring Free), SIGKILL before anything else
-    rings.leave(region.core, subscriber._ring, subscriber._start_pos, subscriber._sidecar)
+    rings.leave(region.core, subscriber.core.ring, subscriber.core.start_pos, subscriber._sidecar)
 done(os.getpid())
 os._exit(0)  # no finalizer runs: as if killed
 """
