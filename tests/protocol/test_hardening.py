@@ -159,10 +159,11 @@ def test_corrupt_rings_pool_and_free_stack(layout, shm_name, tmp_path):
 @pytest.mark.timeout(TEST_TIMEOUT_S)
 def test_corrupt_header(shm_name, tmp_path):
     """Layout 4's header fields (geometry, free_top, schema, creator) changed
-    before or after open: open refuses with RuntimeError, or every call
-    behaves. (Layout 9's channel fuzz changes the header words read at open.)"""
+    before or after open: open refuses with CorruptRegionError (a
+    RuntimeError), or every call behaves. (Layout 9's channel fuzz changes
+    the header words read at open.)"""
     summary = run_worker("header", shm_name, tmp_path)
-    assert summary["open:ok"] > 0 and summary["open:RuntimeError"] > 0
+    assert summary["open:ok"] > 0 and summary["open:CorruptRegionError"] > 0, summary
     for call in CHANNEL_FUZZ[4][1]:
         assert summary[f"{call}:ok"] > 0, call
 
