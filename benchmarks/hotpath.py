@@ -81,16 +81,20 @@ def measure(repeats: int, fastest: bool, only: list[str]) -> dict:
             spans.append((time.perf_counter_ns() - start) / OPERATIONS)
         return round(min(spans) if fastest else statistics.median(spans))
 
+    def core_of(region):
+        """The region's core (in a tree before issue 35, a layout-4 SharedRegion was its own core)."""
+        return getattr(region, "core", region)
+
     def counted(figure: str, region, operation, between=None) -> None:
         """Note the shim calls per ``operation`` on ``region`` as ``figure``'s
         (``between``, if given, runs uncounted after each)."""
         counting = CountingAtomics()
         for _ in range(COUNTED_OPERATIONS):
-            region.core.atomics = counting
+            core_of(region).atomics = counting
             try:
                 operation()
             finally:
-                region.core.atomics = HARDWARE
+                core_of(region).atomics = HARDWARE
             if between:
                 between()
         calls[figure] = counting.calls / COUNTED_OPERATIONS
@@ -149,7 +153,7 @@ def measure(repeats: int, fastest: bool, only: list[str]) -> dict:
         return statistics.median(spans)
 
     def pop_push(region, publisher, subscribers):
-        core = region.core
+        core = core_of(region)
         result = timed(lambda: freestack.push(core, freestack.pop(core, empty_on_corrupt_head=False)))
         counted("pop + push", region, lambda: freestack.push(core, freestack.pop(core, empty_on_corrupt_head=False)))
         return result
@@ -157,8 +161,8 @@ def measure(repeats: int, fastest: bool, only: list[str]) -> dict:
     def shim_calls(region, publisher, subscribers):
         # Loads and a CAS that changes nothing on free_top; stores of 0 into
         # the refcount of a free slot (already 0).
-        ops, word = region.core.atomics, region.core.free_top_address
-        refcount = region.core.slot_address(0) + layout.REFCOUNT_OFFSET
+        ops, word = core_of(region).atomics, core_of(region).free_top_address
+        refcount = core_of(region).slot_address(0) + layout.REFCOUNT_OFFSET
         top = ops.load_relaxed_u64(word)
         empty = timed(lambda: None)
         return {

@@ -69,23 +69,39 @@ import stat
 import struct
 import time
 import warnings
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from kickmsg import layouts, process, shm
 
-if TYPE_CHECKING:  # kickmsg.region imports this module
-    from kickmsg.region import SharedRegion
 
 __all__ = [
     "BRIDGES_SUFFIX", "BRIDGE_DIRECTIONS", "BRIDGE_KEY_SIZE", "BRIDGE_RECORD_SIZE", "BridgeEntry", "BridgeRecord",
     "CHECK_IN_OFFSET", "CLAIM_ATTEMPTS", "CLAIM_RETRY_S", "FLOCK", "MAX_BRIDGE_PEERS", "MAX_BRIDGE_RECORDS",
     "MAX_PUBLISHER_RECORDS", "OLD_SUFFIX", "OLD_SUFFIXES", "OwnerRecord", "PROGRESS_OFFSET", "PUBLISHERS_SUFFIX",
     "PUBLISHER_NAME_SIZE", "PUBLISHER_RECORD_SIZE", "PublisherEntry", "PublisherRecord", "RECORD_FILES", "RECORD_SIZE",
-    "RecordEntry", "SUBSCRIBERS_SUFFIX", "Sidecar", "UNRECORDED_CONSEQUENCES", "bridges_path", "is_of", "old_path",
+    "RecordEntry", "RegionInstance", "SUBSCRIBERS_SUFFIX", "Sidecar", "UNRECORDED_CONSEQUENCES", "bridges_path", "is_of", "old_path",
     "process_start_time", "program_name", "publishers_path", "read_bridges", "read_owners", "read_publishers",
     "reclaim_dead_bridges", "reclaim_dead_publishers", "region_of_sidecar", "restart", "sidecar_kind", "sidecar_path",
     "sidecar_paths", "unlink",
 ]
+
+
+class RegionInstance(Protocol):
+    """What a record needs of its region (a ``SharedRegion`` or a core
+    ``Region`` of either layout): its name, layout, mapping and the stamp
+    of this instance of the name."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def layout(self) -> int: ...
+
+    @property
+    def mapping(self) -> shm.Mapping: ...
+
+    @property
+    def created_at_ns(self) -> int: ...
 
 SUBSCRIBERS_SUFFIX, PUBLISHERS_SUFFIX, BRIDGES_SUFFIX, OLD_SUFFIX = shm.SIDECAR_SUFFIXES
 OLD_SUFFIXES = {"ring-owner": OLD_SUFFIX, "publisher": OLD_SUFFIX * 2, "bridge": OLD_SUFFIX * 3}  # the previous release's names
@@ -461,7 +477,7 @@ class RecordEntry:
     (we followed the name to a re-created region), as soon as the name leads
     to the region we use."""
 
-    def __init__(self, region: "SharedRegion", path: str, size: int, limit: int):
+    def __init__(self, region: "RegionInstance", path: str, size: int, limit: int):
         self._path, self._size, self._limit = path, size, limit
         self._region = region  # the instance we record ourselves for
         self._fd: int | None = None
@@ -498,7 +514,7 @@ class RecordEntry:
                 break  # unrecorded: closing drops the lock
         os.close(fd)
 
-    def _write(self, region: "SharedRegion", data: bytes, offset: int) -> None:
+    def _write(self, region: "RegionInstance", data: bytes, offset: int) -> None:
         """Write into our record for ``region``, the region we use now; first
         record anew if we are a forked child, our file was removed (its
         region unlinked), or ``region`` is another instance than the one we
@@ -529,7 +545,7 @@ class RecordEntry:
 class PublisherEntry(RecordEntry):
     """The record of one live Publisher."""
 
-    def __init__(self, region: "SharedRegion", name: str):
+    def __init__(self, region: "RegionInstance", name: str):
         self._name = name.encode("utf-8")[:PUBLISHER_NAME_SIZE]
         super().__init__(region, publishers_path(region.name), PUBLISHER_RECORD_SIZE, MAX_PUBLISHER_RECORDS)
 
@@ -537,7 +553,7 @@ class PublisherEntry(RecordEntry):
         pid, now = os.getpid(), time.time_ns()
         return bytes(PublisherRecord(pid, process_start_time(pid), now, now, 0, 0, self._name, self._region.created_at_ns))
 
-    def check_in(self, region: "SharedRegion", sent: int, dropped: int) -> None:
+    def check_in(self, region: "RegionInstance", sent: int, dropped: int) -> None:
         """Write the counters, for ``region``: the region we publish into now."""
         self._write(region, struct.pack("<QQQ", time.time_ns(), sent, dropped), CHECK_IN_OFFSET)
 
@@ -546,7 +562,7 @@ class BridgeEntry(RecordEntry):
     """The record of one bridge forwarding the channel, in one direction
     on one Zenoh key."""
 
-    def __init__(self, region: "SharedRegion", direction: str, key: str):
+    def __init__(self, region: "RegionInstance", direction: str, key: str):
         self._direction = next(code for code, name in BRIDGE_DIRECTIONS.items() if name == direction)
         self._key = key.encode("utf-8")[:BRIDGE_KEY_SIZE]
         self._started_at_ns = time.time_ns()
@@ -558,7 +574,7 @@ class BridgeEntry(RecordEntry):
                                   updated_at_ns=time.time_ns(), direction=self._direction, key=self._key,
                                   region_created_at_ns=self._region.created_at_ns))
 
-    def update(self, region: "SharedRegion", record: BridgeRecord) -> None:
+    def update(self, region: "RegionInstance", record: BridgeRecord) -> None:
         """Write ``record``'s figures (its identity fields are ours), for
         ``region``: the region we forward now."""
         pid = os.getpid()
@@ -568,13 +584,13 @@ class BridgeEntry(RecordEntry):
         self._write(region, bytes(record), 0)
 
 
-def _instance(region: "SharedRegion") -> tuple[tuple[int, int], int]:
+def _instance(region: "RegionInstance") -> tuple[tuple[int, int], int]:
     """Which instance of its name a region is: the object mapped and the
     creation stamp it had when mapped (a re-create in place changes it)."""
     return region.mapping.identity, region.created_at_ns
 
 
-def is_of(region: "SharedRegion", record_stamp: int, started_at_ns: int) -> bool:
+def is_of(region: "RegionInstance", record_stamp: int, started_at_ns: int) -> bool:
     """Whether a publisher or bridge record is of this instance of the
     region: stamped with its creation stamp, or (written by an older version
     of this package, stamp 0) by a writer that started after the region
@@ -584,7 +600,7 @@ def is_of(region: "SharedRegion", record_stamp: int, started_at_ns: int) -> bool
     return started_at_ns >= _created_realtime_ns(region)
 
 
-def _created_realtime_ns(region: "SharedRegion") -> int:
+def _created_realtime_ns(region: "RegionInstance") -> int:
     """When the region was created, in CLOCK_REALTIME nanoseconds (the
     records' clock): layout 9 stamps it so, layout 4 in CLOCK_MONOTONIC."""
     if region.layout == layouts.LAYOUT_9:
@@ -615,7 +631,7 @@ def _read_records[R: ctypes.Structure](path: str, record_type: type[R], limit: i
         os.close(fd)
 
 
-def _reclaim_dead_records[R: ctypes.Structure](path: str, record_type: type[R], limit: int, region: "SharedRegion | None") -> list[R]:
+def _reclaim_dead_records[R: ctypes.Structure](path: str, record_type: type[R], limit: int, region: "RegionInstance | None") -> list[R]:
     """Clear the records whose process died, those of ``region``'s
     instance (None: of any instance); returns them."""
     size = ctypes.sizeof(record_type)
@@ -638,7 +654,7 @@ def _reclaim_dead_records[R: ctypes.Structure](path: str, record_type: type[R], 
         os.close(fd)
 
 
-def read_publishers(region: "SharedRegion") -> list[tuple[PublisherRecord, bool]]:
+def read_publishers(region: "RegionInstance") -> list[tuple[PublisherRecord, bool]]:
     """Each record of a publisher of this instance of the region (in our
     file, then in the previous release's) and whether its publisher lives
     (False: it died, a "stall")."""
@@ -647,14 +663,14 @@ def read_publishers(region: "SharedRegion") -> list[tuple[PublisherRecord, bool]
             if is_of(region, record.region_created_at_ns, record.started_at_ns)]
 
 
-def reclaim_dead_publishers(region: "SharedRegion") -> list[int]:
+def reclaim_dead_publishers(region: "RegionInstance") -> list[int]:
     """Clear the records of this instance's publishers that died (in both
     files); returns their pids."""
     return [record.pid for path in (publishers_path(region.name), old_path(region.name, "publisher"))
             for record in _reclaim_dead_records(path, PublisherRecord, MAX_PUBLISHER_RECORDS, region)]
 
 
-def read_bridges(region: "SharedRegion") -> list[tuple[BridgeRecord, bool]]:
+def read_bridges(region: "RegionInstance") -> list[tuple[BridgeRecord, bool]]:
     """Each record of a bridge forwarding this instance of the region (in
     our file, then in the previous release's) and whether its bridge lives."""
     return [(record, held) for path in (bridges_path(region.name), old_path(region.name, "bridge"))

@@ -14,8 +14,9 @@ Each module reads beside its section of WIRE9.md:
 
 The slot pool's free stack (B.14) and the words both layouts share are
 beside it: ``kickmsg.protocol.freestack``, ``kickmsg.protocol.common``.
-``kickmsg.SharedRegion`` and the API classes hand layout-9 regions to this
-core (``SharedRegion.core`` is a ``Region``; ``Publisher9``, ``Subscriber9``, ``SampleView9``).
+``kickmsg.SharedRegion``, ``Publisher``, ``Subscriber`` and ``SampleView``
+hold this core's classes on a layout-9 region (``SharedRegion.core`` is a
+``Region``), as they hold ``kickmsg.protocol.v4``'s on a layout-4 one.
 """
 from kickmsg.protocol.v9.publish import Publisher
 from kickmsg.protocol.v9.receive import SampleView, Subscriber
