@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, overload
 from kickmsg import atomics
 from kickmsg.config import to_microseconds
 from kickmsg.protocol.v4.layout import U32_MAX
+from kickmsg.protocol.common import sleep_on_words
 from kickmsg.subscriber import SampleView, Subscriber
 from kickmsg.waitset import WaitSet, Waitable, _Sleep, _sooner, ring_owner
 
@@ -224,7 +225,7 @@ class _Waiter:
                 if sleep is None:
                     ops.futex_wait(self._doorbell_address, generation, LOOP_CHECK_NS)
                     continue
-                ops.futex_waitv(
+                sleep_on_words(
                     [self._doorbell_address, *sleep.addresses],
                     [generation, *sleep.values],
                     _sooner(sleep.timeout_ns, LOOP_CHECK_NS),

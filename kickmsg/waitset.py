@@ -1,7 +1,7 @@
 """WaitSet: sleep until any of many subscribers has a message; handlers.
 
 A WaitSet sleeps on the futex words of all its subscribers' rings at once
-(``futex_waitv`` through ``kickmsg.atomics``). On each ring it announces
+(``futex_waitv``: ``kickmsg.protocol.common.sleep_on_words``). On each ring it announces
 itself exactly as a blocking receive does: has_waiter = 1, then write_pos
 read again, so a message published meanwhile is seen before it sleeps, and
 publishers (native 0.1.0 included) wake it with the wake-up they already
@@ -13,8 +13,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple, Self
 
-from kickmsg import atomics
 from kickmsg.config import to_microseconds
+from kickmsg.protocol.common import sleep_on_words
 from kickmsg.region import NEVER, SharedRegion
 from kickmsg.subscriber import DEFAULT_SPIN_S, Subscriber, _deadline_ns
 
@@ -144,7 +144,7 @@ class WaitSet:
                     for owner in self._members:
                         owner._report_if_stale()  # giving up, idle: leave their records current
                     break
-                atomics.HARDWARE.futex_waitv(sleep.addresses, sleep.values, _sooner(remaining_ns, sleep.timeout_ns))
+                sleep_on_words(sleep.addresses, sleep.values, _sooner(remaining_ns, sleep.timeout_ns))
         finally:
             for owner in self._members:
                 owner._end_wait()

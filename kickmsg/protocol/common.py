@@ -7,7 +7,9 @@ them beside what differs (header tail, ring header, entry, slot header).
 """
 import ctypes
 import struct
+from collections.abc import Sequence
 
+from kickmsg.atomics import HARDWARE
 from kickmsg.hash import fnv1a_64
 from kickmsg.errors import CorruptRegionError
 
@@ -15,7 +17,7 @@ __all__ = [
     "CACHE_LINE", "CHANNEL_BROADCAST", "CHANNEL_PUBSUB", "CorruptRegionError", "DEFAULT_COMMIT_TIMEOUT_US",
     "INVALID_SLOT", "IN_FLIGHT_ONE", "MAGIC", "MAX_COMMIT_TIMEOUT_US", "RING_DRAINING", "RING_FREE", "RING_LIVE",
     "RING_STATE_MASK", "SCHEMA_CLAIMING", "SCHEMA_SET", "SCHEMA_UNSET", "SchemaInfoLayout", "U16_MAX", "U32_MAX",
-    "U64_MAX", "align64", "config_hash",
+    "U64_MAX", "align64", "config_hash", "sleep_on_words",
 ]
 
 MAGIC = 0x4B49434B4D534721  # "KICKMSG!", stored last at creation (release)
@@ -85,3 +87,11 @@ def config_hash(
         commit_timeout_us,
     )
     return fnv1a_64(packed)
+
+
+def sleep_on_words(addresses: Sequence[int], values: Sequence[int], timeout_ns: int) -> None:
+    """Sleep (without the GIL) on the futex words several rings' cores
+    announced (``announce_wait``: a WaitSet's subscribers, of either
+    layout) until one is woken or no longer holds the value seen there, or
+    ``timeout_ns`` passes (negative: no limit)."""
+    HARDWARE.futex_waitv(addresses, values, timeout_ns)
