@@ -98,7 +98,8 @@ class PoolEmptyError(KickmsgError, BlockingIOError):
 
 class CapacityError(KickmsgError, RuntimeError):
     """Every entry of a fixed-size table is taken by a live owner: a
-    blackboard's keys (0.9.2 raises RuntimeError: this is one)."""
+    channel's subscriber rings, a blackboard's keys (the native bindings
+    raise RuntimeError: this is one)."""
 
 
 class BoardKeyOwnedError(KickmsgError, RuntimeError):

@@ -81,3 +81,17 @@ def test_a_channel_of_another_config_or_a_damaged_one_is_named(prefix, layout):
     with pytest.raises(kickmsg.EmptyObjectError, match="is empty") as empty:
         kickmsg.SharedRegion.open(name)
     assert isinstance(empty.value, RuntimeError)
+
+
+@pytest.mark.parametrize("layout", [4, 9])
+def test_a_channel_whose_rings_are_all_taken_is_a_capacity_error(prefix, layout):
+    """Every ring held by a live subscriber: CapacityError, the RuntimeError
+    both native bindings raise, naming the channel."""
+    name = f"/{prefix}_full{layout}"
+    region = kickmsg.SharedRegion.create(name, kickmsg.ChannelType.PubSub,
+                                         kickmsg.Config(max_subscribers=1, sub_ring_capacity=8, pool_size=16), layout=layout)
+    holder = kickmsg.Subscriber(region)
+    with pytest.raises(kickmsg.CapacityError, match=f"No free subscriber slots in {name}") as full:
+        kickmsg.Subscriber(region)
+    assert isinstance(full.value, RuntimeError)
+    holder.close()

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 
 from kickmsg import owners, process
+from kickmsg.errors import CapacityError
 from kickmsg.protocol import freestack
 from kickmsg.protocol.v4 import repair, rings
 from kickmsg.protocol.v4.layout import (
@@ -92,7 +93,7 @@ class Subscriber:
         if joined is None and region.mapping.shared and repair.reclaim_dead_subscribers(region)[0]:
             joined = rings.join(region)
         if joined is None:
-            raise RuntimeError(
+            raise CapacityError(
                 f"No free subscriber slots in {region.name}: all {region.geometry.max_subs} rings are taken or "
                 f"retired ({ring_holders(region)})"
             )

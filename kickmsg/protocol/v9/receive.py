@@ -11,6 +11,7 @@ import os
 import time
 
 from kickmsg import owners, process
+from kickmsg.errors import CapacityError
 from kickmsg.atomics import FUTEX_TIMED_OUT
 from kickmsg.protocol import freestack
 from kickmsg.protocol.v9.layout import (
@@ -157,7 +158,7 @@ class Subscriber:
         if not self._try_join():
             if not repair.reclaim_dead_rings(self.region) or not self._try_join():
                 # 5. none free
-                raise RuntimeError(f"No free subscriber slots in {self.region.name} "
+                raise CapacityError(f"No free subscriber slots in {self.region.name} "
                                    f"({self.region.geometry.max_subs} rings: {ring_holders(self.region)})")
 
     def _try_join(self) -> bool:
