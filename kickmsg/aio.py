@@ -21,17 +21,15 @@ a Blackboard (layout 9) in the loop's default executor, not in the waiter
 thread: a board is not a WaitSet member (see ``board_change``).
 """
 import asyncio
-import ctypes
 import datetime
 import threading
 import weakref
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING, Any, overload
 
-from kickmsg import atomics
 from kickmsg.config import to_microseconds
 from kickmsg.protocol.v4.layout import U32_MAX
-from kickmsg.protocol.common import sleep_on_words
+from kickmsg.protocol.common import Doorbell, sleep_on_words
 from kickmsg.subscriber import SampleView, Subscriber
 from kickmsg.waitset import WaitSet, Waitable, _Sleep, _sooner, ring_owner
 
@@ -149,8 +147,7 @@ class _Waiter:
         self._lock = threading.Lock()  # guards the next two, shared with the thread
         self._armed: _Sleep | None = None  # the _Sleep the thread is to sleep on; None: it parks
         self._generation = 0  # bumped at each arming; the doorbell word holds it
-        self._doorbell = ctypes.c_uint32(0)
-        self._doorbell_address = ctypes.addressof(self._doorbell)
+        self._doorbell = Doorbell()
         self._thread: threading.Thread | None = None
         self.stopped = False  # the thread has ended (its loop was closed, or it failed)
 
@@ -192,8 +189,7 @@ class _Waiter:
                 return  # parked already
             self._armed = sleep
             self._generation = (self._generation + 1) & U32_MAX
-            atomics.HARDWARE.store_release_u32(self._doorbell_address, self._generation)
-        atomics.HARDWARE.futex_wake_all(self._doorbell_address)
+            self._doorbell.ring(self._generation)  # under the lock: the word never goes back to an older generation
         if self._thread is None and sleep is not None:
             self._thread = threading.Thread(target=self._run, name="kickmsg.aio waiter", daemon=True)
             self._thread.start()
@@ -217,16 +213,15 @@ class _Waiter:
         """Sleep on what the loop armed, and on the doorbell; when that
         sleep ends, tell the loop and park until it arms again. Ends once
         the loop is closed (noticed within LOOP_CHECK_NS)."""
-        ops = atomics.HARDWARE
         try:
             while self._loop_is_open():
                 with self._lock:
                     generation, sleep = self._generation, self._armed
                 if sleep is None:
-                    ops.futex_wait(self._doorbell_address, generation, LOOP_CHECK_NS)
+                    self._doorbell.wait(generation, LOOP_CHECK_NS)
                     continue
                 sleep_on_words(
-                    [self._doorbell_address, *sleep.addresses],
+                    [self._doorbell.address, *sleep.addresses],
                     [generation, *sleep.values],
                     _sooner(sleep.timeout_ns, LOOP_CHECK_NS),
                 )

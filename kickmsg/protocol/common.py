@@ -17,7 +17,7 @@ __all__ = [
     "CACHE_LINE", "CHANNEL_BROADCAST", "CHANNEL_PUBSUB", "CorruptRegionError", "DEFAULT_COMMIT_TIMEOUT_US",
     "INVALID_SLOT", "IN_FLIGHT_ONE", "MAGIC", "MAX_COMMIT_TIMEOUT_US", "RING_DRAINING", "RING_FREE", "RING_LIVE",
     "RING_STATE_MASK", "SCHEMA_CLAIMING", "SCHEMA_SET", "SCHEMA_UNSET", "SchemaInfoLayout", "U16_MAX", "U32_MAX",
-    "U64_MAX", "align64", "config_hash", "sleep_on_words",
+    "U64_MAX", "align64", "Doorbell", "config_hash", "sleep_on_words",
 ]
 
 MAGIC = 0x4B49434B4D534721  # "KICKMSG!", stored last at creation (release)
@@ -95,3 +95,22 @@ def sleep_on_words(addresses: Sequence[int], values: Sequence[int], timeout_ns: 
     layout) until one is woken or no longer holds the value seen there, or
     ``timeout_ns`` passes (negative: no limit)."""
     HARDWARE.futex_waitv(addresses, values, timeout_ns)
+
+
+class Doorbell:
+    """A futex word in this process's memory that one thread rings (a new
+    generation, release) to end another's sleep on it, alone (``wait``) or
+    beside rings' words (``sleep_on_words([doorbell.address, ...])``)."""
+
+    def __init__(self) -> None:
+        self._word = ctypes.c_uint32(0)
+        self.address = ctypes.addressof(self._word)
+
+    def ring(self, generation: int) -> None:
+        """Store ``generation`` (release) and wake every sleeper."""
+        HARDWARE.store_release_u32(self.address, generation)
+        HARDWARE.futex_wake_all(self.address)
+
+    def wait(self, generation: int, timeout_ns: int) -> None:
+        """Sleep while the word still holds ``generation``, at most ``timeout_ns``."""
+        HARDWARE.futex_wait(self.address, generation, timeout_ns)
