@@ -70,6 +70,9 @@ def add_commands(commands: Commands) -> None:
     sub.add_argument("--budget", type=int, metavar="B",
                      help="at most B preemptions and stale reads together (default: 2 under ra, no limit under sc; "
                           f"{within('budget')})")
+    sub.add_argument("--reduction", choices=("none", "por", "both"), default="por",
+                     help="none: every schedule within the bounds; por: one per order of the dependent steps "
+                          "(partial-order reduction, default); both: none then por, with the reduction factor")
     sub.add_argument("--orders", action="store_true",
                      help="weaken every memory order of the flows one step in turn and explore under ra (at most "
                           "1 preemption); print which orders a counter-example shows necessary")
@@ -232,18 +235,30 @@ def _explore(args: argparse.Namespace, scenario: object, model: str, preemptions
         if args.seed is not None:
             report = verify.explore_random(scenario, args.mutant, runs=args.runs, seed=args.seed, memory_model=model,
                                            stale=stale, observe=Progress(args.runs))
+            compared = None
         else:
-            report = verify.explore(scenario, args.mutant, preemptions, max_schedules=args.max_schedules,
-                                    memory_model=model, stale=stale, budget=budget,
-                                    observe=Progress(args.max_schedules, "at most "))
+            reports = [verify.explore(scenario, args.mutant, preemptions, max_schedules=args.max_schedules,
+                                      memory_model=model, stale=stale, budget=budget,
+                                      observe=Progress(args.max_schedules, "at most "), reduction=reduction)
+                       for reduction in (("none", "por") if args.reduction == "both" else (args.reduction,))]
+            report, compared = reports[-1], (reports[0] if len(reports) == 2 else None)
     except ValueError as error:  # the region cannot be laid out (actors' errors are violations)
         raise CommandError(f"bad scenario: {error}") from None
     data = {
         "mutant": report.mutant, "scenario": dataclasses.asdict(scenario), "schedules": report.schedules,
         "exhaustive": report.complete, "seconds": round(report.seconds, 3), "violation": report.violation,
         "trace": report.trace, "memory_model": model, "preemptions": preemptions, "stale": stale,
-        "budget": budget,
+        "budget": budget, "reduction": report.reduction, "schedules_per_second": round(report.rate, 1),
     }
     text = report.summary() if report.trace is None else f"{report.trace}\n{report.summary()}"
+    if compared is not None:
+        same = (compared.violation is None) == (report.violation is None)
+        factor = compared.schedules / max(report.schedules, 1)
+        data["none"] = {"schedules": compared.schedules, "seconds": round(compared.seconds, 3),
+                        "violation": compared.violation, "exhaustive": compared.complete}
+        data["reduction_factor"] = round(factor, 2)
+        data["verdicts_agree"] = same
+        text = (f"{compared.summary()}\n{text}\nreduction factor {factor:.1f}x ({compared.schedules} schedules "
+                f"without, {report.schedules} with); verdicts {'agree' if same else 'DIFFER'}")
     emit(args, data, text)
     return EXIT_FOUND if report.violation else EXIT_OK

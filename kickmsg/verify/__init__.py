@@ -30,6 +30,7 @@ both implementations), and ``kickmsg.verify.faults``, crash-point injection
 (a publisher stopped at a point of the spec).
 """
 import collections
+import hashlib
 import random
 import time
 from collections.abc import Callable
@@ -44,17 +45,19 @@ from kickmsg.publisher import Publisher
 from kickmsg.protocol.v4 import receive as receive4
 from kickmsg.subscriber import SampleView, Subscriber
 from kickmsg.verify import invariants, layout9, mutants, traces
+from kickmsg.verify.reduction import RaceWatch, reversals, time_matters
 from kickmsg.verify.mutants import MUTANTS, MUTANTS9
 from kickmsg.verify.memory import PayloadBuffer
 from kickmsg.region import SharedRegion
 from kickmsg.verify.scheduler import (
-    Actor, Checker, Choice, Chooser, Execution, Mishaps, ModelledClock, Outcome, ScheduledAtomics,
+    Actor, Checker, Choice, Chooser, Execution, Mishaps, ModelledClock, Outcome, ScheduledAtomics, TIME_PASSES,
+    is_mishap,
 )
 from kickmsg.verify.layout9 import Scenario9
 
 __all__ = [
     "BOUNDS", "MUTANTS", "MUTANTS9", "MUTANT_SCENARIOS", "Report", "SIZES", "Scenario", "Scenario9", "check_bounds",
-    "check_scenario", "explore", "explore_random",
+    "check_scenario", "explore", "explore_random", "REDUCTIONS",
 ]
 
 # The least and the most each number of a scenario may be (refused beyond,
@@ -70,6 +73,7 @@ BOUNDS = {
     "preemptions": (0, 8), "stale": (0, 8), "budget": (0, 16), "max_schedules": (1, 10_000_000),
     "runs": (1, 10_000_000),
 }
+REDUCTIONS = ("none", "por")  # every schedule within the bounds; one per order of the dependent steps
 
 
 @dataclass(frozen=True)
@@ -139,6 +143,12 @@ class Report:
     memory_model: str = "sc"
     stale: int = 0  # stale reads allowed per schedule (ra)
     budget: int | None = None  # preemptions and stale reads allowed together
+    reduction: str = "none"
+
+    @property
+    def rate(self) -> float:
+        """Schedules run a second."""
+        return self.schedules / max(self.seconds, 1e-9)
 
     def summary(self) -> str:
         what = f"mutant {self.mutant}" if self.mutant else "the unmutated code"
@@ -146,8 +156,8 @@ class Report:
         found = f"VIOLATION: {self.violation.splitlines()[0]}" if self.violation else "no violation"
         model = "" if self.memory_model == "sc" else f"; memory model ra, at most {self.stale} stale read(s)"
         model += "" if self.budget is None else f", {self.budget} preemptions and stale reads in all"
-        return (f"{what}: {found} ({self.schedules} schedules in {self.seconds:.1f} s, {extent}; "
-                f"{self.scenario.describe()}{model})")
+        return (f"{what}: {found} ({self.schedules} schedules in {self.seconds:.1f} s, "
+                f"{self.rate:.0f} a second, {extent}, reduction {self.reduction}; {self.scenario.describe()}{model})")
 
 
 @dataclass
@@ -161,6 +171,7 @@ class World:
     received: invariants.Received = field(default_factory=dict)  # subscription -> [(ring, position, bytes)]
     checked_steps: int = 0
     clock: ModelledClock = field(default_factory=ModelledClock)  # what a blocking receive's deadline is in
+    execution: Execution | None = None
 
 
 def _private_region(scenario: Scenario) -> region4.Region:
@@ -176,7 +187,8 @@ def _world(scenario: Scenario) -> World:
     publishers: list[Actor] = []
 
     def publishers_done() -> bool:
-        return all(actor.state == "done" for actor in publishers)
+        assert world.execution is not None
+        return all(state == "done" for state in world.execution.looks_at(publishers))
 
     def publisher(index: int) -> Callable[[SharedRegion], None]:
         # Even publishers copy their messages in (send), odd ones fill a slot
@@ -278,10 +290,11 @@ def run_schedule(scenario: Scenario, choose: Chooser, memory_model: str = "sc") 
         mishaps = Mishaps(world.clock, receive4.UNCOMMITTED_POLL_NS, (), 0,
                           lambda address: traces.describe_address(world.region, address) + " (low 32 bits)")
     execution = Execution(world.region, world.actors, choose, _check(world, scenario), memory_model, mishaps=mishaps)
+    world.execution = execution
     region.atomics = ScheduledAtomics(execution)
     plain_bytes = region.mapping.buffer
-    if memory_model == "ra":
-        region.mapping.buffer = PayloadBuffer(region, execution)  # type: ignore[assignment]  # a memoryview stand-in
+    # every payload access reported: a data race under ra, a turn's footprint for the reduction
+    region.mapping.buffer = PayloadBuffer(region, execution)  # type: ignore[assignment]  # a memoryview stand-in
     try:
         return world, execution.run()
     finally:
@@ -317,10 +330,20 @@ def check_scenario(scenario: "Scenario | Scenario9") -> None:
 
 
 def _run(scenario: "Scenario | Scenario9", choose: Chooser, memory_model: str) -> "tuple[World | layout9.World9, Outcome]":
-    """One execution of a layout-4 or a layout-9 scenario."""
+    """One execution of a layout-4 or a layout-9 scenario; ``final_state``
+    noted if every actor got to its end."""
+    world: World | layout9.World9
     if isinstance(scenario, Scenario9):
-        return layout9.run_schedule(scenario, choose, memory_model)
-    return run_schedule(scenario, choose, memory_model)
+        world, outcome = layout9.run_schedule(scenario, choose, memory_model)
+        mapping, first = world.region.mapping, world.region.geometry.sub_rings_offset
+    else:
+        world, outcome = run_schedule(scenario, choose, memory_model)
+        mapping, first = world.core.mapping, min(world.core.geometry.sub_rings_offset, world.core.geometry.pool_offset)
+    if outcome.violation is None:  # the header (its creation stamp) left out
+        digest = hashlib.blake2b(bytes(mapping.buffer[first:]), digest_size=16)
+        digest.update(repr(sorted(world.received.items())).encode())
+        outcome.final_state = digest.hexdigest()
+    return world, outcome
 
 
 def _follow(prefix: list[Any]) -> Chooser:
@@ -344,7 +367,7 @@ def _spent(choices: list[Choice]) -> list[tuple[int, int]]:
 
 def explore(scenario: "Scenario | Scenario9" = Scenario(), mutant: str | mutants.Mutant | None = None, preemptions: int = 2,
             max_schedules: int = 1_000_000, memory_model: str = "sc", stale: int = 0, budget: int | None = None,
-            observe: Callable[[Outcome], object] | None = None) -> Report:
+            observe: Callable[[Outcome], object] | None = None, reduction: str = "por") -> Report:
     """Every schedule with at most ``preemptions`` preemptions, (under the
     ra model) at most ``stale`` loads reading an older store than the
     newest, and at most ``budget`` of both together (None: no more bound):
@@ -352,45 +375,66 @@ def explore(scenario: "Scenario | Scenario9" = Scenario(), mutant: str | mutants
     bounding, a stale read counting as a preemption does), each level
     breadth first. The first violation found is thus one with the fewest
     unusual choices. With ``stale=0`` the schedules are exactly those of
-    sequential consistency. ``observe(outcome)``, if given, sees every
-    execution."""
+    sequential consistency. ``reduction="por"`` runs one schedule per
+    order of the dependent steps (``kickmsg.verify.reduction``), "none"
+    every one. ``observe(outcome)``, if given, sees every execution."""
     check_scenario(scenario)
     check_bounds(preemptions=preemptions, max_schedules=max_schedules, stale=stale, budget=budget)
     if stale and memory_model != "ra":
         raise ValueError("stale reads need the ra memory model")
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"unknown reduction {reduction!r}; choose none or por")
     began = time.monotonic()
     levels = preemptions + stale + 1 if budget is None else min(preemptions + stale, budget) + 1
     # The prefixes still to run, by choices spent.
     pending: list[collections.deque[list[Any]]] = [collections.deque() for _ in range(levels)]
     pending[0].append([])
+    asked: set[tuple[Any, ...]] = set()  # the prefixes put in pending so far (por: a race found again)
     schedules = 0
     change = _resolve(mutant)
     with mutants.installed(change):
-        for level in pending:
-            while level and schedules < max_schedules:
-                prefix = level.popleft()
-                world, outcome = _run(scenario, _follow(prefix), memory_model)
-                schedules += 1
-                if observe:
-                    observe(outcome)
-                if outcome.violation:
-                    return _report(scenario, change, schedules, False, began, world, outcome, memory_model, stale, budget)
-                spent = _spent(outcome.choices)
-                made = [choice.chosen for choice in outcome.choices]
-                for index in range(len(prefix), len(outcome.choices)):
-                    choice = outcome.choices[index]
-                    for alternative in choice.options:
-                        if alternative == choice.chosen:
-                            continue
-                        used_preemptions, used_stale = spent[index]
-                        if choice.kind == "turn":
-                            used_preemptions += choice.costs(alternative)
-                        else:
-                            used_stale += 1
-                        spent_in_all = used_preemptions + used_stale
-                        if used_preemptions <= preemptions and used_stale <= stale and spent_in_all < levels:
-                            pending[spent_in_all].append(made[:index] + [alternative])
-    return _report(scenario, change, schedules, not any(pending), began, None, None, memory_model, stale, budget)
+        while schedules < max_schedules and any(pending):
+            prefix = next(level for level in pending if level).popleft()  # the fewest choices spent first
+            watch = RaceWatch(prefix) if reduction == "por" else None
+            world, outcome = _run(scenario, watch or _follow(prefix), memory_model)
+            schedules += 1
+            if observe:
+                observe(outcome)
+            if outcome.violation:
+                return _report(scenario, change, schedules, False, began, world, outcome, memory_model, stale, budget,
+                               reduction)
+            spent = _spent(outcome.choices)
+            made = [choice.chosen for choice in outcome.choices]
+
+            def branch(index: int, alternative: Any) -> None:
+                """Run ``alternative`` at choice ``index`` later, if within the bounds and not yet asked for."""
+                choice = outcome.choices[index]
+                used_preemptions, used_stale = spent[index]
+                if choice.kind == "turn":
+                    used_preemptions += choice.costs(alternative)
+                else:
+                    used_stale += 1
+                spent_in_all = used_preemptions + used_stale
+                key = (*made[:index], alternative)
+                if used_preemptions <= preemptions and used_stale <= stale and spent_in_all < levels and key not in asked:
+                    asked.add(key)
+                    pending[spent_in_all].append(made[:index] + [alternative])
+
+            if watch is not None:
+                watch.end_turn()  # the last one
+            for index in range(len(prefix), len(outcome.choices)):
+                choice = outcome.choices[index]
+                for alternative in choice.options:
+                    if alternative == choice.chosen:
+                        continue
+                    if watch is None or choice.kind == "read" or (
+                            is_mishap(alternative) and (alternative != TIME_PASSES or time_matters(watch, index))):
+                        branch(index, alternative)
+            if watch is not None:  # the reduction: the other turns only where the run's own races say so
+                for index, alternative in reversals(watch.turns, outcome.choices, len(prefix) - 1):
+                    branch(index, alternative)
+    return _report(scenario, change, schedules, not any(pending), began, None, None, memory_model, stale, budget,
+                   reduction)
 
 
 def explore_random(scenario: "Scenario | Scenario9" = Scenario(), mutant: str | mutants.Mutant | None = None, runs: int = 1000,
@@ -439,10 +483,10 @@ def _resolve(mutant: str | mutants.Mutant | None) -> mutants.Mutant | None:
 def _report(
     scenario: "Scenario | Scenario9", change: mutants.Mutant | None, schedules: int, complete: bool, began: float,
     world: "World | layout9.World9 | None",
-    outcome: Outcome | None, memory_model: str, stale: int, budget: int | None = None,
+    outcome: Outcome | None, memory_model: str, stale: int, budget: int | None = None, reduction: str = "none",
 ) -> Report:
     report = Report(scenario, change.name if change else None, schedules, complete, time.monotonic() - began,
-                    memory_model=memory_model, stale=stale, budget=budget)
+                    memory_model=memory_model, stale=stale, budget=budget, reduction=reduction)
     if world is not None and outcome is not None:
         report.violation = outcome.violation
         report.trace = traces.format_trace(world, outcome, world.repaired if isinstance(world, layout9.World9) else "")

@@ -220,7 +220,8 @@ def _world(scenario: Scenario9) -> World9:
 
     def owner_is_dead(pid: int, recorded_start: int) -> bool:
         actor = pid - OWNER_PIDS
-        return 0 <= actor < len(world.actors) and world.actors[actor].state == "dead"
+        assert world.execution is not None
+        return 0 <= actor < len(world.actors) and world.execution.looks_at([world.actors[actor]]) == ["dead"]
 
     region.sleep_ns = sleep_ns
     region.process_identity = process_identity
@@ -229,7 +230,8 @@ def _world(scenario: Scenario9) -> World9:
     publishers: list[Actor] = []
 
     def publishers_over() -> bool:
-        return all(actor.state in ("done", "dead") for actor in publishers)
+        assert world.execution is not None
+        return all(state in ("done", "dead") for state in world.execution.looks_at(publishers))
 
     def payload_access(kind: str, slot: int, length: int) -> None:
         assert world.execution is not None

