@@ -160,11 +160,14 @@ def _orders(args: argparse.Namespace, layout: int, preemptions: int, stale: int,
     """``kickmsg verify --orders``: weaken each order of layout 4's or 9's flows."""
     from kickmsg.verify import orders
 
+    if args.reduction == "both":
+        raise CommandError("--orders explores with one reduction: --reduction none or por")
     began = time.monotonic()
     table = orders.check_orders(preemptions, stale, budget, progress=lambda row: print(
         f"{row.site.path}:{row.site.line} {row.site.operation} -> {row.weakened}: {row.result}", file=sys.stderr),
-        layout=layout)
-    bounds = f"at most {preemptions} preemption(s), {stale} stale read(s), {budget} in all"
+        layout=layout, reduction=args.reduction)
+    bounds = (f"at most {preemptions} preemption(s), {stale} stale read(s), {budget} in all, "
+              f"reduction {args.reduction}")
     emit(args, {"bounds": bounds, "seconds": round(time.monotonic() - began), "rows": [r.to_dict() for r in table]},
          f"{orders.format_table(table)}\n{len(table)} rows in {time.monotonic() - began:.0f} s "
          f"(under ra, {bounds})")

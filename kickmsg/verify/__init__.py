@@ -12,6 +12,8 @@ between any two steps and at the end (``kickmsg.verify.invariants``).
   violation.
 - ``explore_random(scenario, runs=N, seed=S)`` runs N seeded random
   schedules, with few switches each.
+- ``reduction="por"`` (the default) runs one schedule per order of the
+  dependent steps (``kickmsg.verify.reduction``); "none" runs every one.
 - ``mutant=`` runs the same with one of the spec's rules broken
   (``kickmsg.verify.mutants``); the exploration should then find a violation.
 - ``memory_model="ra"`` runs them under the C/C++ release/acquire/relaxed

@@ -190,7 +190,7 @@ def weakening(site: Site, order: str) -> Mutant:
 
 def check_orders(
     preemptions: int = 1, stale: int = 2, budget: int | None = 2, progress: Callable[[Row], object] | None = None,
-    layout: int = 4,
+    layout: int = 4, reduction: str = "por",
 ) -> list[Row]:
     """Weaken every order of layout 4's (or 9's) flows one step in turn and
     explore the flows under ra within the bounds; ``progress(row)`` is
@@ -208,7 +208,7 @@ def check_orders(
                 reached.update((step.where, step.line) for step in outcome.steps)
 
             baseline = explore(scenario, preemptions=bound, memory_model="ra", stale=stale, budget=budget,
-                               observe=observe)
+                               observe=observe, reduction=reduction)
             baselines[(scenario, bound)] = (baseline, reached)
         baseline, reached = baselines[(scenario, bound)]
         order = OPERATIONS[site.operation].order
@@ -221,7 +221,7 @@ def check_orders(
             row = Row(site, order, spec_order(site), weaker, "undecided", baseline)
             if baseline.violation is None:
                 row.report = explore(scenario, weakening(site, weaker), bound, memory_model="ra", stale=stale,
-                                     budget=budget)
+                                     budget=budget, reduction=reduction)
                 if row.report.violation:
                     row.result = "counter-example"
                 elif (site.function, site.line) in reached:

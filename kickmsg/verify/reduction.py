@@ -185,12 +185,12 @@ def reversals(turns: list[Turn], choices: list[Choice], since: int) -> list[tupl
         start = i
         while start > 0 and turns[start - 1].actor == turns[i].actor:
             start -= 1
-        for turn in {i, start}:
+        for turn in sorted({start, i}):
             index = turns[turn].choice
             ready = [option for option in choices[index].options if not is_mishap(option)]
             later = turns[j].actor
             pick = [later] if later in initials and later in ready else sorted(initials.intersection(ready))[:1]
-            # the default there was run by the run that first got there (or was asleep)
+            # the default there was run by the run that first got there
             wanted += [(index, actor) for actor in (pick or ready) if actor not in (choices[index].chosen,
                                                                                     choices[index].default)]
     return wanted

@@ -1,11 +1,24 @@
 """The partial-order reduction (``reduction="por"``) against every schedule
 (``"none"``): the same outcomes on small scenarios, fewer schedules, the
 same verdicts on mutants."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from kickmsg import verify
 from kickmsg.verify import reduction
 from kickmsg.verify.scheduler import Outcome
+
+KICKMSG = Path(sys.executable).with_name("kickmsg")  # the console script
+
+
+def run_verify(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(KICKMSG), "verify", *args], capture_output=True, text=True, timeout=300,
+                          stdin=subprocess.DEVNULL)
+
 
 SMALL = [  # (scenario, preemptions, the exploration's other bounds)
     (verify.Scenario(publishers=1, messages=1, subscribers=1, rejoin=False), 2, {}),
@@ -72,3 +85,22 @@ def test_a_turns_footprint_is_what_it_read_and_wrote():
 def test_an_unknown_reduction_is_refused():
     with pytest.raises(ValueError, match="'dpor'"):
         verify.explore(verify.Scenario(), reduction="dpor")
+
+
+def test_the_command_compares_both_reductions():
+    done = run_verify("--layout", "9", "--preemptions", "1", "--publishers", "1", "--reduction", "both", "--json")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["reduction"] == "por" and result["verdicts_agree"] is True
+    assert result["none"]["schedules"] > result["schedules"] > 0
+    assert result["reduction_factor"] == round(result["none"]["schedules"] / result["schedules"], 2)
+    assert result["schedules_per_second"] > 0
+    text = run_verify("--layout", "9", "--preemptions", "1", "--publishers", "1", "--reduction", "both").stdout
+    assert "reduction none" in text and "reduction por" in text and "verdicts agree" in text
+
+
+def test_the_command_refuses_a_wrong_reduction():
+    wrong = run_verify("--reduction", "dpor")
+    assert wrong.returncode == 2 and "dpor" in wrong.stderr
+    both = run_verify("--orders", "--reduction", "both")
+    assert both.returncode == 2 and "--reduction none or por" in both.stderr
