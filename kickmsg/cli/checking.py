@@ -72,6 +72,7 @@ def add_commands(commands: Commands) -> None:
                       "  kickmsg verify --layout 9 --mutant no-meta-tag-check   # 0.9's receive: the bug 0.9.2 fixed (ra)",
                       channel=False)
     from kickmsg.verify import BOUNDS, SIZES
+    from kickmsg.verify.crashes import FLOWS as CRASH_FLOWS
     from kickmsg.verify.mutants import MUTANTS, MUTANTS9
 
     def within(name: str) -> str:  # the range a number is refused beyond
@@ -126,8 +127,6 @@ def add_commands(commands: Commands) -> None:
                           "die at each step of its default schedule in turn, with traffic and repairs racing, and "
                           "--preemptions K more after each death (default 0); print what each death lost, and any "
                           "violation")
-    from kickmsg.verify.crashes import FLOWS as CRASH_FLOWS
-
     sub.add_argument("--crash-flow", choices=[flow.key for flow in CRASH_FLOWS],
                      help="with --crash-points, only this flow (default: every one)")
 
