@@ -1,13 +1,36 @@
 """Checks of implementations: crosscheck, verify."""
 import argparse
+import signal
 import sys
 import time
+from types import FrameType
 
 from kickmsg.cli.common import EXIT_FOUND, EXIT_OK, CommandError, Commands, add_command, emit
+from kickmsg.stopsignals import EXIT_FORCED
 
-__all__ = ["PROGRESS_INTERVAL_S", "Progress", "add_commands", "cmd_crosscheck", "cmd_verify"]
+__all__ = ["PROGRESS_INTERVAL_S", "Progress", "RowProgress", "add_commands", "cmd_crosscheck", "cmd_verify"]
 
 PROGRESS_INTERVAL_S = 5.0  # a longer exploration says how far it is on stderr, this often
+_counting: list["Progress | RowProgress"] = []  # the counts of the verify running: an interrupted one's last line
+_ctrl_c: list[int] = []  # the SIGINTs the verify running was sent
+
+
+def _on_ctrl_c(number: int, frame: FrameType | None) -> None:
+    """SIGINT while verify runs: KeyboardInterrupt now, unless a finalizer
+    runs (Python prints and ignores what ``__del__`` raises: a dead
+    actor's Subscriber is left to the collector); then at the next
+    schedule or row counted (``_stop_if_interrupted``)."""
+    _ctrl_c.append(number)
+    while frame is not None:
+        if frame.f_code.co_name == "__del__":
+            return
+        frame = frame.f_back
+    raise KeyboardInterrupt
+
+
+def _stop_if_interrupted() -> None:
+    if _ctrl_c:
+        raise KeyboardInterrupt
 
 
 def add_commands(commands: Commands) -> None:
@@ -45,9 +68,11 @@ def add_commands(commands: Commands) -> None:
                       "  kickmsg verify --layout 9 --deaths 1 --blocking # a publisher may die; subscribers sleep on the futex\n"
                       "  kickmsg verify --layout 9 --repair-pass --publishers 1 --preemptions 2   # repair_locked_entries racing\n"
                       "  kickmsg verify --layout 9 --subscriber-deaths 1 --reclaimers 1   # reclaim_dead_rings racing\n"
+                      "  kickmsg verify --layout 9 --crash-points        # an actor dies at each step of each flow in turn\n"
                       "  kickmsg verify --layout 9 --mutant no-meta-tag-check   # 0.9's receive: the bug 0.9.2 fixed (ra)",
                       channel=False)
     from kickmsg.verify import BOUNDS, SIZES
+    from kickmsg.verify.crashes import FLOWS as CRASH_FLOWS
     from kickmsg.verify.mutants import MUTANTS, MUTANTS9
 
     def within(name: str) -> str:  # the range a number is refused beyond
@@ -100,6 +125,13 @@ def add_commands(commands: Commands) -> None:
                           f"{within('reclaimers')})")
     sub.add_argument("--blocking", action="store_true",
                      help="subscribers receive with the core's blocking receive, asleep on the futex, instead of polling")
+    sub.add_argument("--crash-points", action="store_true",
+                     help="layout 9: in each flow (publish, join, receive, leave, a join that heals), make the actor "
+                          "die at each step of its default schedule in turn, with traffic and repairs racing, and "
+                          "--preemptions K more after each death (default 0); print what each death lost, and any "
+                          "violation")
+    sub.add_argument("--crash-flow", choices=[flow.key for flow in CRASH_FLOWS],
+                     help="with --crash-points, only this flow (default: every one)")
 
 
 def cmd_crosscheck(args: argparse.Namespace) -> int:
@@ -119,6 +151,23 @@ def cmd_crosscheck(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
+    """``kickmsg verify``; Ctrl-C ends it with one line on stderr: how far it got."""
+    _counting.clear()
+    _ctrl_c.clear()
+    began = time.monotonic()
+    caller = signal.signal(signal.SIGINT, _on_ctrl_c)
+    try:
+        return _verify(args)
+    except KeyboardInterrupt:
+        done = _counting[-1].counted() if _counting else "nothing run yet"
+        print(f"kickmsg verify: interrupted after {time.monotonic() - began:.0f} s: {done} (not exhaustive)",
+              file=sys.stderr, flush=True)
+        return EXIT_FORCED
+    finally:
+        signal.signal(signal.SIGINT, caller)
+
+
+def _verify(args: argparse.Namespace) -> int:
     import dataclasses
 
     from kickmsg import verify
@@ -130,12 +179,15 @@ def cmd_verify(args: argparse.Namespace) -> int:
         value = getattr(args, option, None)
         if value is not None and not least <= value <= most:
             raise CommandError(f"--{option.replace('_', '-')} must be from {least} to {most}, not {value}")
+    if args.crash_flow and not args.crash_points:
+        raise CommandError("--crash-flow chooses a flow of --crash-points: add --crash-points --layout 9")
     if args.layout == 9:
         return _verify_layout9(args)
     if args.mutant in verify.MUTANTS9:
         raise CommandError(f"mutant {args.mutant} breaks layout 9's flows: add --layout 9")
-    if args.deaths or args.subscriber_deaths or args.reclaimers:
-        raise CommandError("--deaths, --subscriber-deaths and --reclaimers explore layout 9: add --layout 9")
+    if args.deaths or args.subscriber_deaths or args.reclaimers or args.crash_points:
+        raise CommandError("--deaths, --subscriber-deaths, --reclaimers and --crash-points explore layout 9: add "
+                           "--layout 9")
     preemptions = args.preemptions if args.preemptions is not None else (1 if args.orders else 2)
     mutant = verify.MUTANTS.get(args.mutant)
     model = args.memory_model or ("ra" if args.orders else mutant.model if mutant else "sc")  # memory orders: ra
@@ -163,9 +215,11 @@ def _orders(args: argparse.Namespace, layout: int, preemptions: int, stale: int,
     if args.reduction == "both":
         raise CommandError("--orders explores with one reduction: --reduction none or por")
     began = time.monotonic()
-    table = orders.check_orders(preemptions, stale, budget, progress=lambda row: print(
-        f"{row.site.path}:{row.site.line} {row.site.operation} -> {row.weakened}: {row.result}", file=sys.stderr),
-        layout=layout, reduction=args.reduction)
+    sites = orders.sites() if layout == 4 else orders.sites(orders.FLOWS9)
+    progress = RowProgress("sites", every_row=True)
+    table = orders.check_orders(preemptions, stale, budget, progress=lambda row: progress(
+        sites.index(row.site) + 1, len(sites), f"{row.site.path}:{row.site.line} {row.site.operation} -> "
+        f"{row.weakened}: {row.result}"), layout=layout, reduction=args.reduction)
     bounds = (f"at most {preemptions} preemption(s), {stale} stale read(s), {budget} in all, "
               f"reduction {args.reduction}")
     emit(args, {"bounds": bounds, "seconds": round(time.monotonic() - began), "rows": [r.to_dict() for r in table]},
@@ -181,6 +235,8 @@ def _verify_layout9(args: argparse.Namespace) -> int:
     from kickmsg import verify
     from kickmsg.verify.layout9 import MUTANT_SCENARIOS9
 
+    if args.crash_points:
+        return _crash_points(args)
     if args.orders:
         if args.memory_model == "sc":
             raise CommandError("--orders explores under --memory-model ra")
@@ -216,8 +272,13 @@ class Progress:
         self.schedules = 0
         self.began = time.monotonic()
         self.next_line = self.began + PROGRESS_INTERVAL_S
+        _counting.append(self)
+
+    def counted(self) -> str:
+        return f"{self.schedules} of {self.bound}{self.most} schedules run"
 
     def __call__(self, outcome: object) -> None:
+        _stop_if_interrupted()
         self.schedules += 1
         now = time.monotonic()
         if now >= self.next_line:
@@ -265,3 +326,64 @@ def _explore(args: argparse.Namespace, scenario: object, model: str, preemptions
                 f"without, {report.schedules} with); verdicts {'agree' if same else 'DIFFER'}")
     emit(args, data, text)
     return EXIT_FOUND if report.violation else EXIT_OK
+
+
+class RowProgress:
+    """Counts the rows of a table (``--orders``, ``--crash-points``) and
+    says on stderr how many are done of how many, in how long, and about
+    how long the rest takes: at each row (``every_row``, with the row's
+    own line) or every PROGRESS_INTERVAL_S."""
+
+    def __init__(self, unit: str, every_row: bool = False):
+        self.unit, self.every_row = unit, every_row
+        self.done = self.total = 0
+        self.began = time.monotonic()
+        self.next_line = self.began + PROGRESS_INTERVAL_S
+        _counting.append(self)
+
+    def counted(self) -> str:
+        return f"{self.done} of {self.total} {self.unit} done"
+
+    def __call__(self, done: int, total: int, line: str = "") -> None:
+        _stop_if_interrupted()
+        self.done, self.total = done, total
+        now = time.monotonic()
+        if not self.every_row and now < self.next_line:
+            return
+        self.next_line = now + PROGRESS_INTERVAL_S
+        elapsed = now - self.began
+        left = elapsed / done * (self.total - done) if done else 0.0
+        print(f"kickmsg verify: {self.counted()} in {elapsed:.0f} s, about {left:.0f} s left" + (f": {line}" if line
+              else ""), file=sys.stderr, flush=True)
+
+
+def _crash_points(args: argparse.Namespace) -> int:
+    """``kickmsg verify --layout 9 --crash-points``: an actor dies at each
+    step of each flow of ``kickmsg.verify.crashes.FLOWS``."""
+    from kickmsg.verify import crashes
+
+    from kickmsg.verify.mutants import MUTANTS9
+
+    given = [option for option in ("memory_model", "stale", "budget", "seed", "publishers", "messages", "subscribers",
+                                   "capacity", "pool", "rings", "deaths", "subscriber_deaths", "reclaimers")
+             if getattr(args, option) is not None]
+    given += [option for option in ("orders", "repair_pass", "blocking") if getattr(args, option)]
+    if given:
+        raise CommandError(f"--crash-points runs its own flows under sequential consistency: drop "
+                           f"--{given[0].replace('_', '-')}")
+    if args.mutant is not None and args.mutant not in MUTANTS9:
+        raise CommandError(f"mutant {args.mutant} breaks layout 4's flows: choose one of {', '.join(MUTANTS9)}")
+    preemptions = args.preemptions or 0
+    began = time.monotonic()
+    progress = RowProgress("crash points")
+    flows = tuple(flow for flow in crashes.FLOWS if args.crash_flow in (None, flow.key))
+    rows = crashes.crash_points(flows, preemptions=preemptions, mutant=args.mutant,
+                                progress=lambda row, done, total: progress(done, total))
+    failed = [row for row in rows if row.violation is not None]
+    seconds = time.monotonic() - began
+    bounds = f"at most {preemptions} preemption(s) after each death" + (f", mutant {args.mutant}" if args.mutant else "")
+    emit(args, {"preemptions": preemptions, "mutant": args.mutant, "seconds": round(seconds, 3),
+                "rows": [row.to_dict() for row in rows]},
+         f"{crashes.format_table(rows)}\n{len(rows)} deaths, {sum(row.schedules for row in rows)} schedules in "
+         f"{seconds:.1f} s ({bounds}), {len(failed)} with a violation")
+    return EXIT_FOUND if failed else EXIT_OK

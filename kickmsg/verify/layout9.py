@@ -47,7 +47,12 @@ The invariants, checked before every step and at the end:
    ring left Live or Draining with no owner recorded by a subscriber that
    died is noted: no repair can reclaim it);
 6. no lost wake-up: a subscriber asleep on the futex, with everyone else
-   done, must have been woken if write_pos moved (when nobody died).
+   done, must have been woken if write_pos moved (when somebody died, it
+   may have been the waker: the sleeper is woken by its timeout instead);
+7. after the end: nothing lost beyond the bound (``lost``): at most one
+   ring no repair reclaims per subscriber that died, and only the slots
+   its entries claim (at most its capacity); every other ring can really
+   be joined by a fresh subscriber, and is Free again once it left.
 """
 import collections
 from collections.abc import Callable
@@ -56,6 +61,7 @@ from typing import Any
 
 from kickmsg import shm
 from kickmsg.atomics import HARDWARE
+from kickmsg.errors import CapacityError
 from kickmsg.protocol.v9 import publish as publish_module
 from kickmsg.protocol.v9 import repair
 from kickmsg.protocol.v9.layout import (
@@ -92,7 +98,8 @@ from kickmsg.verify.traces import describe_address, describe_meta, describe_sequ
 from kickmsg.verify.scheduler import Actor, Chooser, Execution, Mishaps, ModelledClock, Outcome, ScheduledAtomics, Step
 
 __all__ = [
-    "EVICTION", "MUTANT_SCENARIOS9", "RECEIVE_TIMEOUT_NS", "Scenario9", "TIMEOUT_US", "World9", "observed", "run_schedule",
+    "EVICTION", "MUTANT_SCENARIOS9", "RECEIVE_TIMEOUT_NS", "Scenario9", "TIMEOUT_US", "World9", "lost", "observed",
+    "run_schedule",
 ]
 
 TIMEOUT_US = 1000  # the commit timeout of the explored regions (modelled time)
@@ -532,6 +539,53 @@ def _end_violation(world: World9, died: list[str]) -> str | None:
         counted -= world.lost_before[name]
         if counted != receiver.lost:
             return f"{name} lost {receiver.lost}, but its ring's lost_count says {counted}"
+    return _lost_violation(world, died) or _unjoinable(world)
+
+
+def lost(world: World9) -> tuple[int, int]:
+    """What the run lost for good, once the repairs at the end ran: the
+    rings no repair reclaims (``World9.unowned``), and the slots their
+    entries claim (no leave drains them)."""
+    region = world.region
+    claimed = set()
+    for ring in world.unowned:
+        for pos in range(region.geometry.capacity):
+            field = meta_slot_field(HARDWARE.load_relaxed_u64(region.entry_address(ring, pos) + META_OFFSET))
+            if field:
+                claimed.add(field - 1)
+    return len(world.unowned), len(claimed)
+
+
+def _lost_violation(world: World9, died: list[str]) -> str | None:
+    """Rule 7's bound: a ring and its capacity's slots per dead subscriber,
+    nothing for a dead publisher (the repairs give back all it held)."""
+    rings, slots = lost(world)
+    dead_subscribers = sum(name.startswith("sub") for name in died)
+    if rings > dead_subscribers or slots > rings * world.region.geometry.capacity:
+        return (f"at the end {rings} ring(s) and {slots} slot(s) are lost for good, beyond the bound of one ring and "
+                f"its {world.region.geometry.capacity} slot(s) per dead subscriber ({dead_subscribers} died)")
+    return None
+
+
+def _unjoinable(world: World9) -> str | None:
+    """Rule 7: every ring but the lost ones is joined by a fresh subscriber
+    (the explorer, pid 1), which then leaves it Free again."""
+    region = world.region
+    joined: list[Subscriber] = []
+    try:
+        while len(joined) < region.geometry.max_subs - len(world.unowned):
+            joined.append(Subscriber(region))
+    except CapacityError as error:
+        return f"at the end, after the repairs, a fresh subscriber cannot join: {error}"
+    finally:
+        rings = [receiver.ring_index for receiver in joined]
+        for receiver in joined:
+            receiver.close()
+    for ring in rings:
+        state_flight = HARDWARE.load_relaxed_u32(region.ring_address(ring) + STATE_FLIGHT_OFFSET)
+        if state_flight != RING_FREE:
+            return (f"at the end ring {ring}, joined and left by a fresh subscriber, is "
+                    f"{describe_value('.state_flight', state_flight, 9)}, not Free")
     return None
 
 
