@@ -47,8 +47,9 @@ The invariants, checked before every step and at the end:
    ring left Live or Draining with no owner recorded by a subscriber that
    died is noted: no repair can reclaim it);
 6. no lost wake-up: a subscriber asleep on the futex, with everyone else
-   done, must have been woken if write_pos moved (when somebody died, it
-   may have been the waker: the sleeper is woken by its timeout instead);
+   done, must have been woken if write_pos moved (unless the word's last
+   writer died, maybe before its wake-up: the sleeper is woken by its
+   timeout instead);
 7. after the end: nothing lost beyond the bound (``lost``): at most one
    ring no repair reclaims per subscriber that died, and only the slots
    its entries claim (at most its capacity); every other ring can really

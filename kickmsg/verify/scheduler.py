@@ -486,14 +486,16 @@ class Execution:
 
     def _time_out_sleepers(self, sleepers: list[Actor]) -> str | None:
         """Every actor left sleeps on a futex. One whose word changed was
-        owed a wake-up (unless an actor died: it may have been the waker):
-        a lost wake-up. Else time passes to the first timeout, which wakes
-        that sleeper."""
+        owed a wake-up (unless the word's last writer died: it may have died
+        before waking): a lost wake-up. Else time passes to the first
+        timeout, which wakes that sleeper."""
         for actor in sleepers:
             assert actor.parked is not None
             address, expected, _ = actor.parked
             value = atomics.HARDWARE.load_relaxed_u32(address)
-            if value != expected and not self.died:
+            last_writer = next((step.actor for step in reversed(self.outcome.steps)
+                                if step.address == address and step.operation in WRITES), None)
+            if value != expected and last_writer not in self.died:
                 assert self.mishaps is not None
                 return (f"lost wake-up: {actor.name} sleeps on {self.mishaps.name_of(address)} expecting {expected}, "
                         f"the word is now {value}, and nobody woke it")
