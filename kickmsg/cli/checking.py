@@ -240,7 +240,7 @@ def _verify_layout9(args: argparse.Namespace) -> int:
     if args.orders:
         if args.memory_model == "sc":
             raise CommandError("--orders explores under --memory-model ra")
-        return _orders(args, 9, args.preemptions if args.preemptions is not None else 0,
+        return _orders(args, 9, args.preemptions if args.preemptions is not None else 1,
                        args.stale if args.stale is not None else 2, args.budget if args.budget is not None else 2)
     if args.mutant is not None and args.mutant not in verify.MUTANTS9:
         raise CommandError(f"mutant {args.mutant} breaks layout 4's flows: choose one of {', '.join(verify.MUTANTS9)}")
