@@ -12,7 +12,9 @@ Abdulla et al., 2014). Under a preemption bound, it branches at the start
 of the earlier actor's run of turns too, where the switch may cost one
 preemption less (bounded POR, Coons et al., 2013). Everything else a
 choice may be is branched as before: a load's older stores (weak model),
-a death; time passing, where it can change anything (``time_matters``).
+a death (at every choice: placing it only where it is looked at lost
+end states, measured); time passing, where it can change anything
+(``time_matters``).
 
 A turn is one actor's atomic operation and the plain Python after it, up to
 its next atomic operation; its ``Footprint`` is what it touched: the words
