@@ -64,6 +64,7 @@ def add_commands(commands: Commands) -> None:
                       "  kickmsg verify --mutant spec-seqlock-orders     # the spec's seqlock orders: a stale re-check (ra)\n"
                       "  kickmsg verify --mutant commit-relaxed          # a memory-order mutant (explored under ra)\n"
                       "  kickmsg verify --orders                         # weaken each order one step: which are needed?\n"
+                      "  kickmsg verify --mutations --layout 9           # mutants of the flows' source: which survive?\n"
                       "  kickmsg verify --layout 9                       # layout 9 (0.9.2): stalls, steals, <= 1 preemption\n"
                       "  kickmsg verify --layout 9 --deaths 1 --blocking # a publisher may die; subscribers sleep on the futex\n"
                       "  kickmsg verify --layout 9 --repair-pass --publishers 1 --preemptions 2   # repair_locked_entries racing\n"
@@ -101,6 +102,10 @@ def add_commands(commands: Commands) -> None:
     sub.add_argument("--orders", action="store_true",
                      help="weaken every memory order of the flows one step in turn and explore under ra (at most "
                           "1 preemption); print which orders a counter-example shows necessary")
+    sub.add_argument("--mutations", action="store_true",
+                     help="derive mutants from the flows' source (conditions dropped or negated, bounds moved, orders "
+                          "weakened, steps removed or swapped), explore each over the layout's scenario set, print "
+                          "which survive (default bounds: no preemption, under ra 1 stale read)")
     sub.add_argument("--max-schedules", type=int, default=1_000_000, metavar="N",
                      help=f"stop an exhaustive exploration after N schedules (default 1000000; {within('max_schedules')})")
     sub.add_argument("--seed", type=int, help="run seeded random schedules instead of the exhaustive exploration")
@@ -179,6 +184,8 @@ def _verify(args: argparse.Namespace) -> int:
         value = getattr(args, option, None)
         if value is not None and not least <= value <= most:
             raise CommandError(f"--{option.replace('_', '-')} must be from {least} to {most}, not {value}")
+    if args.mutations:
+        return _mutations(args)
     if args.crash_flow and not args.crash_points:
         raise CommandError("--crash-flow chooses a flow of --crash-points: add --crash-points --layout 9")
     if args.layout == 9:
@@ -225,6 +232,43 @@ def _orders(args: argparse.Namespace, layout: int, preemptions: int, stale: int,
     emit(args, {"bounds": bounds, "seconds": round(time.monotonic() - began), "rows": [r.to_dict() for r in table]},
          f"{orders.format_table(table)}\n{len(table)} rows in {time.monotonic() - began:.0f} s "
          f"(under ra, {bounds})")
+    return EXIT_OK
+
+
+MUTATIONS_FIXED = ("mutant", "orders", "seed", "publishers", "messages", "subscribers", "capacity", "pool", "rings",
+                   "repair_pass", "deaths", "subscriber_deaths", "reclaimers", "blocking", "memory_model")
+
+
+def _mutations(args: argparse.Namespace) -> int:
+    """``kickmsg verify --mutations``: mutants of layout 4's or 9's flows."""
+    from kickmsg.verify import mutations
+
+    given = [f"--{name.replace('_', '-')}" for name in MUTATIONS_FIXED if getattr(args, name) not in (None, False)]
+    if given:
+        raise CommandError(f"--mutations explores its own scenario set, each under the model its mutants need: "
+                           f"drop {', '.join(given)}")
+    preemptions = args.preemptions if args.preemptions is not None else 0
+    stale = args.stale if args.stale is not None else 1
+    began = time.monotonic()
+    next_line = began + PROGRESS_INTERVAL_S
+    done: list[bool] = []
+
+    def progress(result: mutations.Result) -> None:
+        nonlocal next_line
+        done.append(result.killed)
+        now = time.monotonic()
+        if now >= next_line:
+            next_line = now + PROGRESS_INTERVAL_S
+            print(f"kickmsg verify: {len(done)} mutants explored in {now - began:.0f} s ({sum(done)} killed)",
+                  file=sys.stderr, flush=True)
+
+    analysis = mutations.run(args.layout, preemptions, stale, args.budget, args.max_schedules, progress)
+    bounds = (f"layout {args.layout}, at most {preemptions} preemption(s), under ra {stale} stale read(s)"
+              + ("" if args.budget is None else f", {args.budget} in all"))
+    left_out = "".join(f"\nleft out (the unmutated flows fail it): {scenario}" for scenario in analysis.left_out)
+    emit(args, {"bounds": bounds, "seconds": round(time.monotonic() - began), **analysis.to_dict()},
+         f"{mutations.format_table(analysis.results)}\n{analysis.summary()} in {time.monotonic() - began:.0f} s "
+         f"({bounds}){left_out}")
     return EXIT_OK
 
 

@@ -172,6 +172,8 @@ class World:
     ledger: invariants.Ledger
     received: invariants.Received = field(default_factory=dict)  # subscription -> [(ring, position, bytes)]
     checked_steps: int = 0
+    stopped: dict[str, tuple[int, int]] = field(default_factory=dict)  # subscriber -> (its read_pos, its ring's
+    # write_pos) as its last session stopped reading
     clock: ModelledClock = field(default_factory=ModelledClock)  # what a blocking receive's deadline is in
     execution: Execution | None = None
 
@@ -251,6 +253,8 @@ def _world(scenario: Scenario) -> World:
                                 received.append((receiver.core.ring_index, receiver.core.read_pos - 1, data))
                         if not got and publishers_done():
                             break
+                    if session != "first":  # it stopped reading because the publishers had finished
+                        world.stopped[name] = (core.read_pos, HARDWARE.load_relaxed_u64(core.ring.write_pos))
         return subscribe
 
     def repair(region: SharedRegion) -> None:
@@ -267,7 +271,16 @@ def _world(scenario: Scenario) -> World:
     return world
 
 
-def _check(world: World, scenario: Scenario) -> Checker:
+def _unread(world: World) -> str | None:
+    """Under sc, a subscriber whose last session stopped before its ring's
+    write_pos: every position was committed by then, unread."""
+    for name, (read_pos, write_pos) in world.stopped.items():
+        if read_pos != write_pos:
+            return f"{name} stopped at position {read_pos}, but its ring's write_pos is {write_pos}: unread"
+    return None
+
+
+def _check(world: World, scenario: Scenario, memory_model: str = "sc") -> Checker:
     def check(execution: Execution) -> str | None:
         for step in execution.outcome.steps[world.checked_steps :]:
             world.ledger.follow(step)
@@ -278,7 +291,7 @@ def _check(world: World, scenario: Scenario) -> Checker:
         found = invariants.memory_violation(world.core, world.ledger) or invariants.delivery_violation(
             world.received, world.ledger.committed)
         if found is None and all(actor.state == "done" for actor in world.actors):
-            found = invariants.end_violation(world.core)
+            found = invariants.end_violation(world.core) or (_unread(world) if memory_model == "sc" else None)
         return found
     return check
 
@@ -291,7 +304,8 @@ def run_schedule(scenario: Scenario, choose: Chooser, memory_model: str = "sc") 
     if scenario.blocking:  # a futex sleep is modelled (no death: layout 4's actors do not die here)
         mishaps = Mishaps(world.clock, receive4.UNCOMMITTED_POLL_NS, (), 0,
                           lambda address: traces.describe_address(world.region, address) + " (low 32 bits)")
-    execution = Execution(world.region, world.actors, choose, _check(world, scenario), memory_model, mishaps=mishaps)
+    execution = Execution(world.region, world.actors, choose, _check(world, scenario, memory_model), memory_model,
+                          mishaps=mishaps)
     world.execution = execution
     region.atomics = ScheduledAtomics(execution)
     plain_bytes = region.mapping.buffer

@@ -45,7 +45,9 @@ The invariants, checked before every step and at the end:
    claims (> 0: else it leaked); received + lost is exactly the positions
    each live subscriber went past, and its ring's lost_count its losses (a
    ring left Live or Draining with no owner recorded by a subscriber that
-   died is noted: no repair can reclaim it);
+   died is noted: no repair can reclaim it); under sc, if no publisher
+   died, each live subscriber went past every position of its ring (its
+   last look came after the publishers had finished);
 6. no lost wake-up: a subscriber asleep on the futex, with everyone else
    done, must have been woken if write_pos moved (unless the word's last
    writer died, maybe before its wake-up: the sleeper is woken by its
@@ -84,6 +86,7 @@ from kickmsg.protocol.v9.layout import (
     RING_LIVE,
     RING_STATE_MASK,
     U32_MAX,
+    WRITE_POS_OFFSET,
     meta_precedes,
     meta_slot_field,
     meta_tag,
@@ -97,6 +100,7 @@ from kickmsg.protocol.v9.region import ChannelConfig, Region
 from kickmsg.verify import invariants
 from kickmsg.verify.traces import describe_address, describe_meta, describe_sequence, describe_value
 from kickmsg.verify.scheduler import Actor, Chooser, Execution, Mishaps, ModelledClock, Outcome, ScheduledAtomics, Step
+from kickmsg.verify.memory import SequentialMemory
 
 __all__ = [
     "EVICTION", "MUTANT_SCENARIOS9", "RECEIVE_TIMEOUT_NS", "Scenario9", "TIMEOUT_US", "World9", "lost", "observed",
@@ -528,6 +532,7 @@ def _end_violation(world: World9, died: list[str]) -> str | None:
         refcount = HARDWARE.load_relaxed_u32(region.slot_address(slot) + REFCOUNT_OFFSET)
         if refcount != claims[slot] or not refcount:
             return f"at the end slot {slot} is off the free stack with refcount {refcount} and {claims[slot]} claim(s)"
+    sequential = world.execution is not None and isinstance(world.execution.memory, SequentialMemory)
     for name, receiver in world.subscribers.items():
         if name in died:
             continue  # stopped anywhere: what it had counted is gone with it
@@ -540,6 +545,11 @@ def _end_violation(world: World9, died: list[str]) -> str | None:
         counted -= world.lost_before[name]
         if counted != receiver.lost:
             return f"{name} lost {receiver.lost}, but its ring's lost_count says {counted}"
+        write_pos = HARDWARE.load_relaxed_u64(region.ring_address(world.rings[name]) + WRITE_POS_OFFSET)
+        if sequential and not any(name.startswith("pub") for name in died) and receiver.read_pos != write_pos:
+            # Its last look came after every publisher had finished, each position committed or skipped
+            # (under ra that one look may read older stores: a later one would see the commits).
+            return f"{name} stopped at position {receiver.read_pos}, but its ring's write_pos is {write_pos}: unread"
     return _lost_violation(world, died) or _unjoinable(world)
 
 

@@ -41,11 +41,14 @@ class Edit:
 @dataclass(frozen=True)
 class Patch:
     """Edits of one function: ``owner.attribute``, the owner being the class
-    or module that holds it."""
+    or module that holds it. ``source``, if given, is the function's whole
+    new source (dedented, as many lines as the original's), edited in its
+    place (``kickmsg.verify.mutations`` derives such patches)."""
 
     owner: object
     attribute: str
     edits: tuple[Edit, ...]
+    source: str | None = None
 
 
 @dataclass(frozen=True)
@@ -402,7 +405,7 @@ def build(patch: Patch, name: str) -> Callable[..., Any]:
     calls those a mutant has installed, not the originals."""
     original = getattr(patch.owner, patch.attribute)
     lines, first_line = inspect.getsourcelines(original)
-    source = textwrap.dedent("".join(lines))
+    source = textwrap.dedent("".join(lines)) if patch.source is None else patch.source
     for edit in patch.edits:
         source = _apply(source, edit, name)
     module = sys.modules[original.__module__]

@@ -1,0 +1,104 @@
+"""Write the `kickmsg verify --mutations` tables of a markdown file.
+
+    .venv/bin/python scripts/mutations_table.py docs/explanation/verification.md [--preemptions K]
+    .venv/bin/python scripts/mutations_table.py docs/explanation/verification.md --check
+
+Each layout's table sits between the lines ``<!-- mutations layout N -->``
+and ``<!-- /mutations layout N -->``: one row per mutant that
+``kickmsg.verify.mutations.derive`` gives, with the result of exploring it
+(``mutations.run``, at the bounds given), and a summary line after it.
+This runs every mutant of both layouts and rewrites the tables in place.
+
+``--check`` runs nothing: it exits 1, naming the first difference, if a
+table's mutants (their ids, functions and changes) are not those the code
+gives now; the results are then stale too, rewrite the tables.
+"""
+import argparse
+import pathlib
+import re
+import sys
+import time
+from collections.abc import Iterable
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # this checkout's kickmsg
+
+from kickmsg.verify import mutations  # noqa: E402
+
+HEADER = ("| mutant | function | change | result |", "|---|---|---|---|")
+START, END = "<!-- mutations layout {} -->", "<!-- /mutations layout {} -->"
+ROW = re.compile(r"^\| (\S+ [a-z_-]+(?: #\d+)?) \| `([^`]+)` \| (.*) \| ([^|]*) \|$")
+
+
+def change(derived: mutations.Derived) -> str:
+    """The change cell: the lines before and after, in code spans."""
+    def code(lines: tuple[str, ...]) -> str:
+        return "<br>".join(f"`{line}`" for line in lines) or "(nothing)"
+    return f"{code(derived.before)} → {code(derived.after)}"
+
+
+def row(result: mutations.Result) -> str:
+    derived = result.derived
+    if result.killed:
+        verdict = f"killed: {result.violation} ({result.scenario})"
+    else:
+        verdict = f"**survived** ({result.schedules} schedules)"
+    return f"| {derived.id} | `{derived.function}` | {change(derived)} | {verdict.replace('|', '/')} |"
+
+
+def table(analysis: mutations.Analysis, bounds: str, seconds: float) -> list[str]:
+    return [*HEADER, *(row(result) for result in analysis.results), "",
+            f"{analysis.summary()}, in {seconds:.0f} s ({bounds})."]
+
+
+def section(lines: list[str], layout: int) -> tuple[int, int]:
+    """The indices of a layout's start and end markers."""
+    start, end = START.format(layout), END.format(layout)
+    if lines.count(start) != 1 or lines.count(end) != 1 or lines.index(start) > lines.index(end):
+        raise SystemExit(f"the file needs one {start} line, then one {end} line")
+    return lines.index(start), lines.index(end)
+
+
+def stale(text: str, layout: int) -> str | None:
+    """The first difference between the layout's table in ``text`` and the
+    mutants the code gives now (None: none)."""
+    lines = text.split("\n")
+    start, end = section(lines, layout)
+    rows = [found for line in lines[start + 1 : end] if (found := ROW.match(line))]
+    derived, _ = mutations.derive(layout)
+    for found, mutant in zip(rows, derived):
+        expected = (mutant.id, mutant.function, change(mutant))
+        if (found[1], found[2], found[3]) != expected:
+            return f"layout {layout}: the table has {found[1]} ({found[3]}), the code {mutant.id} ({expected[2]})"
+    if len(rows) != len(derived):
+        return f"layout {layout}: the table has {len(rows)} mutants, the code {len(derived)}"
+    return None
+
+
+def main(argv: Iterable[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("file", type=pathlib.Path, help="the markdown file to rewrite in place")
+    parser.add_argument("--check", action="store_true", help="run nothing; exit 1 if a table's mutants are stale")
+    parser.add_argument("--preemptions", type=int, default=0, help="the bound of every exploration (default 0)")
+    parser.add_argument("--stale", type=int, default=1, help="stale reads under ra (default 1)")
+    args = parser.parse_args(None if argv is None else list(argv))
+    text = args.file.read_text()
+    if args.check:
+        problems = [problem for layout in (4, 9) if (problem := stale(text, layout))]
+        for problem in problems:
+            print(f"{args.file}: {problem}", file=sys.stderr)
+        return 1 if problems else 0
+    lines = text.split("\n")
+    for layout in (4, 9):
+        began = time.monotonic()
+        analysis = mutations.run(layout, args.preemptions, args.stale)
+        bounds = f"at most {args.preemptions} preemption(s), under ra {args.stale} stale read(s)"
+        start, end = section(lines, layout)
+        lines[start + 1 : end] = table(analysis, bounds, time.monotonic() - began)
+        print(f"layout {layout}: {analysis.summary()}")
+    args.file.write_text("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
