@@ -8,6 +8,9 @@ and ``<!-- /mutations layout N -->``: one row per mutant that
 ``kickmsg.verify.mutations.derive`` gives, with the result of exploring it
 (``mutations.run``, at the bounds given), and a summary line after it.
 This runs every mutant of both layouts and rewrites the tables in place.
+Each layout's survivors table, between ``<!-- survivors layout N -->`` and
+``<!-- /survivors layout N -->``, is rewritten with them: one row per
+survivor, with the argument its row had (by id), or **not yet argued**.
 
 ``--check`` runs nothing: it exits 1, naming the first difference, if a
 table's mutants (their ids, functions and changes) are not those the code
@@ -27,7 +30,11 @@ from kickmsg.verify import mutations  # noqa: E402
 
 HEADER = ("| mutant | function | change | result |", "|---|---|---|---|")
 START, END = "<!-- mutations layout {} -->", "<!-- /mutations layout {} -->"
+SURVIVORS_START, SURVIVORS_END = "<!-- survivors layout {} -->", "<!-- /survivors layout {} -->"
+SURVIVORS_HEADER = ("| mutant | function | why it survives |", "|---|---|---|")
+NOT_ARGUED = "**not yet argued**"
 ROW = re.compile(r"^\| (\S+ [a-z_-]+(?: #\d+)?) \| `([^`]+)` \| (.*) \| ([^|]*) \|$")
+SURVIVOR_ROW = re.compile(r"^\| (\S+ [a-z_-]+(?: #\d+)?) \| `[^`]+` \| (.*) \|$")
 
 
 def change(derived: mutations.Derived) -> str:
@@ -51,9 +58,19 @@ def table(analysis: mutations.Analysis, bounds: str, seconds: float) -> list[str
             f"{analysis.summary()}, in {seconds:.0f} s ({bounds})."]
 
 
-def section(lines: list[str], layout: int) -> tuple[int, int]:
+def survivors(lines: list[str], analysis: mutations.Analysis, layout: int) -> list[str]:
+    """The layout's survivors table for ``analysis``, each row with the
+    argument the table in ``lines`` gave it."""
+    start, end = section(lines, layout, SURVIVORS_START, SURVIVORS_END)
+    arguments = {found[1]: found[2] for line in lines[start + 1 : end] if (found := SURVIVOR_ROW.match(line))}
+    return [*SURVIVORS_HEADER, *(f"| {result.derived.id} | `{result.derived.function}` | "
+                                 f"{arguments.get(result.derived.id, NOT_ARGUED)} |"
+                                 for result in analysis.results if not result.killed)]
+
+
+def section(lines: list[str], layout: int, start_marker: str = START, end_marker: str = END) -> tuple[int, int]:
     """The indices of a layout's start and end markers."""
-    start, end = START.format(layout), END.format(layout)
+    start, end = start_marker.format(layout), end_marker.format(layout)
     if lines.count(start) != 1 or lines.count(end) != 1 or lines.index(start) > lines.index(end):
         raise SystemExit(f"the file needs one {start} line, then one {end} line")
     return lines.index(start), lines.index(end)
@@ -95,6 +112,8 @@ def main(argv: Iterable[str] | None = None) -> int:
         bounds = f"at most {args.preemptions} preemption(s), under ra {args.stale} stale read(s)"
         start, end = section(lines, layout)
         lines[start + 1 : end] = table(analysis, bounds, time.monotonic() - began)
+        start, end = section(lines, layout, SURVIVORS_START, SURVIVORS_END)
+        lines[start + 1 : end] = survivors(lines, analysis, layout)
         print(f"layout {layout}: {analysis.summary()}")
     args.file.write_text("\n".join(lines))
     return 0

@@ -250,17 +250,14 @@ def _mutations(args: argparse.Namespace) -> int:
     preemptions = args.preemptions if args.preemptions is not None else 0
     stale = args.stale if args.stale is not None else 1
     began = time.monotonic()
-    next_line = began + PROGRESS_INTERVAL_S
-    done: list[bool] = []
+    total = len(mutations.derive(args.layout)[0])
+    row_progress = RowProgress("mutants")
+    row_progress(0, total)  # an interrupt in the baselines says "0 of N"
+    killed: list[bool] = []
 
     def progress(result: mutations.Result) -> None:
-        nonlocal next_line
-        done.append(result.killed)
-        now = time.monotonic()
-        if now >= next_line:
-            next_line = now + PROGRESS_INTERVAL_S
-            print(f"kickmsg verify: {len(done)} mutants explored in {now - began:.0f} s ({sum(done)} killed)",
-                  file=sys.stderr, flush=True)
+        killed.append(result.killed)
+        row_progress(len(killed), total, f"{sum(killed)} killed")
 
     analysis = mutations.run(args.layout, preemptions, stale, args.budget, args.max_schedules, progress)
     bounds = (f"layout {args.layout}, at most {preemptions} preemption(s), under ra {stale} stale read(s)"

@@ -161,3 +161,19 @@ def test_the_guard_keeps_the_mutants_lines():
     namespace: dict[str, object] = {}
     exec(guarded, namespace)
     assert namespace["f"](3) == 0
+
+
+def test_ctrl_c_during_the_mutations_says_how_many_were_done(monkeypatch, capsys):
+    """An interrupt after the first mutant: exit 130, "1 of N mutants done"."""
+    from kickmsg import cli
+
+    derived, _ = mutations.derive(9)
+
+    def interrupted_run(layout, preemptions, stale, budget, max_schedules, progress):
+        progress(mutations.Result(derived[0], True, 1, 0.0))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(mutations, "run", interrupted_run)
+    assert cli.main(["verify", "--mutations", "--layout", "9"]) == 130
+    assert re.fullmatch(rf"kickmsg verify: interrupted after \d+ s: 1 of {len(derived)} mutants done "
+                        r"\(not exhaustive\)\n", capsys.readouterr().err)
