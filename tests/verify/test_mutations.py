@@ -34,7 +34,7 @@ def listed_survivors() -> set[str]:
     argued for or marked not yet argued."""
     text = PAGE.read_text()
     section = text[text.index("### Survivors") :]
-    section = section[: section.index("\n#")]
+    section = section[: re.search(r"\n#{1,3} ", section).start()]
     return set(re.findall(r"^\| (\S+ [a-z_-]+(?: #\d+)?) \|", section, re.MULTILINE))
 
 
