@@ -95,6 +95,12 @@ TRIALS4_SURVIVORS = (
     # that ignores its CAS, a pop that reports the pool dry while slots are free or that takes the empty pool for a
     # corrupt one, a pop or push that ignores its CAS, an eviction that captures an uncommitted entry.
     Trial(Scenario(subscribers=0, idle=1, pool=3), least_preemptions=1, most_preemptions=1, models=("sc",)),
+    # One publisher of two messages and a subscriber that joins, leaves and joins again on a ring that never
+    # wraps, two preemptions: a leave or a join between a publisher's pre-check and its admission (the admission
+    # loop's checks, a claim before the admission check), a push that ignores its CAS, and every loss a receive
+    # counts without an overwrite (the locked and the sequence checks, the entry's sanity check, the seqlock
+    # re-check, the pin loop).
+    Trial(Scenario(publishers=1, messages=2, subscribers=1), least_preemptions=2, most_preemptions=2, models=("sc",)),
 )
 TRIALS = {
     4: _unique([Trial(scenario, models=("sc",) if scenario != Scenario() else ("sc", "ra"))
