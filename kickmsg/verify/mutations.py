@@ -101,6 +101,10 @@ TRIALS4_SURVIVORS = (
     # counts without an overwrite (the locked and the sequence checks, the entry's sanity check, the seqlock
     # re-check, the pin loop).
     Trial(Scenario(publishers=1, messages=2, subscribers=1), least_preemptions=2, most_preemptions=2, models=("sc",)),
+    # One publisher of three messages and a reader on a ring of one, two preemptions: the publisher evicts the
+    # entry the reader is pinning (the pin loop's bounds and its CAS check).
+    Trial(Scenario(publishers=1, messages=3, subscribers=1, rejoin=False, capacity=1, pool=3), least_preemptions=2,
+          most_preemptions=2, models=("sc",)),
 )
 TRIALS = {
     4: _unique([Trial(scenario, models=("sc",) if scenario != Scenario() else ("sc", "ra"))

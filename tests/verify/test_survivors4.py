@@ -7,14 +7,15 @@ import pytest
 
 from kickmsg.verify import Scenario, explore, mutations, orders
 
-IDLE_RING, REJOIN = mutations.TRIALS4_SURVIVORS
+IDLE_RING, REJOIN, EVICTED_PIN = mutations.TRIALS4_SURVIVORS
 
 
 def derived(layout: int, mutant_id: str) -> mutations.Derived:
     return next(mutant for mutant in mutations.derive(layout)[0] if mutant.id == mutant_id)
 
 
-@pytest.mark.parametrize("trial, most_schedules", [(IDLE_RING, 100), (REJOIN, 300)])  # measured: 36, 149
+@pytest.mark.parametrize("trial, most_schedules", [(IDLE_RING, 100), (REJOIN, 300), (EVICTED_PIN, 300)])  # measured:
+# 36, 149, 137
 def test_each_trial_is_in_layout_4s_set_and_its_baseline_passes(trial, most_schedules):
     assert trial in mutations.TRIALS[4]
     report = explore(trial.scenario, preemptions=trial.preemptions(0), memory_model="sc")
@@ -28,6 +29,7 @@ def test_each_trial_is_in_layout_4s_set_and_its_baseline_passes(trial, most_sche
     (IDLE_RING, "protocol/freestack.py:81 drop-condition", "slot 1 is on the free stack but 1 committed entries"),
     (REJOIN, "protocol/v4/publish.py:140 negate-condition", "slot 2 has refcount 1 but 0 committed entries"),
     (REJOIN, "protocol/v4/receive.py:311 drop-operand", "sub0 counted 1 lost on a ring that never wrapped"),
+    (EVICTED_PIN, "protocol/v4/receive.py:332 drop-condition", "slot 1 is on the free stack with refcount 4294967295"),
 ])
 def test_each_trial_kills_its_mutants(trial, mutant_id, violation):
     report = explore(trial.scenario, mutant=derived(4, mutant_id).mutant, preemptions=trial.preemptions(0),
