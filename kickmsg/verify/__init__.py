@@ -45,6 +45,8 @@ from kickmsg.atomics import HARDWARE
 from kickmsg.config import ChannelType, Config
 from kickmsg.publisher import Publisher
 from kickmsg.protocol.v4 import receive as receive4
+from kickmsg.protocol.v4 import rings as rings4
+from kickmsg.protocol.v4.region import RingAddresses
 from kickmsg.subscriber import SampleView, Subscriber
 from kickmsg.verify import invariants, layout9, mutants, traces
 from kickmsg.verify.reduction import RaceWatch, reversals, time_matters
@@ -92,10 +94,11 @@ class Scenario:
     rejoin: bool = True  # subscribers leave after their first message and join again
     repairer: bool = False  # an actor that runs repair_locked_entries() once, concurrently
     blocking: bool = False  # subscribers receive with the core's blocking receive (parked on the futex), not polling
+    idle: int = 0  # rings joined before the run by subscribers that read nothing and leave after it
 
     def config(self) -> Config:
         return Config(
-            max_subscribers=self.rings or self.subscribers,
+            max_subscribers=self.rings or self.subscribers + self.idle,
             sub_ring_capacity=self.capacity,
             pool_size=self.pool,
             max_payload_size=self.payload,
@@ -109,6 +112,7 @@ class Scenario:
             f"{self.config().max_subscribers} ring(s) of {self.capacity}, "
             f"pool {self.pool}" + (", a concurrent repair pass" if self.repairer else "")
             + (", subscribers sleep on the futex" if self.blocking else "")
+            + (f", {self.idle} idle subscriber(s) (joined before, left after)" if self.idle else "")
         )
 
 
@@ -176,6 +180,11 @@ class World:
     # write_pos) as its last session stopped reading
     clock: ModelledClock = field(default_factory=ModelledClock)  # what a blocking receive's deadline is in
     execution: Execution | None = None
+    idle: list[tuple[RingAddresses, int]] = field(default_factory=list)  # rings joined before the run (and where
+    # they started), left after it
+    sent: int = 0  # messages that got a slot (published)
+    dry: str | None = None  # under sc, a publisher that found the pool dry with slots on the free stack
+    lost: dict[str, int] = field(default_factory=dict)  # subscription -> the losses it counted
 
 
 def _private_region(scenario: Scenario) -> region4.Region:
@@ -194,6 +203,13 @@ def _world(scenario: Scenario) -> World:
         assert world.execution is not None
         return all(state == "done" for state in world.execution.looks_at(publishers))
 
+    def found_dry(name: str) -> None:
+        """Under sc nothing ran since the pop's last look: the free stack must be empty."""
+        assert world.execution is not None
+        free = invariants.free_slots(world.core)
+        if world.execution.memory_model == "sc" and free and world.dry is None:
+            world.dry = f"{name} found the pool dry with slot(s) {free} on the free stack"
+
     def publisher(index: int) -> Callable[[SharedRegion], None]:
         # Even publishers copy their messages in (send), odd ones fill a slot
         # in place (allocate, publish): the same atomic steps, both paths.
@@ -205,13 +221,17 @@ def _world(scenario: Scenario) -> World:
                     try:
                         sender.send(data)
                     except BlockingIOError:
-                        pass  # the pool was dry: this message is not published
+                        found_dry(f"pub{index}")  # this message is not published
+                        continue
                 else:
                     slot = sender.allocate(len(data))
-                    if slot is not None:  # else the pool was dry
-                        with memoryview(slot) as buffer:
-                            buffer[:] = data
-                        slot.publish()
+                    if slot is None:
+                        found_dry(f"pub{index}")
+                        continue
+                    with memoryview(slot) as buffer:
+                        buffer[:] = data
+                    slot.publish()
+                world.sent += 1
         return publish
 
     def subscriber(name: str) -> Callable[[SharedRegion], None]:
@@ -253,6 +273,7 @@ def _world(scenario: Scenario) -> World:
                                 received.append((receiver.core.ring_index, receiver.core.read_pos - 1, data))
                         if not got and publishers_done():
                             break
+                    world.lost[name if session != "second" else f"{name} (joined again)"] = core.lost
                     if session != "first":  # it stopped reading because the publishers had finished
                         world.stopped[name] = (core.read_pos, HARDWARE.load_relaxed_u64(core.ring.write_pos))
         return subscribe
@@ -268,7 +289,29 @@ def _world(scenario: Scenario) -> World:
     world.actors.extend(publishers)
     if scenario.repairer:
         world.actors.append(Actor("repair", repair))
+    for _ in range(scenario.idle):
+        joined = rings4.join(core)
+        assert joined is not None
+        world.idle.append(joined)
     return world
+
+
+def _idle_violation(world: World, memory_model: str) -> str | None:
+    """Once every actor is done: under sc, each idle ring (Live from before
+    the first publish to after the last) was given every message sent; then
+    the idle subscribers leave (drain), unless a publisher is still counted
+    in flight (its leave would wait for it for the whole commit timeout)."""
+    for ring, _ in world.idle:
+        write_pos = HARDWARE.load_relaxed_u64(ring.write_pos)
+        if memory_model == "sc" and write_pos != world.sent:
+            return f"idle ring {ring.index} was given {write_pos} of the {world.sent} messages sent"
+        in_flight = HARDWARE.load_relaxed_u32(ring.state_flight) >> 2
+        if in_flight:
+            return f"idle ring {ring.index} ends with {in_flight} publisher(s) in flight"
+    for ring, start_pos in world.idle:
+        rings4.leave(world.core, ring, start_pos)
+    world.idle = []
+    return None
 
 
 def _unread(world: World) -> str | None:
@@ -280,6 +323,18 @@ def _unread(world: World) -> str | None:
     return None
 
 
+def _lost_unwrapped(world: World, scenario: Scenario) -> str | None:
+    """Under sc, a subscription that counted a loss on a ring that never
+    wrapped (no more messages than its capacity): nothing was overwritten,
+    every entry it read was well formed, so nothing may be lost."""
+    if scenario.publishers * scenario.messages > scenario.capacity:
+        return None
+    for name, lost in world.lost.items():
+        if lost:
+            return f"{name} counted {lost} lost on a ring that never wrapped"
+    return None
+
+
 def _check(world: World, scenario: Scenario, memory_model: str = "sc") -> Checker:
     def check(execution: Execution) -> str | None:
         for step in execution.outcome.steps[world.checked_steps :]:
@@ -288,10 +343,11 @@ def _check(world: World, scenario: Scenario, memory_model: str = "sc") -> Checke
         for actor in world.actors:
             if actor.state == "done":
                 world.ledger.finished(actor.name)
-        found = invariants.memory_violation(world.core, world.ledger) or invariants.delivery_violation(
+        found = world.dry or invariants.memory_violation(world.core, world.ledger) or invariants.delivery_violation(
             world.received, world.ledger.committed)
         if found is None and all(actor.state == "done" for actor in world.actors):
-            found = invariants.end_violation(world.core) or (_unread(world) if memory_model == "sc" else None)
+            found = (_idle_violation(world, memory_model) or invariants.end_violation(world.core)
+                     or (_unread(world) or _lost_unwrapped(world, scenario) if memory_model == "sc" else None))
         return found
     return check
 

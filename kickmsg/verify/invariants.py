@@ -36,7 +36,7 @@ from kickmsg.verify.scheduler import Step
 
 __all__ = [
     "Committed", "Ledger", "MESSAGE", "MESSAGE_SIZES", "Received", "committed_message", "delivery_violation",
-    "end_violation", "memory_violation", "message",
+    "end_violation", "free_slots", "memory_violation", "message",
 ]
 
 MESSAGE = struct.Struct("<HHI")  # publisher, sequence, check
@@ -66,6 +66,11 @@ def _free_stack(region: Region) -> tuple[list[int], str | None]:
         slots.append(slot)
         slot = ops.load_acquire_u32(region.slot_addresses[slot] + layout.NEXT_FREE_OFFSET)
     return slots, None
+
+
+def free_slots(region: Region) -> list[int]:
+    """The slots on the free stack now (up to a broken link)."""
+    return _free_stack(region)[0]
 
 
 def _refcount(region: Region, slot: int) -> int:

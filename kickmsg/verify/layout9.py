@@ -205,6 +205,7 @@ class World9:
     checked_steps: int = 0
     repaired: str = ""  # what the repairs at the end did
     unowned: list[int] = field(default_factory=list)  # rings left Live with no owner recorded (B.4's window)
+    dry: str | None = None  # under sc, a publisher that found the pool dry with slots on the free stack
 
 
 def _private_region(scenario: Scenario9) -> Region:
@@ -259,7 +260,8 @@ def _world(scenario: Scenario9) -> World9:
                 data = invariants.message(index, sequence)
                 slot = sender.allocate()
                 if slot == INVALID_SLOT:
-                    continue  # the pool was dry: this message is not published
+                    _found_dry(world, name)
+                    continue  # this message is not published
                 world.sending[name] = data
                 world.held[name] = slot
                 payload_access("write", slot, len(data))
@@ -455,6 +457,14 @@ def _memory_violation(world: World9) -> str | None:
     return None
 
 
+def _found_dry(world: World9, name: str) -> None:
+    """Under sc nothing ran since the pop's last look: the free stack must be empty."""
+    assert world.execution is not None
+    stacked, _ = _free_stack(world.region)
+    if isinstance(world.execution.memory, SequentialMemory) and stacked and world.dry is None:
+        world.dry = f"{name} found the pool dry with slot(s) {sorted(stacked)} on the free stack"
+
+
 def _delivery_violation(world: World9) -> str | None:
     """Rule 4."""
     for name, received in world.received.items():
@@ -607,7 +617,7 @@ def _check(world: World9) -> Callable[[Execution], str | None]:
             if found:
                 return found
         world.checked_steps = len(execution.outcome.steps)
-        found = _memory_violation(world) or _delivery_violation(world)
+        found = world.dry or _memory_violation(world) or _delivery_violation(world)
         if found is None and all(actor.state in ("done", "dead") for actor in world.actors):
             found = _end_violation(world, execution.died)
         return found

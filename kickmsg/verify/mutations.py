@@ -47,7 +47,7 @@ from kickmsg.verify.memory import HARDWARE_OPERATIONS, OPERATIONS
 from kickmsg.verify.mutants import Mutant, Patch
 
 __all__ = [
-    "Analysis", "Derived", "OPERATORS", "Result", "SPIN_LIMIT", "Spins", "TRIALS", "Trial", "derive",
+    "Analysis", "Derived", "OPERATORS", "Result", "SPIN_LIMIT", "Spins", "TRIALS", "TRIALS4_SURVIVORS", "Trial", "derive",
     "format_table", "run",
 ]
 
@@ -87,10 +87,29 @@ def _unique(trials: list[Trial]) -> tuple[Trial, ...]:
 # commit paths are reached only with them), the eviction's with one and
 # under sc only (at two, 34 000 schedules, and under ra, 8 000 at one, it is
 # the named mutants' business).
+# Layout 4's trials for the survivors of the flows (docs/explanation/verification.md, "Arguments: the free stack
+# and layout 4"), under sc:
+TRIALS4_SURVIVORS = (
+    # A ring joined before the run and left after it, a pool of 3 (it runs dry), one preemption (two pops or an
+    # admission and a leave contend): a publish that skips a Live ring (the find and admission checks), a join
+    # that ignores its CAS, a pop that reports the pool dry while slots are free or that takes the empty pool for a
+    # corrupt one, a pop or push that ignores its CAS, an eviction that captures an uncommitted entry.
+    Trial(Scenario(subscribers=0, idle=1, pool=3), least_preemptions=1, most_preemptions=1, models=("sc",)),
+    # One publisher of two messages and a subscriber that joins, leaves and joins again on a ring that never
+    # wraps, two preemptions: a leave or a join between a publisher's pre-check and its admission (the admission
+    # loop's checks, a claim before the admission check), a push that ignores its CAS, and every loss a receive
+    # counts without an overwrite (the locked and the sequence checks, the entry's sanity check, the seqlock
+    # re-check, the pin loop).
+    Trial(Scenario(publishers=1, messages=2, subscribers=1), least_preemptions=2, most_preemptions=2, models=("sc",)),
+    # One publisher of three messages and a reader on a ring of one, two preemptions: the publisher evicts the
+    # entry the reader is pinning (the pin loop's bounds and its CAS check).
+    Trial(Scenario(publishers=1, messages=3, subscribers=1, rejoin=False, capacity=1, pool=3), least_preemptions=2,
+          most_preemptions=2, models=("sc",)),
+)
 TRIALS = {
     4: _unique([Trial(scenario, models=("sc",) if scenario != Scenario() else ("sc", "ra"))
                 for scenario in MUTANT_SCENARIOS.values()]
-               + [Trial(Scenario(repairer=True), most_preemptions=0, models=("sc",))]),
+               + [Trial(Scenario(repairer=True), most_preemptions=0, models=("sc",))] + list(TRIALS4_SURVIVORS)),
     9: _unique([Trial(orders.SCENARIO9)]
                + [Trial(scenario, least_preemptions=preemptions)
                   for scenario, preemptions, _ in MUTANT_SCENARIOS9.values() if scenario != EVICTION]
