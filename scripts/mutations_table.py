@@ -1,6 +1,6 @@
 """Write the `kickmsg verify --mutations` tables of a markdown file.
 
-    .venv/bin/python scripts/mutations_table.py docs/explanation/verification.md [--preemptions K]
+    .venv/bin/python scripts/mutations_table.py docs/explanation/verification.md [--preemptions K] [--layout 4|9]
     .venv/bin/python scripts/mutations_table.py docs/explanation/verification.md --check
 
 Each layout's table sits between the lines ``<!-- mutations layout N -->``
@@ -98,6 +98,8 @@ def main(argv: Iterable[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="run nothing; exit 1 if a table's mutants are stale")
     parser.add_argument("--preemptions", type=int, default=0, help="the bound of every exploration (default 0)")
     parser.add_argument("--stale", type=int, default=1, help="stale reads under ra (default 1)")
+    parser.add_argument("--layout", type=int, choices=(4, 9), action="append",
+                        help="rewrite this layout's tables only (default: both)")
     args = parser.parse_args(None if argv is None else list(argv))
     text = args.file.read_text()
     if args.check:
@@ -105,17 +107,17 @@ def main(argv: Iterable[str] | None = None) -> int:
         for problem in problems:
             print(f"{args.file}: {problem}", file=sys.stderr)
         return 1 if problems else 0
-    lines = text.split("\n")
-    for layout in (4, 9):
+    for layout in args.layout or (4, 9):
         began = time.monotonic()
         analysis = mutations.run(layout, args.preemptions, args.stale)
+        lines = args.file.read_text().split("\n")  # as it is now: a run of the other layout may have rewritten it
         bounds = f"at most {args.preemptions} preemption(s), under ra {args.stale} stale read(s)"
         start, end = section(lines, layout)
         lines[start + 1 : end] = table(analysis, bounds, time.monotonic() - began)
         start, end = section(lines, layout, SURVIVORS_START, SURVIVORS_END)
         lines[start + 1 : end] = survivors(lines, analysis, layout)
+        args.file.write_text("\n".join(lines))
         print(f"layout {layout}: {analysis.summary()}")
-    args.file.write_text("\n".join(lines))
     return 0
 
 
