@@ -2,10 +2,14 @@
 "Arguments: layout 9's receive and repair"): the trial added for them
 passes with the real flows and kills the mutants it is for; the claim
 checks of pin_next and drain_window hold at their bound (a slot field one
-past the pool), which the explorer's well-formed regions never reach."""
+past the pool), and a receive without a deadline naps while the head is
+claimed, which the explorer (its regions well formed, its receives with a
+deadline) never reaches."""
+import time
+
 import pytest
 
-from kickmsg.protocol.v9 import ChannelConfig, Publisher, Region, Subscriber, layout, repair
+from kickmsg.protocol.v9 import ChannelConfig, Publisher, Region, Subscriber, layout, receive, repair
 from kickmsg.verify import explore, mutations
 
 TRIAL = mutations.TRIALS9_RECEIVE[0]
@@ -68,3 +72,24 @@ def test_a_drain_skips_a_claim_one_past_the_pool(region):
     claim = region.atomics.load_acquire_u64(address)
     assert repair.drain_window(region, sub.ring_index, sub.start_pos) == 0
     assert region.atomics.load_acquire_u64(address) == claim  # left as it is: no slot released
+
+
+class Napped(Exception):
+    """Raised by the test's time.sleep: the receive reached its nap."""
+
+
+def test_a_receive_without_a_deadline_naps_while_the_head_is_claimed(region, monkeypatch):
+    sub = Subscriber(region)
+    ops = region.atomics
+    ops.store_release_u64(region.ring_address(0) + layout.WRITE_POS_OFFSET, 1)  # position 0 claimed,
+    ops.store_release_u64(region.entry_address(0, 0) + layout.SEQUENCE_OFFSET, layout.publisher_lock(0))  # not committed
+    naps = []
+
+    def nap(seconds):
+        naps.append(seconds)
+        raise Napped
+
+    monkeypatch.setattr(time, "sleep", nap)
+    with pytest.raises(Napped):
+        sub.receive_view_until(None)  # YIELDS_BEFORE_SLEEP yields on the claimed head, then the nap
+    assert naps == [receive.POLL_SLEEP_S]
