@@ -55,7 +55,14 @@ The invariants, checked before every step and at the end:
 7. after the end: nothing lost beyond the bound (``lost``): at most one
    ring no repair reclaims per subscriber that died, and only the slots
    its entries claim (at most its capacity); every other ring can really
-   be joined by a fresh subscriber, and is Free again once it left.
+   be joined by a fresh subscriber, and is Free again once it left;
+8. under sc, when nobody died: a position committed and never overwritten
+   is received by every subscriber that went past it (a loss without cause);
+9. under sc, when nobody died and every leave quiesced: every slot is back
+   on the free stack at the end (each leave gave back its window's claims);
+10. a subscriber whose join returned is its ring's recorded owner
+    (owner_pid) while the ring is Live;
+11. at the end a Free ring records no owner and no waiter.
 """
 import collections
 from collections.abc import Callable
@@ -80,7 +87,9 @@ from kickmsg.protocol.v9.layout import (
     STATE_FLIGHT_OFFSET,
     LOST_COUNT_OFFSET,
     ENTRY_SIZE,
+    HAS_WAITER_OFFSET,
     OWNER_PID_OFFSET,
+    OWNER_STARTTIME_OFFSET,
     RING_DRAINING,
     RING_FREE,
     RING_LIVE,
@@ -532,6 +541,9 @@ def _end_violation(world: World9, died: list[str]) -> str | None:
             continue
         if state_flight:
             return f"at the end ring {ring} is not Free with nobody in flight: state_flight {state_flight}"
+        found = _owner_left_behind(region, ring)
+        if found:
+            return found
     stacked, broken = _free_stack(region)
     if broken:
         return broken
@@ -560,7 +572,69 @@ def _end_violation(world: World9, died: list[str]) -> str | None:
             # Its last look came after every publisher had finished, each position committed or skipped
             # (under ra that one look may read older stores: a later one would see the commits).
             return f"{name} stopped at position {receiver.read_pos}, but its ring's write_pos is {write_pos}: unread"
+    if sequential and not died:
+        found = _loss_without_cause(world) or _pool_not_whole(world)
+        if found:
+            return found
     return _lost_violation(world, died) or _unjoinable(world)
+
+
+def _unrecorded_owner(world: World9) -> str | None:
+    """Rule 10: a subscriber whose join returned is its ring's recorded
+    owner (its owner_pid) while the ring is Live: a reclaimer can tell
+    whether it died (B.16)."""
+    assert world.execution is not None
+    for name, receiver in world.subscribers.items():
+        if receiver.ring_index < 0 or world.owners.get(receiver.ring_index) == name or name in world.execution.died:
+            continue
+        state_flight = HARDWARE.load_relaxed_u32(receiver.ring + STATE_FLIGHT_OFFSET)
+        if state_flight & RING_STATE_MASK == RING_LIVE:
+            return (f"{name} joined ring {receiver.ring_index}, which is Live, but its owner_pid does not record it "
+                    f"(no reclaimer could tell it died)")
+    return None
+
+
+def _owner_left_behind(region: Region, ring: int) -> str | None:
+    """Rule 11, at the end, on a Free ring: no owner and no waiter recorded
+    (B.12 step 3: a leave, or a reclaim for the dead owner, clears them)."""
+    header = region.ring_address(ring)
+    words = {"owner_pid": HARDWARE.load_relaxed_u64(header + OWNER_PID_OFFSET),
+             "owner_starttime": HARDWARE.load_relaxed_u64(header + OWNER_STARTTIME_OFFSET),
+             "has_waiter": HARDWARE.load_relaxed_u32(header + HAS_WAITER_OFFSET)}
+    kept = [f"{word} {value}" for word, value in words.items() if value]
+    if kept:
+        return f"at the end ring {ring} is Free but still records {', '.join(kept)} (a leave clears its owner)"
+    return None
+
+
+def _loss_without_cause(world: World9) -> str | None:
+    """Rule 8 (under sc, nobody died): a position committed and never
+    overwritten (no later lap claimed its entry) is received by every
+    subscriber that went past it: its commit, its claim and its slot's
+    reference stay until the end, so nothing justifies a loss."""
+    region = world.region
+    for name, receiver in world.subscribers.items():
+        ring = world.rings[name]
+        write_pos = HARDWARE.load_relaxed_u64(region.ring_address(ring) + WRITE_POS_OFFSET)
+        got = {pos for _, pos, _ in world.received[name]}
+        for pos in range(world.first_pos[name], receiver.read_pos):
+            if pos not in got and (ring, pos) in world.committed and write_pos <= pos + region.geometry.capacity:
+                return (f"{name} lost position {pos} of ring {ring}, committed and never overwritten (write_pos "
+                        f"{write_pos}): a loss without cause")
+    return None
+
+
+def _pool_not_whole(world: World9) -> str | None:
+    """Rule 9 (under sc, nobody died): when every leave quiesced, each gave
+    back its window's claims: at the end every slot is on the free stack."""
+    if any(receiver.drain_timeouts for receiver in [*world.subscribers.values(), *world.idle]):
+        return None  # a ring left retired keeps its claims (reset_retired_rings does not drain)
+    stacked, _ = _free_stack(world.region)
+    if len(stacked) != world.region.geometry.pool_size:
+        held = sorted(set(range(world.region.geometry.pool_size)) - set(stacked))
+        return (f"at the end slot(s) {held} are off the free stack, though nobody died and every leave quiesced "
+                f"(a leave gives back the claims of its window)")
+    return None
 
 
 def lost(world: World9) -> tuple[int, int]:
@@ -617,7 +691,7 @@ def _check(world: World9) -> Callable[[Execution], str | None]:
             if found:
                 return found
         world.checked_steps = len(execution.outcome.steps)
-        found = world.dry or _memory_violation(world) or _delivery_violation(world)
+        found = world.dry or _memory_violation(world) or _delivery_violation(world) or _unrecorded_owner(world)
         if found is None and all(actor.state in ("done", "dead") for actor in world.actors):
             found = _end_violation(world, execution.died)
         return found

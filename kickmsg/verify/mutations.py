@@ -76,6 +76,19 @@ def _unique(trials: list[Trial]) -> tuple[Trial, ...]:
     return tuple(dict.fromkeys(trials))
 
 
+# Layout 9's receive and repair (docs/explanation/verification.md, "Arguments:
+# layout 9's receive and repair"): one publisher's message into a pool of one
+# slot (so slot 0 carries it: the claim checks of pin_next and drain_window
+# at their bounds; and of the largest length, so the length check at its
+# bound), a polling subscriber, one preemption (a subscriber between its
+# claim and its drain floor, or sees the entry claimed, not committed). With
+# rules 8-11 it kills the pin_next survivors that lose a message without
+# cause (228, 229, 233, 241, 261, 268), the join's drain floor read after
+# the claim (170 swap-steps) and its owner_pid never recorded (177
+# remove-step), the leave's owner left behind (440, 441 remove-step) or its
+# window not drained (445 negate-condition; drain_window 232).
+TRIALS9_RECEIVE = (Trial(Scenario9(sends=(0, 1), pool=1), least_preemptions=1, models=("sc",)),)
+
 # Each layout's scenario set: those of the named mutants and of the --orders
 # tables. On layout 4, two subscribers (for refcount-per-ring) and the
 # blocking receive (for park-without-waiter, which fails under ra without a
@@ -115,7 +128,8 @@ TRIALS = {
                   for scenario, preemptions, _ in MUTANT_SCENARIOS9.values() if scenario != EVICTION]
                + [Trial(EVICTION, least_preemptions=1, models=("sc",))]
                + [Trial(scenario, least_preemptions=orders.PREEMPTIONS9.get(name, 0))
-                  for name, scenario in orders.SCENARIOS9.items()]),
+                  for name, scenario in orders.SCENARIOS9.items()]
+               + list(TRIALS9_RECEIVE)),
 }
 
 

@@ -1,0 +1,95 @@
+"""Layout 9's receive and repair survivors (docs/explanation/verification.md,
+"Arguments: layout 9's receive and repair"): the trial added for them
+passes with the real flows and kills the mutants it is for; the claim
+checks of pin_next and drain_window hold at their bound (a slot field one
+past the pool), and a receive without a deadline naps while the head is
+claimed, which the explorer (its regions well formed, its receives with a
+deadline) never reaches."""
+import time
+
+import pytest
+
+from kickmsg.protocol.v9 import ChannelConfig, Publisher, Region, Subscriber, layout, receive, repair
+from kickmsg.verify import explore, mutations
+
+TRIAL = mutations.TRIALS9_RECEIVE[0]
+
+
+def _derived(mutant_id):
+    return next(derived for derived in mutations.derive(9)[0] if derived.id == mutant_id)
+
+
+def _explore(mutant=None):
+    return explore(TRIAL.scenario, mutant=mutant, preemptions=TRIAL.least_preemptions, memory_model="sc")
+
+
+def test_the_receive_trial_is_in_layout_9s_set_and_passes_with_the_real_flows():
+    assert TRIAL in mutations.TRIALS[9]
+    report = _explore()
+    assert report.violation is None and report.schedules < 200
+
+
+@pytest.mark.parametrize(("mutant_id", "violation"), [
+    ("protocol/v9/receive.py:268 move-bound", "lost position 0 of ring 0, committed and never overwritten"),
+    ("protocol/v9/receive.py:241 move-bound #2", "lost position 0 of ring 0, committed and never overwritten"),
+    ("protocol/v9/receive.py:170 swap-steps", "at the end slot(s) [0] are off the free stack"),
+    ("protocol/v9/receive.py:177 remove-step", "but its owner_pid does not record it"),
+    ("protocol/v9/receive.py:440 remove-step", "is Free but still records owner_pid"),
+    ("protocol/v9/repair.py:232 move-bound", "at the end slot(s) [0] are off the free stack"),
+])
+def test_the_receive_trial_kills_the_survivors_it_is_for(mutant_id, violation):
+    report = _explore(_derived(mutant_id).mutant)
+    assert report.violation is not None and violation in report.violation
+
+
+@pytest.fixture
+def region(shm_name):
+    return Region.create(shm_name, 1, ChannelConfig(2, 4, 8, 32), "survivors")
+
+
+def _claim_one_past_the_pool(region, pos):
+    """The claim of ring 0's entry ``pos`` rewritten to name slot pool_size
+    (slot field pool_size + 1), the first index past the pool."""
+    address = region.entry_address(0, pos) + layout.META_OFFSET
+    region.atomics.store_release_u64(address, layout.pack_meta(pos, region.geometry.pool_size))
+    return address
+
+
+def test_a_claim_one_past_the_pool_is_a_counted_loss(region):
+    sub = Subscriber(region)
+    pub = Publisher(region)
+    pub.send(b"first")
+    pub.send(b"second")
+    _claim_one_past_the_pool(region, 0)
+    assert sub.try_receive() == b"second"
+    assert sub.lost == 1
+
+
+def test_a_drain_skips_a_claim_one_past_the_pool(region):
+    sub = Subscriber(region)
+    Publisher(region).send(b"only")
+    address = _claim_one_past_the_pool(region, 0)
+    claim = region.atomics.load_acquire_u64(address)
+    assert repair.drain_window(region, sub.ring_index, sub.start_pos) == 0
+    assert region.atomics.load_acquire_u64(address) == claim  # left as it is: no slot released
+
+
+class Napped(Exception):
+    """Raised by the test's time.sleep: the receive reached its nap."""
+
+
+def test_a_receive_without_a_deadline_naps_while_the_head_is_claimed(region, monkeypatch):
+    sub = Subscriber(region)
+    ops = region.atomics
+    ops.store_release_u64(region.ring_address(0) + layout.WRITE_POS_OFFSET, 1)  # position 0 claimed,
+    ops.store_release_u64(region.entry_address(0, 0) + layout.SEQUENCE_OFFSET, layout.publisher_lock(0))  # not committed
+    naps = []
+
+    def nap(seconds):
+        naps.append(seconds)
+        raise Napped
+
+    monkeypatch.setattr(time, "sleep", nap)
+    with pytest.raises(Napped):
+        sub.receive_view_until(None)  # YIELDS_BEFORE_SLEEP yields on the claimed head, then the nap
+    assert naps == [receive.POLL_SLEEP_S]
