@@ -55,7 +55,11 @@ The invariants, checked before every step and at the end:
 7. after the end: nothing lost beyond the bound (``lost``): at most one
    ring no repair reclaims per subscriber that died, and only the slots
    its entries claim (at most its capacity); every other ring can really
-   be joined by a fresh subscriber, and is Free again once it left.
+   be joined by a fresh subscriber, and is Free again once it left;
+8. under sc, a publish claims a position on every ring Live for the whole
+   call (a subscriber's joined before it began); at the end an entry is
+   left locked only by an actor that died, and steal_count counts every
+   steal (one whose stealer died may be left out).
 """
 import collections
 from collections.abc import Callable
@@ -205,6 +209,9 @@ class World9:
     checked_steps: int = 0
     repaired: str = ""  # what the repairs at the end did
     unowned: list[int] = field(default_factory=list)  # rings left Live with no owner recorded (B.4's window)
+    lockers: dict[int, str] = field(default_factory=dict)  # sequence word -> the actor that stored its last lock
+    steals: list[str] = field(default_factory=list)  # the actor of each steal (a repairer lock stored), in order
+    unclaimed: list[str] = field(default_factory=list)  # publishes that claimed no position on a ring Live all along
 
 
 def _private_region(scenario: Scenario9) -> Region:
@@ -245,6 +252,18 @@ def _world(scenario: Scenario9) -> World9:
         assert world.execution is not None
         return all(state in ("done", "dead") for state in world.execution.looks_at(publishers))
 
+    def live_all_along() -> set[int]:
+        """The rings that stay Live for a whole publish begun now: the idle
+        subscribers' and those of the subscribers that joined (they leave
+        once the publishers are over). None under ra (its relaxed pre-check
+        may read a ring's state from before the join: nothing orders the
+        join before the publish) or when a subscriber may die (a reclaim
+        may then free its ring)."""
+        assert world.execution is not None
+        if scenario.subscriber_deaths or not isinstance(world.execution.memory, SequentialMemory):
+            return set()
+        return {receiver.ring_index for receiver in world.idle} | {world.rings[name] for name in world.subscribers}
+
     def payload_access(kind: str, slot: int, length: int) -> None:
         assert world.execution is not None
         address = region.base + region.geometry.slot_offset(slot) + SLOT_HEADER_SIZE
@@ -264,8 +283,11 @@ def _world(scenario: Scenario9) -> World9:
                 world.held[name] = slot
                 payload_access("write", slot, len(data))
                 sender.payload(slot, len(data))[:] = data
+                assert world.execution is not None
+                live, first_step = live_all_along(), len(world.execution.outcome.steps)
                 sender.publish(slot, len(data))
                 del world.held[name]
+                _note_unclaimed(world, name, sequence, live, first_step)
         return publish
 
     def subscriber(name: str) -> Callable[[Region], None]:
@@ -383,6 +405,7 @@ def _follow(world: World9, step: Step) -> str | None:
     if value is None:
         return None
     if offset == SEQUENCE_OFFSET:
+        _note_lock(world, step, value)
         before = world.sequences.get(step.address, 0)
         world.sequences[step.address] = value
         if not seq_locked(value) and not seq_skip(value):  # a commit of position value - 1
@@ -550,7 +573,7 @@ def _end_violation(world: World9, died: list[str]) -> str | None:
             # Its last look came after every publisher had finished, each position committed or skipped
             # (under ra that one look may read older stores: a later one would see the commits).
             return f"{name} stopped at position {receiver.read_pos}, but its ring's write_pos is {write_pos}: unread"
-    return _lost_violation(world, died) or _unjoinable(world)
+    return _lost_violation(world, died) or _unjoinable(world) or _lock_violation(world, died)
 
 
 def lost(world: World9) -> tuple[int, int]:
@@ -600,6 +623,48 @@ def _unjoinable(world: World9) -> str | None:
     return None
 
 
+def _note_unclaimed(world: World9, publisher: str, sequence: int, live: set[int], first_step: int) -> None:
+    """Rule 8 (B.6 3): a publish claims a position (write_pos fetch_add) on
+    every ring Live for the whole call (``live``, taken as it began)."""
+    region = world.region
+    assert world.execution is not None
+    claimed = {step.address for step in world.execution.outcome.steps[first_step:]
+               if step.actor == publisher and step.operation.startswith("fetch_add")}
+    missed = sorted(ring for ring in live if region.ring_address(ring) + WRITE_POS_OFFSET not in claimed)
+    if missed:
+        world.unclaimed.append(f"{publisher}'s message {sequence} claimed no position on ring(s) "
+                               f"{', '.join(map(str, missed))}, Live for the whole publish")
+
+
+def _note_lock(world: World9, step: Step, value: int) -> None:
+    """Who stored the last lock of a sequence word, and every steal."""
+    if seq_locked(value):
+        world.lockers[step.address] = step.actor
+        if value & SEQ_REPAIR_BIT:
+            world.steals.append(step.actor)
+
+
+def _lock_violation(world: World9, died: list[str]) -> str | None:
+    """Rule 8, at the end: an entry is left locked only by an actor that
+    died (every live publisher commits or loses its lock, every live
+    stealer turns its repairer lock into a skip marker), and steal_count
+    counts every steal (one whose stealer died may be left uncounted)."""
+    region = world.region
+    g = region.geometry
+    for ring in range(g.max_subs):
+        for index in range(g.capacity):
+            address = region.entry_address(ring, index) + SEQUENCE_OFFSET
+            seq = HARDWARE.load_relaxed_u64(address)
+            locker = world.lockers.get(address)
+            if seq_locked(seq) and locker not in died:
+                return f"at the end ring {ring} entry {index} is left {describe_sequence(seq)} by {locker}, which did not die"
+    counted = HARDWARE.load_relaxed_u64(region.steal_count_address)
+    by_live = sum(stealer not in died for stealer in world.steals)
+    if not by_live <= counted <= len(world.steals):
+        return f"at the end steal_count is {counted}, but {len(world.steals)} steal(s) were made ({by_live} by live actors)"
+    return None
+
+
 def _check(world: World9) -> Callable[[Execution], str | None]:
     def check(execution: Execution) -> str | None:
         for step in execution.outcome.steps[world.checked_steps :]:
@@ -607,7 +672,7 @@ def _check(world: World9) -> Callable[[Execution], str | None]:
             if found:
                 return found
         world.checked_steps = len(execution.outcome.steps)
-        found = _memory_violation(world) or _delivery_violation(world)
+        found = next(iter(world.unclaimed), None) or _memory_violation(world) or _delivery_violation(world)
         if found is None and all(actor.state in ("done", "dead") for actor in world.actors):
             found = _end_violation(world, execution.died)
         return found
