@@ -32,7 +32,7 @@ The invariants, checked before every step and at the end:
 2. every other slot (not being published) has a refcount at least its
    claims plus its pins, and at most max_subs plus the subscribers' pins;
 3. a commit replaces its own publisher's lock (a commit after a steal
-   fails); a steal takes a lock the stealer first saw one whole timeout
+   fails), a skip marker its own stealer's repairer lock; a steal takes a lock the stealer first saw one whole timeout
    before (B.8's proof: lock values are unique per position, so that lock
    stayed all along); a claim only replaces an older position's claim; no
    ring counts more publishers in flight than there are; no actor but a
@@ -95,7 +95,9 @@ from kickmsg.protocol.v9.layout import (
     meta_slot_field,
     meta_tag,
     publisher_lock,
+    repairer_lock,
     seq_locked,
+    seq_pos,
     seq_skip,
 )
 from kickmsg.protocol.v9.publish import Publisher
@@ -211,7 +213,7 @@ class World9:
     unowned: list[int] = field(default_factory=list)  # rings left Live with no owner recorded (B.4's window)
     lockers: dict[int, str] = field(default_factory=dict)  # sequence word -> the actor that stored its last lock
     steals: list[str] = field(default_factory=list)  # the actor of each steal (a repairer lock stored), in order
-    unclaimed: list[str] = field(default_factory=list)  # publishes that claimed no position on a ring Live all along
+    broken: list[str] = field(default_factory=list)  # what the publishes broke of rule 8, as they returned
 
 
 def _private_region(scenario: Scenario9) -> Region:
@@ -285,9 +287,10 @@ def _world(scenario: Scenario9) -> World9:
                 sender.payload(slot, len(data))[:] = data
                 assert world.execution is not None
                 live, first_step = live_all_along(), len(world.execution.outcome.steps)
-                sender.publish(slot, len(data))
+                dropped = sender.dropped
+                delivered = sender.publish(slot, len(data))
                 del world.held[name]
-                _note_unclaimed(world, name, sequence, live, first_step)
+                _note_publish(world, name, sequence, live, first_step, delivered, sender.dropped - dropped)
         return publish
 
     def subscriber(name: str) -> Callable[[Region], None]:
@@ -413,6 +416,10 @@ def _follow(world: World9, step: Step) -> str | None:
                 return (f"{step.actor} commits position {value - 1} of ring {ring} over "
                         f"{describe_sequence(before)}, not over its own lock (a commit after a steal must fail)")
             world.committed[(ring, value - 1)] = world.sending.get(step.actor, b"")
+        elif seq_skip(value) and (before != repairer_lock(seq_pos(value) - 1)
+                                  or world.lockers.get(step.address) != step.actor):
+            return (f"{step.actor} stores {describe_sequence(value)} on ring {ring} entry {entry} over "
+                    f"{describe_sequence(before)}, not over its own repairer lock (B.8 3: a steal takes the lock first)")
         elif value & SEQ_REPAIR_BIT and seq_locked(before) and not before & SEQ_REPAIR_BIT:
             # B.8's proof: the stealer saw this very lock (its value is unique to its position) a whole timeout ago
             seen_ns = now - world.seen[(step.actor, step.address, before)]
@@ -623,17 +630,36 @@ def _unjoinable(world: World9) -> str | None:
     return None
 
 
-def _note_unclaimed(world: World9, publisher: str, sequence: int, live: set[int], first_step: int) -> None:
-    """Rule 8 (B.6 3): a publish claims a position (write_pos fetch_add) on
-    every ring Live for the whole call (``live``, taken as it began)."""
+def _note_publish(world: World9, publisher: str, sequence: int, live: set[int], first_step: int, delivered: int,
+                  dropped: int) -> None:
+    """Rule 8, as a publish returns (its steps from ``first_step`` on): it
+    claimed a position (write_pos fetch_add) on every ring Live for the
+    whole call (``live``, taken as it began; B.6 3); it returns how many
+    rings it committed to; under sc it abandoned none (B.9) unless time
+    passed (a wait or a lock gave up), an actor died or a repairer ran (a
+    steal)."""
     region = world.region
-    assert world.execution is not None
-    claimed = {step.address for step in world.execution.outcome.steps[first_step:]
-               if step.actor == publisher and step.operation.startswith("fetch_add")}
+    execution = world.execution
+    assert execution is not None
+    steps = [step for step in execution.outcome.steps[first_step:] if step.actor == publisher]
+    claimed = {step.address for step in steps if step.operation.startswith("fetch_add")}
     missed = sorted(ring for ring in live if region.ring_address(ring) + WRITE_POS_OFFSET not in claimed)
+    commits = 0
+    for step in steps:
+        where, value = _entry_word(region, step.address), _stored(step)
+        if where is not None and where[2] == SEQUENCE_OFFSET and value is not None:
+            commits += not seq_locked(value) and not seq_skip(value)
+    quiet = (isinstance(execution.memory, SequentialMemory) and not world.clock.now and not execution.died
+             and not any(actor.name == "repair" for actor in world.actors))
     if missed:
-        world.unclaimed.append(f"{publisher}'s message {sequence} claimed no position on ring(s) "
-                               f"{', '.join(map(str, missed))}, Live for the whole publish")
+        world.broken.append(f"{publisher}'s message {sequence} claimed no position on ring(s) "
+                            f"{', '.join(map(str, missed))}, Live for the whole publish")
+    elif delivered != commits:
+        world.broken.append(f"{publisher}'s publish of message {sequence} returned {delivered}, but it committed to "
+                            f"{commits} ring(s)")
+    elif quiet and dropped:
+        world.broken.append(f"{publisher} abandoned {dropped} deliveries of message {sequence}, though no time passed, "
+                            f"nobody died and no repairer ran")
 
 
 def _note_lock(world: World9, step: Step, value: int) -> None:
@@ -657,11 +683,13 @@ def _lock_violation(world: World9, died: list[str]) -> str | None:
             seq = HARDWARE.load_relaxed_u64(address)
             locker = world.lockers.get(address)
             if seq_locked(seq) and locker not in died:
-                return f"at the end ring {ring} entry {index} is left {describe_sequence(seq)} by {locker}, which did not die"
+                return (f"at the end ring {ring} entry {index} is left {describe_sequence(seq)} by {locker}, "
+                        f"which did not die")
     counted = HARDWARE.load_relaxed_u64(region.steal_count_address)
     by_live = sum(stealer not in died for stealer in world.steals)
     if not by_live <= counted <= len(world.steals):
-        return f"at the end steal_count is {counted}, but {len(world.steals)} steal(s) were made ({by_live} by live actors)"
+        return (f"at the end steal_count is {counted}, but {len(world.steals)} steal(s) were made "
+                f"({by_live} by live actors)")
     return None
 
 
@@ -672,7 +700,7 @@ def _check(world: World9) -> Callable[[Execution], str | None]:
             if found:
                 return found
         world.checked_steps = len(execution.outcome.steps)
-        found = next(iter(world.unclaimed), None) or _memory_violation(world) or _delivery_violation(world)
+        found = next(iter(world.broken), None) or _memory_violation(world) or _delivery_violation(world)
         if found is None and all(actor.state in ("done", "dead") for actor in world.actors):
             found = _end_violation(world, execution.died)
         return found

@@ -47,7 +47,7 @@ from kickmsg.verify.memory import HARDWARE_OPERATIONS, OPERATIONS
 from kickmsg.verify.mutants import Mutant, Patch
 
 __all__ = [
-    "Analysis", "Derived", "OPERATORS", "Result", "SPIN_LIMIT", "Spins", "TRIALS", "Trial", "derive",
+    "Analysis", "Derived", "OPERATORS", "Result", "SPIN_LIMIT", "Spins", "TRIALS", "TRIALS9_PUBLISH", "Trial", "derive",
     "format_table", "run",
 ]
 
@@ -87,6 +87,18 @@ def _unique(trials: list[Trial]) -> tuple[Trial, ...]:
 # commit paths are reached only with them), the eviction's with one and
 # under sc only (at two, 34 000 schedules, and under ra, 8 000 at one, it is
 # the named mutants' business).
+# Layout 9's publish (docs/explanation/verification.md, "Arguments: layout
+# 9's publish"): a publisher wrapping a ring of 2 while a second ring is
+# Free (the first lap's prev_seq, 178 drop-condition; the references no
+# ring took, 239 drop-condition); two publishers on one ring of 1 with one
+# preemption (the excess returned when every ring took one, 237
+# drop-condition; a wait that returns an older commit at once, 254 and 262
+# drop-operand #2).
+TRIALS9_PUBLISH = (
+    Trial(Scenario9(publishers=1, messages=3, rings=2, capacity=2)),
+    Trial(Scenario9(subscribers=0, idle=1), least_preemptions=1),
+)
+
 TRIALS = {
     4: _unique([Trial(scenario, models=("sc",) if scenario != Scenario() else ("sc", "ra"))
                 for scenario in MUTANT_SCENARIOS.values()]
@@ -96,7 +108,8 @@ TRIALS = {
                   for scenario, preemptions, _ in MUTANT_SCENARIOS9.values() if scenario != EVICTION]
                + [Trial(EVICTION, least_preemptions=1, models=("sc",))]
                + [Trial(scenario, least_preemptions=orders.PREEMPTIONS9.get(name, 0))
-                  for name, scenario in orders.SCENARIOS9.items()]),
+                  for name, scenario in orders.SCENARIOS9.items()]
+               + list(TRIALS9_PUBLISH)),
 }
 
 
