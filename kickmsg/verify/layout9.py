@@ -73,6 +73,7 @@ from kickmsg.protocol.v9 import publish as publish_module
 from kickmsg.protocol.v9 import repair
 from kickmsg.protocol.v9.layout import (
     CHANNEL_PUBSUB,
+    DROPPED_COUNT_OFFSET,
     INVALID_SLOT,
     META_OFFSET,
     NEXT_FREE_OFFSET,
@@ -635,7 +636,8 @@ def _note_publish(world: World9, publisher: str, sequence: int, live: set[int], 
     """Rule 8, as a publish returns (its steps from ``first_step`` on): it
     claimed a position (write_pos fetch_add) on every ring Live for the
     whole call (``live``, taken as it began; B.6 3); it returns how many
-    rings it committed to; under sc it abandoned none (B.9) unless time
+    rings it committed to; each delivery it abandoned is counted on its
+    ring's dropped_count (B.9); under sc it abandoned none (B.9) unless time
     passed (a wait or a lock gave up), an actor died or a repairer ran (a
     steal)."""
     region = world.region
@@ -643,6 +645,10 @@ def _note_publish(world: World9, publisher: str, sequence: int, live: set[int], 
     assert execution is not None
     steps = [step for step in execution.outcome.steps[first_step:] if step.actor == publisher]
     claimed = {step.address for step in steps if step.operation.startswith("fetch_add")}
+    counted = 0  # fetch_adds of a ring's dropped_count
+    for step in steps:
+        header = _ring_word(region, step.address)
+        counted += step.operation.startswith("fetch_add") and header is not None and header[1] == DROPPED_COUNT_OFFSET
     missed = sorted(ring for ring in live if region.ring_address(ring) + WRITE_POS_OFFSET not in claimed)
     commits = 0
     for step in steps:
@@ -657,6 +663,9 @@ def _note_publish(world: World9, publisher: str, sequence: int, live: set[int], 
     elif delivered != commits:
         world.broken.append(f"{publisher}'s publish of message {sequence} returned {delivered}, but it committed to "
                             f"{commits} ring(s)")
+    elif counted != dropped:
+        world.broken.append(f"{publisher} abandoned {dropped} deliveries of message {sequence}, but counted "
+                            f"{counted} on the rings' dropped_count")
     elif quiet and dropped:
         world.broken.append(f"{publisher} abandoned {dropped} deliveries of message {sequence}, though no time passed, "
                             f"nobody died and no repairer ran")

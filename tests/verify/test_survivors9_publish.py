@@ -31,6 +31,9 @@ STEAL = Trial(orders.SCENARIOS9["steal"], least_preemptions=1)  # a publisher ma
     ("protocol/v9/publish.py:63 swap-steps", STEAL,
      r"pub[01] stores skip marker of pos 1 on ring 0 entry 0 over .*, not over its own repairer lock \(B\.8 3: a steal "
      r"takes the lock first\)"),
+    # rule 8: an abandon not counted on the ring's dropped_count
+    ("protocol/v9/publish.py:294 remove-step", STEAL,
+     r"pub[01] abandoned 1 deliveries of message 0, but counted 0 on the rings' dropped_count"),
     # rule 8: a steal not counted
     ("protocol/v9/publish.py:66 remove-step", STEAL,
      r"at the end steal_count is 0, but 1 steal\(s\) were made \(1 by live actors\)"),
