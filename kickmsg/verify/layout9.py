@@ -32,7 +32,7 @@ The invariants, checked before every step and at the end:
 2. every other slot (not being published) has a refcount at least its
    claims plus its pins, and at most max_subs plus the subscribers' pins;
 3. a commit replaces its own publisher's lock (a commit after a steal
-   fails); a steal takes a lock the stealer first saw one whole timeout
+   fails), a skip marker its own stealer's repairer lock; a steal takes a lock the stealer first saw one whole timeout
    before (B.8's proof: lock values are unique per position, so that lock
    stayed all along); a claim only replaces an older position's claim; no
    ring counts more publishers in flight than there are; no actor but a
@@ -63,6 +63,12 @@ The invariants, checked before every step and at the end:
 10. a subscriber whose join returned is its ring's recorded owner
     (owner_pid) while the ring is Live;
 11. at the end a Free ring records no owner and no waiter.
+12. under sc, a publish claims a position on every ring Live for the whole
+    call (a subscriber's joined before it began); at the end an entry is
+    left locked only by an actor that died, and steal_count counts every
+    steal (one whose stealer died may be left out);
+13. under sc, a publisher that finds the pool dry finds no slot on the
+    free stack.
 """
 import collections
 from collections.abc import Callable
@@ -76,6 +82,7 @@ from kickmsg.protocol.v9 import publish as publish_module
 from kickmsg.protocol.v9 import repair
 from kickmsg.protocol.v9.layout import (
     CHANNEL_PUBSUB,
+    DROPPED_COUNT_OFFSET,
     INVALID_SLOT,
     META_OFFSET,
     NEXT_FREE_OFFSET,
@@ -100,7 +107,9 @@ from kickmsg.protocol.v9.layout import (
     meta_slot_field,
     meta_tag,
     publisher_lock,
+    repairer_lock,
     seq_locked,
+    seq_pos,
     seq_skip,
 )
 from kickmsg.protocol.v9.publish import Publisher
@@ -215,6 +224,9 @@ class World9:
     repaired: str = ""  # what the repairs at the end did
     unowned: list[int] = field(default_factory=list)  # rings left Live with no owner recorded (B.4's window)
     dry: str | None = None  # under sc, a publisher that found the pool dry with slots on the free stack
+    lockers: dict[int, str] = field(default_factory=dict)  # sequence word -> the actor that stored its last lock
+    steals: list[str] = field(default_factory=list)  # the actor of each steal (a repairer lock stored), in order
+    broken: list[str] = field(default_factory=list)  # what the publishes broke of rule 12, as they returned
 
 
 def _private_region(scenario: Scenario9) -> Region:
@@ -255,6 +267,18 @@ def _world(scenario: Scenario9) -> World9:
         assert world.execution is not None
         return all(state in ("done", "dead") for state in world.execution.looks_at(publishers))
 
+    def live_all_along() -> set[int]:
+        """The rings that stay Live for a whole publish begun now: the idle
+        subscribers' and those of the subscribers that joined (they leave
+        once the publishers are over). None under ra (its relaxed pre-check
+        may read a ring's state from before the join: nothing orders the
+        join before the publish) or when a subscriber may die (a reclaim
+        may then free its ring)."""
+        assert world.execution is not None
+        if scenario.subscriber_deaths or not isinstance(world.execution.memory, SequentialMemory):
+            return set()
+        return {receiver.ring_index for receiver in world.idle} | {world.rings[name] for name in world.subscribers}
+
     def payload_access(kind: str, slot: int, length: int) -> None:
         assert world.execution is not None
         address = region.base + region.geometry.slot_offset(slot) + SLOT_HEADER_SIZE
@@ -275,8 +299,12 @@ def _world(scenario: Scenario9) -> World9:
                 world.held[name] = slot
                 payload_access("write", slot, len(data))
                 sender.payload(slot, len(data))[:] = data
-                sender.publish(slot, len(data))
+                assert world.execution is not None
+                live, first_step = live_all_along(), len(world.execution.outcome.steps)
+                dropped = sender.dropped
+                delivered = sender.publish(slot, len(data))
                 del world.held[name]
+                _note_publish(world, name, sequence, live, first_step, delivered, sender.dropped - dropped)
         return publish
 
     def subscriber(name: str) -> Callable[[Region], None]:
@@ -394,6 +422,7 @@ def _follow(world: World9, step: Step) -> str | None:
     if value is None:
         return None
     if offset == SEQUENCE_OFFSET:
+        _note_lock(world, step, value)
         before = world.sequences.get(step.address, 0)
         world.sequences[step.address] = value
         if not seq_locked(value) and not seq_skip(value):  # a commit of position value - 1
@@ -401,6 +430,10 @@ def _follow(world: World9, step: Step) -> str | None:
                 return (f"{step.actor} commits position {value - 1} of ring {ring} over "
                         f"{describe_sequence(before)}, not over its own lock (a commit after a steal must fail)")
             world.committed[(ring, value - 1)] = world.sending.get(step.actor, b"")
+        elif seq_skip(value) and (before != repairer_lock(seq_pos(value) - 1)
+                                  or world.lockers.get(step.address) != step.actor):
+            return (f"{step.actor} stores {describe_sequence(value)} on ring {ring} entry {entry} over "
+                    f"{describe_sequence(before)}, not over its own repairer lock (B.8 3: a steal takes the lock first)")
         elif value & SEQ_REPAIR_BIT and seq_locked(before) and not before & SEQ_REPAIR_BIT:
             # B.8's proof: the stealer saw this very lock (its value is unique to its position) a whole timeout ago
             seen_ns = now - world.seen[(step.actor, step.address, before)]
@@ -576,7 +609,7 @@ def _end_violation(world: World9, died: list[str]) -> str | None:
         found = _loss_without_cause(world) or _pool_not_whole(world)
         if found:
             return found
-    return _lost_violation(world, died) or _unjoinable(world)
+    return _lost_violation(world, died) or _unjoinable(world) or _lock_violation(world, died)
 
 
 def _unrecorded_owner(world: World9) -> str | None:
@@ -684,6 +717,77 @@ def _unjoinable(world: World9) -> str | None:
     return None
 
 
+def _note_publish(world: World9, publisher: str, sequence: int, live: set[int], first_step: int, delivered: int,
+                  dropped: int) -> None:
+    """Rule 12, as a publish returns (its steps from ``first_step`` on): it
+    claimed a position (write_pos fetch_add) on every ring Live for the
+    whole call (``live``, taken as it began; B.6 3); it returns how many
+    rings it committed to; each delivery it abandoned is counted on its
+    ring's dropped_count (B.9); under sc it abandoned none (B.9) unless time
+    passed (a wait or a lock gave up), an actor died or a repairer ran (a
+    steal)."""
+    region = world.region
+    execution = world.execution
+    assert execution is not None
+    steps = [step for step in execution.outcome.steps[first_step:] if step.actor == publisher]
+    claimed = {step.address for step in steps if step.operation.startswith("fetch_add")}
+    counted = 0  # fetch_adds of a ring's dropped_count
+    for step in steps:
+        header = _ring_word(region, step.address)
+        counted += step.operation.startswith("fetch_add") and header is not None and header[1] == DROPPED_COUNT_OFFSET
+    missed = sorted(ring for ring in live if region.ring_address(ring) + WRITE_POS_OFFSET not in claimed)
+    commits = 0
+    for step in steps:
+        where, value = _entry_word(region, step.address), _stored(step)
+        if where is not None and where[2] == SEQUENCE_OFFSET and value is not None:
+            commits += not seq_locked(value) and not seq_skip(value)
+    quiet = (isinstance(execution.memory, SequentialMemory) and not world.clock.now and not execution.died
+             and not any(actor.name == "repair" for actor in world.actors))
+    if missed:
+        world.broken.append(f"{publisher}'s message {sequence} claimed no position on ring(s) "
+                            f"{', '.join(map(str, missed))}, Live for the whole publish")
+    elif delivered != commits:
+        world.broken.append(f"{publisher}'s publish of message {sequence} returned {delivered}, but it committed to "
+                            f"{commits} ring(s)")
+    elif counted != dropped:
+        world.broken.append(f"{publisher} abandoned {dropped} deliveries of message {sequence}, but counted "
+                            f"{counted} on the rings' dropped_count")
+    elif quiet and dropped:
+        world.broken.append(f"{publisher} abandoned {dropped} deliveries of message {sequence}, though no time passed, "
+                            f"nobody died and no repairer ran")
+
+
+def _note_lock(world: World9, step: Step, value: int) -> None:
+    """Who stored the last lock of a sequence word, and every steal."""
+    if seq_locked(value):
+        world.lockers[step.address] = step.actor
+        if value & SEQ_REPAIR_BIT:
+            world.steals.append(step.actor)
+
+
+def _lock_violation(world: World9, died: list[str]) -> str | None:
+    """Rule 12, at the end: an entry is left locked only by an actor that
+    died (every live publisher commits or loses its lock, every live
+    stealer turns its repairer lock into a skip marker), and steal_count
+    counts every steal (one whose stealer died may be left uncounted)."""
+    region = world.region
+    g = region.geometry
+    for ring in range(g.max_subs):
+        for index in range(g.capacity):
+            address = region.entry_address(ring, index) + SEQUENCE_OFFSET
+            seq = HARDWARE.load_relaxed_u64(address)
+            locker = world.lockers.get(address)
+            if seq_locked(seq) and locker not in died:
+                return (f"at the end ring {ring} entry {index} is left {describe_sequence(seq)} by {locker}, "
+                        f"which did not die")
+    counted = HARDWARE.load_relaxed_u64(region.steal_count_address)
+    by_live = sum(stealer not in died for stealer in world.steals)
+    if not by_live <= counted <= len(world.steals):
+        return (f"at the end steal_count is {counted}, but {len(world.steals)} steal(s) were made "
+                f"({by_live} by live actors)")
+    return None
+
+
 def _check(world: World9) -> Callable[[Execution], str | None]:
     def check(execution: Execution) -> str | None:
         for step in execution.outcome.steps[world.checked_steps :]:
@@ -691,7 +795,8 @@ def _check(world: World9) -> Callable[[Execution], str | None]:
             if found:
                 return found
         world.checked_steps = len(execution.outcome.steps)
-        found = world.dry or _memory_violation(world) or _delivery_violation(world) or _unrecorded_owner(world)
+        found = (next(iter(world.broken), None) or world.dry or _memory_violation(world) or _delivery_violation(world)
+                 or _unrecorded_owner(world))
         if found is None and all(actor.state in ("done", "dead") for actor in world.actors):
             found = _end_violation(world, execution.died)
         return found

@@ -47,7 +47,8 @@ from kickmsg.verify.memory import HARDWARE_OPERATIONS, OPERATIONS
 from kickmsg.verify.mutants import Mutant, Patch
 
 __all__ = [
-    "Analysis", "Derived", "OPERATORS", "Result", "SPIN_LIMIT", "Spins", "TRIALS", "TRIALS4_SURVIVORS", "Trial", "derive",
+    "Analysis", "Derived", "OPERATORS", "Result", "SPIN_LIMIT", "Spins", "TRIALS", "TRIALS4_SURVIVORS",
+    "TRIALS9_PUBLISH", "TRIALS9_RECEIVE", "Trial", "derive",
     "format_table", "run",
 ]
 
@@ -89,17 +90,6 @@ def _unique(trials: list[Trial]) -> tuple[Trial, ...]:
 # window not drained (445 negate-condition; drain_window 232).
 TRIALS9_RECEIVE = (Trial(Scenario9(sends=(0, 1), pool=1), least_preemptions=1, models=("sc",)),)
 
-# Each layout's scenario set: those of the named mutants and of the --orders
-# tables. On layout 4, two subscribers (for refcount-per-ring) and the
-# blocking receive (for park-without-waiter, which fails under ra without a
-# fence, "Weak memory" in docs/explanation/verification.md) are explored
-# under sc only; the repair pass racing traffic fails with one preemption,
-# and under ra with none ("a repair pass under traffic", "second finding"):
-# explored under sc with none. On layout 9, each named mutant's scenario is
-# explored with the preemptions that mutant needs (the steal, takeover and
-# commit paths are reached only with them), the eviction's with one and
-# under sc only (at two, 34 000 schedules, and under ra, 8 000 at one, it is
-# the named mutants' business).
 # Layout 4's trials for the survivors of the flows (docs/explanation/verification.md, "Arguments: the free stack
 # and layout 4"), under sc:
 TRIALS4_SURVIVORS = (
@@ -119,6 +109,25 @@ TRIALS4_SURVIVORS = (
     Trial(Scenario(publishers=1, messages=3, subscribers=1, rejoin=False, capacity=1, pool=3), least_preemptions=2,
           most_preemptions=2, models=("sc",)),
 )
+
+# Layout 9's publish (docs/explanation/verification.md, "Arguments: layout
+# 9's publish"): a publisher wrapping a ring of 2 while a second ring stays
+# Free (the first lap's prev_seq, 178 drop-condition; the references no
+# ring took, 239 drop-condition).
+TRIALS9_PUBLISH = (Trial(Scenario9(publishers=1, messages=3, rings=2, capacity=2)),)
+
+# Each layout's scenario set: those of the named mutants and of the --orders
+# tables. On layout 4, two subscribers (for refcount-per-ring) and the
+# blocking receive (for park-without-waiter, which fails under ra without a
+# fence, "Weak memory" in docs/explanation/verification.md) are explored
+# under sc only; the repair pass racing traffic fails with one preemption,
+# and under ra with none ("a repair pass under traffic", "second finding"):
+# explored under sc with none. On layout 9, each named mutant's scenario is
+# explored with the preemptions that mutant needs (the steal, takeover and
+# commit paths are reached only with them), the eviction's with one and
+# under sc only (at two, 34 000 schedules, and under ra, 8 000 at one, it is
+# the named mutants' business). Then the trials above, added for the
+# survivors.
 TRIALS = {
     4: _unique([Trial(scenario, models=("sc",) if scenario != Scenario() else ("sc", "ra"))
                 for scenario in MUTANT_SCENARIOS.values()]
@@ -129,7 +138,7 @@ TRIALS = {
                + [Trial(EVICTION, least_preemptions=1, models=("sc",))]
                + [Trial(scenario, least_preemptions=orders.PREEMPTIONS9.get(name, 0))
                   for name, scenario in orders.SCENARIOS9.items()]
-               + list(TRIALS9_RECEIVE)),
+               + list(TRIALS9_RECEIVE) + list(TRIALS9_PUBLISH)),
 }
 
 
