@@ -151,9 +151,10 @@ class Scenario9:
     rings: int = 0  # max_subscribers (0: one per subscriber, idle ones too)
     payload: int = max(invariants.MESSAGE_SIZES)
     layout: int = 9
+    leavers: int = 0  # subscribers that join and leave at once, while the publishers run (they read nothing)
 
     def config(self) -> ChannelConfig:
-        return ChannelConfig(max_subscribers=self.rings or self.subscribers + self.idle,
+        return ChannelConfig(max_subscribers=self.rings or self.subscribers + self.idle + self.leavers,
                              sub_ring_capacity=self.capacity, pool_size=self.pool, max_payload_size=self.payload,
                              commit_timeout_us=TIMEOUT_US)
 
@@ -164,6 +165,7 @@ class Scenario9:
         mishaps += f", {self.reclaimers} concurrent reclaim_dead_rings" if self.reclaimers else ""
         messages = "+".join(map(str, self.sends)) if self.sends else f"{self.publishers} x {self.messages}"
         idle = f", {self.idle} idle subscriber(s) (joined before, left after)" if self.idle else ""
+        idle += f", {self.leavers} subscriber(s) joining and leaving at once" if self.leavers else ""
         return (f"layout 9: {self.publishers} publishers sending {messages} messages, {self.subscribers} "
                 f"{'blocking' if self.blocking else 'polling'} subscriber(s){idle}, "
                 f"{self.config().max_subscribers} ring(s) of {self.capacity}, pool {self.pool}, "
@@ -227,6 +229,7 @@ class World9:
     lockers: dict[int, str] = field(default_factory=dict)  # sequence word -> the actor that stored its last lock
     steals: list[str] = field(default_factory=list)  # the actor of each steal (a repairer lock stored), in order
     broken: list[str] = field(default_factory=list)  # what the publishes broke of rule 12, as they returned
+    left: list[Subscriber] = field(default_factory=list)  # the leavers' subscriptions, once they left
 
 
 def _private_region(scenario: Scenario9) -> Region:
@@ -339,6 +342,12 @@ def _world(scenario: Scenario9) -> World9:
             receiver.close()
         return subscribe
 
+    def leaver(region: Region) -> None:
+        receiver = Subscriber(region)
+        world.left.append(receiver)
+        receiver.close()
+
+    world.actors.extend(Actor(f"leaver{index}", leaver) for index in range(scenario.leavers))
     for index in range(scenario.subscribers):
         world.received[f"sub{index}"] = []
         world.actors.append(Actor(f"sub{index}", subscriber(f"sub{index}")))
@@ -660,7 +669,7 @@ def _loss_without_cause(world: World9) -> str | None:
 def _pool_not_whole(world: World9) -> str | None:
     """Rule 9 (under sc, nobody died): when every leave quiesced, each gave
     back its window's claims: at the end every slot is on the free stack."""
-    if any(receiver.drain_timeouts for receiver in [*world.subscribers.values(), *world.idle]):
+    if any(receiver.drain_timeouts for receiver in [*world.subscribers.values(), *world.idle, *world.left]):
         return None  # a ring left retired keeps its claims (reset_retired_rings does not drain)
     stacked, _ = _free_stack(world.region)
     if len(stacked) != world.region.geometry.pool_size:

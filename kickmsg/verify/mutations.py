@@ -114,7 +114,13 @@ TRIALS4_SURVIVORS = (
 # 9's publish"): a publisher wrapping a ring of 2 while a second ring stays
 # Free (the first lap's prev_seq, 178 drop-condition; the references no
 # ring took, 239 drop-condition).
-TRIALS9_PUBLISH = (Trial(Scenario9(publishers=1, messages=3, rings=2, capacity=2)),)
+TRIALS9_PUBLISH = (
+    Trial(Scenario9(publishers=1, messages=3, rings=2, capacity=2)),
+    # A subscriber that joins and at once leaves while one publisher sends two
+    # messages, two preemptions, under sc: a leave between a publisher's
+    # pre-check and its admission (the admission loop's Live check, 162).
+    Trial(Scenario9(publishers=1, messages=2, subscribers=0, leavers=1), least_preemptions=2, models=("sc",)),
+)
 
 # Each layout's scenario set: those of the named mutants and of the --orders
 # tables. On layout 4, two subscribers (for refcount-per-ring) and the

@@ -1,4 +1,4 @@
-"""Layout 9's publish survivors closed by rules 3 and 8 of
+"""Layout 9's publish survivors closed by rules 3, 9 and 12 of
 ``kickmsg.verify.layout9`` and by the trials of ``mutations.TRIALS9_PUBLISH``.
 
 Each is shown on a small trial that kills a mutant the default bounds left
@@ -16,7 +16,7 @@ from kickmsg.verify.mutations import TRIALS9_PUBLISH, Trial
 MUTANTS = {derived.id: derived.mutant for derived in mutations.derive(9)[0]}
 GUARDS = ("protocol/v9/publish.py:225 drop-operand #2", "protocol/v9/publish.py:225 move-bound",
           "protocol/v9/publish.py:162 drop-operand #2")
-(WRAP,) = TRIALS9_PUBLISH
+WRAP, LEAVER = TRIALS9_PUBLISH
 TWO_PUBLISHERS = Trial(Scenario9(subscribers=0, idle=1), least_preemptions=1)  # the smallest that shows the check
 STEAL = Trial(orders.SCENARIOS9["steal"], least_preemptions=1)  # a publisher may die holding its lock
 
@@ -44,6 +44,9 @@ STEAL = Trial(orders.SCENARIOS9["steal"], least_preemptions=1)  # a publisher ma
     # the wrapping trial: the slot pushed while the ring that took it still claims it
     ("protocol/v9/publish.py:239 drop-condition", WRAP,
      r"slot \d \(refcount 1, 1 claim\(s\), 0 view\(s\)\) is on the free stack"),
+    # the leaver's trial: admitted into a ring that left, its claim stays there (rule 9)
+    ("protocol/v9/publish.py:162 drop-condition", LEAVER,
+     r"at the end slot\(s\) \[1\] are off the free stack, though nobody died and every leave quiesced .*"),
     # rule 12: a wait that returns an older commit at once, so the lock is given up (the set kills it in
     # steal-unproven's scenario, at three preemptions)
     ("protocol/v9/publish.py:254 drop-operand #2", TWO_PUBLISHERS,
