@@ -32,8 +32,8 @@ The invariants, checked before every step and at the end:
 2. every other slot (not being published) has a refcount at least its
    claims plus its pins, and at most max_subs plus the subscribers' pins;
 3. a commit replaces its own publisher's lock (a commit after a steal
-   fails), a skip marker its own stealer's repairer lock; a steal takes a lock the stealer first saw one whole timeout
-   before (B.8's proof: lock values are unique per position, so that lock
+   fails), a skip marker its own stealer's repairer lock; a steal takes a
+   lock the stealer first saw one whole timeout before (B.8's proof: lock values are unique per position, so that lock
    stayed all along); a claim only replaces an older position's claim; no
    ring counts more publishers in flight than there are; no actor but a
    ring's owner clears its owner_pid or frees it while the owner lives;
@@ -62,7 +62,7 @@ The invariants, checked before every step and at the end:
    on the free stack at the end (each leave gave back its window's claims);
 10. a subscriber whose join returned is its ring's recorded owner
     (owner_pid) while the ring is Live;
-11. at the end a Free ring records no owner and no waiter.
+11. at the end a Free ring records no owner and no waiter;
 12. under sc, a publish claims a position on every ring Live for the whole
     call (a subscriber's joined before it began); at the end an entry is
     left locked only by an actor that died, and steal_count counts every
@@ -228,7 +228,7 @@ class World9:
     dry: str | None = None  # under sc, a publisher that found the pool dry with slots on the free stack
     lockers: dict[int, str] = field(default_factory=dict)  # sequence word -> the actor that stored its last lock
     steals: list[str] = field(default_factory=list)  # the actor of each steal (a repairer lock stored), in order
-    broken: list[str] = field(default_factory=list)  # what the publishes broke of rule 12, as they returned
+    broken: str | None = None  # the first publish that broke rule 12, as it returned
     left: list[Subscriber] = field(default_factory=list)  # the leavers' subscriptions, once they left
 
 
@@ -442,7 +442,8 @@ def _follow(world: World9, step: Step) -> str | None:
         elif seq_skip(value) and (before != repairer_lock(seq_pos(value) - 1)
                                   or world.lockers.get(step.address) != step.actor):
             return (f"{step.actor} stores {describe_sequence(value)} on ring {ring} entry {entry} over "
-                    f"{describe_sequence(before)}, not over its own repairer lock (B.8 3: a steal takes the lock first)")
+                    f"{describe_sequence(before)}, not over its own repairer lock (B.8 3: a steal takes the lock "
+                    f"first)")
         elif value & SEQ_REPAIR_BIT and seq_locked(before) and not before & SEQ_REPAIR_BIT:
             # B.8's proof: the stealer saw this very lock (its value is unique to its position) a whole timeout ago
             seen_ns = now - world.seen[(step.actor, step.address, before)]
@@ -752,18 +753,21 @@ def _note_publish(world: World9, publisher: str, sequence: int, live: set[int], 
             commits += not seq_locked(value) and not seq_skip(value)
     quiet = (isinstance(execution.memory, SequentialMemory) and not world.clock.now and not execution.died
              and not any(actor.name == "repair" for actor in world.actors))
+    broken = None
     if missed:
-        world.broken.append(f"{publisher}'s message {sequence} claimed no position on ring(s) "
-                            f"{', '.join(map(str, missed))}, Live for the whole publish")
+        broken = (f"{publisher}'s message {sequence} claimed no position on ring(s) {', '.join(map(str, missed))}, "
+                  f"Live for the whole publish")
     elif delivered != commits:
-        world.broken.append(f"{publisher}'s publish of message {sequence} returned {delivered}, but it committed to "
-                            f"{commits} ring(s)")
+        broken = (f"{publisher}'s publish of message {sequence} returned {delivered}, but it committed to "
+                  f"{commits} ring(s)")
     elif counted != dropped:
-        world.broken.append(f"{publisher} abandoned {dropped} deliveries of message {sequence}, but counted "
-                            f"{counted} on the rings' dropped_count")
+        broken = (f"{publisher} abandoned {dropped} deliveries of message {sequence}, but counted {counted} on the "
+                  f"rings' dropped_count")
     elif quiet and dropped:
-        world.broken.append(f"{publisher} abandoned {dropped} deliveries of message {sequence}, though no time passed, "
-                            f"nobody died and no repairer ran")
+        broken = (f"{publisher} abandoned {dropped} deliveries of message {sequence}, though no time passed, nobody "
+                  f"died and no repairer ran")
+    if world.broken is None:
+        world.broken = broken
 
 
 def _note_lock(world: World9, step: Step, value: int) -> None:
@@ -804,7 +808,7 @@ def _check(world: World9) -> Callable[[Execution], str | None]:
             if found:
                 return found
         world.checked_steps = len(execution.outcome.steps)
-        found = (next(iter(world.broken), None) or world.dry or _memory_violation(world) or _delivery_violation(world)
+        found = (world.broken or world.dry or _memory_violation(world) or _delivery_violation(world)
                  or _unrecorded_owner(world))
         if found is None and all(actor.state in ("done", "dead") for actor in world.actors):
             found = _end_violation(world, execution.died)
