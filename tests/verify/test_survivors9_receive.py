@@ -30,11 +30,11 @@ def test_the_receive_trial_is_in_layout_9s_set_and_passes_with_the_real_flows():
 
 
 @pytest.mark.parametrize(("mutant_id", "violation"), [
-    ("protocol/v9/receive.py:268 move-bound", "lost position 0 of ring 0, committed and never overwritten"),
-    ("protocol/v9/receive.py:241 move-bound #2", "lost position 0 of ring 0, committed and never overwritten"),
-    ("protocol/v9/receive.py:170 swap-steps", "at the end slot(s) [0] are off the free stack"),
-    ("protocol/v9/receive.py:177 remove-step", "but its owner_pid does not record it"),
-    ("protocol/v9/receive.py:440 remove-step", "is Free but still records owner_pid"),
+    ("protocol/v9/receive.py:267 move-bound", "lost position 0 of ring 0, committed and never overwritten"),
+    ("protocol/v9/receive.py:240 move-bound #2", "lost position 0 of ring 0, committed and never overwritten"),
+    ("protocol/v9/receive.py:169 swap-steps", "at the end slot(s) [0] are off the free stack"),
+    ("protocol/v9/receive.py:176 remove-step", "but its owner_pid does not record it"),
+    ("protocol/v9/receive.py:439 remove-step", "is Free but still records owner_pid"),
     ("protocol/v9/repair.py:232 move-bound", "at the end slot(s) [0] are off the free stack"),
 ])
 def test_the_receive_trial_kills_the_survivors_it_is_for(mutant_id, violation):
@@ -75,7 +75,7 @@ def test_a_drain_skips_a_claim_one_past_the_pool(region):
 
 
 class Napped(Exception):
-    """Raised by the test's time.sleep: the receive reached its nap."""
+    """Raised by the test's sleep_ns: the receive reached its nap."""
 
 
 def test_a_receive_without_a_deadline_naps_while_the_head_is_claimed(region, monkeypatch):
@@ -85,11 +85,11 @@ def test_a_receive_without_a_deadline_naps_while_the_head_is_claimed(region, mon
     ops.store_release_u64(region.entry_address(0, 0) + layout.SEQUENCE_OFFSET, layout.publisher_lock(0))  # not committed
     naps = []
 
-    def nap(seconds):
-        naps.append(seconds)
+    def nap(ns):
+        naps.append(ns)
         raise Napped
 
-    monkeypatch.setattr(time, "sleep", nap)
+    monkeypatch.setattr(region, "sleep_ns", nap)
     with pytest.raises(Napped):
         sub.receive_view_until(None)  # YIELDS_BEFORE_SLEEP yields on the claimed head, then the nap
-    assert naps == [receive.POLL_SLEEP_S]
+    assert naps == [receive.POLL_SLEEP_NS]

@@ -8,7 +8,6 @@ futex word (B.11), and gives the ring back with ``close`` (leave and drain,
 B.12). Every atomic goes through the region's ``kickmsg.atomics`` door.
 """
 import os
-import time
 
 from kickmsg import owners, process
 from kickmsg.errors import CapacityError
@@ -43,14 +42,14 @@ from kickmsg.protocol.v9 import repair
 from kickmsg.protocol.v9.region import Region
 
 __all__ = [
-    "POLL_SLEEP_S", "RECEIVE_ITERATIONS", "RINGS_NAMED", "SampleView", "Subscriber", "UNCOMMITTED_POLL_NS",
+    "POLL_SLEEP_NS", "RECEIVE_ITERATIONS", "RINGS_NAMED", "SampleView", "Subscriber", "UNCOMMITTED_POLL_NS",
     "YIELDS_BEFORE_SLEEP",
     "ring_holders",
 ]
 
 RECEIVE_ITERATIONS = 64  # B.10
 YIELDS_BEFORE_SLEEP = 64  # B.11
-POLL_SLEEP_S = 0.0001  # B.11: 100 us naps while the head is claimed but not committed
+POLL_SLEEP_NS = 100_000  # B.11: 100 us naps while the head is claimed but not committed
 UNCOMMITTED_POLL_NS = 1_000_000  # a WaitSet's nap while the head is claimed but not committed
 
 
@@ -364,7 +363,7 @@ class Subscriber:
         if yields <= YIELDS_BEFORE_SLEEP:
             os.sched_yield()
         else:
-            time.sleep(POLL_SLEEP_S if remaining < 0 else min(POLL_SLEEP_S, remaining / 1e9))
+            self.region.sleep_ns(POLL_SLEEP_NS if remaining < 0 else min(POLL_SLEEP_NS, remaining))
         return True
 
     # -- waiting on many rings at once (a WaitSet's words, B.11's steps before the sleep) ------

@@ -95,7 +95,8 @@ class ChannelConfig:
 
 
 def sleep_ns(ns: int) -> None:
-    """The repairs' sleep of a commit timeout (B.13)."""
+    """The repairs' sleep of a commit timeout (B.13), and a blocking
+    receive's nap on a claimed head (B.11)."""
     time.sleep(ns / 1e9)
 
 
@@ -111,9 +112,10 @@ class Region:
         self.geometry = geometry
         self.atomics = atomics
         # The clock of commit timeouts and receive deadlines, the repairs'
-        # sleep, and owner liveness (B.16: who this process is, whether a
-        # recorded owner is dead). kickmsg.verify replaces them with modelled
-        # ones: its actors are owners of their own, and die at its choice.
+        # sleep and the receive's nap, and owner liveness (B.16: who this
+        # process is, whether a recorded owner is dead). kickmsg.verify
+        # replaces them with modelled ones: its actors are owners of their
+        # own, and die at its choice.
         self.monotonic_ns: Callable[[], int] = time.monotonic_ns
         self.sleep_ns: Callable[[int], None] = sleep_ns
         self.process_identity: Callable[[], tuple[int, int]] = liveness.process_identity
