@@ -1,6 +1,6 @@
 """Write the `kickmsg verify --mutations` tables of a markdown file.
 
-    .venv/bin/python scripts/mutations_table.py docs/explanation/verification.md [--preemptions K] [--layout 4|9]
+    .venv/bin/python scripts/mutations_table.py docs/explanation/verification.md [--preemptions K] [--layout 4|9] [--jobs N]
     .venv/bin/python scripts/mutations_table.py docs/explanation/verification.md --check
 
 Each layout's table sits between the lines ``<!-- mutations layout N -->``
@@ -12,11 +12,16 @@ Each layout's survivors table, between ``<!-- survivors layout N -->`` and
 ``<!-- /survivors layout N -->``, is rewritten with them: one row per
 survivor, with the argument its row had (by id), or **not yet argued**.
 
+``--jobs N`` shares the mutants among N processes (each explores every
+trial's unmutated flows once more); the time in the summary is then the
+wall time of all of them.
+
 ``--check`` runs nothing: it exits 1, naming the first difference, if a
 table's mutants (their ids, functions and changes) are not those the code
 gives now; the results are then stale too, rewrite the tables.
 """
 import argparse
+import concurrent.futures
 import pathlib
 import re
 import sys
@@ -92,6 +97,26 @@ def stale(text: str, layout: int) -> str | None:
     return None
 
 
+def _share(layout: int, preemptions: int, stale: int, jobs: int, share: int) -> dict[str, object]:
+    """One process's share of the mutants (every jobs-th, from ``share``): ``Analysis.to_dict``."""
+    ids = {derived.id for derived in mutations.derive(layout)[0][share::jobs]}
+    return mutations.run(layout, preemptions, stale, only=lambda d: d.id in ids).to_dict()
+
+
+def analysed(layout: int, preemptions: int, stale: int, jobs: int) -> mutations.Analysis:
+    """``mutations.run`` of every mutant of the layout, in ``jobs`` processes."""
+    if jobs == 1:
+        return mutations.run(layout, preemptions, stale)
+    with concurrent.futures.ProcessPoolExecutor(jobs) as pool:
+        shares = list(pool.map(_share, *zip(*[(layout, preemptions, stale, jobs, share) for share in range(jobs)])))
+    done = {found["id"]: found for share in shares for found in share["mutants"]}
+    derived, skipped = mutations.derive(layout)
+    return mutations.Analysis(
+        [mutations.Result(mutant, done[mutant.id]["result"] == "killed", done[mutant.id]["schedules"],
+                          done[mutant.id]["seconds"], done[mutant.id]["scenario"], done[mutant.id]["violation"])
+         for mutant in derived], skipped, shares[0]["left_out"])
+
+
 def main(argv: Iterable[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("file", type=pathlib.Path, help="the markdown file to rewrite in place")
@@ -100,6 +125,8 @@ def main(argv: Iterable[str] | None = None) -> int:
     parser.add_argument("--stale", type=int, default=1, help="stale reads under ra (default 1)")
     parser.add_argument("--layout", type=int, choices=(4, 9), action="append",
                         help="rewrite this layout's tables only (default: both)")
+    parser.add_argument("--jobs", type=int, default=1, choices=range(1, 9), metavar="N",
+                        help="processes sharing the mutants (1 to 8, default 1)")
     args = parser.parse_args(None if argv is None else list(argv))
     text = args.file.read_text()
     if args.check:
@@ -109,7 +136,7 @@ def main(argv: Iterable[str] | None = None) -> int:
         return 1 if problems else 0
     for layout in args.layout or (4, 9):
         began = time.monotonic()
-        analysis = mutations.run(layout, args.preemptions, args.stale)
+        analysis = analysed(layout, args.preemptions, args.stale, args.jobs)
         lines = args.file.read_text().split("\n")  # as it is now: a run of the other layout may have rewritten it
         bounds = f"at most {args.preemptions} preemption(s), under ra {args.stale} stale read(s)"
         start, end = section(lines, layout)

@@ -34,7 +34,7 @@ The invariants, checked before every step and at the end:
 3. a commit replaces its own publisher's lock (a commit after a steal
    fails), a skip marker its own stealer's repairer lock; a steal takes a
    lock the stealer first saw one whole timeout before (B.8's proof: lock values are unique per position, so that lock
-   stayed all along); a claim only replaces an older position's claim; no
+   stayed all along), or a commit more than one wrap behind its position; a claim only replaces an older position's claim; no
    ring counts more publishers in flight than there are; no actor but a
    ring's owner clears its owner_pid or frees it while the owner lives;
 4. every sample a subscriber gets is the message committed at that ring
@@ -47,7 +47,7 @@ The invariants, checked before every step and at the end:
    ring left Live or Draining with no owner recorded by a subscriber that
    died is noted: no repair can reclaim it); under sc, if no publisher
    died, each live subscriber went past every position of its ring (its
-   last look came after the publishers had finished);
+   last look came after the publishers and the repairer had finished);
 6. no lost wake-up: a subscriber asleep on the futex, with everyone else
    done, must have been woken if write_pos moved (unless the word's last
    writer died, maybe before its wake-up: the sleeper is woken by its
@@ -137,7 +137,7 @@ class Scenario9:
     publishers: int = 2
     messages: int = 1  # each publisher's
     sends: tuple[int, ...] = ()  # each publisher's message count, if given (overrides messages)
-    subscribers: int = 1  # each joins, receives until the publishers are over, leaves (drains)
+    subscribers: int = 1  # each joins, receives until the publishers (and the repairer) are over, leaves (drains)
     idle: int = 0  # rings joined before the run by subscribers that read nothing and leave after it
     capacity: int = 1
     pool: int = 3
@@ -264,11 +264,11 @@ def _world(scenario: Scenario9) -> World9:
     region.process_identity = process_identity
     region.owner_is_dead = owner_is_dead
     world.idle = [Subscriber(region) for _ in range(scenario.idle)]
-    publishers: list[Actor] = []
+    writers: list[Actor] = []  # the publishers, and the repairer (its skip markers are positions to go past)
 
-    def publishers_over() -> bool:
+    def writers_over() -> bool:
         assert world.execution is not None
-        return all(state in ("done", "dead") for state in world.execution.looks_at(publishers))
+        return all(state in ("done", "dead") for state in world.execution.looks_at(writers))
 
     def live_all_along() -> set[int]:
         """The rings that stay Live for a whole publish begun now: the idle
@@ -317,14 +317,14 @@ def _world(scenario: Scenario9) -> World9:
                     receiver = Subscriber(region)
                     break
                 except RuntimeError:
-                    if publishers_over():
+                    if writers_over():
                         return
             world.subscribers[name] = receiver
             world.rings[name] = receiver.ring_index
             world.first_pos[name] = receiver.read_pos
             world.lost_before[name] = HARDWARE.load_relaxed_u64(receiver.ring + LOST_COUNT_OFFSET)  # a dead one's
             while True:
-                over = publishers_over()  # before the last look: nothing is published after it
+                over = writers_over()  # before the last look: nothing is written after it
                 if scenario.blocking:
                     view = receiver.receive_view_until(region.monotonic_ns() + RECEIVE_TIMEOUT_NS)
                 else:
@@ -351,10 +351,10 @@ def _world(scenario: Scenario9) -> World9:
     for index in range(scenario.subscribers):
         world.received[f"sub{index}"] = []
         world.actors.append(Actor(f"sub{index}", subscriber(f"sub{index}")))
-    publishers.extend(Actor(f"pub{index}", publisher(index)) for index in range(scenario.publishers))
-    world.actors.extend(publishers)
+    writers.extend(Actor(f"pub{index}", publisher(index)) for index in range(scenario.publishers))
     if scenario.repairer:
-        world.actors.append(Actor("repair", repair.repair_locked_entries))
+        writers.append(Actor("repair", repair.repair_locked_entries))
+    world.actors.extend(writers)
     world.actors.extend(Actor(f"reclaim{index}", repair.reclaim_dead_rings) for index in range(scenario.reclaimers))
     return world
 
@@ -444,6 +444,12 @@ def _follow(world: World9, step: Step) -> str | None:
             return (f"{step.actor} stores {describe_sequence(value)} on ring {ring} entry {entry} over "
                     f"{describe_sequence(before)}, not over its own repairer lock (B.8 3: a steal takes the lock "
                     f"first)")
+        elif value & SEQ_REPAIR_BIT and not seq_locked(before):
+            # B.8 2, B.13: a commit (or skip) is stolen only when more than one wrap behind the steal's position
+            if seq_pos(before) + region.geometry.capacity >= seq_pos(value) + 1:
+                return (f"{step.actor} steals {describe_sequence(before)} on ring {ring} entry {entry} for "
+                        f"position {seq_pos(value)}: not more than one wrap behind it (only a stale commit may be "
+                        f"stolen)")
         elif value & SEQ_REPAIR_BIT and seq_locked(before) and not before & SEQ_REPAIR_BIT:
             # B.8's proof: the stealer saw this very lock (its value is unique to its position) a whole timeout ago
             seen_ns = now - world.seen[(step.actor, step.address, before)]

@@ -11,6 +11,7 @@ import pytest
 
 from kickmsg.protocol.v9 import ChannelConfig, Publisher, Region, Subscriber, layout
 from kickmsg.verify import Scenario9, explore, mutants, mutations, orders
+from kickmsg.verify.layout9 import MUTANT_SCENARIOS9
 from kickmsg.verify.mutations import TRIALS9_PUBLISH, Trial
 
 MUTANTS = {derived.id: derived.mutant for derived in mutations.derive(9)[0]}
@@ -19,6 +20,7 @@ GUARDS = ("protocol/v9/publish.py:225 drop-operand #2", "protocol/v9/publish.py:
 WRAP, LEAVER = TRIALS9_PUBLISH
 TWO_PUBLISHERS = Trial(Scenario9(subscribers=0, idle=1), least_preemptions=1)  # the smallest that shows the check
 STEAL = Trial(orders.SCENARIOS9["steal"], least_preemptions=1)  # a publisher may die holding its lock
+STEAL_UNPROVEN = Trial(MUTANT_SCENARIOS9["steal-unproven"][0], least_preemptions=3, models=("sc",))  # in the set
 
 
 @pytest.mark.parametrize("mutant, trial, violation", [
@@ -51,6 +53,11 @@ STEAL = Trial(orders.SCENARIOS9["steal"], least_preemptions=1)  # a publisher ma
     # steal-unproven's scenario, at three preemptions)
     ("protocol/v9/publish.py:254 drop-operand #2", TWO_PUBLISHERS,
      r"pub[01] abandoned 1 deliveries of message 0, though no time passed, nobody died and no repairer ran"),
+    # rule 3: the previous lap's commit, landed between the failed lock and the self-repair, stolen as stale
+    ("protocol/v9/publish.py:282 negate-condition", STEAL_UNPROVEN,
+     r"pub0 steals commit of pos 0 on ring 0 entry 0 for position 1: not more than one wrap behind it .*"),
+    ("protocol/v9/publish.py:282 move-bound", STEAL_UNPROVEN,
+     r"pub0 steals commit of pos 0 on ring 0 entry 0 for position 1: not more than one wrap behind it .*"),
 ])
 def test_survivor_killed(mutant: str, trial: Trial, violation: str) -> None:
     preemptions = trial.preemptions(0)
@@ -98,3 +105,41 @@ def test_guards_against_a_hostile_region(monkeypatch: pytest.MonkeyPatch, shm_na
     _install(monkeypatch, mutant)
     with pytest.raises((IndexError, OverflowError)):
         _forge_and_send(shm_name, forge)
+
+
+def _send_past_a_lock_replaced_during_the_wait(shm_name: str) -> tuple[int, int]:
+    """P9: entry 0 locked by position 0's stalled publisher; a send of
+    position 4 waits a commit timeout on it, and as the timeout passes a
+    repairer replaces the lock with its own (B.13, before its skip marker).
+    The entry's sequence word after the send, and steal_count."""
+    region = Region.create(shm_name, 1, ChannelConfig(1, 4, 8, 32), "p9")
+    try:
+        subscriber = Subscriber(region)  # kept: its ring stays Live
+        ops = region.atomics
+        sequence = region.entry_address(0, 0) + layout.SEQUENCE_OFFSET
+        ops.store_release_u64(sequence, layout.publisher_lock(0))
+        ops.store_release_u64(region.ring_address(0) + layout.WRITE_POS_OFFSET, 4)
+        timeout_ns = region.geometry.commit_timeout_us * 1000
+        reads = []
+
+        def clock() -> int:
+            reads.append(None)
+            if len(reads) == 2:  # the wait's timeout check: the stalled lock was stable, a repairer takes it now
+                ops.store_release_u64(sequence, layout.repairer_lock(0))
+            return len(reads) * timeout_ns
+
+        region.monotonic_ns = clock
+        Publisher(region).send(b"late")
+        subscriber.close()
+        return ops.load_acquire_u64(sequence), ops.load_relaxed_u64(region.steal_count_address)
+    finally:
+        region.unlink()
+
+
+def test_a_stable_lock_replaced_by_another_is_not_stolen(monkeypatch: pytest.MonkeyPatch, shm_name: str) -> None:
+    """P9: the self-repair steals a stable lock only if it is still the very
+    lock the wait saw; the repairer's lock is left to the repairer. Without
+    the check (280 drop-operand #2) the publisher steals the repairer's lock."""
+    assert _send_past_a_lock_replaced_during_the_wait(shm_name) == (layout.repairer_lock(0), 0)
+    _install(monkeypatch, "protocol/v9/publish.py:280 drop-operand #2")
+    assert _send_past_a_lock_replaced_during_the_wait(shm_name) == (layout.skip_marker(4), 1)

@@ -4,13 +4,13 @@ passes with the real flows and kills the mutants it is for; the claim
 checks of pin_next and drain_window hold at their bound (a slot field one
 past the pool), and a receive without a deadline naps while the head is
 claimed, which the explorer (its regions well formed, its receives with a
-deadline) never reaches."""
-import time
-
+deadline) never reaches; an older lap's skip marker under a claimed
+position is not taken for that position's (R3: the explorer reaches it only
+at three preemptions)."""
 import pytest
 
 from kickmsg.protocol.v9 import ChannelConfig, Publisher, Region, Subscriber, layout, receive, repair
-from kickmsg.verify import explore, mutations
+from kickmsg.verify import explore, mutants, mutations
 
 TRIAL = mutations.TRIALS9_RECEIVE[0]
 
@@ -93,3 +93,27 @@ def test_a_receive_without_a_deadline_naps_while_the_head_is_claimed(region, mon
     with pytest.raises(Napped):
         sub.receive_view_until(None)  # YIELDS_BEFORE_SLEEP yields on the claimed head, then the nap
     assert naps == [receive.POLL_SLEEP_NS]
+
+
+def _receive_over_an_older_laps_skip_marker(region):
+    """Position 4 claimed (write_pos 5), its entry still holding the skip
+    marker of position 0 (a lap of 4 before): a receive, then (read_pos, lost)."""
+    sub = Subscriber(region)
+    ops = region.atomics
+    ops.store_release_u64(region.entry_address(sub.ring_index, 0) + layout.SEQUENCE_OFFSET, layout.skip_marker(0))
+    ops.store_release_u64(region.ring_address(sub.ring_index) + layout.WRITE_POS_OFFSET, 5)
+    sub.read_pos = 4  # positions 0-3 gone past
+    assert sub.try_receive() is None
+    found = sub.read_pos, sub.lost
+    sub.close()
+    return found
+
+
+def test_an_older_laps_skip_marker_under_a_claimed_position_is_not_consumed(region, monkeypatch):
+    """R3: nothing to read yet, nothing lost. Without the position check
+    (228 drop-operand #2) the receive counts position 4 lost and goes past
+    it, before its publisher commits it."""
+    assert _receive_over_an_older_laps_skip_marker(region) == (4, 0)
+    for patch in _derived("protocol/v9/receive.py:228 drop-operand #2").mutant.patches:
+        monkeypatch.setattr(patch.owner, patch.attribute, mutants.build(patch, "R3"))
+    assert _receive_over_an_older_laps_skip_marker(region) == (5, 1)
