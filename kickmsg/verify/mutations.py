@@ -34,11 +34,14 @@ flow that never returns is a failure of the flow as much as a lost
 message). A mutant no scenario kills survived.
 """
 import ast
+import contextlib
 import functools
 import inspect
 import pathlib
+import sys
 import textwrap
-from collections.abc import Callable
+import traceback
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 
 from kickmsg.verify import MUTANT_SCENARIOS, Report, Scenario, Scenario9, explore, orders
@@ -472,11 +475,30 @@ def _baseline_violation(trial: Trial, model: str, preemptions: int, stale: int, 
     return _explore(trial, None, model, preemptions, stale, budget, max_schedules).violation
 
 
+@contextlib.contextmanager
+def _mutants_finalizers_quiet() -> Iterator[None]:
+    """Drop the errors a mutant's code raises in a finalizer (a mutated
+    ``Subscriber.close`` run by ``__del__`` after its schedule, outside the
+    explorer): symptoms of the mutant, not results; anything else is reported."""
+    report = sys.unraisablehook
+
+    def hook(unraisable: "sys.UnraisableHookArgs") -> object:
+        frames = traceback.extract_tb(unraisable.exc_traceback)
+        return None if any(frame.filename.startswith("<mutant ") for frame in frames) else report(unraisable)
+
+    sys.unraisablehook = hook
+    try:
+        yield
+    finally:
+        sys.unraisablehook = report
+
+
 def _explore(trial: Trial, mutant: Mutant | None, model: str, preemptions: int, stale: int, budget: int | None,
              max_schedules: int) -> Report:
-    return explore(trial.scenario, mutant=mutant, preemptions=trial.preemptions(preemptions),
-                   max_schedules=max_schedules, memory_model=model, stale=stale if model == "ra" else 0,
-                   budget=budget if model == "ra" else None)
+    with _mutants_finalizers_quiet():
+        return explore(trial.scenario, mutant=mutant, preemptions=trial.preemptions(preemptions),
+                       max_schedules=max_schedules, memory_model=model, stale=stale if model == "ra" else 0,
+                       budget=budget if model == "ra" else None)
 
 
 def format_table(results: list[Result]) -> str:

@@ -7,10 +7,12 @@ listed with the survivors in the docs), the docs' tables current, and the
 command.
 """
 import ast
+import gc
 import importlib.util
 import inspect
 import json
 import re
+import sys
 import textwrap
 from pathlib import Path
 
@@ -91,6 +93,19 @@ def test_a_mutant_that_loops_forever_outside_the_actors_is_stopped():
     analysis = mutations.run(9, only=lambda mutant: mutant.id == target)
     (result,) = analysis.results
     assert result.killed and "went round 100000 times in one call" in result.violation, result.violation
+
+
+def test_a_mutants_failing_finalizer_is_not_reported(monkeypatch):
+    """A mutated Subscriber.close whose loop never ends, run by __del__
+    after the schedules (outside the explorer): nothing reaches the
+    unraisable hook (which prints "Exception ignored ..." tracebacks)."""
+    reported = []
+    monkeypatch.setattr(sys, "unraisablehook", reported.append)
+    target = "protocol/v9/receive.py:425 negate-condition"
+    (result,) = mutations.run(9, only=lambda mutant: mutant.id == target).results
+    gc.collect()
+    assert result.derived.id == target
+    assert reported == []
 
 
 def test_every_mutant_of_the_quick_slice_is_killed_or_listed():
