@@ -1,6 +1,7 @@
 """Write the `kickmsg verify --mutations` tables of a markdown file.
 
-    .venv/bin/python scripts/mutations_table.py docs/explanation/verification.md [--preemptions K] [--layout 4|9] [--jobs N]
+    .venv/bin/python scripts/mutations_table.py docs/explanation/verification.md [--preemptions K]
+        [--layout 4|9] [--jobs N] [--journal PATH]
     .venv/bin/python scripts/mutations_table.py docs/explanation/verification.md --check
 
 Each layout's table sits between the lines ``<!-- mutations layout N -->``
@@ -16,17 +17,27 @@ survivor, with the argument its row had (by id), or **not yet argued**.
 trial's unmutated flows once more); the time in the summary is then the
 wall time of all of them.
 
+Each mutant's result is recorded as it is done, one JSON line in the
+journal (``--journal``, by default ``.mutations/layoutN.jsonl`` in this
+checkout), with a fingerprint of the package's sources and the bounds. A
+run stopped (Ctrl-C) goes on where it stopped when started again: the
+results recorded for the same code and bounds are taken, the rest
+explored; the time in the summary is then that of the last run only.
+
 ``--check`` runs nothing: it exits 1, naming the first difference, if a
 table's mutants (their ids, functions and changes) are not those the code
 gives now; the results are then stale too, rewrite the tables.
 """
 import argparse
 import concurrent.futures
+import hashlib
+import json
 import pathlib
 import re
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # this checkout's kickmsg
@@ -59,8 +70,11 @@ def row(result: mutations.Result) -> str:
 
 
 def table(analysis: mutations.Analysis, bounds: str, seconds: float) -> list[str]:
+    """The rows and the summary line: ``seconds`` is this run's wall time."""
+    explored = sum(result.seconds for result in analysis.results)
     return [*HEADER, *(row(result) for result in analysis.results), "",
-            f"{analysis.summary()}, in {seconds:.0f} s ({bounds})."]
+            f"{analysis.summary()}; {explored:.0f} s exploring them (summed over the runs and processes; this "
+            f"run's wall time {seconds:.0f} s, {bounds})."]
 
 
 def survivors(lines: list[str], analysis: mutations.Analysis, layout: int) -> list[str]:
@@ -97,24 +111,56 @@ def stale(text: str, layout: int) -> str | None:
     return None
 
 
-def _share(layout: int, preemptions: int, stale: int, jobs: int, share: int) -> dict[str, object]:
-    """One process's share of the mutants (every jobs-th, from ``share``): ``Analysis.to_dict``."""
-    ids = {derived.id for derived in mutations.derive(layout)[0][share::jobs]}
-    return mutations.run(layout, preemptions, stale, only=lambda d: d.id in ids).to_dict()
+def fingerprint(layout: int, preemptions: int, stale: int) -> str:
+    """What a recorded result depends on: the package's sources, the layout and the bounds."""
+    digest = hashlib.sha256(f"layout {layout}, {preemptions} preemption(s), {stale} stale".encode())
+    for path in sorted((ROOT / "kickmsg").rglob("*.py")):
+        digest.update(path.relative_to(ROOT).as_posix().encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
 
 
-def analysed(layout: int, preemptions: int, stale: int, jobs: int) -> mutations.Analysis:
-    """``mutations.run`` of every mutant of the layout, in ``jobs`` processes."""
-    if jobs == 1:
-        return mutations.run(layout, preemptions, stale)
-    with concurrent.futures.ProcessPoolExecutor(jobs) as pool:
-        shares = list(pool.map(_share, *zip(*[(layout, preemptions, stale, jobs, share) for share in range(jobs)])))
-    done = {found["id"]: found for share in shares for found in share["mutants"]}
+def recorded(journal: pathlib.Path, code: str) -> dict[str, dict[str, Any]]:
+    """The results the journal holds for ``code`` (a fingerprint), by mutant id."""
+    found = {}
+    for line in journal.read_text().splitlines() if journal.exists() else ():
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError:  # a line cut short by a stop
+            continue
+        if entry.get("code") == code:
+            found[entry["id"]] = entry
+    return found
+
+
+def _share(layout: int, preemptions: int, stale: int, journal: pathlib.Path, code: str, ids: set[str]) -> list[str]:
+    """Explore the mutants ``ids``, appending each result to the journal as it
+    is done (one line, one write); the scenarios left out."""
+    def record(result: mutations.Result) -> None:
+        with journal.open("a") as file:
+            file.write(json.dumps({"code": code, **result.to_dict()}) + "\n")
+    return mutations.run(layout, preemptions, stale, only=lambda derived: derived.id in ids, progress=record).left_out
+
+
+def analysed(layout: int, preemptions: int, stale: int, jobs: int, journal: pathlib.Path,
+             only: Callable[[mutations.Derived], bool] = lambda derived: True) -> mutations.Analysis:
+    """``mutations.run`` of the layout's mutants (those ``only`` accepts), in
+    ``jobs`` processes, taking the results the journal holds for this code
+    and these bounds, and recording the others there."""
+    code = fingerprint(layout, preemptions, stale)
     derived, skipped = mutations.derive(layout)
+    derived = [mutant for mutant in derived if only(mutant)]
+    done = recorded(journal, code)
+    journal.parent.mkdir(parents=True, exist_ok=True)
+    journal.write_text("".join(json.dumps(entry) + "\n" for entry in done.values()))  # drops older code's
+    missing = [mutant.id for mutant in derived if mutant.id not in done]
+    shares = [set(missing[share::jobs]) for share in range(jobs)]
+    with concurrent.futures.ProcessPoolExecutor(jobs) as pool:
+        left_out = list(pool.map(_share, *zip(*[(layout, preemptions, stale, journal, code, ids) for ids in shares])))
+    done = recorded(journal, code)
     return mutations.Analysis(
         [mutations.Result(mutant, done[mutant.id]["result"] == "killed", done[mutant.id]["schedules"],
                           done[mutant.id]["seconds"], done[mutant.id]["scenario"], done[mutant.id]["violation"])
-         for mutant in derived], skipped, shares[0]["left_out"])
+         for mutant in derived], skipped, left_out[0])
 
 
 def main(argv: Iterable[str] | None = None) -> int:
@@ -127,6 +173,8 @@ def main(argv: Iterable[str] | None = None) -> int:
                         help="rewrite this layout's tables only (default: both)")
     parser.add_argument("--jobs", type=int, default=1, choices=range(1, 9), metavar="N",
                         help="processes sharing the mutants (1 to 8, default 1)")
+    parser.add_argument("--journal", type=pathlib.Path, metavar="PATH",
+                        help="the results recorded as they are done (default: .mutations/layoutN.jsonl here)")
     args = parser.parse_args(None if argv is None else list(argv))
     text = args.file.read_text()
     if args.check:
@@ -136,7 +184,14 @@ def main(argv: Iterable[str] | None = None) -> int:
         return 1 if problems else 0
     for layout in args.layout or (4, 9):
         began = time.monotonic()
-        analysis = analysed(layout, args.preemptions, args.stale, args.jobs)
+        journal = args.journal or ROOT / ".mutations" / f"layout{layout}.jsonl"
+        try:
+            analysis = analysed(layout, args.preemptions, args.stale, args.jobs, journal)
+        except KeyboardInterrupt:
+            code = fingerprint(layout, args.preemptions, args.stale)
+            print(f"stopped: {len(recorded(journal, code))} of layout {layout}'s mutants recorded in {journal}; "
+                  "the same command goes on from there", file=sys.stderr)
+            return 130
         lines = args.file.read_text().split("\n")  # as it is now: a run of the other layout may have rewritten it
         bounds = f"at most {args.preemptions} preemption(s), under ra {args.stale} stale read(s)"
         start, end = section(lines, layout)

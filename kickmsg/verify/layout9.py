@@ -33,10 +33,12 @@ The invariants, checked before every step and at the end:
    claims plus its pins, and at most max_subs plus the subscribers' pins;
 3. a commit replaces its own publisher's lock (a commit after a steal
    fails), a skip marker its own stealer's repairer lock; a steal takes a
-   lock the stealer first saw one whole timeout before (B.8's proof: lock values are unique per position, so that lock
-   stayed all along), or a commit more than one wrap behind its position; a claim only replaces an older position's claim; no
-   ring counts more publishers in flight than there are; no actor but a
-   ring's owner clears its owner_pid or frees it while the owner lives;
+   lock the stealer first saw one whole timeout before (B.8's proof: lock
+   values are unique per position, so that lock stayed all along), or a
+   commit more than one wrap behind its position; a claim only replaces an
+   older position's claim; no ring counts more publishers in flight than
+   there are; no actor but a ring's owner clears its owner_pid or frees it
+   while the owner lives;
 4. every sample a subscriber gets is the message committed at that ring
    position (not a skip marker, not a recycled slot), positions rising, each
    publisher's messages in order;

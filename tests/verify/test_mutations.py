@@ -24,7 +24,7 @@ from kickmsg.verify.layout9 import MUTANT_SCENARIOS9
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "explanation" / "verification.md"
 SPEC = importlib.util.spec_from_file_location("mutations_table", ROOT / "scripts" / "mutations_table.py")
-mutations_table = importlib.util.module_from_spec(SPEC)
+mutations_table = sys.modules["mutations_table"] = importlib.util.module_from_spec(SPEC)  # its processes find it
 SPEC.loader.exec_module(mutations_table)
 FREE_STACK = ("pop", "push", "release_slot")
 ID = re.compile(r"^protocol/[a-z_0-9/]+\.py:\d+ (drop-condition|negate-condition|drop-operand|move-bound|"
@@ -106,6 +106,31 @@ def test_a_mutants_failing_finalizer_is_not_reported(monkeypatch):
     gc.collect()
     assert result.derived.id == target
     assert reported == []
+
+
+def test_the_table_scripts_journal_keeps_what_was_done_for_this_code(tmp_path):
+    """Two processes share a slice of layout 4's mutants, each result
+    recorded as it is done. A second run takes a recorded result as it is
+    (forged here, so it shows it was not explored again), explores again
+    one recorded for other code, and leaves only this code's lines."""
+    journal = tmp_path / "layout4.jsonl"
+    code = mutations_table.fingerprint(4, 0, 1)
+    first = mutations_table.analysed(4, 0, 1, 2, journal, lambda mutant: mutant.function == "push")
+    entries = [json.loads(line) for line in journal.read_text().splitlines()]
+    assert sorted(entry["id"] for entry in entries) == sorted(result.derived.id for result in first.results)
+    assert len(entries) > 5 and {entry["code"] for entry in entries} == {code}
+    killed = next(entry for entry in entries if entry["result"] == "killed")
+    forged, older = dict(killed, result="survived", schedules=12345), dict(entries[-1], code="0" * 16)
+    rest = [entry for entry in entries if entry["id"] not in (forged["id"], older["id"])]
+    journal.write_text("".join(json.dumps(entry) + "\n" for entry in [forged, older, *rest]) + '{"cut sh')
+    second = {result.derived.id: result for result in
+              mutations_table.analysed(4, 0, 1, 2, journal, lambda mutant: mutant.function == "push").results}
+    assert not second[forged["id"]].killed and second[forged["id"]].schedules == 12345
+    again = next(result for result in first.results if result.derived.id == older["id"])
+    assert (second[older["id"]].killed, second[older["id"]].violation) == (again.killed, again.violation)
+    assert len(second) == len(first.results)
+    lines = [json.loads(line) for line in journal.read_text().splitlines()]
+    assert {entry["code"] for entry in lines} == {code} and len(lines) == len(entries)
 
 
 def test_every_mutant_of_the_quick_slice_is_killed_or_listed():
