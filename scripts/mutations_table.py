@@ -138,6 +138,8 @@ def _share(layout: int, preemptions: int, stale: int, journal: pathlib.Path, cod
     def record(result: mutations.Result) -> None:
         with journal.open("a") as file:
             file.write(json.dumps({"code": code, **result.to_dict()}) + "\n")
+        verdict = "killed" if result.killed else "survived"
+        print(f"{result.derived.id}: {verdict}, {result.schedules} schedules in {result.seconds:.1f} s", file=sys.stderr)
     return mutations.run(layout, preemptions, stale, only=lambda derived: derived.id in ids, progress=record).left_out
 
 
