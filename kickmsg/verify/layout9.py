@@ -70,7 +70,10 @@ The invariants, checked before every step and at the end:
     left locked only by an actor that died, and steal_count counts every
     steal (one whose stealer died may be left out);
 13. under sc, a publisher that finds the pool dry finds no slot on the
-    free stack.
+    free stack;
+14. a leave gives up waiting for the publishers in flight (leaves its ring
+    retired) only past its deadline: not before one commit timeout of
+    modelled time has passed.
 """
 import collections
 from collections.abc import Callable
@@ -228,6 +231,7 @@ class World9:
     repaired: str = ""  # what the repairs at the end did
     unowned: list[int] = field(default_factory=list)  # rings left Live with no owner recorded (B.4's window)
     dry: str | None = None  # under sc, a publisher that found the pool dry with slots on the free stack
+    gave_up: str | None = None  # a leave that gave up before its deadline (rule 14)
     lockers: dict[int, str] = field(default_factory=dict)  # sequence word -> the actor that stored its last lock
     steals: list[str] = field(default_factory=list)  # the actor of each steal (a repairer lock stored), in order
     broken: str | None = None  # the first publish that broke rule 12, as it returned
@@ -312,15 +316,21 @@ def _world(scenario: Scenario9) -> World9:
                 _note_publish(world, name, sequence, live, first_step, delivered, sender.dropped - dropped)
         return publish
 
+    def joined(region: Region) -> Subscriber | None:
+        """A subscription; every ring taken (fewer rings than subscribers): try
+        again until one is given back, or None once the writers are over."""
+        while True:
+            try:
+                return Subscriber(region)
+            except RuntimeError:
+                if writers_over():
+                    return None
+
     def subscriber(name: str) -> Callable[[Region], None]:
         def subscribe(region: Region) -> None:
-            while True:  # every ring taken (fewer rings than subscribers): try again until one is given back
-                try:
-                    receiver = Subscriber(region)
-                    break
-                except RuntimeError:
-                    if writers_over():
-                        return
+            receiver = joined(region)
+            if receiver is None:
+                return
             world.subscribers[name] = receiver
             world.rings[name] = receiver.ring_index
             world.first_pos[name] = receiver.read_pos
@@ -341,15 +351,18 @@ def _world(scenario: Scenario9) -> World9:
                 world.received[name].append((receiver.ring_index, view.ring_pos, bytes(view)))
                 world.pins[slot] -= 1  # before the release: the reference is dropped in it
                 view.release()
-            receiver.close()
+            _leave(world, name, receiver)
         return subscribe
 
-    def leaver(region: Region) -> None:
-        receiver = Subscriber(region)
-        world.left.append(receiver)
-        receiver.close()
+    def leaver(name: str) -> Callable[[Region], None]:
+        def join_and_leave(region: Region) -> None:
+            receiver = joined(region)
+            if receiver is not None:
+                world.left.append(receiver)
+                _leave(world, name, receiver)
+        return join_and_leave
 
-    world.actors.extend(Actor(f"leaver{index}", leaver) for index in range(scenario.leavers))
+    world.actors.extend(Actor(f"leaver{index}", leaver(f"leaver{index}")) for index in range(scenario.leavers))
     for index in range(scenario.subscribers):
         world.received[f"sub{index}"] = []
         world.actors.append(Actor(f"sub{index}", subscriber(f"sub{index}")))
@@ -523,6 +536,15 @@ def _found_dry(world: World9, name: str) -> None:
     stacked, _ = _free_stack(world.region)
     if isinstance(world.execution.memory, SequentialMemory) and stacked and world.dry is None:
         world.dry = f"{name} found the pool dry with slot(s) {sorted(stacked)} on the free stack"
+
+
+def _leave(world: World9, name: str, receiver: Subscriber) -> None:
+    """The subscriber leaves; rule 14: if it gave up waiting (the ring left
+    retired), its deadline, one commit timeout after the leave began, has
+    passed: at least one timeout of modelled time."""
+    if not receiver.close() and world.clock.now < TIMEOUT_US * 1000 and world.gave_up is None:
+        world.gave_up = (f"{name}'s leave gave up waiting for the publishers in flight at {world.clock.now} ns, "
+                         f"before its deadline (a commit timeout, {TIMEOUT_US * 1000} ns)")
 
 
 def _delivery_violation(world: World9) -> str | None:
@@ -816,7 +838,7 @@ def _check(world: World9) -> Callable[[Execution], str | None]:
             if found:
                 return found
         world.checked_steps = len(execution.outcome.steps)
-        found = (world.broken or world.dry or _memory_violation(world) or _delivery_violation(world)
+        found = (world.broken or world.dry or world.gave_up or _memory_violation(world) or _delivery_violation(world)
                  or _unrecorded_owner(world))
         if found is None and all(actor.state in ("done", "dead") for actor in world.actors):
             found = _end_violation(world, execution.died)

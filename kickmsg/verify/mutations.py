@@ -91,7 +91,15 @@ def _unique(trials: list[Trial]) -> tuple[Trial, ...]:
 # the claim (170 swap-steps) and its owner_pid never recorded (177
 # remove-step), the leave's owner left behind (440, 441 remove-step) or its
 # window not drained (445 negate-condition; drain_window 232).
-TRIALS9_RECEIVE = (Trial(Scenario9(sends=(0, 1), pool=1), least_preemptions=1, models=("sc",)),)
+TRIALS9_RECEIVE = (
+    Trial(Scenario9(sends=(0, 1), pool=1), least_preemptions=1, models=("sc",)),
+    # A subscriber that joins and at once leaves and a reading subscriber
+    # sharing one ring (each waits for the other's leave), one publisher, one
+    # preemption, under sc: a join between a leave's steps (the leave stores
+    # Free last, 445 swap-steps; 223 schedules).
+    Trial(Scenario9(publishers=1, messages=1, subscribers=1, leavers=1, rings=1), least_preemptions=1,
+          models=("sc",)),
+)
 
 # Layout 4's trials for the survivors of the flows (docs/explanation/verification.md, "Arguments: the free stack
 # and layout 4"), under sc:
@@ -120,9 +128,11 @@ TRIALS4_SURVIVORS = (
 TRIALS9_PUBLISH = (
     Trial(Scenario9(publishers=1, messages=3, rings=2, capacity=2)),
     # A subscriber that joins and at once leaves while one publisher sends two
-    # messages, two preemptions, under sc: a leave between a publisher's
-    # pre-check and its admission (the admission loop's Live check, 162).
-    Trial(Scenario9(publishers=1, messages=2, subscribers=0, leavers=1), least_preemptions=2, models=("sc",)),
+    # messages, four preemptions, under sc: a leave between a publisher's
+    # pre-check and its admission (the admission loop's Live check, 162), and
+    # a publisher admitted during the leave (the leave's CASes and its retire
+    # branch, receive.py 425-452: "R8" in the docs; 1 188 schedules).
+    Trial(Scenario9(publishers=1, messages=2, subscribers=0, leavers=1), least_preemptions=4, models=("sc",)),
 )
 
 # Each layout's scenario set: those of the named mutants and of the --orders

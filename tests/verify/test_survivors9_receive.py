@@ -6,7 +6,9 @@ past the pool), and a receive without a deadline naps while the head is
 claimed, which the explorer (its regions well formed, its receives with a
 deadline) never reaches; an older lap's skip marker under a claimed
 position is not taken for that position's (R3: the explorer reaches it only
-at three preemptions)."""
+at three preemptions); the leave racing a publisher's admission or a
+join (R8), in the two trials added for it, and a leave that gives up before
+its deadline (rule 14)."""
 import pytest
 
 from kickmsg.protocol.v9 import ChannelConfig, Publisher, Region, Subscriber, layout, receive, repair
@@ -39,6 +41,40 @@ def test_the_receive_trial_is_in_layout_9s_set_and_passes_with_the_real_flows():
 ])
 def test_the_receive_trial_kills_the_survivors_it_is_for(mutant_id, violation):
     report = _explore(_derived(mutant_id).mutant)
+    assert report.violation is not None and violation in report.violation
+
+
+JOIN_DURING_LEAVE = mutations.TRIALS9_RECEIVE[1]
+LEAVE_DURING_PUBLISH = mutations.TRIALS9_PUBLISH[1]
+
+
+@pytest.mark.parametrize("trial", [JOIN_DURING_LEAVE, LEAVE_DURING_PUBLISH])
+def test_the_leave_trials_are_in_the_set_and_pass_with_the_real_flows(trial):
+    assert trial in mutations.TRIALS[9]
+    report = explore(trial.scenario, preemptions=trial.least_preemptions, memory_model="sc")
+    assert report.violation is None and report.complete
+
+
+@pytest.mark.parametrize(("trial", "mutant_id", "violation"), [
+    # R8: the CAS to Draining lost to an admission, the ring left Live: a message admitted during the drain
+    (LEAVE_DURING_PUBLISH, "protocol/v9/receive.py:425 drop-condition", "are off the free stack, though nobody died"),
+    (LEAVE_DURING_PUBLISH, "protocol/v9/receive.py:425 negate-condition", "are off the free stack, though nobody"),
+    # rule 14: giving up at the first look at a publisher in flight, before the deadline
+    (LEAVE_DURING_PUBLISH, "protocol/v9/receive.py:432 drop-condition",
+     "leaver0's leave gave up waiting for the publishers in flight at 0 ns, before its deadline"),
+    (LEAVE_DURING_PUBLISH, "protocol/v9/receive.py:432 negate-condition", "before its deadline"),
+    # Free stored over a publisher in flight: its fetch_sub then underflows
+    (LEAVE_DURING_PUBLISH, "protocol/v9/receive.py:444 drop-condition", "publishers in flight, of 1 (an underflow?)"),
+    # the retire branch: one CAS that lost to the publisher's fetch_sub leaves the ring Draining
+    (LEAVE_DURING_PUBLISH, "protocol/v9/receive.py:451 swap-steps", "is not Free with nobody in flight"),
+    (LEAVE_DURING_PUBLISH, "protocol/v9/receive.py:452 drop-condition", "is not Free with nobody in flight"),
+    (LEAVE_DURING_PUBLISH, "protocol/v9/receive.py:452 negate-condition", "is not Free with nobody in flight"),
+    # Free stored before the drain: the reader's ring is joined while it still drains it
+    (JOIN_DURING_LEAVE, "protocol/v9/receive.py:445 swap-steps", "but its owner_pid does not record it"),
+])
+def test_the_leave_trials_kill_the_survivors_they_are_for(trial, mutant_id, violation):
+    report = explore(trial.scenario, mutant=_derived(mutant_id).mutant, preemptions=trial.least_preemptions,
+                     memory_model="sc")
     assert report.violation is not None and violation in report.violation
 
 
