@@ -72,7 +72,8 @@ def add_commands(commands: Commands) -> None:
     sub.add_argument("--count", type=positive_int, default=1, help="how many times to publish (default 1)")
     sub.add_argument("--create", action="store_true",
                      help="create the channel if it does not exist (a Broadcast one if named by --broadcast), "
-                          "with the options below; an existing channel is used as it is")
+                          "with the options below; an existing channel is used as it is. The channel stays "
+                          "after pub exits, as channels do (kickmsg rm NAME removes it)")
     add_geometry_options(sub, creator="kickmsg-pub")
 
     sub = add_command(commands, "create", cmd_create, "create a channel (refuses an existing name unless --replace)",
