@@ -54,8 +54,8 @@ from kickmsg.verify.mutants import MUTANTS, MUTANTS9
 from kickmsg.verify.memory import PayloadBuffer
 from kickmsg.region import SharedRegion
 from kickmsg.verify.scheduler import (
-    Actor, Checker, Choice, Chooser, Execution, Mishaps, ModelledClock, Outcome, ScheduledAtomics, TIME_PASSES,
-    is_mishap,
+    MAX_STEPS, Actor, Checker, Choice, Chooser, Execution, Mishaps, ModelledClock, Outcome, ScheduledAtomics,
+    TIME_PASSES, is_mishap,
 )
 from kickmsg.verify.layout9 import Scenario9
 
@@ -352,8 +352,10 @@ def _check(world: World, scenario: Scenario, memory_model: str = "sc") -> Checke
     return check
 
 
-def run_schedule(scenario: Scenario, choose: Chooser, memory_model: str = "sc") -> tuple[World, Outcome]:
-    """Run every actor once, under the choices ``choose`` makes."""
+def run_schedule(scenario: Scenario, choose: Chooser, memory_model: str = "sc",
+                 max_steps: int = MAX_STEPS) -> tuple[World, Outcome]:
+    """Run every actor once, under the choices ``choose`` makes (a livelock
+    after ``max_steps`` steps)."""
     world = _world(scenario)
     region = world.core
     mishaps = None
@@ -361,7 +363,7 @@ def run_schedule(scenario: Scenario, choose: Chooser, memory_model: str = "sc") 
         mishaps = Mishaps(world.clock, receive4.UNCOMMITTED_POLL_NS, (), 0,
                           lambda address: traces.describe_address(world.region, address) + " (low 32 bits)")
     execution = Execution(world.region, world.actors, choose, _check(world, scenario, memory_model), memory_model,
-                          mishaps=mishaps)
+                          max_steps=max_steps, mishaps=mishaps)
     world.execution = execution
     region.atomics = ScheduledAtomics(execution)
     plain_bytes = region.mapping.buffer
@@ -401,15 +403,16 @@ def check_scenario(scenario: "Scenario | Scenario9") -> None:
         _within("subscriber_deaths (at most one per subscriber)", scenario.subscriber_deaths, 0, scenario.subscribers)
 
 
-def _run(scenario: "Scenario | Scenario9", choose: Chooser, memory_model: str) -> "tuple[World | layout9.World9, Outcome]":
+def _run(scenario: "Scenario | Scenario9", choose: Chooser, memory_model: str,
+         max_steps: int = MAX_STEPS) -> "tuple[World | layout9.World9, Outcome]":
     """One execution of a layout-4 or a layout-9 scenario; ``final_state``
     noted if every actor got to its end."""
     world: World | layout9.World9
     if isinstance(scenario, Scenario9):
-        world, outcome = layout9.run_schedule(scenario, choose, memory_model)
+        world, outcome = layout9.run_schedule(scenario, choose, memory_model, max_steps)
         mapping, first = world.region.mapping, world.region.geometry.sub_rings_offset
     else:
-        world, outcome = run_schedule(scenario, choose, memory_model)
+        world, outcome = run_schedule(scenario, choose, memory_model, max_steps)
         mapping, first = world.core.mapping, min(world.core.geometry.sub_rings_offset, world.core.geometry.pool_offset)
     if outcome.violation is None:  # the header (its creation stamp) left out
         digest = hashlib.blake2b(bytes(mapping.buffer[first:]), digest_size=16)
@@ -439,7 +442,8 @@ def _spent(choices: list[Choice]) -> list[tuple[int, int]]:
 
 def explore(scenario: "Scenario | Scenario9" = Scenario(), mutant: str | mutants.Mutant | None = None, preemptions: int = 2,
             max_schedules: int = 1_000_000, memory_model: str = "sc", stale: int = 0, budget: int | None = None,
-            observe: Callable[[Outcome], object] | None = None, reduction: str = "por") -> Report:
+            observe: Callable[[Outcome], object] | None = None, reduction: str = "por",
+            max_steps: int = MAX_STEPS) -> Report:
     """Every schedule with at most ``preemptions`` preemptions, (under the
     ra model) at most ``stale`` loads reading an older store than the
     newest, and at most ``budget`` of both together (None: no more bound):
@@ -449,7 +453,8 @@ def explore(scenario: "Scenario | Scenario9" = Scenario(), mutant: str | mutants
     unusual choices. With ``stale=0`` the schedules are exactly those of
     sequential consistency. ``reduction="por"`` runs one schedule per
     order of the dependent steps (``kickmsg.verify.reduction``), "none"
-    every one. ``observe(outcome)``, if given, sees every execution."""
+    every one. ``observe(outcome)``, if given, sees every execution; one
+    with more than ``max_steps`` steps is a livelock."""
     check_scenario(scenario)
     check_bounds(preemptions=preemptions, max_schedules=max_schedules, stale=stale, budget=budget)
     if stale and memory_model != "ra":
@@ -468,7 +473,7 @@ def explore(scenario: "Scenario | Scenario9" = Scenario(), mutant: str | mutants
         while schedules < max_schedules and any(pending):
             prefix = next(level for level in pending if level).popleft()  # the fewest choices spent first
             watch = RaceWatch(prefix) if reduction == "por" else None
-            world, outcome = _run(scenario, watch or _follow(prefix), memory_model)
+            world, outcome = _run(scenario, watch or _follow(prefix), memory_model, max_steps)
             schedules += 1
             if observe:
                 observe(outcome)

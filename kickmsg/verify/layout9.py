@@ -122,7 +122,9 @@ from kickmsg.protocol.v9.receive import Subscriber
 from kickmsg.protocol.v9.region import ChannelConfig, Region
 from kickmsg.verify import invariants
 from kickmsg.verify.traces import describe_address, describe_meta, describe_sequence, describe_value
-from kickmsg.verify.scheduler import Actor, Chooser, Execution, Mishaps, ModelledClock, Outcome, ScheduledAtomics, Step
+from kickmsg.verify.scheduler import (
+    MAX_STEPS, Actor, Chooser, Execution, Mishaps, ModelledClock, Outcome, ScheduledAtomics, Step,
+)
 from kickmsg.verify.memory import SequentialMemory
 
 __all__ = [
@@ -846,14 +848,17 @@ def _check(world: World9) -> Callable[[Execution], str | None]:
     return check
 
 
-def run_schedule(scenario: Scenario9, choose: Chooser, memory_model: str = "sc") -> tuple[World9, Outcome]:
-    """Run every actor once, under the choices ``choose`` makes."""
+def run_schedule(scenario: Scenario9, choose: Chooser, memory_model: str = "sc",
+                 max_steps: int = MAX_STEPS) -> tuple[World9, Outcome]:
+    """Run every actor once, under the choices ``choose`` makes (a livelock
+    after ``max_steps`` steps)."""
     world = _world(scenario)
     mortal = tuple(f"pub{i}" for i in range(scenario.publishers) if scenario.deaths)
     mortal += tuple(f"sub{i}" for i in range(scenario.subscribers) if scenario.subscriber_deaths)
     mishaps = Mishaps(world.clock, TIMEOUT_US * 1000, mortal, scenario.deaths + scenario.subscriber_deaths,
                       lambda address: describe_address(world.region, address) + " (low 32 bits)")
-    execution = Execution(world.region, world.actors, choose, _check(world), memory_model, mishaps=mishaps)
+    execution = Execution(world.region, world.actors, choose, _check(world), memory_model, max_steps=max_steps,
+                          mishaps=mishaps)
     world.execution = execution
     world.region.atomics = ScheduledAtomics(execution)
     # Bounded retry loops, cut short: the modelled clock is read at every

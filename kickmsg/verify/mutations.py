@@ -29,9 +29,10 @@ move.
 
 Each mutant is explored over the layout's scenario set (``TRIALS``), in
 turn, until one of them kills it: a violation of the invariants, an actor
-that raises, or a livelock (no end after the scheduler's ``max_steps``: a
-flow that never returns is a failure of the flow as much as a lost
-message). A mutant no scenario kills survived.
+that raises, or a livelock (no end after ``MAX_STEPS`` steps, about nine
+times the longest execution of the unmutated flows: a flow that never
+returns, or busy-waits where it should sleep, is a failure of the flow as
+much as a lost message). A mutant no scenario kills survived.
 """
 import ast
 import contextlib
@@ -54,6 +55,13 @@ __all__ = [
     "TRIALS9_PUBLISH", "TRIALS9_RECEIVE", "Trial", "derive",
     "format_table", "run",
 ]
+
+# An execution of a mutation run is a livelock after this many steps: the
+# unmutated flows' longest in any trial of either layout is 230 (layout 4's
+# two subscribers; layout 9's: 111). A mutant that turns a blocking receive's
+# park into 100 us naps until its deadline (1 s of modelled time) would
+# otherwise run ten thousand naps per execution, in every schedule.
+MAX_STEPS = 2_000
 
 OPERATORS = ("drop-condition", "negate-condition", "drop-operand", "move-bound", "weaken-order", "remove-step",
              "swap-steps")
@@ -508,7 +516,7 @@ def _explore(trial: Trial, mutant: Mutant | None, model: str, preemptions: int, 
     with _mutants_finalizers_quiet():
         return explore(trial.scenario, mutant=mutant, preemptions=trial.preemptions(preemptions),
                        max_schedules=max_schedules, memory_model=model, stale=stale if model == "ra" else 0,
-                       budget=budget if model == "ra" else None)
+                       budget=budget if model == "ra" else None, max_steps=MAX_STEPS)
 
 
 def format_table(results: list[Result]) -> str:

@@ -124,6 +124,9 @@ def is_mishap(option: Any) -> bool:
     return option == TIME_PASSES or (isinstance(option, str) and option.endswith(DIES))
 
 
+MAX_STEPS = 20_000  # an execution with more steps is a livelock
+
+
 class ModelledClock:
     """Monotonic time of an execution, in ns: it moves only when the
     scheduler says so (``Mishaps``), never by itself."""
@@ -255,7 +258,7 @@ class Execution:
 
     def __init__(
         self, region: Any, actors: list[Actor], choose: Chooser, check: Checker, memory_model: str = "sc",
-        max_steps: int = 20_000, mishaps: Mishaps | None = None,
+        max_steps: int = MAX_STEPS, mishaps: Mishaps | None = None,
     ) -> None:
         self.region = region  # a layout-4 SharedRegion or a layout-9 Region
         self.mishaps = mishaps
