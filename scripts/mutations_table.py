@@ -29,11 +29,12 @@ table's mutants (their ids, functions and changes) are not those the code
 gives now; the results are then stale too, rewrite the tables.
 """
 import argparse
-import concurrent.futures
 import hashlib
 import json
+import multiprocessing
 import pathlib
 import re
+import signal
 import sys
 import time
 from collections.abc import Callable, Iterable
@@ -156,8 +157,10 @@ def analysed(layout: int, preemptions: int, stale: int, jobs: int, journal: path
     journal.write_text("".join(json.dumps(entry) + "\n" for entry in done.values()))  # drops older code's
     missing = [mutant.id for mutant in derived if mutant.id not in done]
     shares = [set(missing[share::jobs]) for share in range(jobs)]
-    with concurrent.futures.ProcessPoolExecutor(jobs) as pool:
-        left_out = list(pool.map(_share, *zip(*[(layout, preemptions, stale, journal, code, ids) for ids in shares])))
+    # The workers ignore Ctrl-C (else one caught in a finalizer is lost and the worker runs on); the pool is
+    # terminated when the parent stops.
+    with multiprocessing.Pool(jobs, initializer=signal.signal, initargs=(signal.SIGINT, signal.SIG_IGN)) as pool:
+        left_out = pool.starmap(_share, [(layout, preemptions, stale, journal, code, ids) for ids in shares])
     done = recorded(journal, code)
     return mutations.Analysis(
         [mutations.Result(mutant, done[mutant.id]["result"] == "killed", done[mutant.id]["schedules"],
