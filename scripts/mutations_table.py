@@ -181,6 +181,8 @@ def main(argv: Iterable[str] | None = None) -> int:
     parser.add_argument("--journal", type=pathlib.Path, metavar="PATH",
                         help="the results recorded as they are done (default: .mutations/layoutN.jsonl here)")
     args = parser.parse_args(None if argv is None else list(argv))
+    if not args.file.is_file():
+        parser.error(f"{args.file}: no such file")
     text = args.file.read_text()
     if args.check:
         problems = [problem for layout in (4, 9) if (problem := stale(text, layout))]
