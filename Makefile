@@ -19,19 +19,21 @@ demo: $(INSTALLED) check-java
 	$(PY) examples/demo.py
 
 # The type checker (settings: [tool.mypy] in pyproject.toml), then the tests.
-# The explorer's tests (tests/verify/) run on one core while the rest of the
-# suite runs on the other: the explorer computes in private memory (no
-# shared-memory object, no peer process), so the two cannot meet. Their
-# report follows the suite's; a failure of either fails `make test`, and a
-# stop ends both.
+# The suite runs on the compiled build (kickmsg/build.py) on one core; beside
+# it, on the other, the pure build (KICKMSG_PURE=1) runs the explorer's tests
+# (which schedule the flows' source) and the protocol and interop tests again.
+# Each test session names its shared-memory objects with a prefix of its own,
+# so the two cannot meet. The pure run's report follows the suite's; a
+# failure of either fails `make test`, and a stop ends both.
+PURE_TESTS := tests/verify tests/protocol tests/interop
 EXPLORER_TESTS := tests/verify
 test: $(INSTALLED) $(NATIVE_INSTALLED) $(NATIVE9_INSTALLED) check-java
 	@log=$$(mktemp); \
-	$(PY) -m pytest -p no:cacheprovider $(EXPLORER_TESTS) > $$log 2>&1 & beside=$$!; \
+	KICKMSG_PURE=1 $(PY) -m pytest -p no:cacheprovider $(PURE_TESTS) > $$log 2>&1 & beside=$$!; \
 	trap 'kill $$beside 2>/dev/null; rm -f $$log; exit 130' INT TERM; \
 	$(PY) -m mypy && $(PY) -m pytest $(addprefix --ignore=,$(EXPLORER_TESTS)); status=$$?; \
 	wait $$beside; beside_status=$$?; \
-	echo "== the explorer's tests, run beside the suite =="; cat $$log; rm -f $$log; \
+	echo "== the pure build's tests (explorer, protocol, interop), run beside the suite =="; cat $$log; rm -f $$log; \
 	exit $$(( status || beside_status ))
 
 # The documentation site (mkdocs.yml, pages in docs/) into site/, in strict
@@ -40,19 +42,26 @@ test: $(INSTALLED) $(NATIVE_INSTALLED) $(NATIVE9_INSTALLED) check-java
 docs: $(INSTALLED)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
-# Ours on layouts 4 and 9, native 0.1.0 and 0.9.2, multiprocessing.Pipe/Queue,
-# pyzmq, faster-fifo, iceoryx2 and zenoh, same run, about 5 minutes on 2 cores,
-# with issue 28's targets met or missed on both layouts; then waiting (asyncio, WaitSet) against pyzmq, about a minute;
-# then two Zenoh bridges on loopback against pyzmq PUB/SUB, under a minute;
-# results in benchmarks/results/. Smoke run: make bench BENCH_ARGS=--quick
+# Ours (the compiled build) on layouts 4 and 9, native 0.1.0 and 0.9.2,
+# multiprocessing.Pipe/Queue, pyzmq, faster-fifo, iceoryx2 and zenoh, same run,
+# about 5 minutes on 2 cores, with issue 37's targets met or missed on both
+# layouts; then the pure build (KICKMSG_PURE=1) against native and mp.Pipe,
+# with the same targets, about 3 minutes; then waiting (asyncio, WaitSet)
+# against pyzmq, about a minute; then two Zenoh bridges on loopback against
+# pyzmq PUB/SUB, under a minute; results in benchmarks/results/. Smoke run:
+# make bench BENCH_ARGS=--quick
 bench: $(INSTALLED) $(NATIVE_INSTALLED) $(NATIVE9_INSTALLED)
 	status=0; \
 	$(PY) benchmarks/bench_core.py $(BENCH_ARGS) || status=$$?; \
+	$(PY) benchmarks/bench_core.py --pure --peers ours,ours9,native,native9,mp_pipe $(BENCH_ARGS) || status=$$?; \
 	$(PY) benchmarks/bench_wait.py $(BENCH_ARGS) || status=$$?; \
 	$(PY) benchmarks/bench_bridge.py $(BENCH_ARGS) || status=$$?; \
 	exit $$status
 
-$(INSTALLED): setup.py pyproject.toml kickmsg/_atomics.c kickmsg/_futex.c kickmsg/_build.py scripts/find-python.sh
+# The compiled build's sources (setup.py's COMPILED and its .pxd files): an
+# edit rebuilds it.
+COMPILED_SOURCES := kickmsg/atomics.py kickmsg/atomics.pxd kickmsg/_shim.pxd
+$(INSTALLED): setup.py pyproject.toml kickmsg/_atomics.c kickmsg/_futex.c kickmsg/_build.py scripts/find-python.sh $(COMPILED_SOURCES)
 	@python=$$(scripts/find-python.sh) || exit 1; \
 	if ! $(PY) -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null; then \
 		echo "creating $(VENV) with $$python"; rm -rf $(VENV) .native; $$python -m venv $(VENV) || exit 1; \

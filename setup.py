@@ -1,5 +1,31 @@
-"""Builds the cffi shim (two modules, see kickmsg/_build.py); everything else
-is declared in pyproject.toml."""
-from setuptools import setup
+"""Builds the cffi shim (two modules, see kickmsg/_build.py) and the compiled
+build: the modules in COMPILED, compiled from their own source by Cython in
+pure-Python mode (KICKMSG_PURE=1 at run time runs the source instead,
+kickmsg/build.py). Everything else is declared in pyproject.toml."""
+import os
 
-setup(cffi_modules=["kickmsg/_build.py:atomics_builder", "kickmsg/_build.py:futex_builder"])
+from Cython.Build import cythonize
+from setuptools import Extension, setup
+
+# The door to the atomics, typed by kickmsg/atomics.pxd: each call of a flow
+# reaches the shim's C function with no cffi layer. The flows themselves stay
+# Python: compiled as they are (untyped), they ran slower than CPython runs
+# them (docs/explanation/performance.md, "The compiled build").
+COMPILED = ["kickmsg/atomics.py"]
+
+
+def compiled_extensions() -> list[Extension]:
+    extensions = [Extension(path[:-3].replace("/", "."), [path], include_dirs=["kickmsg"]) for path in COMPILED]
+    return cythonize(
+        extensions,
+        compiler_directives={"language_level": 3, "binding": False, "embedsignature": True},
+        build_dir="build/cython",  # the generated C, out of the source tree
+        nthreads=os.cpu_count() or 1,
+        quiet=True,
+    )
+
+
+setup(
+    cffi_modules=["kickmsg/_build.py:atomics_builder", "kickmsg/_build.py:futex_builder"],
+    ext_modules=compiled_extensions(),
+)

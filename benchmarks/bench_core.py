@@ -90,10 +90,11 @@ Scenarios (exactly what is timed: see core_worker.py):
 Then a summary table of medians per layout (that layout's ours and native,
 and the other peers) with ratios to ours on that layout, each also printed
 as markdown for the README ("Summary for the README, layout 4 / 9"), and
-issue 28's targets on both layouts, met or missed with the ratio, by how
-much, and the losses beside throughput targets. Results go to benchmarks/results/bench.json and a
-chart to benchmarks/results/bench.png (bench_quick.json and bench_quick.png
-for --quick). The machine (CPU model, cores, Python, kernel, peer versions)
+issue 37's targets on both layouts, met or missed with the ratio, by how
+much, and the losses beside throughput targets. Ours is the compiled build
+(kickmsg/build.py), or the pure one with --pure. Results go to
+benchmarks/results/bench.json and a chart to benchmarks/results/bench.png
+(bench_quick.*, bench_pure.* for --quick, --pure). The machine (CPU model, cores, Python, kernel, peer versions)
 and how busy it was are printed with the results: other work on the machine
 skews every number, latency tails most.
 
@@ -101,6 +102,7 @@ Run (from the repository root; ``make bench`` installs what is needed):
     .venv/bin/python benchmarks/bench_core.py           # full, about 4.5 minutes on 2 cores (quiet)
     .venv/bin/python benchmarks/bench_core.py --quick   # smoke run, about 1.5 minutes (quiet)
     .venv/bin/python benchmarks/bench_core.py --quick --peers ours,ours9,mp_pipe
+    .venv/bin/python benchmarks/bench_core.py --pure --peers ours,ours9,native,native9,mp_pipe   # the pure build
 """
 import argparse
 import importlib.metadata
@@ -587,8 +589,15 @@ def main() -> int:
                         "results/bench_quick.json with --quick)")
     parser.add_argument("--chart", type=pathlib.Path, help="PNG chart (default: results/bench.png, bench_quick.png)")
     parser.add_argument("--peers", help=f"comma-separated subset of {','.join(PEERS)} (default: all)")
+    parser.add_argument("--pure", action="store_true", help="ours and ours9 run the pure build (KICKMSG_PURE=1) instead "
+                        "of the compiled one; results to bench_pure.json")
     options = parser.parse_args()
-    suffix = "_quick" if options.quick else ""
+    if options.pure:
+        os.environ["KICKMSG_PURE"] = "1"  # inherited by every worker; only ours and ours9 read it
+    else:
+        os.environ.pop("KICKMSG_PURE", None)
+    build = "pure" if options.pure else "compiled"
+    suffix = ("_quick" if options.quick else "") + ("_pure" if options.pure else "")
     options.output = options.output or RESULTS_DIR / f"bench{suffix}.json"
     options.chart = options.chart or RESULTS_DIR / f"bench{suffix}.png"
     for version, binding in (("0.1.0", NATIVE_DIR / "kickmsg.abi3.so"), ("0.9.2", NATIVE9_DIR / "kickmsg" / "_native.abi3.so")):
@@ -623,6 +632,7 @@ def main() -> int:
         remove_leftovers()
     report = {
         "mode": mode,
+        "build": build,
         "date": started_at,
         "duration_s": round(time.monotonic() - started, 1),
         "machine": machine,

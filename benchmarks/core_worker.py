@@ -86,7 +86,11 @@ if PEER in ("native", "native9"):
 elif PEER in ("ours", "ours9"):
     import kickmsg
 
-    assert kickmsg.__file__.endswith("__init__.py"), f"expected the pure-Python package, got {kickmsg.__file__}"
+    from kickmsg import atomics
+
+    assert kickmsg.__file__.endswith("__init__.py"), f"expected this package, got {kickmsg.__file__}"
+    pure = os.environ.get("KICKMSG_PURE") == "1"
+    assert atomics.COMPILED != pure, f"expected the {'pure' if pure else 'compiled'} build (kickmsg/build.py)"
     layout = os.environ.get("KICKMSG_LAYOUT")
     assert layout == ("9" if PEER == "ours9" else "4"), f"{PEER}: $KICKMSG_LAYOUT is {layout!r}"
 else:

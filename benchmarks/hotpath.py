@@ -53,22 +53,24 @@ def measure(repeats: int, fastest: bool, only: list[str]) -> dict:
     import kickmsg
     from kickmsg.protocol.v4 import layout
     from kickmsg.protocol import freestack
+    from kickmsg import atomics
     from kickmsg.atomics import HARDWARE
 
-    class CountingAtomics:
+    class CountingAtomics(atomics.Atomics):
         """The hardware atomics, counting the calls made through them."""
 
         def __init__(self):
             self.calls = 0
 
-        def __getattr__(self, name):
-            operation = getattr(HARDWARE, name)
+    def counted_operation(name):
+        def counted(self, *arguments):
+            self.calls += 1
+            return getattr(HARDWARE, name)(*arguments)
 
-            def counted(*arguments):
-                self.calls += 1
-                return operation(*arguments)
+        return counted
 
-            return counted
+    for name in [name for name in vars(atomics.Atomics) if not name.startswith("_")]:  # the door's operations
+        setattr(CountingAtomics, name, counted_operation(name))
 
     calls = {}  # figure name -> shim calls per operation
 

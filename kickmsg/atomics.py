@@ -1,3 +1,4 @@
+# cython: annotation_typing=False
 """The one door to shared-memory atomics.
 
 Every atomic read, write or read-modify-write that kickmsg performs on a
@@ -17,9 +18,12 @@ release part). Read-modify-writes exist in every order from relaxed to
 acq_rel, so a mutant can weaken any order one step by editing one call.
 
 A region uses ``HARDWARE`` unless it is given another object with the same
-methods; a test or a verification tool can pass one that observes or
-schedules each step. On the hardware object every method is the compiled C
-function itself, so the hot path pays for no Python layer.
+methods; a test or a verification tool can pass a subclass that observes or
+schedules each step. Run as Python source, every method of the hardware
+object is the shim's C function itself (cffi), so the hot path pays for no
+Python layer; in the compiled build (``kickmsg.build``) ``Atomics`` is an
+extension type whose methods call those C functions directly, typed by
+``kickmsg/atomics.pxd``, and a subclass's methods still take their place.
 """
 import errno
 import os
@@ -27,14 +31,29 @@ import time
 import warnings
 from collections.abc import Callable, Sequence
 
+import cython
+
 from kickmsg._atomics_cffi import lib as _lib  # called holding the GIL: they never block
 from kickmsg._futex_cffi import ffi as _futex_ffi
 from kickmsg._futex_cffi import lib as _futex_lib  # called with the GIL released: they sleep
 
+if cython.compiled:  # the shim's C functions themselves, declared in kickmsg/_shim.pxd
+    from cython.cimports.kickmsg._shim import (
+        km_load_relaxed_u32, km_load_acquire_u32, km_store_relaxed_u32, km_store_release_u32, km_store_seq_cst_u32,
+        km_cas_relaxed_u32, km_cas_acquire_u32, km_cas_release_u32, km_cas_acq_rel_u32, km_cas_seq_cst_u32,
+        km_fetch_add_relaxed_u32, km_fetch_add_acquire_u32, km_fetch_add_release_u32, km_fetch_add_acq_rel_u32,
+        km_fetch_sub_relaxed_u32, km_fetch_sub_acquire_u32, km_fetch_sub_release_u32, km_fetch_sub_acq_rel_u32,
+        km_load_relaxed_u64, km_load_acquire_u64, km_store_relaxed_u64, km_store_release_u64, km_store_seq_cst_u64,
+        km_cas_relaxed_u64, km_cas_acquire_u64, km_cas_release_u64, km_cas_acq_rel_u64, km_cas_seq_cst_u64,
+        km_fetch_add_relaxed_u64, km_fetch_add_acquire_u64, km_fetch_add_release_u64, km_fetch_add_acq_rel_u64,
+        km_fetch_sub_relaxed_u64, km_fetch_sub_acquire_u64, km_fetch_sub_release_u64, km_fetch_sub_acq_rel_u64,
+        km_find_relaxed_u32, km_fence_seq_cst,
+    )
+
 __all__ = [
-    "Atomics", "Cas", "FUTEX_INTERRUPTED", "FUTEX_TIMED_OUT", "FUTEX_VALUE_CHANGED", "FUTEX_WAITV_MAX", "FUTEX_WOKEN",
-    "FutexWaitv", "HARDWARE", "Load", "POLL_SLICE_MAX_NS", "POLL_SLICE_MIN_NS", "ReadModifyWrite", "Store",
-    "futex_waitv_kernel", "futex_waitv_polling",
+    "Atomics", "COMPILED", "FUTEX_INTERRUPTED", "FUTEX_TIMED_OUT", "FUTEX_VALUE_CHANGED", "FUTEX_WAITV_MAX", "FUTEX_WOKEN",
+    "FutexWaitv", "HARDWARE", "OPERATIONS", "POLL_SLICE_MAX_NS", "POLL_SLICE_MIN_NS", "futex_waitv_kernel",
+    "futex_waitv_polling", "futex_waitv_uses_polling",
 ]
 
 FUTEX_WOKEN = _futex_lib.KM_FUTEX_WOKEN
@@ -53,6 +72,12 @@ POLL_SLICE_MAX_NS = 5_000_000  # ...doubling up to this while nothing changes
 FutexWaitv = Callable[[Sequence[int], Sequence[int], int], tuple[int, int]]
 
 
+# Whether futex_waitv sleeps by futex_waitv_polling: KICKMSG_FUTEX_WAITV=polling
+# in the environment selects the fallback from the start (what a kernel before
+# 5.16 gets); a kernel without futex_waitv selects it at the first call.
+futex_waitv_uses_polling = os.environ.get("KICKMSG_FUTEX_WAITV") == "polling"
+
+
 def futex_waitv_kernel(addresses: Sequence[int], expected_values: Sequence[int], timeout_ns: int) -> tuple[int, int]:
     """Sleep (without the GIL) until one of the 32-bit words at ``addresses``
     is woken or no longer holds its expected value, or ``timeout_ns`` passes
@@ -63,6 +88,9 @@ def futex_waitv_kernel(addresses: Sequence[int], expected_values: Sequence[int],
     FUTEX_WAITV_MAX words; words beyond those are compared between slices of
     that sleep, as ``futex_waitv_polling`` does. On a kernel without
     futex_waitv, warns once and uses ``futex_waitv_polling`` from then on."""
+    global futex_waitv_uses_polling
+    if futex_waitv_uses_polling:
+        return futex_waitv_polling(addresses, expected_values, timeout_ns)
     if len(addresses) > FUTEX_WAITV_MAX:
         return _sleep_in_slices(addresses, expected_values, timeout_ns, FUTEX_WAITV_MAX, futex_waitv_kernel)
     woken_index = _futex_ffi.new("int32_t *")
@@ -77,7 +105,7 @@ def futex_waitv_kernel(addresses: Sequence[int], expected_values: Sequence[int],
             RuntimeWarning,
             stacklevel=2,
         )
-        Atomics.futex_waitv = staticmethod(futex_waitv_polling)
+        futex_waitv_uses_polling = True
         return futex_waitv_polling(addresses, expected_values, timeout_ns)
     if outcome < 0:
         raise OSError(-outcome, f"futex_waitv: {os.strerror(-outcome)}")
@@ -133,99 +161,165 @@ def _sleep_in_slices(
         slice_ns = min(2 * slice_ns, POLL_SLICE_MAX_NS)
 
 
-def _find_relaxed_u32_one_by_one(address: int, stride: int, start: int, count: int, mask: int, value: int) -> int:
-    """``Atomics.find_relaxed_u32`` as a loop of ``km_load_relaxed_u32``
-    calls, for a compiled shim built before km_find_relaxed_u32 existed."""
-    for index in range(start, count):
-        word = _lib.km_load_relaxed_u32(address + index * stride)
-        if word & mask == value:
-            return index << 32 | word
-    return -1
-
-
-def _shim_without_fence() -> None:
-    """Stands in for km_fence_seq_cst in a compiled shim built before it
-    existed (layout 4 never calls it): refuse rather than run unfenced."""
-    raise RuntimeError("kickmsg's compiled atomics shim predates km_fence_seq_cst; rebuild it (`make`, or pip install -e .)")
-
-
-# The operations' signatures (addresses and values are plain integers).
-Load = Callable[[int], int]  # (address) -> value
-Store = Callable[[int, int], None]  # (address, value)
-Cas = Callable[[int, int, int], int]  # (address, expected, desired) -> value found
-ReadModifyWrite = Callable[[int, int], int]  # (address, operand) -> previous value
-
-
 class Atomics:
     """Hardware atomics on the current process's memory (C11 builtins)."""
 
-    load_relaxed_u32: Load = _lib.km_load_relaxed_u32
-    load_acquire_u32: Load = _lib.km_load_acquire_u32
-    store_relaxed_u32: Store = _lib.km_store_relaxed_u32
-    store_release_u32: Store = _lib.km_store_release_u32
-    store_seq_cst_u32: Store = _lib.km_store_seq_cst_u32
-    cas_relaxed_u32: Cas = _lib.km_cas_relaxed_u32
-    cas_acquire_u32: Cas = _lib.km_cas_acquire_u32
-    cas_release_u32: Cas = _lib.km_cas_release_u32
-    cas_acq_rel_u32: Cas = _lib.km_cas_acq_rel_u32
-    cas_seq_cst_u32: Cas = _lib.km_cas_seq_cst_u32
-    fetch_add_relaxed_u32: ReadModifyWrite = _lib.km_fetch_add_relaxed_u32
-    fetch_add_acquire_u32: ReadModifyWrite = _lib.km_fetch_add_acquire_u32
-    fetch_add_release_u32: ReadModifyWrite = _lib.km_fetch_add_release_u32
-    fetch_add_acq_rel_u32: ReadModifyWrite = _lib.km_fetch_add_acq_rel_u32
-    fetch_sub_relaxed_u32: ReadModifyWrite = _lib.km_fetch_sub_relaxed_u32
-    fetch_sub_acquire_u32: ReadModifyWrite = _lib.km_fetch_sub_acquire_u32
-    fetch_sub_release_u32: ReadModifyWrite = _lib.km_fetch_sub_release_u32
-    fetch_sub_acq_rel_u32: ReadModifyWrite = _lib.km_fetch_sub_acq_rel_u32
+    def load_relaxed_u32(self, address: int) -> int:
+        return km_load_relaxed_u32(address)
 
-    load_relaxed_u64: Load = _lib.km_load_relaxed_u64
-    load_acquire_u64: Load = _lib.km_load_acquire_u64
-    store_relaxed_u64: Store = _lib.km_store_relaxed_u64
-    store_release_u64: Store = _lib.km_store_release_u64
-    store_seq_cst_u64: Store = _lib.km_store_seq_cst_u64
-    cas_relaxed_u64: Cas = _lib.km_cas_relaxed_u64
-    cas_acquire_u64: Cas = _lib.km_cas_acquire_u64
-    cas_release_u64: Cas = _lib.km_cas_release_u64
-    cas_acq_rel_u64: Cas = _lib.km_cas_acq_rel_u64
-    cas_seq_cst_u64: Cas = _lib.km_cas_seq_cst_u64
-    fetch_add_relaxed_u64: ReadModifyWrite = _lib.km_fetch_add_relaxed_u64
-    fetch_add_acquire_u64: ReadModifyWrite = _lib.km_fetch_add_acquire_u64
-    fetch_add_release_u64: ReadModifyWrite = _lib.km_fetch_add_release_u64
-    fetch_add_acq_rel_u64: ReadModifyWrite = _lib.km_fetch_add_acq_rel_u64
-    fetch_sub_relaxed_u64: ReadModifyWrite = _lib.km_fetch_sub_relaxed_u64
-    fetch_sub_acquire_u64: ReadModifyWrite = _lib.km_fetch_sub_acquire_u64
-    fetch_sub_release_u64: ReadModifyWrite = _lib.km_fetch_sub_release_u64
-    fetch_sub_acq_rel_u64: ReadModifyWrite = _lib.km_fetch_sub_acq_rel_u64
+    def load_acquire_u32(self, address: int) -> int:
+        return km_load_acquire_u32(address)
 
-    # find_relaxed_u32(address, stride, start, count, mask, value) -> found:
-    # relaxed loads of the 32-bit words ``stride`` bytes apart from
-    # ``address``, indices ``start`` to ``count - 1``, each on its own, until
-    # one masked with ``mask`` equals ``value``; ``found`` is that index << 32
-    # | the word read, or -1 if none did. One call for a publisher's relaxed
-    # pre-check of many rings (the next Live one); a scheduler makes each
-    # load a step of its own.
-    find_relaxed_u32: Callable[[int, int, int, int, int, int], int] = (
-        getattr(_lib, "km_find_relaxed_u32", None) or staticmethod(_find_relaxed_u32_one_by_one)
-    )
+    def store_relaxed_u32(self, address: int, value: int) -> None:
+        km_store_relaxed_u32(address, value)
 
-    # A seq_cst thread fence (layout 9 orders its waiter handshakes with one
-    # on each side: the waiter after storing has_waiter, the publisher after
-    # committing and before reading has_waiter).
-    fence_seq_cst: Callable[[], None] = getattr(_lib, "km_fence_seq_cst", None) or staticmethod(_shim_without_fence)
+    def store_release_u32(self, address: int, value: int) -> None:
+        km_store_release_u32(address, value)
+
+    def store_seq_cst_u32(self, address: int, value: int) -> None:
+        km_store_seq_cst_u32(address, value)
+
+    def cas_relaxed_u32(self, address: int, expected: int, desired: int) -> int:
+        return km_cas_relaxed_u32(address, expected, desired)
+
+    def cas_acquire_u32(self, address: int, expected: int, desired: int) -> int:
+        return km_cas_acquire_u32(address, expected, desired)
+
+    def cas_release_u32(self, address: int, expected: int, desired: int) -> int:
+        return km_cas_release_u32(address, expected, desired)
+
+    def cas_acq_rel_u32(self, address: int, expected: int, desired: int) -> int:
+        return km_cas_acq_rel_u32(address, expected, desired)
+
+    def cas_seq_cst_u32(self, address: int, expected: int, desired: int) -> int:
+        return km_cas_seq_cst_u32(address, expected, desired)
+
+    def fetch_add_relaxed_u32(self, address: int, operand: int) -> int:
+        return km_fetch_add_relaxed_u32(address, operand)
+
+    def fetch_add_acquire_u32(self, address: int, operand: int) -> int:
+        return km_fetch_add_acquire_u32(address, operand)
+
+    def fetch_add_release_u32(self, address: int, operand: int) -> int:
+        return km_fetch_add_release_u32(address, operand)
+
+    def fetch_add_acq_rel_u32(self, address: int, operand: int) -> int:
+        return km_fetch_add_acq_rel_u32(address, operand)
+
+    def fetch_sub_relaxed_u32(self, address: int, operand: int) -> int:
+        return km_fetch_sub_relaxed_u32(address, operand)
+
+    def fetch_sub_acquire_u32(self, address: int, operand: int) -> int:
+        return km_fetch_sub_acquire_u32(address, operand)
+
+    def fetch_sub_release_u32(self, address: int, operand: int) -> int:
+        return km_fetch_sub_release_u32(address, operand)
+
+    def fetch_sub_acq_rel_u32(self, address: int, operand: int) -> int:
+        return km_fetch_sub_acq_rel_u32(address, operand)
+
+    def load_relaxed_u64(self, address: int) -> int:
+        return km_load_relaxed_u64(address)
+
+    def load_acquire_u64(self, address: int) -> int:
+        return km_load_acquire_u64(address)
+
+    def store_relaxed_u64(self, address: int, value: int) -> None:
+        km_store_relaxed_u64(address, value)
+
+    def store_release_u64(self, address: int, value: int) -> None:
+        km_store_release_u64(address, value)
+
+    def store_seq_cst_u64(self, address: int, value: int) -> None:
+        km_store_seq_cst_u64(address, value)
+
+    def cas_relaxed_u64(self, address: int, expected: int, desired: int) -> int:
+        return km_cas_relaxed_u64(address, expected, desired)
+
+    def cas_acquire_u64(self, address: int, expected: int, desired: int) -> int:
+        return km_cas_acquire_u64(address, expected, desired)
+
+    def cas_release_u64(self, address: int, expected: int, desired: int) -> int:
+        return km_cas_release_u64(address, expected, desired)
+
+    def cas_acq_rel_u64(self, address: int, expected: int, desired: int) -> int:
+        return km_cas_acq_rel_u64(address, expected, desired)
+
+    def cas_seq_cst_u64(self, address: int, expected: int, desired: int) -> int:
+        return km_cas_seq_cst_u64(address, expected, desired)
+
+    def fetch_add_relaxed_u64(self, address: int, operand: int) -> int:
+        return km_fetch_add_relaxed_u64(address, operand)
+
+    def fetch_add_acquire_u64(self, address: int, operand: int) -> int:
+        return km_fetch_add_acquire_u64(address, operand)
+
+    def fetch_add_release_u64(self, address: int, operand: int) -> int:
+        return km_fetch_add_release_u64(address, operand)
+
+    def fetch_add_acq_rel_u64(self, address: int, operand: int) -> int:
+        return km_fetch_add_acq_rel_u64(address, operand)
+
+    def fetch_sub_relaxed_u64(self, address: int, operand: int) -> int:
+        return km_fetch_sub_relaxed_u64(address, operand)
+
+    def fetch_sub_acquire_u64(self, address: int, operand: int) -> int:
+        return km_fetch_sub_acquire_u64(address, operand)
+
+    def fetch_sub_release_u64(self, address: int, operand: int) -> int:
+        return km_fetch_sub_release_u64(address, operand)
+
+    def fetch_sub_acq_rel_u64(self, address: int, operand: int) -> int:
+        return km_fetch_sub_acq_rel_u64(address, operand)
+
+    def find_relaxed_u32(self, address: int, stride: int, start: int, count: int, mask: int, value: int) -> int:
+        """Relaxed loads of the 32-bit words ``stride`` bytes apart from
+        ``address``, indices ``start`` to ``count - 1``, each on its own,
+        until one masked with ``mask`` equals ``value``: that index << 32 |
+        the word read, or -1 if none did. One call for a publisher's relaxed
+        pre-check of many rings (the next Live one); a scheduler makes each
+        load a step of its own."""
+        return km_find_relaxed_u32(address, stride, start, count, mask, value)
+
+    def fence_seq_cst(self) -> None:
+        """A seq_cst thread fence (layout 9 orders its waiter handshakes with
+        one on each side: the waiter after storing has_waiter, the publisher
+        after committing and before reading has_waiter)."""
+        km_fence_seq_cst()
 
     # futex_wait(addr, expected_u32, timeout_ns) -> FUTEX_* outcome or -errno;
     # timeout_ns < 0 waits without limit. The GIL is released while asleep.
-    futex_wait: Callable[[int, int, int], int] = _futex_lib.km_futex_wait
+    futex_wait = _futex_lib.km_futex_wait
     # futex_wake_all(addr) -> number of waiters woken.
-    futex_wake_all: Callable[[int], int] = _futex_lib.km_futex_wake_all
+    futex_wake_all = _futex_lib.km_futex_wake_all
     # futex_waitv(addresses, expected_values, timeout_ns) -> (outcome, index):
-    # sleep on many words at once, as above. KICKMSG_FUTEX_WAITV=polling in
-    # the environment selects the fallback (what a kernel before 5.16 gets);
-    # so does assigning futex_waitv_polling here.
-    if os.environ.get("KICKMSG_FUTEX_WAITV") == "polling":
-        futex_waitv = staticmethod(futex_waitv_polling)
-    else:
-        futex_waitv = staticmethod(futex_waitv_kernel)
+    # sleep on many words at once, as above.
+    futex_waitv = staticmethod(futex_waitv_kernel)
+
+
+COMPILED: bool = cython.compiled
+"""Whether this door, and the flows built with it, run compiled (False with
+KICKMSG_PURE=1 or where the build did not compile them: kickmsg.build)."""
+
+OPERATIONS = (
+    "load_relaxed_u32", "load_acquire_u32", "store_relaxed_u32", "store_release_u32", "store_seq_cst_u32",
+    "cas_relaxed_u32", "cas_acquire_u32", "cas_release_u32", "cas_acq_rel_u32", "cas_seq_cst_u32",
+    "fetch_add_relaxed_u32", "fetch_add_acquire_u32", "fetch_add_release_u32", "fetch_add_acq_rel_u32",
+    "fetch_sub_relaxed_u32", "fetch_sub_acquire_u32", "fetch_sub_release_u32", "fetch_sub_acq_rel_u32",
+    "load_relaxed_u64", "load_acquire_u64", "store_relaxed_u64", "store_release_u64", "store_seq_cst_u64",
+    "cas_relaxed_u64", "cas_acquire_u64", "cas_release_u64", "cas_acq_rel_u64", "cas_seq_cst_u64",
+    "fetch_add_relaxed_u64", "fetch_add_acquire_u64", "fetch_add_release_u64", "fetch_add_acq_rel_u64",
+    "fetch_sub_relaxed_u64", "fetch_sub_acquire_u64", "fetch_sub_release_u64", "fetch_sub_acq_rel_u64",
+    "find_relaxed_u32", "fence_seq_cst",
+)
+"""The operations of the door done by the atomics shim (not the futex calls)."""
+
+if not cython.compiled:
+    # Pure Python: the hardware's operations are the shim's C functions
+    # themselves, not the methods above calling them (a Python frame less per
+    # call). Compiled, each method is a direct C call (kickmsg/atomics.pxd).
+    for _name in OPERATIONS:
+        setattr(Atomics, _name, getattr(_lib, "km_" + _name))  # a builtin: no binding to the instance
 
 
 HARDWARE = Atomics()

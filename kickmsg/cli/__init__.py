@@ -34,12 +34,14 @@ line.
 """
 import argparse
 from collections.abc import Mapping
+import os
 import signal
 import sys
 from typing import NoReturn
 import warnings
 
 import kickmsg
+from kickmsg import atomics, build
 from kickmsg.protocol.v4 import layout
 from kickmsg.cli.common import EXIT_ERROR, EXIT_OK, CommandError, discard_stdout, print_warnings_on_one_line
 from kickmsg.stopsignals import EXIT_FORCED, STOP_SIGNALS, exit_on_signals, interrupt_on_ctrl_c
@@ -94,6 +96,9 @@ def main(argv: list[str] | None = None) -> int:
     exit_on_signals()
     try:
         args = parse(sys.argv[1:] if argv is None else argv)
+        if argv is None and args.command == "verify" and atomics.COMPILED:
+            # The explorer schedules the flows' source: the same command on the pure build (kickmsg.build).
+            os.execve(sys.executable, [sys.executable, "-m", "kickmsg", *sys.argv[1:]], build.pure_environment())
         interrupt_on_ctrl_c()
         try:
             return run(args)

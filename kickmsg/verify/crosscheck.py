@@ -522,7 +522,7 @@ class CrashingAtomics(Atomics):
 
 
 def _counted(name: str) -> Callable[..., int | None]:
-    operation = getattr(Atomics, name)
+    operation = getattr(HARDWARE, name)
 
     def write(self: CrashingAtomics, *args: int) -> int | None:
         self.before_write()

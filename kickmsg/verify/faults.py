@@ -65,7 +65,7 @@ class CrashingAtomics(Atomics):
         os.kill(os.getpid(), signal.SIGSTOP)
 
     def cas_acq_rel_u64(self, address: int, expected: int, desired: int) -> int:
-        found = Atomics.cas_acq_rel_u64(address, expected, desired)
+        found = super().cas_acq_rel_u64(address, expected, desired)
         if found == expected and address == self._free_top:
             self._reached("after_pop")  # pops use cas_acq_rel; pushes use cas_release
         elif found == expected and desired == layout.LOCKED_SEQUENCE:
@@ -73,19 +73,19 @@ class CrashingAtomics(Atomics):
         return found
 
     def store_release_u32(self, address: int, value: int) -> None:
-        Atomics.store_release_u32(address, value)
+        super().store_release_u32(address, value)
         start, end = self._pool
         if start <= address < end and (address - start) % self._slot_stride == layout.REFCOUNT_OFFSET:
             self._reached("after_refcount")  # the publish flow's step 3 (the pre-set is a release store)
 
     def fetch_add_acq_rel_u64(self, address: int, operand: int) -> int:
-        previous = Atomics.fetch_add_acq_rel_u64(address, operand)
+        previous = super().fetch_add_acq_rel_u64(address, operand)
         if address in self._write_positions:
             self._reached("after_claim")
         return previous
 
     def fetch_sub_release_u32(self, address: int, operand: int) -> int:
-        previous = Atomics.fetch_sub_release_u32(address, operand)
+        previous = super().fetch_sub_release_u32(address, operand)
         if address in self._state_flights:
             self._reached("mid_ring_loop")  # one ring done, admission released
         return previous

@@ -191,13 +191,16 @@ class ScheduledAtomics(Atomics):
     anywhere else run directly on the hardware)."""
 
     def __init__(self, execution: "Execution") -> None:
+        if atomics.COMPILED:  # its steps are the source lines of the flows, which compiled code does not run
+            raise RuntimeError("the explorer schedules the flows' source, and this process runs them compiled: "
+                               "run it with KICKMSG_PURE=1 in the environment (kickmsg verify does so itself)")
         self.execution = execution
 
     def _step(self, name: str, address: int, operands: tuple[int, ...], newest: bool = False) -> Any:
         execution = self.execution
         actor = execution.current_actor()
         if actor is None:
-            return getattr(Atomics, name)(address, *operands)
+            return getattr(atomics.HARDWARE, name)(address, *operands)
         execution.wait_for_turn(actor)
         result, stale = execution.memory.perform(actor.index, name, address, operands, len(execution.outcome.steps), newest)
         execution.record(actor, name, address, operands, result, stale)

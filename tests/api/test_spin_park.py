@@ -98,6 +98,7 @@ def test_a_waitset_spins_then_parks_like_a_receive(prefix, monkeypatch, spin, ev
     than the gaps only the first wait sleeps in futex_waitv, the others see
     their message while spinning; with a shorter one every wait sleeps."""
     from kickmsg import atomics
+    from kickmsg.protocol import common
 
     regions = [
         kickmsg.SharedRegion.create(f"/{prefix}_{index}", kickmsg.ChannelType.PubSub, kickmsg.Config(), "t")
@@ -105,8 +106,13 @@ def test_a_waitset_spins_then_parks_like_a_receive(prefix, monkeypatch, spin, ev
     ]
     subscribers = [kickmsg.Subscriber(region) for region in regions]
     sleeps = []
-    futex_waitv = atomics.Atomics.futex_waitv
-    monkeypatch.setattr(atomics.Atomics, "futex_waitv", staticmethod(lambda *args: sleeps.append(1) or futex_waitv(*args)))
+
+    class CountingSleeps(atomics.Atomics):
+        def futex_waitv(self, *args):
+            sleeps.append(1)
+            return atomics.HARDWARE.futex_waitv(*args)
+
+    monkeypatch.setattr(common, "HARDWARE", CountingSleeps())  # the door a WaitSet sleeps through
     messages = [b"m%d" % index for index in range(6)]
 
     def publish():

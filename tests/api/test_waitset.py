@@ -19,6 +19,7 @@ import rawregion
 from conftest import new_shm_name
 from kickmsg import ChannelType, Config, Node, Publisher, SharedRegion, Subscriber, WaitSet, atomics, typed
 from kickmsg.atomics import Atomics
+from kickmsg.protocol import common
 from kickmsg.protocol.v4.layout import LOCKED_SEQUENCE, SEQUENCE_OFFSET, U32_MAX
 from kickmsg.region import unlink_shm
 from nativepeer import start_native, start_native9, start_ours
@@ -33,7 +34,7 @@ WAITV_PATHS = {"kernel": atomics.futex_waitv_kernel, "polling": atomics.futex_wa
 @pytest.fixture(params=list(WAITV_PATHS))
 def waitv_path(request, monkeypatch):
     """Run the test with the kernel's futex_waitv, then with the fallback."""
-    monkeypatch.setattr(Atomics, "futex_waitv", staticmethod(WAITV_PATHS[request.param]))
+    monkeypatch.setattr(atomics, "futex_waitv_uses_polling", request.param == "polling")
     return request.param
 
 
@@ -160,27 +161,26 @@ class RecordingAtomics(Atomics):
     def __init__(self, ring, monkeypatch):
         self.ring = ring
         self.trace = []
+        monkeypatch.setattr(common, "HARDWARE", self)  # the door a WaitSet sleeps through
 
-        def recorded_waitv(addresses, values, timeout_ns):
-            self.trace.append(("sleep on", list(zip(addresses, values))))
-            return atomics.futex_waitv_kernel(addresses, values, timeout_ns)
-
-        monkeypatch.setattr(Atomics, "futex_waitv", staticmethod(recorded_waitv))
+    def futex_waitv(self, addresses, values, timeout_ns):
+        self.trace.append(("sleep on", list(zip(addresses, values))))
+        return atomics.futex_waitv_kernel(addresses, values, timeout_ns)
 
     def store_relaxed_u32(self, address, value):
         if address == self.ring.has_waiter:
             self.trace.append(("has_waiter =", value))
-        Atomics.store_relaxed_u32(address, value)
+        super().store_relaxed_u32(address, value)
 
     def load_acquire_u64(self, address):
-        value = Atomics.load_acquire_u64(address)
+        value = super().load_acquire_u64(address)
         if address == self.ring.write_pos:
             self.trace.append(("write_pos ->", value))
         return value
 
     def futex_wait(self, address, expected, timeout_ns):
         self.trace.append(("sleep on", [(address, expected)]))
-        return Atomics.futex_wait(address, expected, timeout_ns)
+        return super().futex_wait(address, expected, timeout_ns)
 
 
 def check_announced_before_every_sleep(trace: list, write_pos: int) -> None:
@@ -363,7 +363,7 @@ if P["count_wakes"]:
         woken = 0
 
         def futex_wake_all(self, address):
-            woken = Atomics.futex_wake_all(address)
+            woken = super().futex_wake_all(address)
             self.woken += woken
             return woken
 
@@ -386,7 +386,7 @@ def test_a_hundred_subscribers_woken_by_another_process(channels, monkeypatch, l
     WaitSet, which returns exactly that subscriber; the publisher's
     wake-up found it asleep on that ring's futex (kernel path). The native
     publisher is the one of the layout: 0.1.0 or 0.9.2."""
-    monkeypatch.setattr(Atomics, "futex_waitv", staticmethod(WAITV_PATHS[path]))
+    monkeypatch.setattr(atomics, "futex_waitv_uses_polling", path == "polling")
     regions = channels(100)
     subscribers = [Subscriber(region) for region in regions]
     waitset = WaitSet()

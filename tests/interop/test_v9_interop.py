@@ -571,7 +571,7 @@ class StallBeforeCommit(Atomics):
         if address == self.address:
             self.address = -1
             self.stall()
-        return Atomics.cas_release_u64(address, expected, desired)
+        return super().cas_release_u64(address, expected, desired)
 
 
 NATIVE_LAP = r'''

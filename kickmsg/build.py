@@ -1,0 +1,49 @@
+"""Which build runs: the compiled hot path, or the pure source.
+
+Installing kickmsg compiles the door to the atomics (``COMPILED`` in
+setup.py: ``kickmsg/atomics.py``) with Cython in pure-Python mode: the same
+``.py`` source, typed by the ``.pxd`` beside it, built into an extension
+module that Python imports in its place; the flows that call it stay Python
+in both builds. With ``KICKMSG_PURE=1`` in the environment, ``import
+kickmsg`` loads every kickmsg module from its ``.py`` source instead: the
+reference, which the explorer checks (``kickmsg verify`` runs itself that
+way), and the fallback. ``kickmsg.atomics.COMPILED`` says which build a
+process runs.
+"""
+import importlib.machinery
+import importlib.util
+import os
+import sys
+from collections.abc import Sequence
+from types import ModuleType
+
+__all__ = ["PURE_REQUESTED", "SourceFirst", "pure_environment"]
+
+PURE_REQUESTED = os.environ.get("KICKMSG_PURE") == "1"
+
+
+class SourceFirst:
+    """A finder for ``sys.meta_path`` that loads each kickmsg module with a
+    ``.py`` file from that file, ahead of an extension module beside it."""
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if not fullname.startswith("kickmsg.") or not path:
+            return None
+        module_name = fullname.rpartition(".")[2]
+        for directory in path:
+            source = os.path.join(directory, module_name + ".py")
+            if os.path.isfile(source):
+                return importlib.util.spec_from_file_location(fullname, source)
+        return None  # a package, or the cffi shim: the usual finders
+
+
+def pure_environment() -> dict[str, str]:
+    """This process's environment with the pure build selected, for a child
+    that must run the source (the explorer)."""
+    return {**os.environ, "KICKMSG_PURE": "1"}
+
+
+if PURE_REQUESTED and not any(isinstance(finder, SourceFirst) for finder in sys.meta_path):
+    sys.meta_path.insert(0, SourceFirst())
