@@ -348,6 +348,8 @@ def summary_rows(results: dict, peers: Sequence[str]) -> list[list[str]]:
 
 def summary_markdown(results: dict, peers: Sequence[str] = PEERS) -> str:
     """The summary table as markdown, for the README; ratios to the first of ``peers``."""
+    if not peers:
+        return "(no peer of this layout in this run)"
     lines = [f"| median (× {peers[0]}) | " + " | ".join(peers) + " |", "|---|" + "---|" * len(peers)]
     lines += ["| " + " | ".join(row) + " |" for row in summary_rows(results, peers)]
     return "\n".join(lines)
@@ -501,12 +503,15 @@ def print_report(report: dict) -> None:
         after = report.get("cpu_busy_after")
         after_text = f", {after:.0%} right after" if after is not None else ""
         print(f"Load:    CPUs {busy:.0%} busy just before the run{after_text}; load average {report['load_average']}{warning}")
-    print(f"Run:     {report['mode']} mode, started {report['date']}, {report['duration_s']} s")
+    print(f"Run:     {report['mode']} mode, {report.get('build', 'compiled')} build, started {report['date']}, "
+          f"{report['duration_s']} s")
     print()
     results = report["results"]
     peers = report.get("peers", PEERS)
     for layout in LAYOUTS:
         shown = layout_peers(peers, layout)
+        if not shown:
+            continue
         print_table(f"Summary, layout {layout}: medians; (x {shown[0]}) = peer's figure / {shown[0]}", "",
                     ["benchmark"] + shown, summary_rows(results, shown))
     inproc_table(results["inproc"])
