@@ -9,12 +9,23 @@ import pytest
 
 import crashworkers
 
-from kickmsg import owners, shm
+from kickmsg import atomics, owners, shm
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TESTS = ROOT / "tests"  # the helper modules: a test file run as a script finds them through $PYTHONPATH
 SESSION_PREFIX = f"kmtest_{os.getpid()}_{secrets.token_hex(3)}"
 _counter = itertools.count()
+
+
+def pytest_collection_modifyitems(config, items):
+    """The explorer's tests (tests/verify) schedule the flows' source, step
+    by step: they run on the pure build only (kickmsg/build.py). `make test`
+    runs them with KICKMSG_PURE=1; asked for in a process with the compiled
+    build, the run stops at once and says so."""
+    explorer_tests = TESTS / "verify"
+    if atomics.COMPILED and any(item.path.is_relative_to(explorer_tests) for item in items):
+        pytest.exit("tests/verify schedules the flows' source: run it with KICKMSG_PURE=1 in the environment "
+                    "(make test does)", returncode=pytest.ExitCode.USAGE_ERROR)
 
 
 def new_shm_name(label: str = "r") -> str:
