@@ -29,7 +29,7 @@ import kickmsg
 import rawregion
 from conftest import SESSION_PREFIX, on_layout4
 from kickmsg import ChannelType, Config, Node, Publisher, SchemaInfo, SharedRegion, Subscriber, typed
-from kickmsg import owners
+from kickmsg import atomics, owners
 from nativepeer import run_native, run_native9, run_ours, start_native, start_native9, start_ours
 
 KICKMSG = pathlib.Path(sys.executable).with_name("kickmsg")
@@ -316,6 +316,8 @@ def test_version():
     assert result.code == 0
     assert result.text.startswith(f"kickmsg-py {kickmsg.__version__} ")
     assert "own version, not the native kickmsg's" in result.text
+    build = "Python, its atomics door compiled" if atomics.COMPILED else "pure Python"
+    assert result.text.startswith(f"kickmsg-py {kickmsg.__version__} ({build}; ")
     assert "layouts 9, as native kickmsg 0.9.2 (the default), and 4, as native kickmsg 0.1.0" in result.text
 
 
