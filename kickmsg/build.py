@@ -46,4 +46,7 @@ def pure_environment() -> dict[str, str]:
 
 
 if PURE_REQUESTED and not any(isinstance(finder, SourceFirst) for finder in sys.meta_path):
-    sys.meta_path.insert(0, SourceFirst())
+    # Just ahead of the finder of files (finders placed before it, e.g. a
+    # tool's import hook, still come first).
+    before = sys.meta_path.index(importlib.machinery.PathFinder) if importlib.machinery.PathFinder in sys.meta_path else 0
+    sys.meta_path.insert(before, SourceFirst())
