@@ -1,4 +1,4 @@
-"""Which build runs: the compiled hot path, or the pure source.
+"""Which build runs: the compiled atomics door, or every module from source.
 
 Installing kickmsg compiles the door to the atomics (``COMPILED`` in
 setup.py: ``kickmsg/atomics.py``) with Cython in pure-Python mode: the same

@@ -191,8 +191,8 @@ class ScheduledAtomics(Atomics):
     anywhere else run directly on the hardware)."""
 
     def __init__(self, execution: "Execution") -> None:
-        if atomics.COMPILED:  # its steps are the source lines of the flows, which compiled code does not run
-            raise RuntimeError("the explorer schedules the flows' source, and this process runs them compiled: "
+        if atomics.COMPILED:  # the explorer checks the reference: every module run from its source
+            raise RuntimeError("the explorer runs on the pure build, and this process runs the compiled atomics door: "
                                "run it with KICKMSG_PURE=1 in the environment (kickmsg verify does so itself)")
         self.execution = execution
 
