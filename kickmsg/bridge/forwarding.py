@@ -201,12 +201,17 @@ def recorded_subscribers(region: SharedRegion) -> int:
     """Live subscribers attached to the region that record themselves. On
     layout 4, those of this package (their owner records are locked; native
     subscribers record nothing). On layout 9, every Live ring whose owner
-    (recorded in its header) is alive: a native 0.9.2 subscriber records
-    itself too but does not follow a re-created region, so with one
-    attached the wait runs out (REJOIN_WAIT_S)."""
+    has recorded itself in its header and is alive: a native 0.9.2
+    subscriber records itself too but does not follow a re-created region,
+    so with one attached the wait runs out (REJOIN_WAIT_S). A ring counts
+    once its owner's pid is there (B.4 step 3), not as soon as it is Live
+    (step 2): in between, the subscriber reads its start time from /proc,
+    and only after step 3 does it read where it starts (step 4); what is
+    published before that it never reads."""
     if region.layout == LAYOUT_9:
         dead = {index for index, _ in region.dead_subscriber_rings()}
-        return sum(ring.state == "Live" and index not in dead for index, ring in enumerate(region.stats().rings))
+        live = [index for index, ring in enumerate(region.stats().rings) if ring.state == "Live" and index not in dead]
+        return sum(region.core.ring_words(index).owner_pid != 0 for index in live)
     records = owners.read_owners(region.name, region.geometry.max_subs) or []
     return sum(held and record is not None and record.region_created_at_ns == region.created_at_ns
                for record, held in records)

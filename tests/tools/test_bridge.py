@@ -24,7 +24,9 @@ from kickmsg import ChannelType, Config, Node, Publisher, SchemaInfo, SharedRegi
 from kickmsg import description as describe
 from kickmsg.bridge import forwarding, options as bridge_options
 from kickmsg.cli import bridging
+from kickmsg.atomics import Atomics
 from kickmsg.ops import diagnostics
+from kickmsg.protocol.v9 import receive as receive9, region as region9
 from nativepeer import check_payload, make_payload, start_native, start_native9, start_ours
 from test_exporter import exporter_for  # noqa: F401 (a fixture)
 
@@ -688,6 +690,30 @@ def test_an_invalid_description_is_a_clear_error(prefix, description):
     with pytest.raises(bridge.BridgeError, match=f"cannot import k/x into /{prefix}_x"):
         forwarding.open_local_channel(f"/{prefix}_x", "k/x", description, None, None)
     assert not os.path.exists(f"/dev/shm/{prefix}_x")
+
+
+class StopBeforeTheOwner(Atomics):
+    """A door that stops a join between B.4 step 2 (the ring Live) and
+    step 3 (its owner recorded): the first 64-bit relaxed store raises."""
+
+    def store_relaxed_u64(self, address: int, value: int) -> None:
+        raise RuntimeError("stopped before the owner is recorded")
+
+
+def test_a_layout_9_subscriber_counts_as_followed_once_its_owner_is_recorded(prefix):
+    """The importer's wait after a re-create counts a layout-9 ring once its
+    owner has recorded itself (B.4 step 3), not as soon as it is Live: in
+    between, the subscriber has not read where it starts (step 4) and
+    would never read what the importer published meanwhile."""
+    name = f"/{prefix}_x"
+    region = SharedRegion.create(name, ChannelType.PubSub, Config(**GEOMETRY), "test", layout=9)
+    with pytest.raises(RuntimeError, match="stopped before the owner"):
+        receive9.Subscriber(region9.Region.open(name, atomics=StopBeforeTheOwner()))
+    assert [ring.state for ring in region.stats().rings].count("Live") == 1
+    assert forwarding.recorded_subscribers(region) == 0
+    subscriber = Subscriber(region)
+    assert forwarding.recorded_subscribers(region) == 1
+    subscriber.close()
 
 
 def test_only_a_channel_made_for_the_key_is_recreated_for_a_new_description(prefix):
