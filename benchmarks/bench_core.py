@@ -57,11 +57,14 @@ Scenarios (exactly what is timed: see core_worker.py):
      median over repeats of the mean; p99 over 16-pair batches.
   2. ping-pong, 64 B: two processes pinned to cores 0 and 1, each receiving
      with the peer's blocking receive; one-way latency = half the round trip,
-     median and p99 over 2000 trips.
+     median and p99 over 2000 trips; beside it, each side's CPU time over
+     wall time while the trips ran (near 100 %: a receive that spins).
   3. paced one-way latency, 64 B, blocking receive: one message per
      millisecond carrying its monotonic_ns send stamp (a receiver that has
-     gone to sleep between messages). Median and p99 of each repeat, medians
-     over repeats.
+     gone to sleep between messages), once left to the scheduler and once
+     with the publisher and the subscriber pinned to cores 0 and 1. Median
+     and p99 of each repeat, medians over repeats; beside it, the median
+     time of the publisher's send call (the cold send, after an idle ms).
   4. streaming throughput, 4 KB, one publisher to one subscriber process, and
   5. fan-out, 64 B, one publisher to 4 subscriber processes: as fast as the
      publisher can; messages received per second, summed over the
@@ -145,7 +148,7 @@ SETTINGS = {
     "full": {
         "inproc": {"sizes": [64, 4096], "repeats": 5, "warmup_s": 0.2, "repeat_s": 0.3, "batch": 16},
         "pingpong": {"size": 64, "warmup": 200, "trips": 2000},
-        "latency": {"sizes": [64], "modes": ["block"], "period_s": 0.001, "warmup": 200, "samples": 600, "repeats": 5},
+        "latency": {"sizes": [64], "modes": ["block", "pinned"], "period_s": 0.001, "warmup": 200, "samples": 600, "repeats": 5},
         "throughput": {"subscribers": [1], "size": 4096, "duration_s": 1.0, "warmup_s": 0.3, "repeats": 3},
         "fanout": {"subscribers": [4], "size": 64, "duration_s": 1.0, "warmup_s": 0.3, "repeats": 3},
         "frames": {"sizes": [1 * MB, 8 * MB], "duration_s": 0.6, "warmup_s": 0.3, "repeats": 3},
@@ -157,7 +160,7 @@ SETTINGS = {
     "quick": {
         "inproc": {"sizes": [64, 4096], "repeats": 3, "warmup_s": 0.03, "repeat_s": 0.05, "batch": 16},
         "pingpong": {"size": 64, "warmup": 50, "trips": 300},
-        "latency": {"sizes": [64], "modes": ["block"], "period_s": 0.001, "warmup": 20, "samples": 100, "repeats": 3},
+        "latency": {"sizes": [64], "modes": ["block", "pinned"], "period_s": 0.001, "warmup": 20, "samples": 100, "repeats": 3},
         "throughput": {"subscribers": [1], "size": 4096, "duration_s": 0.2, "warmup_s": 0.1, "repeats": 2},
         "fanout": {"subscribers": [4], "size": 64, "duration_s": 0.2, "warmup_s": 0.1, "repeats": 2},
         "frames": {"sizes": [1 * MB, 8 * MB], "duration_s": 0.2, "warmup_s": 0.1, "repeats": 2},
@@ -330,12 +333,16 @@ def bench_inproc(peer: str, settings: dict) -> dict:
     return {size: batch_stats(measured["batch_ns_runs"], measured["batch"]) for size, measured in raw["inproc"].items()}
 
 
-def bench_latency(peer: str, settings: dict, size: int, spin: bool) -> dict:
-    """Paced one-way latency: one stamped message per ``period_s``."""
+def bench_latency(peer: str, settings: dict, size: int, mode: str) -> dict:
+    """Paced one-way latency: one stamped message per ``period_s``; ``mode``
+    "block" (blocking receive), "pinned" (the same, publisher and subscriber
+    pinned to cores 0 and 1) or "spin" (a non-blocking receive in a loop).
+    With it, what the publisher's ``send`` call took (the cold send)."""
     samples, repeats = settings["samples"], settings["repeats"]
     count = settings["warmup"] + samples * repeats
     args = {
-        "size": size, "spin": spin, "period_s": settings["period_s"], "warmup": settings["warmup"],
+        "size": size, "spin": mode == "spin", "pinned": mode == "pinned", "period_s": settings["period_s"],
+        "warmup": settings["warmup"],
         "samples": samples * repeats, "depth": QUEUE_DEPTH, "config": {"max_payload_size": max(4096, size)},
     }
     raw = run_worker(peer, "latency", args, 90 + 3 * count * settings["period_s"])
@@ -346,6 +353,7 @@ def bench_latency(peer: str, settings: dict, size: int, spin: bool) -> dict:
     chunks = [latencies_us[i * samples : (i + 1) * samples] for i in range(len(latencies_us) // samples)]
     medians = [statistics.median(chunk) for chunk in chunks]
     p99s = [percentile(chunk, 0.99) for chunk in chunks]
+    send_us = [ns / 1000 for ns in raw["send_ns"]]
     return {
         "median_us": statistics.median(medians),
         "p99_us": statistics.median(p99s),
@@ -358,6 +366,8 @@ def bench_latency(peer: str, settings: dict, size: int, spin: bool) -> dict:
         "lost_by_sequence": measured["lost_by_sequence"],
         "timeouts": measured["timeouts"],
         "wrong_size": measured["bad_size"],
+        "send_median_us": statistics.median(send_us),
+        "send_p99_us": percentile(send_us, 0.99),
     }
 
 
@@ -370,6 +380,10 @@ def bench_pingpong(peer: str, settings: dict) -> dict:
         "p99_us": percentile(one_way_us, 0.99),
         "max_us": max(one_way_us),
         "trips": len(one_way_us),
+        # CPU time over wall time while the trips ran, each side: near 1, a receive that spins.
+        "ping_cpu_fraction": raw["ping_cpu_ns"] / raw["ping_wall_ns"],
+        "pong_cpu_fraction": raw["pong_cpu_ns"] / raw["pong_wall_ns"],
+        "cpu_us_per_trip": (raw["ping_cpu_ns"] + raw["pong_cpu_ns"]) / 1000 / len(one_way_us),
     }
 
 
@@ -507,7 +521,7 @@ def run_all(settings: dict, errors: list, peers: tuple) -> dict:
             key = f"{size}_{mode}"
             for peer in peers:
                 results["latency"].setdefault(key, {})[peer] = attempt(
-                    errors, f"latency {key}, {peer}", bench_latency, peer, settings["latency"], size, mode == "spin"
+                    errors, f"latency {key}, {peer}", bench_latency, peer, settings["latency"], size, mode
                 )
     for step, scenario in (("4/8", "throughput"), ("5/8", "fanout")):
         print(f"{step} {scenario}", file=sys.stderr)

@@ -29,21 +29,27 @@ Modes and exactly what they time:
             ``batch`` pairs with perf_counter_ns; each repeat lasts about
             ``repeat_s`` (sized by a warm-up of ``warmup_s``). Also gives the
             channel's layout (ours: 4 or 9, by $KICKMSG_LAYOUT; else null).
-  latency   a publisher (this process) and one subscriber process. Every
+  latency   a publisher (this process) and one subscriber process, both
+            pinned (this one to core 0, the subscriber to core 1) when
+            ``pinned`` is true, left to the scheduler otherwise. Every
             ``period_s`` the publisher takes ``time.monotonic_ns()``, builds the
             message (sequence number and stamp, padded to ``size`` bytes: a new
             bytes object, as the native ``send`` takes only bytes) and sends
-            it. The subscriber, blocked in its receive
-            (``spin`` false) or looping on its non-blocking receive (``spin``
-            true), computes ``monotonic_ns() - stamp`` as soon as it has the
-            message. It also notes whether it was already waiting when the
-            message was stamped.
+            it, timing the ``send`` call alone with perf_counter_ns (the cold
+            send: the first after an idle millisecond). The subscriber, blocked
+            in its receive (``spin`` false) or looping on its non-blocking
+            receive (``spin`` true), computes ``monotonic_ns() - stamp`` as soon
+            as it has the message. It also notes whether it was already waiting
+            when the message was stamped.
   pingpong  this process (pinned to core 0) and one forked process (core 1),
             two channels: this one sends a ``size``-byte message on "there"
             and waits for it to come back on "back" with the peer's blocking
             receive; the other receives on "there" and sends what it got on
             "back". One-way latency = half of each round trip
-            (perf_counter_ns), after ``warmup`` trips.
+            (perf_counter_ns), after ``warmup`` trips. Each side also notes
+            its CPU time (``time.process_time_ns``: user and system, all its
+            threads) and the wall time over the measured trips: CPU time
+            close to wall time is a receive that spins rather than sleeps.
   fanout    a publisher (this process) and ``subscribers`` processes. Each
             round the publisher sends ``size``-byte messages as fast as it can
             for ``duration_s``, then a short stop message; each subscriber
@@ -234,7 +240,9 @@ def inproc(sizes: list, repeats: int, warmup_s: float, repeat_s: float, batch: i
 # -- latency ---------------------------------------------------------------------
 
 
-def latency_subscriber(peer, index: int, link, size: int, spin: bool) -> None:
+def latency_subscriber(peer, index: int, link, size: int, spin: bool, pinned: bool) -> None:
+    if pinned:
+        pin(1)
     subscriber = peer.subscriber(index)
     link.send("ready")
     receive = subscriber.try_receive if spin else subscriber.receive
@@ -280,19 +288,22 @@ def latency_subscriber(peer, index: int, link, size: int, spin: bool) -> None:
     subscriber.close()
 
 
-def latency(size: int, spin: bool, period_s: float, warmup: int, samples: int, **peer_args) -> None:
+def latency(size: int, spin: bool, pinned: bool, period_s: float, warmup: int, samples: int, **peer_args) -> None:
     peer = make_peer(peer_args, size)
     peer.setup(1)
     children = None
     try:
-        children = Children(latency_subscriber, 1, peer, {"size": size, "spin": spin})
+        children = Children(latency_subscriber, 1, peer, {"size": size, "spin": spin, "pinned": pinned})
         children.expect(30, "ready")
+        if pinned:
+            pin(0)
         publisher = peer.publisher()
         publisher.wait_for_subscribers(1, 10)
-        send, clock, sleep, pack = publisher.send, time.monotonic_ns, time.sleep, STAMP.pack
+        send, clock, sleep, pack, timer = publisher.send, time.monotonic_ns, time.sleep, STAMP.pack, time.perf_counter_ns
         padding = bytes(size - STAMP.size)
         period_ns = int(period_s * NS)
         next_send = clock() + period_ns
+        send_ns = []
         for sequence in range(warmup + samples):
             remaining = next_send - clock()
             if remaining > 0:
@@ -300,12 +311,15 @@ def latency(size: int, spin: bool, period_s: float, warmup: int, samples: int, *
             stamp = clock()
             # A late wake-up delays the next message rather than sending two back to back.
             next_send = stamp + period_ns
-            send(pack(sequence, stamp) + padding)
+            message = pack(sequence, stamp) + padding
+            began = timer()
+            send(message)
+            send_ns.append(timer() - began)
         sleep(period_s)
         send(pack(STOP_SEQUENCE, warmup) + padding)
         (result,) = children.expect(30, "result")
         publisher.close()
-        emit({"latency": result, "sent": warmup + samples})
+        emit({"latency": result, "sent": warmup + samples, "send_ns": send_ns[warmup:]})
     finally:
         if children:
             children.stop()
@@ -321,8 +335,9 @@ def pin(core: int) -> None:
         os.sched_setaffinity(0, {core})
 
 
-def pong(peer: Any, index: int, link: Any, back: Any) -> None:
-    """The far side of the ping-pong: echo every message until one of another size."""
+def pong(peer: Any, index: int, link: Any, back: Any, warmup: int) -> None:
+    """The far side of the ping-pong: echo every message until one of another
+    size; its CPU and wall time from the end of the warm-up to that one."""
     pin(1)
     inbox = peer.subscriber(0)
     link.send("ready")
@@ -330,14 +345,16 @@ def pong(peer: Any, index: int, link: Any, back: Any) -> None:
     outbox = back.publisher()
     outbox.wait_for_subscribers(1, 10)
     link.send("ready")
-    size, echoed = None, 0
+    size, echoed, began = None, 0, (time.process_time_ns(), time.perf_counter_ns())
     while (message := inbox.receive()) is not None:
         if size is not None and len(message) != size:
             break
         size = len(message)
         outbox.send(message)
         echoed += 1
-    link.send({"echoed": echoed})
+        if echoed == warmup:
+            began = (time.process_time_ns(), time.perf_counter_ns())
+    link.send({"echoed": echoed, "cpu_ns": time.process_time_ns() - began[0], "wall_ns": time.perf_counter_ns() - began[1]})
     inbox.close()
     outbox.close()
 
@@ -348,7 +365,7 @@ def pingpong(size: int, warmup: int, trips: int, **peer_args: Any) -> None:
     back.setup(1)
     children = None
     try:
-        children = Children(pong, 1, there, {"back": back})
+        children = Children(pong, 1, there, {"back": back, "warmup": warmup})
         children.expect(30, "ready")
         pin(0)
         inbox = back.subscriber(0)
@@ -359,18 +376,24 @@ def pingpong(size: int, warmup: int, trips: int, **peer_args: Any) -> None:
         send, receive, clock = outbox.send, inbox.receive, time.perf_counter_ns
         message = bytes(size)
         trips_ns = []
-        for _ in range(warmup + trips):
+        for trip in range(warmup + trips):
+            if trip == warmup:
+                cpu_began, wall_began = time.process_time_ns(), clock()
             began = clock()
             send(message)
             answer = receive()
             trips_ns.append(clock() - began)
             if answer is None or len(answer) != size:
                 raise RuntimeError(f"{PEER}: the ping-pong answer was {answer!r:.40}")
+        cpu_ns, wall_ns = time.process_time_ns() - cpu_began, clock() - wall_began
         send(b"\0")
         (result,) = children.expect(30, "result")
         inbox.close()
         outbox.close()
-        emit({"pingpong": {"one_way_ns": [ns / 2 for ns in trips_ns[warmup:]], "echoed": result["echoed"]}})
+        emit({"pingpong": {
+            "one_way_ns": [ns / 2 for ns in trips_ns[warmup:]], "echoed": result["echoed"],
+            "ping_cpu_ns": cpu_ns, "ping_wall_ns": wall_ns, "pong_cpu_ns": result["cpu_ns"], "pong_wall_ns": result["wall_ns"],
+        }})
     finally:
         if children:
             children.stop()

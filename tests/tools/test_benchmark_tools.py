@@ -5,6 +5,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
@@ -64,13 +66,14 @@ import bench_report  # noqa: E402
 
 
 def a_run(pingpong_us: dict, fanout: dict, throughput: dict, frames_8mb: dict, inproc_ns: dict,
-          parked_us: dict | None = None) -> dict:
+          parked_us: dict | None = None, parked_pinned_us: dict | None = None) -> dict:
     """A results dictionary as bench_core makes it, with the fields the
     summary and the targets read."""
     return {
         "inproc": {"64": {peer: {"median_ns": ns} for peer, ns in inproc_ns.items()}},
         "pingpong": {"64": {peer: {"median_us": us} for peer, us in pingpong_us.items()}},
-        "latency": {"64_block": {peer: {"median_us": us} for peer, us in (parked_us or {}).items()}},
+        "latency": {"64_block": {peer: {"median_us": us} for peer, us in (parked_us or {}).items()},
+                    "64_pinned": {peer: {"median_us": us} for peer, us in (parked_pinned_us or {}).items()}},
         "fanout": {"4": {peer: {"median_msgs_s": rate, "loss_fraction": 0.1} for peer, rate in fanout.items()}},
         "throughput": {"1": {peer: {"median_msgs_s": rate} for peer, rate in throughput.items()}},
         "frames": {str(8 << 20): frames_8mb},
@@ -82,6 +85,7 @@ def test_targets_are_judged_on_each_layout_and_say_by_how_much_one_is_missed():
         pingpong_us={"ours": 6.0, "ours9": 7.0, "native": 30.0, "mp_pipe": 20.0, "mp_queue": 90.0, "zmq": 80.0,
                      "faster_fifo": 25.0, "iceoryx2": 4.0, "zenoh": 50.0},
         parked_us={"ours": 40.0, "ours9": 60.0, "mp_pipe": 50.0},
+        parked_pinned_us={"ours": 70.0, "ours9": 30.0, "mp_pipe": 50.0},
         fanout={"ours": 100e3, "ours9": 90e3, "mp_pipe": 80e3},
         throughput={"ours": 200e3, "ours9": 100e3, "mp_pipe": {"error": "it broke"}},
         frames_8mb={"ours": {"median_fps": 1900, "first_pass_fps": 400},
@@ -100,6 +104,7 @@ def test_targets_are_judged_on_each_layout_and_say_by_how_much_one_is_missed():
         "streaming 4 KB: at least 0.8x mp.Pipe's msgs/s received": None,  # that peer failed: no data, not a verdict
         "fan-out 64 B to 4 processes: at least 0.8x mp.Pipe's msgs/s received": True,
         "one message per ms, receiver parked: within 1.3x mp.Pipe's latency": True,
+        "the same, pinned to cores 0 and 1: within 1.3x mp.Pipe's latency": False,  # 1.4x
         "ping-pong one-way 64 B: ahead of mp_pipe": True,
         "ping-pong one-way 64 B: ahead of mp_queue": True,
         "ping-pong one-way 64 B: ahead of zmq": True,
@@ -114,6 +119,7 @@ def test_targets_are_judged_on_each_layout_and_say_by_how_much_one_is_missed():
     assert {name: met for (layout, name), met in verdicts.items() if layout == "4"} == expected_4
     on_9 = {name: met for (layout, name), met in verdicts.items() if layout == "9"}
     assert on_9["one message per ms, receiver parked: within 1.3x mp.Pipe's latency"] is True  # 1.2x
+    assert on_9["the same, pinned to cores 0 and 1: within 1.3x mp.Pipe's latency"] is True  # 0.6x
     assert on_9["in-process 64 B send + receive: within 15x native9"] is False  # 20x: against the native that speaks 9
     assert on_9["8 MB frames, first pass, >= 0.9x native9"] is True
     assert not any(name.startswith("publishing") for name in on_9)  # no scaling measured for ours9
@@ -176,6 +182,27 @@ def test_every_peer_makes_a_ping_pong_round_trip_between_two_processes(prefix, m
             measured = bench_core.bench_pingpong(peer, {"size": 64, "warmup": 2, "trips": 20})
             assert measured["trips"] == 20, peer
             assert 0 < measured["median_us"] <= measured["max_us"], peer
+            assert measured["ping_cpu_fraction"] > 0 and measured["pong_cpu_fraction"] > 0, peer
+            assert measured["cpu_us_per_trip"] > 0, peer
+    finally:
+        bench_core.stop_workers()
+        bench_core.remove_leftovers()
+    assert not list(pathlib.Path("/tmp").glob(prefix + "*"))
+
+
+@pytest.mark.parametrize("mode", ["block", "pinned"])
+def test_the_paced_latency_runs_pinned_or_not_and_times_the_cold_send(prefix, monkeypatch, mode):
+    """One message per ms, as `make bench` runs it, left to the scheduler
+    and pinned: every message arrives, and the publisher's send call is
+    timed beside the latency."""
+    monkeypatch.setattr(bench_core, "PREFIX", prefix)
+    settings = {"period_s": 0.001, "warmup": 5, "samples": 20, "repeats": 1}
+    try:
+        for peer in ("ours", "ours9", "mp_pipe"):
+            measured = bench_core.bench_latency(peer, settings, 64, mode)
+            assert measured["samples"] == 20 and measured["lost_by_sequence"] == 0 and measured["wrong_size"] == 0, peer
+            assert 0 < measured["median_us"] <= measured["max_us"], peer
+            assert 0 < measured["send_median_us"] <= measured["send_p99_us"], peer
     finally:
         bench_core.stop_workers()
         bench_core.remove_leftovers()
