@@ -60,7 +60,7 @@ bench: $(INSTALLED) $(NATIVE_INSTALLED) $(NATIVE9_INSTALLED)
 
 # The compiled build's sources (setup.py's COMPILED and its .pxd files): an
 # edit rebuilds it.
-COMPILED_SOURCES := kickmsg/atomics.py kickmsg/atomics.pxd kickmsg/_shim.pxd
+COMPILED_SOURCES := kickmsg/atomics.py kickmsg/atomics.pxd kickmsg/_shim.pxd kickmsg/protocol/freestack.py kickmsg/protocol/freestack.pxd
 $(INSTALLED): setup.py pyproject.toml kickmsg/_atomics.c kickmsg/_futex.c kickmsg/_build.py scripts/find-python.sh $(COMPILED_SOURCES)
 	@python=$$(scripts/find-python.sh) || exit 1; \
 	if ! $(PY) -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null; then \

@@ -2,8 +2,7 @@
 # extension type whose operations are methods of fixed C signature calling
 # the shim's C functions (kickmsg/_shim.pxd) directly, with no cffi layer in
 # between. A subclass (a test's or a tool's door) overrides any of them.
-# atomics.py's first line tells Cython to take its types from here, not from
-# its annotations.
+# setup.py tells Cython to take the types from here, not from annotations.
 from libc.stdint cimport int64_t, uint32_t, uint64_t, uintptr_t
 
 cdef class Atomics:

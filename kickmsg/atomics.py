@@ -1,4 +1,3 @@
-# cython: annotation_typing=False
 """The one door to shared-memory atomics.
 
 Every atomic read, write or read-modify-write that kickmsg performs on a

@@ -1,14 +1,15 @@
-"""Which build runs: the compiled atomics door, or every module from source.
+"""Which build runs: a few modules compiled, or every module from source.
 
-Installing kickmsg compiles the door to the atomics (``COMPILED`` in
-setup.py: ``kickmsg/atomics.py``) with Cython in pure-Python mode: the same
-``.py`` source, typed by the ``.pxd`` beside it, built into an extension
-module that Python imports in its place; the flows that call it stay Python
-in both builds. With ``KICKMSG_PURE=1`` in the environment, ``import
+Installing kickmsg compiles the modules of setup.py's ``COMPILED`` (the door
+to the atomics, ``kickmsg/atomics.py``, and the free stack,
+``kickmsg/protocol/freestack.py``) with Cython in pure-Python mode: the
+same ``.py`` source, typed by the ``.pxd`` beside it, built into an
+extension module that Python imports in its place; the other flows stay
+Python in both builds. With ``KICKMSG_PURE=1`` in the environment, ``import
 kickmsg`` loads every kickmsg module from its ``.py`` source instead: the
 reference, which the explorer checks (``kickmsg verify`` runs itself that
 way), and the fallback. ``kickmsg.atomics.COMPILED`` says which build a
-process runs.
+process runs; ``compiled_modules`` names what runs compiled.
 """
 import importlib.machinery
 import importlib.util
@@ -17,7 +18,7 @@ import sys
 from collections.abc import Sequence
 from types import ModuleType
 
-__all__ = ["PURE_REQUESTED", "SourceFirst", "pure_environment"]
+__all__ = ["PURE_REQUESTED", "SourceFirst", "compiled_modules", "describe", "pure_environment"]
 
 PURE_REQUESTED = os.environ.get("KICKMSG_PURE") == "1"
 
@@ -37,6 +38,24 @@ class SourceFirst:
             if os.path.isfile(source):
                 return importlib.util.spec_from_file_location(fullname, source)
         return None  # a package, or the cffi shim: the usual finders
+
+
+def compiled_modules() -> list[str]:
+    """The kickmsg modules this process imported compiled: from an
+    extension module with its ``.py`` source beside it (the cffi shim has
+    none), sorted."""
+    found = []
+    for name, module in list(sys.modules.items()):
+        path = getattr(module, "__file__", None) or ""
+        if name.startswith("kickmsg.") and path.endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES)):
+            found += [name] if os.path.isfile(os.path.join(os.path.dirname(path), name.rpartition(".")[2] + ".py")) else []
+    return sorted(found)
+
+
+def describe() -> str:
+    """Which build runs, in words (``kickmsg --version``)."""
+    compiled = compiled_modules()
+    return f"Python, compiled: {', '.join(name.removeprefix('kickmsg.') for name in compiled)}" if compiled else "pure Python"
 
 
 def pure_environment() -> dict[str, str]:

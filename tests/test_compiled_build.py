@@ -1,7 +1,7 @@
 """The compiled build against the pure one (kickmsg/build.py): the installed
-package runs its atomics door compiled, KICKMSG_PURE=1 runs it from source
-(the shim through cffi), and the same operations through each leave the same
-bytes in a region.
+package runs its atomics door and its free stack compiled, KICKMSG_PURE=1
+runs them from source (the shim through cffi), and the same operations
+through each leave the same bytes in a region.
 
 Each build runs in a process of its own (a process imports one build). The
 operations wrap the ring, evict unread messages, drop a subscriber and hold
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.timeout(120)
 OPERATIONS = r"""
 import json, os, sys
 import kickmsg
-from kickmsg import atomics
+from kickmsg import atomics, build
 name, layout, dump = sys.argv[1], sys.argv[2], sys.argv[3]
 os.environ["KICKMSG_LAYOUT"] = layout
 config = kickmsg.Config(max_subscribers=4, sub_ring_capacity=8, pool_size=16, max_payload_size=96)
@@ -44,7 +44,7 @@ held = publisher.allocate(50)
 received.append(subscribers[0].try_receive())
 with open("/dev/shm" + name, "rb") as file:
     open(dump, "wb").write(file.read())
-print(json.dumps({"compiled": atomics.COMPILED, "received": [each and each.hex() for each in received]}))
+print(json.dumps({"compiled": atomics.COMPILED, "modules": build.compiled_modules(), "received": [each and each.hex() for each in received]}))
 """
 
 
@@ -87,7 +87,8 @@ def test_the_compiled_and_the_pure_build_leave_the_same_bytes(layout, tmp_path):
         for name in names:
             shm.unlink(name)
     assert compiled["compiled"] is True, "the installed build does not run its atomics door compiled (setup.py's COMPILED)"
-    assert pure["compiled"] is False
+    assert compiled["modules"] == ["kickmsg.atomics", "kickmsg.protocol.freestack"]
+    assert pure["compiled"] is False and pure["modules"] == []
     assert compiled["received"] == pure["received"]
     assert all(compiled["received"])  # every try_receive found a message
     compiled_bytes, pure_bytes = (tmp_path / "compiled").read_bytes(), (tmp_path / "pure").read_bytes()

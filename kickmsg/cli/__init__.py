@@ -59,9 +59,6 @@ class CommandLineParser(argparse.ArgumentParser):
         self.exit(EXIT_ERROR, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-BUILDS = {True: "Python, its atomics door compiled", False: "pure Python"}  # kickmsg.build: which one runs
-
-
 def build_parser() -> CommandLineParser:
     """Every command's options and examples, each family adding its own
     (importing the commands: a few tenths of a second, after ``main`` has
@@ -77,7 +74,7 @@ def build_parser() -> CommandLineParser:
     )
     parser.add_argument(
         "--version", action="version",
-        version=f"kickmsg-py {kickmsg.__version__} ({BUILDS[atomics.COMPILED]}; this package's own version, not the "
+        version=f"kickmsg-py {kickmsg.__version__} ({build.describe()}; this package's own version, not the "
         f"native kickmsg's): "
         f"Kickmsg layouts 9, as native kickmsg 0.9.2 (the default), and {layout.VERSION}, as native kickmsg 0.1.0",
     )

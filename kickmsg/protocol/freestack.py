@@ -57,7 +57,7 @@ def _next_top(top: int, slot: int) -> int:
     return generation << 32 | slot
 
 
-def pop(region: Pool, *, empty_on_corrupt_head: bool) -> int:
+def pop(region: Pool, empty_on_corrupt_head: bool) -> int:
     """Take a free slot: its index, or ``INVALID_SLOT`` when the pool is
     empty. A head outside the pool raises ``CorruptRegionError``, or reads
     as an empty pool with ``empty_on_corrupt_head`` (layout 9, as 0.9.2)."""

@@ -192,7 +192,7 @@ class ScheduledAtomics(Atomics):
 
     def __init__(self, execution: "Execution") -> None:
         if atomics.COMPILED:  # the explorer checks the reference: every module run from its source
-            raise RuntimeError("the explorer runs on the pure build, and this process runs the compiled atomics door: "
+            raise RuntimeError("the explorer runs on the pure build, and this process runs the compiled one: "
                                "run it with KICKMSG_PURE=1 in the environment (kickmsg verify does so itself)")
         self.execution = execution
 
