@@ -2,7 +2,9 @@
 build: the modules in COMPILED, compiled from their own source by Cython in
 pure-Python mode (KICKMSG_PURE=1 at run time runs the source instead,
 kickmsg/build.py). Everything else is declared in pyproject.toml."""
+import json
 import os
+import runpy
 
 from Cython.Build import cythonize
 from setuptools import Extension, setup
@@ -15,7 +17,22 @@ from setuptools import Extension, setup
 COMPILED = ["kickmsg/atomics.py", "kickmsg/protocol/freestack.py"]
 
 
+# What each compiled module was compiled from (the digests of its .py and its
+# .pxd), for kickmsg.build to notice a source edited since: written beside
+# the modules, installed with them (the .pxd files too).
+SOURCE_DIGESTS = "kickmsg/_compiled_sources.json"
+
+
+def record_source_digests() -> None:
+    # kickmsg/build.py run on its own: the package cannot be imported before it is built.
+    source_digests = runpy.run_path("kickmsg/build.py")["source_digests"]
+    digests = {path[:-3].replace("/", "."): source_digests(path) for path in COMPILED}
+    with open(SOURCE_DIGESTS, "w") as file:
+        json.dump(digests, file, indent=1, sort_keys=True)
+
+
 def compiled_extensions() -> list[Extension]:
+    record_source_digests()
     extensions = [Extension(path[:-3].replace("/", "."), [path], include_dirs=["kickmsg"]) for path in COMPILED]
     return cythonize(
         extensions,

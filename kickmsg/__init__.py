@@ -11,7 +11,7 @@ every invalid config: a ``ValueError`` that is also 0.1.0's
 ``RuntimeError``; ``RegionNotFoundError``...); typed channels are in
 ``kickmsg.typed``, asyncio in ``kickmsg.aio``.
 """
-from kickmsg import build  # noqa: F401  (first: KICKMSG_PURE=1 loads every module below from its source)
+from kickmsg import build  # first: KICKMSG_PURE=1 loads every module below from its source
 from kickmsg import stopsignals
 
 stopsignals.exit_while_the_command_starts()  # first: an interrupt while the `kickmsg` command imports exits 130
@@ -77,6 +77,8 @@ __all__ = [
     "unlink_shm",
 ]
 __all__ += errors.__all__  # every exception this package raises to its users (kickmsg.errors)
+
+build.warn_if_stale()
 
 # Layout 9's participant registry and Blackboard (WIRE9.md C, D), named as 0.9.2 names them.
 from kickmsg.protocol.v9.blackboard import (

@@ -18,7 +18,7 @@ import pytest
 from kickmsg import shm
 from kickmsg.protocol.v4 import layout as layout4
 from kickmsg.protocol.v9 import layout as layout9
-from conftest import new_shm_name
+from conftest import ROOT, new_shm_name
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -44,7 +44,7 @@ held = publisher.allocate(50)
 received.append(subscribers[0].try_receive())
 with open("/dev/shm" + name, "rb") as file:
     open(dump, "wb").write(file.read())
-print(json.dumps({"compiled": atomics.COMPILED, "modules": build.compiled_modules(), "received": [each and each.hex() for each in received]}))
+print(json.dumps({"compiled": atomics.COMPILED, "modules": build.compiled_modules(), "stale": build.stale_modules(), "received": [each and each.hex() for each in received]}))
 """
 
 
@@ -88,6 +88,7 @@ def test_the_compiled_and_the_pure_build_leave_the_same_bytes(layout, tmp_path):
             shm.unlink(name)
     assert compiled["compiled"] is True, "the installed build does not run its atomics door compiled (setup.py's COMPILED)"
     assert compiled["modules"] == ["kickmsg.atomics", "kickmsg.protocol.freestack"]
+    assert compiled["stale"] == [], "a compiled module is older than its source: rebuild (make test reinstalls)"
     assert pure["compiled"] is False and pure["modules"] == []
     assert compiled["received"] == pure["received"]
     assert all(compiled["received"])  # every try_receive found a message
@@ -96,3 +97,37 @@ def test_the_compiled_and_the_pure_build_leave_the_same_bytes(layout, tmp_path):
     differing = [offset for offset in range(len(pure_bytes)) if compiled_bytes[offset] != pure_bytes[offset]]
     assert differing, "the creator's pid differs between two processes: the dumps are not of two processes"
     assert without_identity(layout, compiled_bytes) == without_identity(layout, pure_bytes)
+
+
+STALE = r"""
+import json, sys, warnings
+from kickmsg import build
+build.SOURCE_DIGESTS = sys.argv[1]
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    build.warn_if_stale()
+print(json.dumps([str(warning.message) for warning in caught if warning.category is RuntimeWarning]))
+"""
+
+
+def test_a_compiled_module_older_than_its_source_is_warned_about(tmp_path):
+    """When a compiled module's .py or .pxd differs from what setup.py
+    recorded compiling (an edit not rebuilt), importing kickmsg warns,
+    naming the module and how to run the edit; a matching record, or none,
+    gives no warning."""
+    record = json.loads((ROOT / "kickmsg" / "_compiled_sources.json").read_text())
+    assert set(record) == {"kickmsg.atomics", "kickmsg.protocol.freestack"}
+    outcomes = {}
+    for case, digests in (("as built", record), ("freestack edited", {**record, "kickmsg.protocol.freestack": {".py": "0" * 64}}),
+                          ("no record", None)):
+        path = tmp_path / f"{case}.json"
+        if digests is not None:
+            path.write_text(json.dumps(digests))
+        env = {key: value for key, value in os.environ.items() if key != "KICKMSG_PURE"}
+        done = subprocess.run([sys.executable, "-c", STALE, str(path)], capture_output=True, text=True, env=env, timeout=60)
+        assert done.returncode == 0, done.stderr
+        outcomes[case] = json.loads(done.stdout)
+    assert outcomes["as built"] == [] and outcomes["no record"] == []
+    (message,) = outcomes["freestack edited"]
+    assert message.startswith("compiled from an older source than the .py/.pxd beside it, so an edit there does not run: "
+                              "kickmsg.protocol.freestack; rebuild") and "KICKMSG_PURE=1" in message
