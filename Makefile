@@ -58,9 +58,10 @@ bench: $(INSTALLED) $(NATIVE_INSTALLED) $(NATIVE9_INSTALLED)
 	$(PY) benchmarks/bench_bridge.py $(BENCH_ARGS) || status=$$?; \
 	exit $$status
 
-# The compiled build's sources (setup.py's COMPILED and its .pxd files): an
-# edit rebuilds it.
-COMPILED_SOURCES := kickmsg/atomics.py kickmsg/atomics.pxd kickmsg/_shim.pxd kickmsg/protocol/freestack.py kickmsg/protocol/freestack.pxd
+# The compiled build's sources (setup.py's COMPILED: each module with a .pxd
+# beside it, and the shim's declarations): an edit rebuilds it.
+COMPILED_PXD := $(wildcard kickmsg/*.pxd kickmsg/protocol/*.pxd kickmsg/protocol/*/*.pxd)
+COMPILED_SOURCES := $(COMPILED_PXD) $(filter-out kickmsg/_shim.py,$(COMPILED_PXD:.pxd=.py))
 $(INSTALLED): setup.py pyproject.toml kickmsg/_atomics.c kickmsg/_futex.c kickmsg/_build.py scripts/find-python.sh $(COMPILED_SOURCES)
 	@python=$$(scripts/find-python.sh) || exit 1; \
 	if ! $(PY) -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null; then \

@@ -11,10 +11,17 @@ from setuptools import Extension, setup
 
 # Each compiled from its unchanged source, typed by the .pxd beside it: the
 # door to the atomics (each call of a flow reaches the shim's C function with
-# no cffi layer) and the free stack (its door and words typed). The other
-# flows stay Python: compiled untyped, they ran slower than CPython runs them
+# no cffi layer), the free stack, and layout 4's region, publish and receive
+# flows (their door, region, rings, cursor and words typed). The other flows
+# stay Python: compiled untyped, they ran slower than CPython runs them
 # (docs/explanation/performance.md, "The compiled build").
-COMPILED = ["kickmsg/atomics.py", "kickmsg/protocol/freestack.py"]
+COMPILED = [
+    "kickmsg/atomics.py",
+    "kickmsg/protocol/freestack.py",
+    "kickmsg/protocol/v4/region.py",
+    "kickmsg/protocol/v4/publish.py",
+    "kickmsg/protocol/v4/receive.py",
+]
 
 
 # What each compiled module was compiled from (the digests of its .py and its

@@ -1,8 +1,9 @@
 """Which build runs: a few modules compiled, or every module from source.
 
 Installing kickmsg compiles the modules of setup.py's ``COMPILED`` (the door
-to the atomics, ``kickmsg/atomics.py``, and the free stack,
-``kickmsg/protocol/freestack.py``) with Cython in pure-Python mode: the
+to the atomics, ``kickmsg/atomics.py``; the free stack,
+``kickmsg/protocol/freestack.py``; layout 4's region, publish and receive
+flows in ``kickmsg/protocol/v4/``) with Cython in pure-Python mode: the
 same ``.py`` source, typed by the ``.pxd`` beside it, built into an
 extension module that Python imports in its place; the other flows stay
 Python in both builds. With ``KICKMSG_PURE=1`` in the environment, ``import

@@ -62,9 +62,11 @@ def native9() -> str:
 
 def altered_copy(tmp_path, patch) -> str:
     """A copy of this package with one patch applied, as an --other-path
-    (with this venv's site-packages after it, for numpy and posix_ipc)."""
+    (with this venv's site-packages after it, for numpy and posix_ipc). The
+    copy leaves out the compiled modules, so that it runs its patched
+    source (the pure build; the cffi shim is kept)."""
     root = tmp_path / "altered"
-    shutil.copytree(PACKAGE, root / "kickmsg", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(PACKAGE, root / "kickmsg", ignore=shutil.ignore_patterns("__pycache__", "*.cpython-*.so"))
     target = root / "kickmsg" / patch[0]
     source = target.read_text()
     assert source.count(patch[1]) == 1, f"the patch no longer applies to {patch[0]}"

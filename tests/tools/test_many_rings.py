@@ -14,11 +14,10 @@ import pytest
 
 import nativepeer
 from kickmsg import Publisher, SharedRegion, Subscriber
-from kickmsg.atomics import HARDWARE
+from kickmsg.atomics import HARDWARE, OPERATIONS, Atomics
 from kickmsg import owners
 from kickmsg.ops import diagnostics, exporter
 from kickmsg.protocol.v4 import layout
-from kickmsg.protocol.v4 import region as region4
 
 RINGS = 20_000  # far above the 1024 this package creates; a million behaves the same, only slower to build
 USED = 3  # rings 0..2: two subscribers of ours (Live), one that left (Free, written)
@@ -57,47 +56,60 @@ class Counts:
         self.records_read = 0
 
 
+def counting_atomics(counts: Counts, region: SharedRegion) -> Atomics:
+    """The hardware atomics, counting each call by the word it touches: a
+    (ring, offset in the ring), or any other word."""
+    g, base = region.geometry, region.mapping.address
+
+    class CountingAtomics(Atomics):
+        pass
+
+    def counted_operation(name):
+        operation = getattr(HARDWARE, name)
+
+        def counted(self, address, *arguments):
+            offset = address - base - g.sub_rings_offset
+            if 0 <= offset < g.max_subs * g.ring_stride:
+                counts.ring_words[divmod(offset, g.ring_stride)] += 1
+            else:
+                counts.other_words += 1
+            return operation(address, *arguments)
+
+        return counted
+
+    for name in OPERATIONS:
+        if name != "fence_seq_cst":  # the fence touches no word
+            setattr(CountingAtomics, name, counted_operation(name))
+    return CountingAtomics()
+
+
 @pytest.fixture
 def counts(monkeypatch):
-    """Every region the tools attach to reads through a counting atomics
-    object; ring address objects and owner record reads are counted."""
+    """Every region the tools open or inspect reads through a counting
+    atomics object, and counts the ring address objects it builds (its
+    core's ``ring`` calls, each building one); owner record reads are
+    counted."""
     counts = Counts()
-    hardware = SharedRegion.inspect
+    opening, inspecting, reading = SharedRegion.open, SharedRegion.inspect, owners._read_record
 
-    class CountingAtomics:
-        def __init__(self, region):
-            self.region = region
+    def counted(found):
+        core = found.core
+        core.atomics = counting_atomics(counts, found)
+        building = core.ring
 
-        def __getattr__(self, name):
-            operation = getattr(HARDWARE, name)
-            g, base = self.region.geometry, self.region.mapping.address
+        def counting_ring(index):
+            counts.rings_built += 1
+            return building(index)
 
-            def counted(address, *arguments):
-                offset = address - base - g.sub_rings_offset
-                if 0 <= offset < g.max_subs * g.ring_stride:
-                    counts.ring_words[divmod(offset, g.ring_stride)] += 1
-                else:
-                    counts.other_words += 1
-                return operation(address, *arguments)
-
-            return counted
-
-    def counting_inspect(name):
-        found = hardware(name)
-        found.core.atomics = CountingAtomics(found)
+        core.ring = counting_ring
         return found
-
-    def counting_ring_addresses(**fields):
-        counts.rings_built += 1
-        return building(**fields)
 
     def counting_read_record(fd, ring):
         counts.records_read += 1
         return reading(fd, ring)
 
-    building, reading = region4.RingAddresses, owners._read_record
-    monkeypatch.setattr(SharedRegion, "inspect", staticmethod(counting_inspect))
-    monkeypatch.setattr(region4, "RingAddresses", counting_ring_addresses)
+    monkeypatch.setattr(SharedRegion, "open", staticmethod(lambda name, expected_identity=0: counted(opening(name, expected_identity))))
+    monkeypatch.setattr(SharedRegion, "inspect", staticmethod(lambda name: counted(inspecting(name))))
     monkeypatch.setattr(owners, "_read_record", counting_read_record)
     return counts
 

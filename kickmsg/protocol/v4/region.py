@@ -13,7 +13,6 @@ import functools
 import time
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from kickmsg import layouts, shm
 from kickmsg.atomics import HARDWARE, Atomics
@@ -40,17 +39,17 @@ INIT_POLL_INTERVAL_S = 0.010
 CREATE_ATTEMPTS = 100  # unlink-then-create retries when racing other creators
 
 
-@dataclass(frozen=True, slots=True)
 class RingAddresses:
-    """Addresses of one subscriber ring's atomic words. (Slots, not a
-    NamedTuple: the flows read these fields at every step, and a slot is
-    read several times faster than a NamedTuple's field.)"""
+    """Addresses of one subscriber ring's atomic words. (Attributes, not a
+    NamedTuple: the flows read these fields at every step; in the compiled
+    build, region.pxd makes them C fields.)"""
 
-    index: int  # the ring's number
-    state_flight: int
-    write_pos: int  # its low 32 bits are the futex word
-    has_waiter: int
-    entries: range  # address of each entry: position p is entries[p & mask]
+    def __init__(self, index: int, state_flight: int, write_pos: int, has_waiter: int, entries: range) -> None:
+        self.index = index  # the ring's number
+        self.state_flight = state_flight
+        self.write_pos = write_pos  # its low 32 bits are the futex word
+        self.has_waiter = has_waiter
+        self.entries = entries  # address of each entry: position p is entries[p & mask]
 
 
 class Region:
