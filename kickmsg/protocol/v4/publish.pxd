@@ -2,7 +2,7 @@
 # publish.py, unchanged, with its door, its region, its rings and its words
 # typed. ``found`` stays a Python integer: it holds a signed search result,
 # a 32-bit state and a 64-bit sequence in turn.
-from libc.stdint cimport int64_t, uint32_t, uint64_t, uintptr_t
+from libc.stdint cimport uint32_t, uint64_t, uintptr_t
 
 cimport cython
 
