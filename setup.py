@@ -11,9 +11,10 @@ from setuptools import Extension, setup
 
 # Each compiled from its unchanged source, typed by the .pxd beside it: the
 # door to the atomics (each call of a flow reaches the shim's C function with
-# no cffi layer), the free stack, and layout 4's region, publish and receive
-# flows (their door, region, rings, cursor and words typed). The other flows
-# stay Python: compiled untyped, they ran slower than CPython runs them
+# no cffi layer), the free stack, each layout's region, publish and receive
+# flows (their door, region, rings, cursor and words typed) and layout 9's
+# sequence and meta words. The other flows (repairs, registry, blackboard)
+# stay Python: compiled untyped, a flow ran slower than CPython runs it
 # (docs/explanation/performance.md, "The compiled build").
 COMPILED = [
     "kickmsg/atomics.py",
@@ -21,6 +22,10 @@ COMPILED = [
     "kickmsg/protocol/v4/region.py",
     "kickmsg/protocol/v4/publish.py",
     "kickmsg/protocol/v4/receive.py",
+    "kickmsg/protocol/v9/region.py",
+    "kickmsg/protocol/v9/publish.py",
+    "kickmsg/protocol/v9/receive.py",
+    "kickmsg/protocol/v9/words.py",
 ]
 
 

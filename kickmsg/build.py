@@ -2,11 +2,12 @@
 
 Installing kickmsg compiles the modules of setup.py's ``COMPILED`` (the door
 to the atomics, ``kickmsg/atomics.py``; the free stack,
-``kickmsg/protocol/freestack.py``; layout 4's region, publish and receive
-flows in ``kickmsg/protocol/v4/``) with Cython in pure-Python mode: the
-same ``.py`` source, typed by the ``.pxd`` beside it, built into an
-extension module that Python imports in its place; the other flows stay
-Python in both builds. With ``KICKMSG_PURE=1`` in the environment, ``import
+``kickmsg/protocol/freestack.py``; each layout's region, publish and
+receive flows in ``kickmsg/protocol/v4/`` and ``v9/``, and layout 9's
+words) with Cython in pure-Python mode: the same ``.py`` source, typed by
+the ``.pxd`` beside it, built into an extension module that Python imports
+in its place; the other flows (repairs, registry, blackboard) stay Python
+in both builds. With ``KICKMSG_PURE=1`` in the environment, ``import
 kickmsg`` loads every kickmsg module from its ``.py`` source instead: the
 reference, which the explorer checks (``kickmsg verify`` runs itself that
 way), and the fallback. ``kickmsg.atomics.COMPILED`` says which build a

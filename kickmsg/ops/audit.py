@@ -59,6 +59,7 @@ from kickmsg.protocol.info import RingWords
 from kickmsg.protocol.v4 import layout
 from kickmsg.protocol.v4.layout import Geometry
 from kickmsg.protocol.v9 import layout as v9layout
+from kickmsg.protocol.v9 import words as v9words
 from kickmsg.protocol.v9.liveness import owner_is_dead
 from kickmsg.region import SharedRegion
 
@@ -361,17 +362,17 @@ def _rings9(region: SharedRegion, snapshots: list[RingWords]) -> tuple[list[Ring
             references=0,
         )
         for position, sequence, _ in ring.window:
-            if v9layout.seq_locked(sequence):
+            if v9words.seq_locked(sequence):
                 ring_audit.locked_entries.append(position)
-            elif v9layout.seq_pos(sequence) + g.capacity < position + 1:
+            elif v9words.seq_pos(sequence) + g.capacity < position + 1:
                 ring_audit.stale_entries.append(position)
-            elif v9layout.seq_skip(sequence):
+            elif v9words.seq_skip(sequence):
                 ring_audit.skip_entries.append(position)
         for entry_index, meta in enumerate(ring.metas):
-            field_value = v9layout.meta_slot_field(meta)
+            field_value = v9words.meta_slot_field(meta)
             if not field_value:
                 continue
-            if field_value - 1 >= g.pool_size or (v9layout.meta_tag(meta) - 1) & g.mask != entry_index:
+            if field_value - 1 >= g.pool_size or (v9words.meta_tag(meta) - 1) & g.mask != entry_index:
                 ring_audit.bad_entries.append(entry_index)
                 continue
             holders.setdefault(field_value - 1, []).append((ring.index, entry_index))

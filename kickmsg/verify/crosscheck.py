@@ -83,6 +83,7 @@ from kickmsg.protocol.common import SchemaInfoLayout
 from kickmsg.protocol.v4 import layout
 from kickmsg.protocol.v4.layout import Field, field_at
 from kickmsg.protocol.v9 import layout as v9layout
+from kickmsg.protocol.v9 import words as v9words
 from kickmsg.protocol.v9 import repair
 from kickmsg.protocol.v9.layout import OWNER_PID_OFFSET, OWNER_STARTTIME_OFFSET, STATE_FLIGHT_OFFSET
 from kickmsg.protocol.v9.liveness import process_start_time
@@ -670,15 +671,15 @@ def describe_value(label: str, value: int, layout_version: int = 4) -> str:
     if label.endswith((".owner_pid", ".owner_starttime")) and value == DRIVER_MARK:
         return "its driver process's"
     if layout_version == 9 and label.endswith(".sequence"):
-        if v9layout.seq_locked(value):
+        if v9words.seq_locked(value):
             who = "repairer" if value & v9layout.SEQ_REPAIR_BIT else "publisher"
-            return f"0x{value:016x} ({who} lock of position {v9layout.seq_pos(value)})"
-        if v9layout.seq_skip(value):
-            return f"0x{value:016x} (skip marker of position {v9layout.seq_pos(value) - 1})"
+            return f"0x{value:016x} ({who} lock of position {v9words.seq_pos(value)})"
+        if v9words.seq_skip(value):
+            return f"0x{value:016x} (skip marker of position {v9words.seq_pos(value) - 1})"
         return f"{value} (committed position {value - 1})" if value else "0 (never written)"
     if layout_version == 9 and label.endswith(".meta"):
-        claim = v9layout.meta_slot_field(value)
-        return f"0x{value:016x} (tag {v9layout.meta_tag(value)}, {f'slot {claim - 1}' if claim else 'no claim'})"
+        claim = v9words.meta_slot_field(value)
+        return f"0x{value:016x} (tag {v9words.meta_tag(value)}, {f'slot {claim - 1}' if claim else 'no claim'})"
     if label.endswith(".sequence") and value == layout.LOCKED_SEQUENCE:
         return "LOCKED"
     if label.endswith((".slot_idx", ".next_free")) and value == layout.INVALID_SLOT:

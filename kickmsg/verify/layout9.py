@@ -108,6 +108,11 @@ from kickmsg.protocol.v9.layout import (
     RING_STATE_MASK,
     U32_MAX,
     WRITE_POS_OFFSET,
+)
+from kickmsg.protocol.v9.publish import Publisher
+from kickmsg.protocol.v9.receive import Subscriber
+from kickmsg.protocol.v9.region import ChannelConfig, Region
+from kickmsg.protocol.v9.words import (
     meta_precedes,
     meta_slot_field,
     meta_tag,
@@ -117,9 +122,6 @@ from kickmsg.protocol.v9.layout import (
     seq_pos,
     seq_skip,
 )
-from kickmsg.protocol.v9.publish import Publisher
-from kickmsg.protocol.v9.receive import Subscriber
-from kickmsg.protocol.v9.region import ChannelConfig, Region
 from kickmsg.verify import invariants
 from kickmsg.verify.traces import describe_address, describe_meta, describe_sequence, describe_value
 from kickmsg.verify.scheduler import (

@@ -14,6 +14,7 @@ from typing import Protocol
 from kickmsg.protocol.common import INVALID_SLOT, RING_STATE_MASK, U32_MAX
 from kickmsg.protocol.v4 import layout as layout4
 from kickmsg.protocol.v9 import layout as layout9
+from kickmsg.protocol.v9 import words as words9
 from kickmsg.protocol.v9.region import Region
 from kickmsg.region import SharedRegion
 from kickmsg.verify.scheduler import Actor, Outcome, Step
@@ -48,9 +49,9 @@ def describe_sequence(value: int) -> str:
     """A layout-9 entry's sequence word: a lock, a skip marker or a commit."""
     if value & layout9.SEQ_LOCK_BIT:
         who = "repairer" if value & layout9.SEQ_REPAIR_BIT else "publisher"
-        return f"{who} lock of pos {layout9.seq_pos(value)}"
-    if layout9.seq_skip(value):
-        return f"skip marker of pos {layout9.seq_pos(value) - 1}"
+        return f"{who} lock of pos {words9.seq_pos(value)}"
+    if words9.seq_skip(value):
+        return f"skip marker of pos {words9.seq_pos(value) - 1}"
     return f"commit of pos {value - 1}" if value else "0 (never written)"
 
 
@@ -58,8 +59,8 @@ def describe_meta(value: int) -> str:
     """A layout-9 entry's meta word: the position that claimed it, and its slot."""
     if value == 0:
         return "0 (never claimed)"
-    field = layout9.meta_slot_field(value)
-    return f"claim of pos {layout9.meta_tag(value) - 1}: {'no slot' if not field else f'slot {field - 1}'}"
+    field = words9.meta_slot_field(value)
+    return f"claim of pos {words9.meta_tag(value) - 1}: {'no slot' if not field else f'slot {field - 1}'}"
 
 
 def describe_address(region: SharedRegion | Region, address: int) -> str:

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from kickmsg.atomics import Atomics
-from kickmsg.protocol.v9 import ChannelConfig, Publisher, Region, Subscriber, layout, repair
+from kickmsg.protocol.v9 import ChannelConfig, Publisher, Region, Subscriber, layout, repair, words
 from kickmsg.protocol.v9.layout import HAS_WAITER_OFFSET, OWNER_PID_OFFSET, WAITER_FUTEX
 from nativepeer import check_payload, make_payload, run_native9, start_native9, start_ours
 
@@ -373,7 +373,7 @@ def _forge_dead_claim(region: Region, pos: int) -> None:
     write_pos = pos + 1, sequence = the publisher lock of pos."""
     ops = region.atomics
     assert ops.load_acquire_u64(region.ring_address(0) + layout.WRITE_POS_OFFSET) == pos
-    ops.store_release_u64(region.entry_address(0, pos) + layout.SEQUENCE_OFFSET, layout.publisher_lock(pos))
+    ops.store_release_u64(region.entry_address(0, pos) + layout.SEQUENCE_OFFSET, words.publisher_lock(pos))
     ops.store_release_u64(region.ring_address(0) + layout.WRITE_POS_OFFSET, pos + 1)
 
 
@@ -468,8 +468,8 @@ done({"got": got, "lost": lost})
         publish_all(Publisher(region), range(2), how="send")
         meta = region.entry_address(0, 0) + layout.META_OFFSET
         value = region.atomics.load_acquire_u64(meta)
-        assert layout.meta_tag(value) == 1
-        region.atomics.store_release_u64(meta, layout.pack_meta(8, layout.meta_slot_field(value) - 1))  # tag of position 8
+        assert words.meta_tag(value) == 1
+        region.atomics.store_release_u64(meta, words.pack_meta(8, words.meta_slot_field(value) - 1))  # tag of position 8
         if peer is not None:
             peer.tell()
             result = peer.result()
@@ -628,8 +628,8 @@ done({"got": got, "lost": sub.lost})
         assert hooked.address == -1  # the stall ran
         assert pub.dropped == 1
         entry = region.entry_address(0, 8)
-        assert region.atomics.load_acquire_u64(entry + layout.SEQUENCE_OFFSET) == layout.skip_marker(16)
-        assert layout.meta_tag(region.atomics.load_acquire_u64(entry + layout.META_OFFSET)) == 9  # our claim stays
+        assert region.atomics.load_acquire_u64(entry + layout.SEQUENCE_OFFSET) == words.skip_marker(16)
+        assert words.meta_tag(region.atomics.load_acquire_u64(entry + layout.META_OFFSET)) == 9  # our claim stays
         if peer is not None:
             peer.tell()
             result = peer.result()
@@ -769,7 +769,7 @@ def test_publishers_killed_mid_flight_leave_order_intact_and_the_pool_recoverabl
     claims = [0] * g.pool_size
     for ring in range(g.max_subs):
         for pos in range(g.capacity):
-            field = layout.meta_slot_field(ops.load_acquire_u64(region.entry_address(ring, pos) + layout.META_OFFSET))
+            field = words.meta_slot_field(ops.load_acquire_u64(region.entry_address(ring, pos) + layout.META_OFFSET))
             if field:
                 claims[field - 1] += 1
     refcounts = [ops.load_acquire_u32(region.slot_address(slot) + layout.REFCOUNT_OFFSET) for slot in range(g.pool_size)]

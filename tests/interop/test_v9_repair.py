@@ -8,6 +8,7 @@ import pytest
 
 from kickmsg import shm
 from kickmsg.protocol.v9 import ChannelConfig, Publisher, Region, Subscriber, layout, liveness, repair
+from kickmsg.protocol.v9 import words as words9
 from kickmsg.schema import SchemaInfo
 from nativepeer import run_native9, start_native9, start_ours
 from test_v9_interop import NATIVE_API, OURS_API
@@ -76,7 +77,7 @@ def test_repair_locked_entries_like_the_wheel(shm_name):
     0x4000000000000005 after one commit timeout; the claim stays."""
     def build(region):
         sub = _publish(region, 5)
-        region.atomics.store_release_u64(region.entry_address(0, 4) + layout.SEQUENCE_OFFSET, layout.publisher_lock(4))
+        region.atomics.store_release_u64(region.entry_address(0, 4) + layout.SEQUENCE_OFFSET, words9.publisher_lock(4))
         return sub
 
     def words(region):
@@ -87,7 +88,7 @@ def test_repair_locked_entries_like_the_wheel(shm_name):
     assert native == ours
     assert ours["result"] == 1 and ours["before"][0] == 1 and ours["after"][0] == 0
     values = list(ours["words"].values())
-    assert values[0] == 0x4000000000000005 and layout.meta_tag(values[1]) == 5 and values[2] == 1
+    assert values[0] == 0x4000000000000005 and words9.meta_tag(values[1]) == 5 and values[2] == 1
 
 
 def test_reclaim_orphaned_slots_counts_claims_like_the_wheel(shm_name):
@@ -97,14 +98,14 @@ def test_reclaim_orphaned_slots_counts_claims_like_the_wheel(shm_name):
     def build(region):
         sub = _publish(region, 5)
         meta = region.atomics.load_acquire_u64(region.entry_address(0, 0) + layout.META_OFFSET)
-        slot = layout.meta_slot_field(meta) - 1
+        slot = words9.meta_slot_field(meta) - 1
         region.atomics.store_release_u32(region.slot_address(slot) + layout.REFCOUNT_OFFSET, 9)
         Publisher(region).allocate()  # popped and forgotten
         return sub
 
     def words(region):
         meta = region.atomics.load_acquire_u64(region.entry_address(0, 0) + layout.META_OFFSET)
-        return [(region.geometry.slot_offset(layout.meta_slot_field(meta) - 1) + layout.REFCOUNT_OFFSET, 4)]
+        return [(region.geometry.slot_offset(words9.meta_slot_field(meta) - 1) + layout.REFCOUNT_OFFSET, 4)]
 
     native, ours = _twins(shm_name, build, "reclaim_orphaned_slots", repair.reclaim_orphaned_slots, words)
     assert native == ours
@@ -269,10 +270,10 @@ def test_a_lock_from_an_earlier_wrap_is_counted_once(shm_name, impl):
         for i in range(4):
             publisher.send(b"m%d" % i)
         ops = region.atomics
-        ops.store_release_u64(region.entry_address(0, 0) + layout.SEQUENCE_OFFSET, layout.publisher_lock(0))
+        ops.store_release_u64(region.entry_address(0, 0) + layout.SEQUENCE_OFFSET, words9.publisher_lock(0))
         ops.store_release_u64(region.ring_address(0) + layout.WRITE_POS_OFFSET, 5)
         peer.tell()
         result = peer.result()
     assert result == {"repaired": 1, "received": [1, 2, 3], "lost": 2, "lost_count": 2}
     sequence = ops.load_acquire_u64(region.entry_address(0, 4) + layout.SEQUENCE_OFFSET)
-    assert sequence == layout.skip_marker(4) == 0x4000000000000005
+    assert sequence == words9.skip_marker(4) == 0x4000000000000005

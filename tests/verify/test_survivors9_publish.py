@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from kickmsg.protocol.v9 import ChannelConfig, Publisher, Region, Subscriber, layout
+from kickmsg.protocol.v9 import ChannelConfig, Publisher, Region, Subscriber, layout, words
 from kickmsg.verify import Scenario9, explore, mutants, mutations, orders
 from kickmsg.verify.layout9 import MUTANT_SCENARIOS9
 from kickmsg.verify.mutations import TRIALS9_PUBLISH, Trial
@@ -85,7 +85,7 @@ def _forge_and_send(shm_name: str, forge: str) -> int:
         ops = region.atomics
         if forge == "claim past the pool":  # on the entry the next send takes over
             ops.store_release_u64(region.entry_address(0, 0) + layout.META_OFFSET,
-                                  layout.pack_meta(0, region.geometry.pool_size))
+                                  words.pack_meta(0, region.geometry.pool_size))
         else:  # "in_flight at its maximum": a Live ring no publisher can be admitted to
             ops.store_release_u32(region.ring_address(0) + layout.STATE_FLIGHT_OFFSET, 0xFFFFFFFD)
         sent = publisher.send(b"second")
@@ -117,7 +117,7 @@ def _send_past_a_lock_replaced_during_the_wait(shm_name: str) -> tuple[int, int]
         subscriber = Subscriber(region)  # kept: its ring stays Live
         ops = region.atomics
         sequence = region.entry_address(0, 0) + layout.SEQUENCE_OFFSET
-        ops.store_release_u64(sequence, layout.publisher_lock(0))
+        ops.store_release_u64(sequence, words.publisher_lock(0))
         ops.store_release_u64(region.ring_address(0) + layout.WRITE_POS_OFFSET, 4)
         timeout_ns = region.geometry.commit_timeout_us * 1000
         reads = []
@@ -125,7 +125,7 @@ def _send_past_a_lock_replaced_during_the_wait(shm_name: str) -> tuple[int, int]
         def clock() -> int:
             reads.append(None)
             if len(reads) == 2:  # the wait's timeout check: the stalled lock was stable, a repairer takes it now
-                ops.store_release_u64(sequence, layout.repairer_lock(0))
+                ops.store_release_u64(sequence, words.repairer_lock(0))
             return len(reads) * timeout_ns
 
         region.monotonic_ns = clock
@@ -140,6 +140,6 @@ def test_a_stable_lock_replaced_by_another_is_not_stolen(monkeypatch: pytest.Mon
     """P9: the self-repair steals a stable lock only if it is still the very
     lock the wait saw; the repairer's lock is left to the repairer. Without
     the check (280 drop-operand #2) the publisher steals the repairer's lock."""
-    assert _send_past_a_lock_replaced_during_the_wait(shm_name) == (layout.repairer_lock(0), 0)
+    assert _send_past_a_lock_replaced_during_the_wait(shm_name) == (words.repairer_lock(0), 0)
     _install(monkeypatch, "protocol/v9/publish.py:280 drop-operand #2")
-    assert _send_past_a_lock_replaced_during_the_wait(shm_name) == (layout.skip_marker(4), 1)
+    assert _send_past_a_lock_replaced_during_the_wait(shm_name) == (words.skip_marker(4), 1)

@@ -11,7 +11,7 @@ join (R8), in the two trials added for it, and a leave that gives up before
 its deadline (rule 14)."""
 import pytest
 
-from kickmsg.protocol.v9 import ChannelConfig, Publisher, Region, Subscriber, layout, receive, repair
+from kickmsg.protocol.v9 import ChannelConfig, Publisher, Region, Subscriber, layout, receive, repair, words
 from kickmsg.verify import explore, mutants, mutations
 
 TRIAL = mutations.TRIALS9_RECEIVE[0]
@@ -87,7 +87,7 @@ def _claim_one_past_the_pool(region, pos):
     """The claim of ring 0's entry ``pos`` rewritten to name slot pool_size
     (slot field pool_size + 1), the first index past the pool."""
     address = region.entry_address(0, pos) + layout.META_OFFSET
-    region.atomics.store_release_u64(address, layout.pack_meta(pos, region.geometry.pool_size))
+    region.atomics.store_release_u64(address, words.pack_meta(pos, region.geometry.pool_size))
     return address
 
 
@@ -118,7 +118,7 @@ def test_a_receive_without_a_deadline_naps_while_the_head_is_claimed(region, mon
     sub = Subscriber(region)
     ops = region.atomics
     ops.store_release_u64(region.ring_address(0) + layout.WRITE_POS_OFFSET, 1)  # position 0 claimed,
-    ops.store_release_u64(region.entry_address(0, 0) + layout.SEQUENCE_OFFSET, layout.publisher_lock(0))  # not committed
+    ops.store_release_u64(region.entry_address(0, 0) + layout.SEQUENCE_OFFSET, words.publisher_lock(0))  # not committed
     naps = []
 
     def nap(ns):
@@ -136,7 +136,7 @@ def _receive_over_an_older_laps_skip_marker(region):
     marker of position 0 (a lap of 4 before): a receive, then (read_pos, lost)."""
     sub = Subscriber(region)
     ops = region.atomics
-    ops.store_release_u64(region.entry_address(sub.ring_index, 0) + layout.SEQUENCE_OFFSET, layout.skip_marker(0))
+    ops.store_release_u64(region.entry_address(sub.ring_index, 0) + layout.SEQUENCE_OFFSET, words.skip_marker(0))
     ops.store_release_u64(region.ring_address(sub.ring_index) + layout.WRITE_POS_OFFSET, 5)
     sub.read_pos = 4  # positions 0-3 gone past
     assert sub.try_receive() is None

@@ -3,6 +3,7 @@
 Each module reads beside its section of WIRE9.md:
 
 - ``layout``: constants, byte layout, sizes, hashes, validation, naming (A);
+- ``words``: the sequence and meta words of a ring entry (A.4);
 - ``region``: create, open, create_or_open, info, stats (B.1-B.3, B.18);
 - ``publish``: ``Publisher``: allocate and publish with lock, steal, takeover, wake (B.5-B.9, B.15);
 - ``receive``: ``Subscriber``, ``SampleView``: join, receive, skip to newest, blocking receive, a WaitSet's words,

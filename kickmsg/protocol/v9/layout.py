@@ -65,9 +65,8 @@ __all__ = [
     "SubRingHeader", "U32_MAX", "U64_MAX", "VERSION", "VersionMismatchError", "WAITER_CARRIER", "WAITER_FUTEX",
     "WAITER_NONE", "WRITE_POS_OFFSET", "align64", "blackboard_identity", "blackboard_shm_name",
     "broadcast_identity", "broadcast_shm_name", "compose_shm_name", "mailbox_identity", "mailbox_shm_name",
-    "meta_precedes", "meta_slot_field", "meta_tag", "meta_tag_of", "pack_meta", "publisher_lock", "realtime_ns",
-    "registry_shm_name", "repairer_lock", "sanitize_component", "seq_locked", "seq_pos", "seq_skip", "shm_mode",
-    "skip_marker", "topic_identity", "topic_shm_name", "validate",
+    "realtime_ns", "registry_shm_name", "sanitize_component", "shm_mode", "topic_identity", "topic_shm_name",
+    "validate",
 ]
 
 VERSION = 9
@@ -199,59 +198,7 @@ NEXT_FREE_OFFSET = SlotHeader.next_free.offset
 PAYLOAD_LEN_OFFSET = SlotHeader.payload_len.offset
 
 
-# -- A.4 The sequence and meta words -------------------------------------------
-
-
-def seq_locked(seq: int) -> bool:
-    """A publisher's or a repairer's lock (bit 63)."""
-    return bool(seq & SEQ_LOCK_BIT)
-
-
-def seq_skip(seq: int) -> bool:
-    """A skip marker: consumed, no sample (bits 63,62 = 0,1)."""
-    return seq & (SEQ_LOCK_BIT | SEQ_REPAIR_BIT) == SEQ_REPAIR_BIT
-
-
-def seq_pos(seq: int) -> int:
-    """The value part: pos + 1 for commits and skips, pos for locks."""
-    return seq & SEQ_VALUE_MASK
-
-
-def publisher_lock(pos: int) -> int:
-    return SEQ_LOCK_BIT | (pos & SEQ_VALUE_MASK)
-
-
-def repairer_lock(pos: int) -> int:
-    return SEQ_LOCK_BIT | SEQ_REPAIR_BIT | (pos & SEQ_VALUE_MASK)
-
-
-def skip_marker(pos: int) -> int:
-    return SEQ_REPAIR_BIT | ((pos + 1) & SEQ_VALUE_MASK)
-
-
-def meta_tag_of(pos: int) -> int:
-    """The tag a claim installed by the publisher of ``pos`` carries."""
-    return (pos + 1) & META_TAG_MASK
-
-
-def pack_meta(pos: int, slot: int) -> int:
-    return meta_tag_of(pos) << META_SLOT_BITS | ((slot + 1) & META_SLOT_MASK)
-
-
-def meta_tag(meta: int) -> int:
-    return (meta >> META_SLOT_BITS) & META_TAG_MASK
-
-
-def meta_slot_field(meta: int) -> int:
-    """slot index + 1; 0 means no claim."""
-    return meta & META_SLOT_MASK
-
-
-def meta_precedes(meta: int, pos: int) -> bool:
-    """Whether the claim ``meta`` was installed for a position before ``pos``
-    (serial-number order over 40 bits)."""
-    distance = (meta_tag(meta) - meta_tag_of(pos)) & META_TAG_MASK
-    return distance != 0 and bool(distance & META_TAG_SIGN)
+# A.4's sequence and meta words, and what each value says: kickmsg.protocol.v9.words.
 
 
 # -- A.7 Sizes (align64, A.8 config_hash: kickmsg.protocol.common) ---------------

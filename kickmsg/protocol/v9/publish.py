@@ -1,12 +1,10 @@
 """Publishing on a layout-9 region (WIRE9.md B.5-B.9, B.15).
 
-``Publisher.publish`` is the whole per-message flow: admission, position
-claim, wait for the previous commit, position-tagged lock, self-repair by
-stealing a lock proven stable for a commit timeout, meta-claim takeover,
-commit by CAS, the seq_cst fence and the waiter check. Step letters are
-B.6's; every atomic goes through the region's ``kickmsg.atomics`` door with
-its order in its name.
-"""
+``Publisher.publish`` is the whole per-message flow: admission, position claim,
+wait for the previous commit, position-tagged lock (the words: ``words``),
+self-repair by stealing a lock proven stable for a commit timeout, claim takeover,
+commit by CAS, the seq_cst fence and the waiter check. Step letters are B.6's;
+every atomic goes through the region's ``kickmsg.atomics`` door, its order in its name."""
 import os
 
 from kickmsg.protocol import freestack
@@ -27,6 +25,9 @@ from kickmsg.protocol.v9.layout import (
     WAITER_CARRIER,
     WAITER_FUTEX,
     WRITE_POS_OFFSET,
+)
+from kickmsg.protocol.v9.region import Region
+from kickmsg.protocol.v9.words import (
     meta_precedes,
     meta_slot_field,
     pack_meta,
@@ -36,7 +37,6 @@ from kickmsg.protocol.v9.layout import (
     seq_pos,
     skip_marker,
 )
-from kickmsg.protocol.v9.region import Region
 
 __all__ = ["LOCK_ATTEMPTS", "Publisher", "SPINS_PER_CLOCK_CHECK", "steal_and_skip", "wake_ring"]
 

@@ -31,6 +31,10 @@ from kickmsg.protocol.v9.layout import (
     WAITER_FUTEX,
     WAITER_NONE,
     WRITE_POS_OFFSET,
+)
+from kickmsg.protocol.v9 import repair
+from kickmsg.protocol.v9.region import Region
+from kickmsg.protocol.v9.words import (
     meta_slot_field,
     meta_tag,
     meta_tag_of,
@@ -38,20 +42,16 @@ from kickmsg.protocol.v9.layout import (
     seq_pos,
     seq_skip,
 )
-from kickmsg.protocol.v9 import repair
-from kickmsg.protocol.v9.region import Region
 
 __all__ = [
     "POLL_SLEEP_NS", "RECEIVE_ITERATIONS", "RINGS_NAMED", "SampleView", "Subscriber", "UNCOMMITTED_POLL_NS",
-    "YIELDS_BEFORE_SLEEP",
-    "ring_holders",
+    "YIELDS_BEFORE_SLEEP", "ring_holders",
 ]
 
 RECEIVE_ITERATIONS = 64  # B.10
 YIELDS_BEFORE_SLEEP = 64  # B.11
 POLL_SLEEP_NS = 100_000  # B.11: 100 us naps while the head is claimed but not committed
 UNCOMMITTED_POLL_NS = 1_000_000  # a WaitSet's nap while the head is claimed but not committed
-
 
 RINGS_NAMED = 8  # a join's error names the holders of at most this many rings
 

@@ -136,6 +136,8 @@ class Region:
         )  # entry of position p in ring i: ring_entries[i][p & mask]
         first_slot = self.base + g.pool_offset
         self.slot_addresses = range(first_slot, first_slot + g.pool_size * g.slot_stride, g.slot_stride)
+        first_payload = g.pool_offset + SLOT_HEADER_SIZE  # in mapping.buffer
+        self.payload_offsets = range(first_payload, first_payload + g.pool_size * g.slot_stride, g.slot_stride)
 
     # -- B.1 Create (exclusive) ----------------------------------------------
 
@@ -268,7 +270,7 @@ class Region:
 
     def payload(self, slot: int, length: int) -> memoryview:
         """The first ``length`` payload bytes of ``slot`` (both in range)."""
-        start = self.geometry.slot_offset(slot) + SLOT_HEADER_SIZE
+        start = self.payload_offsets[slot]
         return self.mapping.buffer[start : start + length]
 
     def unlink(self) -> None:

@@ -1,9 +1,7 @@
 """Operator calls on a layout-9 region (WIRE9.md B.13, B.16, B.17): health
 report, repair of locked entries, retired and dead rings, orphaned slots,
-and the schema claim. All of them walk the validated geometry snapshot.
-
-``kickmsg.SharedRegion`` refuses them on a read-only region, then runs
-them here.
+and the schema claim. All of them walk the validated geometry snapshot;
+``kickmsg.SharedRegion`` refuses them on a read-only region, then runs them here.
 """
 import os
 
@@ -32,12 +30,14 @@ from kickmsg.protocol.v9.layout import (
     U32_MAX,
     WRITE_POS_OFFSET,
     SchemaInfoLayout,
+)
+from kickmsg.protocol.v9.publish import steal_and_skip
+from kickmsg.protocol.v9.region import Region
+from kickmsg.protocol.v9.words import (
     meta_slot_field,
     seq_locked,
     seq_pos,
 )
-from kickmsg.protocol.v9.publish import steal_and_skip
-from kickmsg.protocol.v9.region import Region
 from kickmsg.protocol.info import DrainedRing, HealthCounts
 from kickmsg.schema import SchemaInfo
 

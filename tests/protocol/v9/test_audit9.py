@@ -10,6 +10,7 @@ import pytest
 from kickmsg import ChannelType, Config, Publisher, SharedRegion, Subscriber
 from kickmsg.ops.audit import audit
 from kickmsg.protocol.v9 import layout as v9
+from kickmsg.protocol.v9 import words as words9
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -31,7 +32,7 @@ def dead_pid():
 
 
 def slot_of(region, ring, pos):
-    return v9.meta_slot_field(peek(region, region.core.entry_address(ring, pos) + v9.META_OFFSET, "<Q")) - 1
+    return words9.meta_slot_field(peek(region, region.core.entry_address(ring, pos) + v9.META_OFFSET, "<Q")) - 1
 
 
 def refcount_address(region, slot):
@@ -43,18 +44,18 @@ def lock_entry(region, pos, lock):
 
 
 def skip_entry(region):
-    poke(region, region.core.entry_address(0, 1) + v9.SEQUENCE_OFFSET, "<Q", v9.skip_marker(1))
+    poke(region, region.core.entry_address(0, 1) + v9.SEQUENCE_OFFSET, "<Q", words9.skip_marker(1))
 
 
 def claim_for_another_entry(region):
     slot = slot_of(region, 0, 1)
-    poke(region, region.core.entry_address(0, 1) + v9.META_OFFSET, "<Q", v9.pack_meta(2, slot))
+    poke(region, region.core.entry_address(0, 1) + v9.META_OFFSET, "<Q", words9.pack_meta(2, slot))
     poke(region, refcount_address(region, slot), "<I", 0)  # its claim is gone: the slot is nobody's
 
 
 def claim_outside_the_pool(region):
     slot = slot_of(region, 0, 1)
-    poke(region, region.core.entry_address(0, 1) + v9.META_OFFSET, "<Q", v9.pack_meta(1, 9999))
+    poke(region, region.core.entry_address(0, 1) + v9.META_OFFSET, "<Q", words9.pack_meta(1, 9999))
     poke(region, refcount_address(region, slot), "<I", 0)
 
 
@@ -76,8 +77,8 @@ def ring(report, index):
 
 
 DAMAGE = {
-    "publisher_lock": (lambda r: lock_entry(r, 2, v9.publisher_lock), lambda a: ring(a, 0).locked_entries == [2], "locked entries: 1"),
-    "repairer_lock": (lambda r: lock_entry(r, 2, v9.repairer_lock), lambda a: ring(a, 0).locked_entries == [2], "locked entries: 1"),
+    "publisher_lock": (lambda r: lock_entry(r, 2, words9.publisher_lock), lambda a: ring(a, 0).locked_entries == [2], "locked entries: 1"),
+    "repairer_lock": (lambda r: lock_entry(r, 2, words9.repairer_lock), lambda a: ring(a, 0).locked_entries == [2], "locked entries: 1"),
     "claim_for_another_entry": (claim_for_another_entry, lambda a: ring(a, 0).bad_entries == [1], "entries naming no slot: 1"),
     "claim_outside_the_pool": (claim_outside_the_pool, lambda a: ring(a, 0).bad_entries == [1], "entries naming no slot: 1"),
     "refcount_above_claims": (refcount_above_claims, lambda a: len(a.leaked_slots) == 1, "leaked slots: 1"),

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from kickmsg.protocol.v9 import ChannelConfig, Publisher, Region, Subscriber, layout
+from kickmsg.protocol.v9 import ChannelConfig, Publisher, Region, Subscriber, layout, words
 from kickmsg.protocol.v9.layout import INVALID_SLOT
 
 
@@ -27,7 +27,7 @@ def test_one_send_leaves_the_measured_words(region):
     assert Publisher(region).send(b"hello") == 5
     slot = top & 0xFFFFFFFF
     assert ops.load_acquire_u64(_entry(region, 0) + layout.SEQUENCE_OFFSET) == 1
-    assert ops.load_acquire_u64(_entry(region, 0) + layout.META_OFFSET) == layout.pack_meta(0, slot)
+    assert ops.load_acquire_u64(_entry(region, 0) + layout.META_OFFSET) == words.pack_meta(0, slot)
     assert ops.load_acquire_u32(region.slot_address(slot) + layout.REFCOUNT_OFFSET) == 1
     assert ops.load_acquire_u32(region.slot_address(slot) + layout.PAYLOAD_LEN_OFFSET) == 5
     assert ops.load_acquire_u64(region.free_top_address) >> 32 == (top >> 32) + 1
@@ -54,12 +54,12 @@ def test_corrupt_entries_are_counted_losses(region, corrupt):
     pub.send(b"second")
     ops = region.atomics
     meta_address = _entry(region, 0) + layout.META_OFFSET
-    slot = layout.meta_slot_field(ops.load_acquire_u64(meta_address)) - 1
+    slot = words.meta_slot_field(ops.load_acquire_u64(meta_address)) - 1
     slot_address = region.slot_address(slot)
     if corrupt == "slot field beyond the pool":
-        ops.store_release_u64(meta_address, layout.pack_meta(0, 5000))
+        ops.store_release_u64(meta_address, words.pack_meta(0, 5000))
     elif corrupt == "no claim":
-        ops.store_release_u64(meta_address, layout.meta_tag_of(0) << 24)
+        ops.store_release_u64(meta_address, words.meta_tag_of(0) << 24)
     elif corrupt == "refcount 0":
         ops.store_release_u32(slot_address + layout.REFCOUNT_OFFSET, 0)
     elif corrupt == "refcount saturated":
@@ -119,7 +119,7 @@ def test_leave_drains_keeping_tags(region):
     sub.close()
     ops = region.atomics
     for pos in range(2, 6):
-        assert ops.load_acquire_u64(_entry(region, pos) + layout.META_OFFSET) == layout.meta_tag_of(pos) << 24
+        assert ops.load_acquire_u64(_entry(region, pos) + layout.META_OFFSET) == words.meta_tag_of(pos) << 24
     stats = region.stats()
     assert stats.pool_free == 8 and stats.rings[0].state == "Free"
     assert ops.load_acquire_u64(region.ring_address(0) + layout.OWNER_PID_OFFSET) == 0

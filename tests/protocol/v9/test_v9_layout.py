@@ -8,7 +8,7 @@ import struct
 import pytest
 
 from kickmsg import shm
-from kickmsg.protocol.v9 import layout
+from kickmsg.protocol.v9 import layout, words
 from kickmsg.protocol.v9.layout import CorruptRegionError, Geometry, VersionMismatchError
 from kickmsg.protocol.v9.region import ChannelConfig, Region
 from kickmsg.schema import SchemaInfo
@@ -66,19 +66,34 @@ def test_a_50_byte_payload_needs_a_128_byte_slot():
 
 
 def test_wire_encodings():
-    assert layout.pack_meta(0, 7) == 0x1000008
-    assert layout.pack_meta(5, 3) == 0x6000004
-    assert layout.publisher_lock(4) == 0x8000000000000004
-    assert layout.skip_marker(4) == 0x4000000000000005
-    assert layout.skip_marker(10) == 0x400000000000000B
-    assert layout.seq_skip(layout.skip_marker(3)) and not layout.seq_locked(layout.skip_marker(3))
-    assert layout.seq_locked(layout.repairer_lock(3)) and not layout.seq_skip(layout.repairer_lock(3))
+    assert words.pack_meta(0, 7) == 0x1000008
+    assert words.pack_meta(5, 3) == 0x6000004
+    assert words.publisher_lock(4) == 0x8000000000000004
+    assert words.skip_marker(4) == 0x4000000000000005
+    assert words.skip_marker(10) == 0x400000000000000B
+    assert words.seq_skip(words.skip_marker(3)) and not words.seq_locked(words.skip_marker(3))
+    assert words.seq_locked(words.repairer_lock(3)) and not words.seq_skip(words.repairer_lock(3))
     # serial order of tags: a zeroed meta precedes position 0, a newer claim does not precede
-    assert layout.meta_precedes(0, 0)
-    assert layout.meta_precedes(layout.pack_meta(3, 1), 7)
-    assert not layout.meta_precedes(layout.pack_meta(7, 1), 7)
-    assert not layout.meta_precedes(layout.pack_meta(9, 1), 7)
-    assert layout.meta_precedes(layout.pack_meta(2**40 - 2, 1), 2**40 + 5)  # across the tag's wrap
+    assert words.meta_precedes(0, 0)
+    assert words.meta_precedes(words.pack_meta(3, 1), 7)
+    assert not words.meta_precedes(words.pack_meta(7, 1), 7)
+    assert not words.meta_precedes(words.pack_meta(9, 1), 7)
+    assert words.meta_precedes(words.pack_meta(2**40 - 2, 1), 2**40 + 5)  # across the tag's wrap
+
+
+def test_the_words_hold_at_the_edges_of_their_widths():
+    """The same values on the pure build (Python integers) and the compiled
+    one (64-bit words): every field wraps at its own width, never at 64 bits."""
+    top = 2**64 - 1
+    assert words.seq_pos(top) == 2**62 - 1 and words.seq_locked(top) and not words.seq_skip(top)
+    assert words.publisher_lock(top) == top ^ (1 << 62)
+    assert words.repairer_lock(2**62 - 1) == top
+    assert words.skip_marker(2**62 - 1) == 1 << 62  # the value part wraps to 0
+    assert words.meta_tag_of(2**40 - 1) == 0 and words.meta_tag_of(top) == 0
+    assert words.pack_meta(2**40 - 2, 2**24 - 2) == top
+    assert words.meta_tag(top) == 2**40 - 1 and words.meta_slot_field(top) == 2**24 - 1
+    assert words.meta_precedes(words.pack_meta(2**39 - 1, 0), 0) is False  # 2**39 - 1 positions on: newer
+    assert words.meta_precedes(words.pack_meta(2**39, 0), 0) is True  # 2**39 on reads as behind (serial order)
 
 
 def test_native_regions_parse_and_validate(shm_name):
