@@ -12,16 +12,18 @@ from setuptools import Extension, setup
 # Each compiled from its unchanged source, typed by the .pxd beside it: the
 # door to the atomics (each call of a flow reaches the shim's C function with
 # no cffi layer), the free stack, each layout's region, publish and receive
-# flows (their door, region, rings, cursor and words typed) and layout 9's
-# sequence and meta words. The other flows (repairs, registry, blackboard)
-# stay Python: compiled untyped, a flow ran slower than CPython runs it
-# (docs/explanation/performance.md, "The compiled build").
+# flows (their door, region, rings, cursor and words typed), layout 9's
+# geometry snapshot (in its layout.py) and its sequence and meta words. The
+# other flows (repairs, registry, blackboard) stay Python: compiled untyped,
+# a flow ran slower than CPython runs it (docs/explanation/performance.md,
+# "The compiled build").
 COMPILED = [
     "kickmsg/atomics.py",
     "kickmsg/protocol/freestack.py",
     "kickmsg/protocol/v4/region.py",
     "kickmsg/protocol/v4/publish.py",
     "kickmsg/protocol/v4/receive.py",
+    "kickmsg/protocol/v9/layout.py",
     "kickmsg/protocol/v9/region.py",
     "kickmsg/protocol/v9/publish.py",
     "kickmsg/protocol/v9/receive.py",

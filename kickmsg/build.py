@@ -4,7 +4,7 @@ Installing kickmsg compiles the modules of setup.py's ``COMPILED`` (the door
 to the atomics, ``kickmsg/atomics.py``; the free stack,
 ``kickmsg/protocol/freestack.py``; each layout's region, publish and
 receive flows in ``kickmsg/protocol/v4/`` and ``v9/``, and layout 9's
-words) with Cython in pure-Python mode: the same ``.py`` source, typed by
+layout and words) with Cython in pure-Python mode: the same ``.py`` source, typed by
 the ``.pxd`` beside it, built into an extension module that Python imports
 in its place; the other flows (repairs, registry, blackboard) stay Python
 in both builds. With ``KICKMSG_PURE=1`` in the environment, ``import

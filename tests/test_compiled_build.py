@@ -1,7 +1,7 @@
 """The compiled build against the pure one (kickmsg/build.py): the installed
 package runs the modules of setup.py's COMPILED compiled (the atomics door,
 the free stack, each layout's region, publish and receive, layout 9's
-words), KICKMSG_PURE=1 runs them from source (the shim through cffi), and
+layout and words), KICKMSG_PURE=1 runs them from source (the shim through cffi), and
 the same operations through each leave the same bytes in a region.
 
 Each build runs in a process of its own (a process imports one build). The
@@ -25,8 +25,9 @@ pytestmark = pytest.mark.timeout(120)
 
 # setup.py's COMPILED, as modules: what the installed build must run compiled.
 COMPILED_MODULES = ["kickmsg.atomics", "kickmsg.protocol.freestack", "kickmsg.protocol.v4.publish",
-                    "kickmsg.protocol.v4.receive", "kickmsg.protocol.v4.region", "kickmsg.protocol.v9.publish",
-                    "kickmsg.protocol.v9.receive", "kickmsg.protocol.v9.region", "kickmsg.protocol.v9.words"]
+                    "kickmsg.protocol.v4.receive", "kickmsg.protocol.v4.region", "kickmsg.protocol.v9.layout",
+                    "kickmsg.protocol.v9.publish", "kickmsg.protocol.v9.receive", "kickmsg.protocol.v9.region",
+                    "kickmsg.protocol.v9.words"]
 
 OPERATIONS = r"""
 import json, os, sys

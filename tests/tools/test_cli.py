@@ -317,7 +317,7 @@ def test_version():
     assert result.text.startswith(f"kickmsg-py {kickmsg.__version__} ")
     assert "own version, not the native kickmsg's" in result.text
     build = ("Python, compiled: atomics, protocol.freestack, protocol.v4.publish, protocol.v4.receive, protocol.v4.region, "
-             "protocol.v9.publish, protocol.v9.receive, protocol.v9.region, protocol.v9.words"
+             "protocol.v9.layout, protocol.v9.publish, protocol.v9.receive, protocol.v9.region, protocol.v9.words"
              if atomics.COMPILED else "pure Python")
     assert result.text.startswith(f"kickmsg-py {kickmsg.__version__} ({build}; ")
     assert "layouts 9, as native kickmsg 0.9.2 (the default), and 4, as native kickmsg 0.1.0" in result.text

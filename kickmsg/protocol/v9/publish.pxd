@@ -9,6 +9,7 @@ cimport cython
 
 from kickmsg.atomics cimport Atomics
 from kickmsg.protocol cimport freestack
+from kickmsg.protocol.v9.layout cimport Geometry
 from kickmsg.protocol.v9.region cimport Region
 from kickmsg.protocol.v9.words cimport (
     meta_precedes, meta_slot_field, pack_meta, publisher_lock, repairer_lock, seq_locked, seq_pos, skip_marker,
@@ -30,7 +31,7 @@ cdef class Publisher:
     cdef public Region region
     cdef public uint64_t pending, dropped
 
-    @cython.locals(region=Region, ops=Atomics, slot_address=uintptr_t, delivered=uint64_t, excess=uint64_t,
+    @cython.locals(region=Region, g=Geometry, ops=Atomics, slot_address=uintptr_t, delivered=uint64_t, excess=uint64_t,
                    first_state_flight=uintptr_t, index=uint64_t, live=uint64_t, state_flight=uint32_t,
                    ring=uintptr_t, state_flight_address=uintptr_t, admitted=bint, pos=uint64_t, entry=uintptr_t,
                    prev_seq=uint64_t, last_seq=uint64_t, stable=bint, lock_value=uint64_t, observed=uint64_t,

@@ -8,6 +8,7 @@ cimport cython
 
 from kickmsg.atomics cimport Atomics
 from kickmsg.protocol cimport freestack
+from kickmsg.protocol.v9.layout cimport Geometry
 from kickmsg.protocol.v9.region cimport Region
 from kickmsg.protocol.v9.words cimport meta_slot_field, meta_tag, meta_tag_of, seq_locked, seq_pos, seq_skip
 
@@ -22,7 +23,7 @@ cdef class Subscriber:
     cdef public uintptr_t ring
     cdef public uint64_t read_pos, lost
 
-    @cython.locals(region=Region, ops=Atomics, ring=uintptr_t, write_pos=uint64_t,
+    @cython.locals(region=Region, g=Geometry, ops=Atomics, ring=uintptr_t, write_pos=uint64_t,
                    entry=uintptr_t, expected=uint64_t, s1=uint64_t, meta=uint64_t, field=uint64_t, slot=uint64_t,
                    slot_address=uintptr_t, refcount=uint32_t, found=uint32_t, pinned=bint, length=uint32_t,
                    position=uint64_t)

@@ -5,12 +5,14 @@
 from libc.stdint cimport uintptr_t
 
 from kickmsg.atomics cimport Atomics
+from kickmsg.protocol.v9.layout cimport Geometry
 
 cdef class Region:
     cdef dict __dict__
     cdef object __weakref__
     cdef public Atomics atomics
-    cdef public object mapping, geometry, ring_addresses, ring_entries, slot_addresses, payload_offsets
+    cdef public Geometry geometry
+    cdef public object mapping, ring_addresses, ring_entries, slot_addresses, payload_offsets
     cdef public uintptr_t base, free_top_address, steal_count_address
 
     cpdef object payload(self, object slot, object length)
