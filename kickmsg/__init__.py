@@ -11,10 +11,11 @@ every invalid config: a ``ValueError`` that is also 0.1.0's
 ``RuntimeError``; ``RegionNotFoundError``...); typed channels are in
 ``kickmsg.typed``, asyncio in ``kickmsg.aio``.
 """
-from kickmsg import build  # first: KICKMSG_PURE=1 loads every module below from its source
 from kickmsg import stopsignals
 
 stopsignals.exit_while_the_command_starts()  # first: an interrupt while the `kickmsg` command imports exits 130
+
+from kickmsg import build  # next, before any other kickmsg module: KICKMSG_PURE=1 loads them from their source
 
 from kickmsg import _moved, errors, hash, schema
 from kickmsg.config import ChannelType, Config

@@ -95,10 +95,15 @@ def main(argv: list[str] | None = None) -> int:
     ``argv`` (a call from a program) its handlers are given back."""
     callers = {number: signal.getsignal(number) for number in STOP_SIGNALS}
     exit_on_signals()
+    if argv is None:  # a signal held back across the re-execution below arrives now, to the handlers just taken
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
     try:
         args = parse(sys.argv[1:] if argv is None else argv)
         if argv is None and args.command == "verify" and atomics.COMPILED:
             # The explorer schedules the flows' source: the same command on the pure build (kickmsg.build).
+            # The stop signals stay blocked through the new interpreter's start and imports (execve keeps
+            # the mask) until its main has taken them: a Ctrl-C meanwhile ends it quietly, with 130.
+            signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
             os.execve(sys.executable, [sys.executable, "-m", "kickmsg", *sys.argv[1:]], build.pure_environment())
         interrupt_on_ctrl_c()
         try:

@@ -22,7 +22,7 @@ import pytest
 from conftest import on_layout4
 import rawregion
 from kickmsg import ChannelType, Config, Publisher, SharedRegion, Subscriber, audit, unlink_shm
-from kickmsg import owners
+from kickmsg import atomics, owners
 from nativepeer import start_ours
 from test_cli import SMALL, Running, command_line, first_line, live_rings, make, wait_live
 from test_cli import name  # noqa: F401  (fixture)
@@ -430,7 +430,8 @@ runpy.run_module("kickmsg", run_name="__main__")
 """
 
 
-@pytest.mark.parametrize("module", ["kickmsg.config", "numpy", "kickmsg.region", "kickmsg.cli", "kickmsg.cli.inspecting"])
+@pytest.mark.parametrize("module", ["hashlib", "kickmsg.config", "numpy", "kickmsg.region", "kickmsg.cli",
+                                    "kickmsg.cli.inspecting"])
 def test_ctrl_c_while_the_package_imports_ends_the_command_quietly(name, tmp_path, module):
     """SIGINT delivered exactly while ``import kickmsg`` (then the commands)
     runs, before the command's main: status 130, no traceback. Only the
@@ -440,3 +441,28 @@ def test_ctrl_c_while_the_package_imports_ends_the_command_quietly(name, tmp_pat
     done = subprocess.run([sys.executable, "-c", INTERRUPT_AT_IMPORT, module, "list", "--prefix", name],
                           stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert done.returncode == 130 and "Traceback" not in done.stderr, (done.returncode, done.stderr)
+
+
+@pytest.mark.skipif(not atomics.COMPILED, reason="only the compiled build runs verify again on the pure build")
+def test_ctrl_c_while_verify_starts_again_on_the_pure_build_ends_it_quietly():
+    """``kickmsg verify`` replaces itself with the same command on the pure
+    build (execve). SIGINT sent as soon as the new image runs (its
+    interpreter starting, then importing the package) ends it with 130 and
+    no traceback: the stop signals stay blocked across the exec until its
+    main has taken them."""
+    command = subprocess.Popen(command_line(["verify", "--seed", "1", "--runs", "5"]), stdin=subprocess.DEVNULL,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    cmdline = pathlib.Path(f"/proc/{command.pid}/cmdline")
+    try:
+        deadline = time.monotonic() + 60
+        while b"\0-m\0kickmsg\0" not in cmdline.read_bytes():  # the console script, until the exec
+            assert command.poll() is None, "kickmsg verify ended without running again on the pure build"
+            assert time.monotonic() < deadline, "kickmsg verify never ran again on the pure build"
+            time.sleep(0.0005)
+        os.kill(command.pid, signal.SIGINT)
+        _, err = command.communicate(timeout=60)
+    finally:
+        if command.poll() is None:
+            command.kill()
+            command.wait()
+    assert command.returncode in INTERRUPTED and "Traceback" not in err.decode(), (command.returncode, err)
